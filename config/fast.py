@@ -1,0 +1,27 @@
+# GPT-2 124M on one GPU with every speed flag on: bf16 autocast, torch.compile, FlashAttention
+# (FlexAttention with a document mask, as packing is on), fused AdamW.
+#   python train.py --config config/fast.py
+#   torchrun --standalone --nproc_per_node=8 train.py --config config/fast.py
+out_dir = "out-fast"
+data_dir = "data/stdlib_gpt2"       # the stdlib sources with the GPT-2 tokenizer, prepared on first use
+n_layer = 12
+n_head = 12
+n_embd = 768
+block_size = 1024
+batch_size = 16
+grad_accum_steps = 32               # 16 x 1024 x 32 = 524,288 tokens per step, as GPT-2 / llm.c
+dropout = 0.0
+bias = False
+learning_rate = 6e-4
+min_lr = 6e-5
+warmup_iters = 100
+max_iters = 2000
+eval_interval = 250
+eval_iters = 20
+log_interval = 1
+dtype = "bfloat16"
+compile = True
+attention = "flex"
+fused_adamw = True
+packing = True
+document_mask = True

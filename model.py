@@ -1,0 +1,290 @@
+"""
+A GPT-2 language model in one file, after karpathy/nanoGPT.
+
+Attention has three backends, chosen at construction:
+  naive  materialises the (T, T) score matrix, softmax, then @ V: the baseline
+  sdpa   F.scaled_dot_product_attention: FlashAttention on the GPU when the mask is plain causal
+  flex   FlexAttention with a BlockMask (GPU only: FlexAttention has no backward on the CPU)
+
+Packing: pass doc_ids (B, T) and no token attends to another document and positions restart at
+0 at each document start. One mask is built per forward and shared by every layer. The mask
+function `document_causal_mask` is the single source of truth for all three backends.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ATTENTION_BACKENDS = ("naive", "sdpa", "flex")
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50257   # real vocabulary; the embedding is padded up to a multiple of 64
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = False        # biases in Linear layers and LayerNorms (GPT-2 had them)
+    attention: str = "sdpa"   # naive | sdpa | flex
+
+    @property
+    def padded_vocab_size(self):
+        return -(-self.vocab_size // 64) * 64   # tensor-core friendly (50257 -> 50304)
+
+# -----------------------------------------------------------------------------
+# masks and positions from document ids
+
+def document_causal_mask(doc_ids, q_idx, kv_idx, b=0):
+    """True where query q_idx may attend to key kv_idx: causal and within one document.
+    doc_ids (B, T) int; indices broadcast. The mask_mod of FlexAttention and the dense masks
+    below are both this function, so every backend applies the same rule."""
+    return (q_idx >= kv_idx) & (doc_ids[b, q_idx] == doc_ids[b, kv_idx])
+
+
+def dense_attention_mask(doc_ids):
+    """(B, 1, T, T) bool mask for doc_ids (B, T): block-diagonal over documents and causal."""
+    B, T = doc_ids.shape
+    t = torch.arange(T, device=doc_ids.device)
+    b = torch.arange(B, device=doc_ids.device)[:, None, None]
+    return document_causal_mask(doc_ids, t[None, :, None], t[None, None, :], b)[:, None]
+
+
+def position_ids(doc_ids):
+    """(B, T) position of each token within its document: restarts at 0 where doc_ids changes."""
+    B, T = doc_ids.shape
+    t = torch.arange(T, device=doc_ids.device).expand(B, T)
+    is_start = torch.ones_like(doc_ids, dtype=torch.bool)
+    is_start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    return t - torch.where(is_start, t, 0).cummax(dim=1).values
+
+
+@torch.compiler.disable   # built eagerly, once per batch, outside the compiled graph
+def flex_block_mask(doc_ids):
+    """FlexAttention BlockMask (128x128 blocks) for doc_ids (B, T), shared across layers. Cost on the
+    H200: ~2 ms per batch compiled, 7 ms eager (../shared/GPU.md)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    B, T = doc_ids.shape
+    mask_mod = lambda b, h, q, kv: document_causal_mask(doc_ids, q, kv, b)
+    return create_block_mask(mask_mod, B, None, T, T, device=doc_ids.device, _compile=doc_ids.is_cuda)
+
+
+_flex_attention = None
+
+def flex_attention(q, k, v, block_mask):
+    """FlexAttention, compiled once: eager flex_attention is a slow reference implementation."""
+    global _flex_attention
+    if _flex_attention is None:
+        from torch.nn.attention.flex_attention import flex_attention as fa
+        _flex_attention = torch.compile(fa, dynamic=False) if q.is_cuda else fa
+    return _flex_attention(q, k, v, block_mask=block_mask)
+
+# -----------------------------------------------------------------------------
+# the model
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
+        self.attention = config.attention
+
+    def forward(self, x, mask):
+        """x (B, T, C); mask None (causal), a (B, 1, T, T) bool tensor, or a flex BlockMask."""
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.attention == "naive":
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))       # (B, nh, T, T)
+            if mask is None:
+                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~mask, float("-inf"))
+            att = F.dropout(F.softmax(att, dim=-1), dropout_p, self.training)
+            y = att @ v                                                            # (B, nh, T, hs)
+        elif self.attention == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
+        else:
+            y = flex_attention(q, k, v, block_mask=mask)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, mask=None):
+        x = x + self.attn(self.ln_1(x), mask)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        if config.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention={config.attention!r}: expected one of {ATTENTION_BACKENDS}")
+        if config.attention == "flex" and config.dropout > 0:
+            raise ValueError("attention='flex' has no attention dropout: set dropout=0 or use attention='sdpa'")
+        self.config = config
+        self._causal_block_masks = {}
+        V = config.padded_vocab_size
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(V, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, V, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight   # weight tying (Press & Wolf 2017)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():            # scaled residual init (GPT-2 paper)
+            if name.endswith("c_proj.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding=True):
+        """Parameter count; position embeddings left out by default (they do no matmul)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def flops_per_token(self):
+        """Training FLOPs per token, forward + backward, at T = block_size:
+            6 N + 12 L H Q T
+        with N the non-embedding parameters (the tied head's matmul counted once), L layers, H heads,
+        Q head size. Source: PaLM (Chowdhery et al. 2022), Appendix B, as in nanoGPT's estimate_mfu.
+        Counts full (non-causal, unmasked) attention and no recomputation, by that convention."""
+        c = self.config
+        return 6 * self.num_params() + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * c.block_size
+
+    def attention_mask(self, doc_ids, T, device):
+        """The mask every layer shares: for naive/sdpa None (plain causal) without doc_ids, else a
+        (B, 1, T, T) bool tensor; for flex a BlockMask (the causal one built once and cached)."""
+        if self.config.attention != "flex":
+            return None if doc_ids is None else dense_attention_mask(doc_ids)
+        if doc_ids is None:
+            if (T, device) not in self._causal_block_masks:
+                self._causal_block_masks[(T, device)] = flex_block_mask(torch.zeros(1, T, dtype=torch.long, device=device))
+            return self._causal_block_masks[(T, device)]
+        return flex_block_mask(doc_ids)
+
+    def forward(self, idx, targets=None, doc_ids=None):
+        """idx (B, T) int64 tokens; targets (B, T) int64, -1 = ignored; doc_ids (B, T) int64 or None.
+        Returns logits (B, T, padded_vocab_size) and the mean cross-entropy over targets != -1
+        (None without targets; 0 when every target is -1). Raises ValueError when T > block_size."""
+        B, T = idx.size()
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(T, device=idx.device) if doc_ids is None else position_ids(doc_ids)  # (T,) or (B, T)
+        mask = self.attention_mask(doc_ids, T, idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x, mask)
+        logits = self.lm_head(self.transformer.ln_f(x))                          # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss_sum = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
+                                       ignore_index=-1, reduction="sum")
+            loss = loss_sum / (targets != -1).sum().clamp(min=1)
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Append max_new_tokens sampled tokens to idx (B, T); the padded vocabulary is never sampled."""
+        for _ in range(max_new_tokens):
+            idx_cond = idx[:, -self.config.block_size:]
+            logits, _ = self(idx_cond)
+            logits = logits[:, -1, :self.config.vocab_size] / max(temperature, 1e-6)
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
+
+# -----------------------------------------------------------------------------
+# the packing guarantee, checked
+
+def reference_mask(doc_ids):
+    """(B, T, T) bool mask built independently of document_causal_mask: a lower-triangular block for
+    each run of equal doc_ids, nothing else. The truth the backends are checked against."""
+    B, T = doc_ids.shape
+    ref = torch.zeros(B, T, T, dtype=torch.bool)
+    for b, row in enumerate(doc_ids.tolist()):
+        start = 0
+        for t in range(1, T + 1):
+            if t == T or row[t] != row[start]:
+                ref[b, start:t, start:t] = torch.ones(t - start, t - start, dtype=torch.bool).tril()
+                start = t
+    return ref
+
+
+def effective_mask(mask, doc_ids):
+    """The (B, T, T) bool mask a backend really applies. For a BlockMask: the mask_mod inside partial
+    blocks, everything inside full blocks (no mask_mod runs there), nothing elsewhere."""
+    B, T = doc_ids.shape
+    if mask is None:
+        return torch.ones(T, T, dtype=torch.bool).tril().expand(B, T, T)
+    if isinstance(mask, torch.Tensor):
+        return mask[:, 0].cpu()
+
+    def blocks(num, idx):                  # (B, 1, nq) counts and (B, 1, nq, nk) indices -> token mask
+        nk = -(-T // mask.BLOCK_SIZE[1])
+        valid = torch.arange(idx.size(-1), device=idx.device) < num[..., None]
+        dense = torch.zeros(*idx.shape[:-1], nk + 1, dtype=torch.bool, device=idx.device)
+        dense.scatter_(-1, torch.where(valid, idx, nk).long(), True)
+        dense = dense[..., :nk].repeat_interleave(mask.BLOCK_SIZE[0], -2).repeat_interleave(mask.BLOCK_SIZE[1], -1)
+        return dense[:, 0, :T, :T].expand(B, T, T).cpu()
+
+    t = torch.arange(T, device=doc_ids.device)
+    b = torch.arange(B, device=doc_ids.device)[:, None, None]
+    mod = mask.mask_mod(b, 0, t[None, :, None], t[None, None, :]).expand(B, T, T).cpu()
+    full = blocks(mask.full_kv_num_blocks, mask.full_kv_indices) if mask.full_kv_num_blocks is not None else False
+    return full | (blocks(mask.kv_num_blocks, mask.kv_indices) & mod)
+
+
+def check_attention_mask(mask, doc_ids):
+    """Assert that `mask` (None, a (B, 1, T, T) bool tensor or a BlockMask, as from
+    GPT.attention_mask) lets each token attend exactly to itself and the earlier tokens of its own
+    document. Raises AssertionError naming the first wrong (row, query, key)."""
+    got, want = effective_mask(mask, doc_ids), reference_mask(doc_ids.cpu())
+    bad = (got != want).nonzero()
+    if len(bad):
+        b, i, j = bad[0].tolist()
+        raise AssertionError(f"attention mask is wrong at row {b}, query {i}, key {j}: "
+                             f"{'attends across a document boundary' if got[b, i, j] else 'blocks its own document'} "
+                             f"(doc_ids {doc_ids[b, i].item()} and {doc_ids[b, j].item()}); {len(bad)} wrong entries")

@@ -1,0 +1,48 @@
+"""
+Generate text from a checkpoint, decoding with the checkpoint's tokenizer.
+
+    python sample.py                                   # out/ckpt.pt, prompt "def "
+    python sample.py --out_dir=out-fast --start="Once upon a time" --num_samples=3 --top_k=50
+"""
+import argparse
+
+import torch
+
+from data import get_tokenizer
+from model import GPT, GPTConfig
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out_dir", default="out", help="folder holding ckpt.pt")
+    parser.add_argument("--start", default="def ", help="prompt; FILE:path reads it from a file")
+    parser.add_argument("--num_samples", type=int, default=2)
+    parser.add_argument("--max_new_tokens", type=int, default=300)
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--top_k", type=int, default=50, help="0: sample from the whole vocabulary")
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    path = f"{args.out_dir}/ckpt.pt"
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise SystemExit(f"error: no checkpoint at {path}: train first (python train.py --out_dir={args.out_dir})")
+    cfg, meta = ckpt["config"], ckpt["meta"]
+    attention = cfg["attention"] if cfg["attention"] != "flex" or args.device.startswith("cuda") else "sdpa"
+    model = GPT(GPTConfig(vocab_size=meta["vocab_size"], block_size=cfg["block_size"], n_layer=cfg["n_layer"],
+                          n_head=cfg["n_head"], n_embd=cfg["n_embd"], bias=cfg["bias"], attention=attention))
+    model.load_state_dict(ckpt["model"])
+    model.eval().to(args.device)
+    tok = get_tokenizer(meta["tokenizer"])
+    start = open(args.start[5:]).read() if args.start.startswith("FILE:") else args.start
+    idx = torch.tensor([tok.encode(start) or [meta["eot_id"]]], device=args.device)
+    for _ in range(args.num_samples):
+        out = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k or None)
+        print(tok.decode(out[0].tolist()))
+        print("-" * 60)
+
+
+if __name__ == "__main__":
+    main()

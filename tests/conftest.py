@@ -1,0 +1,63 @@
+import os
+import shutil
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("WANDB_MODE", "offline")
+_shared_cache = os.path.join(ROOT, "..", "shared", "tiktoken_cache")
+if "TIKTOKEN_CACHE_DIR" not in os.environ and os.path.isdir(_shared_cache):
+    os.environ["TIKTOKEN_CACHE_DIR"] = _shared_cache
+
+import data  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory):
+    """A folder of 80 real documents of varied length: the first stdlib .py files."""
+    src = tmp_path_factory.mktemp("corpus")
+    for i, (_, path) in enumerate(data.iter_documents(None)):
+        if i >= 80:
+            break
+        shutil.copy(path, src / f"{i:03d}_{os.path.basename(path)}")
+    return src
+
+
+@pytest.fixture(scope="session")
+def byte_data(corpus_dir, tmp_path_factory):
+    """corpus_dir prepared with the byte tokenizer, 20% of documents in val."""
+    out = tmp_path_factory.mktemp("byte_data")
+    data.prepare(str(corpus_dir), str(out), "byte", val_frac=0.2, seed=0, workers=2)
+    return out
+
+
+def tiny_args(data_dir, out_dir, *extra):
+    """Command line for a small, fast CPU run of train.main."""
+    return [f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--n_layer=2", "--n_head=2", "--n_embd=32",
+            "--block_size=64", "--batch_size=4", "--max_iters=8", "--eval_interval=4", "--eval_iters=2",
+            "--log_interval=1", "--timing_warmup=1", "--warmup_iters=2", *extra]
+
+
+def read_metrics(out_dir):
+    import json
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="session")
+def short_data(corpus_dir, tmp_path_factory):
+    """400 short documents (1 to 300 bytes: slices of real source files), byte tokenizer: most
+    rows of a padded batch are mostly padding, and a packed row holds several documents."""
+    import random
+    text = "".join(p.read_text(errors="replace") for p in sorted(corpus_dir.iterdir())[:5])
+    rng = random.Random(0)
+    src = tmp_path_factory.mktemp("short_docs")
+    for i in range(400):
+        n = rng.choice([1, 2, rng.randint(3, 40), rng.randint(40, 300)])
+        start = rng.randrange(len(text) - n)
+        (src / f"{i:04d}.txt").write_text(text[start:start + n])
+    out = tmp_path_factory.mktemp("short_data")
+    data.prepare(str(src), str(out), "byte", val_frac=0.1, seed=0, workers=2)
+    return out

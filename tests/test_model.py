@@ -1,0 +1,81 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig, position_ids
+
+
+def tiny(attention="sdpa", **kw):
+    torch.manual_seed(0)
+    cfg = dict(block_size=64, vocab_size=100, n_layer=2, n_head=4, n_embd=32, attention=attention)
+    cfg.update(kw)
+    return GPT(GPTConfig(**cfg)).double()
+
+
+def grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("with_docs", [False, True])
+def test_naive_sdpa_parity(with_docs):
+    """Same weights, same input: naive (materialised T x T) and sdpa give the same logits and grads."""
+    idx = torch.randint(0, 100, (3, 64))
+    tgt = torch.randint(0, 100, (3, 64))
+    doc_ids = torch.cumsum(torch.rand(3, 64) < 0.1, dim=1) if with_docs else None
+    out = {}
+    for attention in ("naive", "sdpa"):
+        m = tiny(attention)
+        logits, loss = m(idx, tgt, doc_ids)
+        loss.backward()
+        out[attention] = (logits, grads(m))
+    torch.testing.assert_close(out["naive"][0], out["sdpa"][0], rtol=1e-9, atol=1e-9)
+    for name, g in out["naive"][1].items():
+        torch.testing.assert_close(g, out["sdpa"][1][name], rtol=1e-8, atol=1e-10)
+
+
+def test_ignored_targets():
+    m = tiny()
+    idx, tgt = torch.randint(0, 100, (2, 64)), torch.randint(0, 100, (2, 64))
+    tgt[0, 10:] = -1
+    tgt[1, :5] = -1
+    logits, loss = m(idx, tgt)
+    keep = tgt != -1
+    manual = F.cross_entropy(logits[keep], tgt[keep])
+    torch.testing.assert_close(loss, manual)
+    # an ignored target's value cannot change the loss
+    tgt2 = tgt.clone()
+    tgt2[~keep] = -1
+    assert torch.equal(m(idx, tgt2)[1], loss)
+    all_ignored = torch.full_like(tgt, -1)
+    assert m(idx, all_ignored)[1].item() == 0.0
+
+
+def test_vocab_padding_and_init_loss():
+    m = tiny(vocab_size=257)
+    assert m.lm_head.weight.shape[0] == 320 and m.config.padded_vocab_size % 64 == 0
+    assert m.transformer.wte.weight is m.lm_head.weight           # tied
+    _, loss = m(torch.randint(0, 257, (4, 64)), torch.randint(0, 257, (4, 64)))
+    assert abs(loss.item() - math.log(320)) < 0.1                  # about uniform at init
+
+
+def test_flops_per_token_gpt2_124m():
+    m = GPT(GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768))
+    n = sum(p.numel() for p in m.parameters()) - 1024 * 768
+    assert m.num_params() == n and 123e6 < m.num_params() + 1024 * 768 < 125e6
+    assert m.flops_per_token() == 6 * n + 12 * 12 * 12 * 64 * 1024
+
+
+def test_position_ids_restart():
+    doc_ids = torch.tensor([[0, 0, 0, 1, 1, 2, 3, 3, 3, 3]])
+    assert position_ids(doc_ids).tolist() == [[0, 1, 2, 0, 1, 0, 0, 1, 2, 3]]
+
+
+def test_rejects_bad_construction():
+    with pytest.raises(ValueError, match="attention"):
+        tiny("fast")
+    with pytest.raises(ValueError, match="dropout"):
+        tiny("flex", dropout=0.1)
+    with pytest.raises(ValueError, match="block_size"):
+        tiny()(torch.zeros(1, 65, dtype=torch.long))

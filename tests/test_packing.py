@@ -1,0 +1,146 @@
+"""The packing guarantee: no token attends to, or is predicted from, another document."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import data
+import model as model_lib
+import train
+from conftest import read_metrics, tiny_args
+from model import GPT, GPTConfig, check_attention_mask, position_ids
+
+BACKENDS = ["naive", "sdpa", "flex"]   # flex runs forward-only on the CPU (no backward there)
+
+HAND_BUILT = {
+    "one document longer than the row": [0] * 16,
+    "row starting mid-document, then two more": [0] * 5 + [1] * 6 + [2] * 5,
+    "one-token documents": [0, 1, 2, 2, 3, 4, 4, 4, 5, 6, 6, 6, 6, 6, 7, 8],
+    "long run then one token": [0] * 15 + [1],
+}
+
+
+def tiny(attention, T=16, **kw):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(block_size=T, vocab_size=64, n_layer=2, n_head=2, n_embd=16, attention=attention, **kw)).eval()
+
+
+@pytest.mark.parametrize("attention", BACKENDS)
+@pytest.mark.parametrize("case", list(HAND_BUILT))
+def test_mask_block_diagonal_hand_built(attention, case):
+    doc_ids = torch.tensor([HAND_BUILT[case], HAND_BUILT["one-token documents"]])
+    check_attention_mask(tiny(attention).attention_mask(doc_ids, 16, "cpu"), doc_ids)
+
+
+@pytest.mark.parametrize("attention", BACKENDS)
+def test_mask_block_diagonal_loader_batches(short_data, byte_data, attention):
+    """Loader rows hold many short documents (short_data) or start mid-way through a long one (byte_data)."""
+    m = tiny(attention, T=256)
+    for folder in (short_data, byte_data):
+        loader = data.Loader(str(folder), "train", batch_size=8, block_size=256, seed=1)
+        for _ in range(3):
+            b = next(loader)
+            check_attention_mask(m.attention_mask(b.doc_ids, 256, "cpu"), b.doc_ids)
+    assert b.doc_ids.max() == 0 or folder == short_data
+
+
+def test_mask_check_can_fail():
+    doc_ids = torch.tensor([[0] * 6 + [1] * 10])
+    causal_only = model_lib.dense_attention_mask(torch.zeros_like(doc_ids))
+    with pytest.raises(AssertionError, match="attends across a document boundary"):
+        check_attention_mask(causal_only, doc_ids)
+    too_strict = model_lib.dense_attention_mask(torch.arange(16)[None])
+    with pytest.raises(AssertionError, match="blocks its own document"):
+        check_attention_mask(too_strict, doc_ids)
+    with pytest.raises(AssertionError, match="attends across"):
+        check_attention_mask(None, doc_ids)
+    # a BlockMask whose block structure leaks: every block marked full, so no mask_mod runs
+    from torch.nn.attention.flex_attention import create_block_mask
+    doc_ids = torch.tensor([[0] * 200 + [1] * 56])
+    check_attention_mask(tiny("flex").attention_mask(doc_ids, 256, "cpu"), doc_ids)
+    leaky = create_block_mask(lambda b, h, q, kv: q >= 0, 1, None, 256, 256, device="cpu")
+    leaky.mask_mod = lambda b, h, q, kv: model_lib.document_causal_mask(doc_ids, q, kv, b)
+    with pytest.raises(AssertionError, match="attends across"):
+        check_attention_mask(leaky, doc_ids)
+
+
+def _b_logits(m, a, b, document_mask=True):
+    """Pack document a then document b in one row; return b's logits."""
+    idx = torch.tensor([a + b])
+    doc_ids = torch.tensor([[0] * len(a) + [1] * len(b)]) if document_mask else None
+    with torch.no_grad():
+        logits, _ = m(idx, doc_ids=doc_ids)
+    return logits[0, len(a):]
+
+
+@pytest.mark.parametrize("attention", BACKENDS)
+def test_no_contamination_across_documents(attention):
+    m = tiny(attention, T=32).double()
+    g = torch.Generator().manual_seed(0)
+    a, a2 = torch.randint(0, 64, (2, 13), generator=g).tolist()
+    b = torch.randint(0, 64, (19,), generator=g).tolist()
+    with torch.no_grad():
+        alone = m(torch.tensor([b]))[0][0]
+    packed = _b_logits(m, a, b)
+    torch.testing.assert_close(packed, alone, rtol=1e-10, atol=1e-10)          # as if b were alone
+    torch.testing.assert_close(_b_logits(m, a2, b), packed, rtol=1e-10, atol=1e-10)  # a's tokens do not matter
+    # the same test without the document mask detects the leak: so it can fail
+    leaked = _b_logits(m, a, b, document_mask=False)
+    assert (leaked - alone).abs().max() > 1e-3
+    assert (_b_logits(m, a2, b, document_mask=False) - leaked).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_no_gradient_flows_across_documents(attention):
+    """Training view: b's loss has zero gradient with respect to a's embeddings."""
+    m = tiny(attention, T=32).double().train()
+    a, b = list(range(10)), list(range(20, 40))
+    idx = torch.tensor([a + b])
+    doc_ids = torch.tensor([[0] * 10 + [1] * 20])
+    emb = m.transformer.wte(idx).detach().requires_grad_(True)
+    pos = m.transformer.wpe(position_ids(doc_ids))
+    mask = m.attention_mask(doc_ids, 30, "cpu")
+    x = emb + pos
+    for block in m.transformer.h:
+        x = block(x, mask)
+    x[0, 10:].sum().backward()
+    assert emb.grad[0, :10].abs().max() == 0 and emb.grad[0, 10:].abs().max() > 0
+
+
+def test_positions_restart_and_no_target_crosses(short_data):
+    loader = data.Loader(str(short_data), "train", batch_size=8, block_size=128, seed=2)
+    eot = loader.eot
+    for _ in range(3):
+        b = next(loader)
+        pos = position_ids(b.doc_ids)
+        starts = torch.zeros_like(b.x, dtype=torch.bool)
+        starts[:, 0] = True
+        starts[:, 1:] = b.x[:, :-1] == eot
+        assert torch.equal(pos == 0, starts)                                   # restart right after each EOT
+        assert (b.y[b.x == eot] == -1).all()                                   # the EOT predicts nothing
+        valid = b.y != -1
+        assert torch.equal(b.doc_ids[:, 1:][valid[:, :-1]], b.doc_ids[:, :-1][valid[:, :-1]])  # target in same doc
+        assert b.doc_ids.max() >= 2                                            # rows really hold several documents
+
+
+def test_trainer_passes_doc_ids_only_with_the_mask(short_data, tmp_path, monkeypatch):
+    seen = []
+    forward = GPT.forward
+    monkeypatch.setattr(GPT, "forward", lambda self, idx, targets=None, doc_ids=None:
+                        seen.append(doc_ids is not None) or forward(self, idx, targets, doc_ids))
+    train.main(tiny_args(short_data, tmp_path / "a", "--max_iters=2", "--check_mask=True"))
+    assert seen and all(seen)
+    seen.clear()
+    with pytest.warns(UserWarning, match="attend across document boundaries"):
+        train.main(tiny_args(short_data, tmp_path / "b", "--max_iters=2", "--document_mask=False"))
+    assert seen and not any(seen)
+
+
+def test_padding_excluded_from_tokens_per_sec(short_data, tmp_path):
+    train.main(tiny_args(short_data, tmp_path, "--packing=False", "--max_iters=6"))
+    rows = [r for r in read_metrics(tmp_path) if r.get("tokens_per_sec")]
+    B, T = 4, 64
+    assert rows and all(r["pad_frac"] > 0.3 for r in rows)     # short documents: mostly padding
+    for r in rows:                                            # one step per interval: tokens = real tokens
+        assert r["tokens_per_sec"] * r["step_ms"] / 1000 == pytest.approx((1 - r["pad_frac"]) * B * T)

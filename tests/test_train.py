@@ -1,0 +1,150 @@
+import copy
+import json
+import os
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+import data
+import train
+from conftest import read_metrics, tiny_args
+from model import GPT, GPTConfig
+
+
+def tiny_model(seed=0, **kw):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**dict(block_size=64, vocab_size=257, n_layer=2, n_head=2, n_embd=32), **kw}))
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_grad_accumulation_equivalence(short_data, packing):
+    """4 micro-batches of 2 rows give the gradient of 1 batch of 8, though their real-token counts differ."""
+    kw = dict(block_size=64, seed=5, packing=packing)
+    big = next(data.Loader(str(short_data), "train", batch_size=8, **kw))
+    small_loader = data.Loader(str(short_data), "train", batch_size=2, **kw)
+    small = [next(small_loader) for _ in range(4)]
+    assert torch.equal(torch.cat([b.x for b in small]), big.x)        # the same rows
+    counts = [b.n_valid for b in small]
+    assert sum(counts) == big.n_valid
+    if not packing:
+        assert len(set(counts)) > 1, "padding should make the micro-batches' token counts differ"
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    grads = []
+    for batches in ([big], small):
+        model = tiny_model().double()
+        loss = train.forward_backward(model, batches, sum(b.n_valid for b in batches), nullcontext(), scaler, True)
+        grads.append((loss, {n: p.grad for n, p in model.named_parameters()}))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-12, atol=1e-12)
+    for name, g in grads[0][1].items():
+        torch.testing.assert_close(g, grads[1][1][name], rtol=1e-10, atol=1e-12)
+
+
+def test_fused_adamw_matches_default():
+    cfgs = [train.Config(fused_adamw=f, learning_rate=1e-2) for f in (False, True)]
+    models = [tiny_model(), tiny_model()]
+    opts = [train.make_optimizer(m, c, torch.device("cpu")) for m, c in zip(models, cfgs)]
+    assert opts[1].defaults["fused"] and not opts[0].defaults.get("fused")
+    assert [len(g["params"]) for g in opts[0].param_groups] == [2 * 4 + 1 + 1, 2 * 2 + 1]  # matrices / vectors
+    for step in range(5):
+        for m, o in zip(models, opts):
+            g = torch.Generator().manual_seed(step)      # the same gradients for both
+            for p in m.parameters():
+                p.grad = torch.randn(p.shape, generator=g)
+            o.step()
+    for p, q in zip(*(m.parameters() for m in models)):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
+    summary = train.main(tiny_args(byte_data, tmp_path, f"--dtype={dtype}", "--max_iters=12", "--learning_rate=1e-2"))
+    rows = [r for r in read_metrics(tmp_path) if "loss" in r]
+    assert len(rows) == 12 and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5
+    assert summary["val_loss"] < 5.0
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert bool(ckpt["scaler"]) == (dtype == "float16")             # a GradScaler for float16 only
+
+
+def test_compile_run(byte_data, tmp_path):
+    summary = train.main(tiny_args(byte_data, tmp_path, "--compile=True", "--max_iters=6"))
+    assert summary["median_tokens_per_sec"] > 0
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
+
+
+def test_metrics_timing_and_checkpoint(byte_data, tmp_path):
+    summary = train.main(tiny_args(byte_data, tmp_path, "--peak_flops=1e12"))
+    rows = [r for r in read_metrics(tmp_path) if "loss" in r]
+    for key in ("step", "loss", "lr", "step_ms", "tokens_per_sec", "mfu", "mem_gb", "pad_frac"):
+        assert all(key in r for r in rows)
+    assert rows[0]["tokens_per_sec"] is None                        # warm-up step: untimed
+    timed = [r for r in rows if r["tokens_per_sec"] is not None]
+    assert len(timed) == 7 and all(r["mfu"] > 0 for r in timed)
+    fpt = GPT(GPTConfig(vocab_size=257, block_size=64, n_layer=2, n_head=2, n_embd=32)).flops_per_token()
+    for r in timed:
+        assert r["mfu"] == pytest.approx(fpt * r["tokens_per_sec"] / 1e12)
+    assert summary["median_tokens_per_sec"] in [r["tokens_per_sec"] for r in timed]
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == 8 and set(ckpt) >= {"model", "optimizer", "loader", "rng", "config", "meta"}
+    assert not os.path.exists(tmp_path / "ckpt.pt.tmp")
+    assert json.load(open(tmp_path / "config.json"))["n_embd"] == 32
+
+
+def test_resume_continues_exactly(byte_data, tmp_path):
+    common = ["--max_iters=16", "--lr_decay_iters=16", "--eval_interval=8", "--dropout=0.1"]
+    train.main(tiny_args(byte_data, tmp_path / "full", *common))
+    train.main(tiny_args(byte_data, tmp_path / "part", *common, "--max_iters=8"))
+    train.main(tiny_args(byte_data, tmp_path / "part", *common, "--init_from=resume"))
+    full = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "full") if "loss" in r}
+    part = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "part") if "loss" in r}
+    assert sorted(part) == sorted(full) == list(range(16))
+    for step in range(8, 16):
+        assert part[step] == full[step], f"step {step}: resumed {part[step]} vs uninterrupted {full[step]}"
+
+
+@pytest.mark.parametrize("args, error, match", [
+    (["--n_layr=4"], ValueError, "unknown config key 'n_layr'"),
+    (["--n_layer=4.5"], TypeError, "'n_layer' .* must be int"),
+    (["--compile=yes"], TypeError, "'compile' .* must be bool"),
+    (["--dtype=float64"], ValueError, "'dtype' .* must be one of"),
+    (["--config", "config/nope.py"], FileNotFoundError, "nope.py"),
+    (["n_layer=4"], ValueError, "cannot parse argument"),
+    (["--attention=flex"], ValueError, "FlexAttention has no backward pass on the CPU"),
+    (["--fp8=True"], ValueError, "compute capability 8.9"),
+    (["--parallelism=fsdp"], ValueError, "torchrun"),
+    (["--init_from=resume"], FileNotFoundError, "ckpt.pt"),
+])
+def test_config_errors(byte_data, tmp_path, args, error, match):
+    with pytest.raises(error, match=match):
+        train.main(tiny_args(byte_data, tmp_path, *args))
+
+
+def test_config_file_errors(tmp_path):
+    (tmp_path / "c.py").write_text("n_layer = 2\nlearning_rat = 1e-3\n")
+    with pytest.raises(ValueError, match=r"unknown config key 'learning_rat' \(.*c.py\)"):
+        train.load_config(["--config", str(tmp_path / "c.py")])
+    (tmp_path / "d.py").write_text("batch_size = '8'\n")
+    with pytest.raises(TypeError, match="'batch_size'"):
+        train.load_config(["--config", str(tmp_path / "d.py")])
+    cfg = train.load_config(["--config", "config/fast.py", "--batch_size=4", "--learning_rate=1"])
+    assert (cfg.n_layer, cfg.batch_size, cfg.learning_rate, cfg.compile) == (12, 4, 1.0, True)
+
+
+def test_missing_data_dir(tmp_path):
+    with pytest.raises(FileNotFoundError, match="prepare it"):
+        train.main(tiny_args(tmp_path / "no_data", tmp_path))
+
+
+def test_wandb_offline_records_metrics(byte_data, tmp_path, monkeypatch):
+    from wandb_reader import history
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    train.main(tiny_args(byte_data, tmp_path / "out", "--wandb_log=True", "--peak_flops=1e12", "--wandb_run_name=t"))
+    rows = history(tmp_path)
+    steps = [r for r in rows if "tokens_per_sec" in r]
+    assert [r["_step"] for r in steps] == list(range(8))
+    timed = [r for r in steps if r["tokens_per_sec"] is not None]
+    assert len(timed) == 7 and all(r["tokens_per_sec"] > 0 and r["mfu"] > 0 for r in timed)
+    assert any("val_loss" in r for r in rows)

@@ -1,0 +1,559 @@
+"""
+speedgpt's single-file trainer. The defaults are the CPU quickstart: a small byte-level GPT on this
+Python's standard library sources (prepared on first use).
+
+    python train.py                                          # CPU quickstart
+    python train.py --config config/fast.py                  # GPT-2 124M, every speed flag on, one GPU
+    python train.py --config config/fast.py --batch_size=16 --compile=False
+    torchrun --standalone --nproc_per_node=8 train.py --config config/fast.py
+
+Every flag is resolved once at setup into an object (autocast context, GradScaler, compiled or plain
+model, attention backend), so the training loop reads the same with every flag off.
+"""
+import ast
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.distributed as dist
+
+from data import Loader, get_tokenizer, load_meta, prepare
+from model import GPT, GPTConfig
+
+# -----------------------------------------------------------------------------
+# config: typed defaults in one place; config files are plain assignments
+
+@dataclass
+class Config:
+    # I/O
+    out_dir: str = "out"
+    data_dir: str = "data/stdlib_byte"     # data/stdlib_byte and data/stdlib_gpt2 are prepared on first use
+    init_from: str = "scratch"             # scratch | resume (from out_dir/ckpt.pt)
+    eval_interval: int = 100
+    eval_iters: int = 10
+    log_interval: int = 10
+    timing_warmup: int = 3                 # steps after start/resume left out of tokens/s (compile, caches)
+    wandb_log: bool = False
+    wandb_project: str = "speedgpt"
+    wandb_run_name: str = ""
+    # data
+    batch_size: int = 16                   # micro-batch, sequences
+    block_size: int = 256
+    grad_accum_steps: int = 1              # for the whole job; divided by the number of processes
+    packing: bool = True                   # False: one document per row, padded (the baseline)
+    document_mask: bool = True             # with packing: no attention or loss across documents
+    check_mask: bool = False               # debug: assert each batch's attention mask is block-diagonal
+    # model
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = False
+    attention: str = "sdpa"                # naive | sdpa | flex
+    # optimizer: AdamW, linear warmup then cosine decay to min_lr
+    learning_rate: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_iters: int = 30
+    lr_decay_iters: int = 0                # 0: max_iters
+    max_iters: int = 400
+    weight_decay: float = 0.1              # matrices only
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0                 # 0: off
+    fused_adamw: bool = False
+    # system
+    device: str = "auto"                   # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
+    dtype: str = "float32"                 # float32 | bfloat16 | float16 (float16 adds a GradScaler)
+    tf32: bool = False                     # TF32 matmuls in float32
+    compile: bool = False
+    seed: int = 1337
+    peak_flops: float = 0.0                # FLOP/s for MFU; 0: look the GPU up in PEAK_FLOPS
+    grad_checkpointing: str = "none"       # none | full | selective
+    fp8: bool = False                      # torchao float8 training of eligible Linear layers
+    fp8_recipe: str = "tensorwise"         # tensorwise | rowwise
+    fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
+    parallelism: str = "ddp"               # ddp | fsdp, under torchrun
+
+
+CHOICES = dict(init_from=("scratch", "resume"), attention=("naive", "sdpa", "flex"),
+               dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
+               fp8_recipe=("tensorwise", "rowwise"), parallelism=("ddp", "fsdp"))
+MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention")
+
+
+def _typed(key, value, where):
+    """Check `value` against Config's type for `key`; ints are accepted for floats."""
+    types = {f.name: f.type for f in fields(Config)}
+    if key not in types:
+        raise ValueError(f"unknown config key {key!r} ({where}); known keys: {', '.join(types)}")
+    want = types[key]
+    if want is float and type(value) is int:
+        value = float(value)
+    if type(value) is not want:
+        raise TypeError(f"config key {key!r} ({where}) must be {want.__name__}, got {value!r} ({type(value).__name__})")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ValueError(f"config key {key!r} ({where}) must be one of {CHOICES[key]}, got {value!r}")
+    return value
+
+
+def load_config(argv):
+    """Config from `--config FILE` (plain Python assignments) then `--key=value` overrides, in order.
+    Raises ValueError / TypeError naming an unknown key, a wrong type or a bad choice."""
+    values, args = {}, list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--config" or arg.startswith("--config="):
+            path = arg.split("=", 1)[1] if "=" in arg else (args.pop(0) if args else "")
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"config file {path!r} not found")
+            ns = {}
+            exec(open(path).read(), {}, ns)
+            for k, v in ns.items():
+                if not k.startswith("_"):
+                    values[k] = _typed(k, v, path)
+        elif arg.startswith("--") and "=" in arg:
+            key, raw = arg[2:].split("=", 1)
+            want = {f.name: f.type for f in fields(Config)}.get(key)
+            try:
+                value = raw if want is str else ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                value = raw
+            values[key] = _typed(key, value, "command line")
+        else:
+            raise ValueError(f"cannot parse argument {arg!r}: use --config FILE or --key=value")
+    return Config(**values)
+
+# -----------------------------------------------------------------------------
+# measurement
+
+PEAK_FLOPS = {   # dense FLOP/s by device-name substring (first match wins) and precision; NVIDIA datasheets
+    "H100 PCIe": dict(bf16=756e12, tf32=378e12, fp32=51e12),
+    "H100 NVL": dict(bf16=835e12, tf32=418e12, fp32=60e12),
+    "H100": dict(bf16=989e12, tf32=494.5e12, fp32=67e12),   # SXM
+    "H200": dict(bf16=989e12, tf32=494.5e12, fp32=67e12),   # SXM; same chip as the H100 SXM
+    "GH200": dict(bf16=989e12, tf32=494.5e12, fp32=67e12),
+    "A100": dict(bf16=312e12, tf32=156e12, fp32=19.5e12),
+    "L40S": dict(bf16=362e12, tf32=183e12, fp32=91.6e12),
+    "L4": dict(bf16=121e12, tf32=60e12, fp32=30.3e12),
+    "RTX 4090": dict(bf16=165e12, tf32=82.6e12, fp32=82.6e12),
+}
+
+
+def peak_flops_for(device, cfg):
+    """Peak dense FLOP/s of `device` at the run's precision (bf16 for bfloat16/float16 and for FP8,
+    whose MFU is reported against the bf16 peak; tf32 or fp32 for float32), or cfg.peak_flops when
+    set. None when unknown (a CPU, or a GPU missing from PEAK_FLOPS)."""
+    if cfg.peak_flops > 0:
+        return cfg.peak_flops
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    precision = "bf16" if cfg.dtype != "float32" else ("tf32" if cfg.tf32 else "fp32")
+    for key, table in PEAK_FLOPS.items():
+        if key in name:
+            return table[precision]
+    print0(f"warning: no peak FLOP/s known for {name!r}; MFU is null (set --peak_flops=...)")
+    return None
+
+
+def mfu(flops_per_token, tokens_per_sec, peak):
+    """Model FLOPs utilisation: flops_per_token * tokens_per_sec / peak (PaLM, Chowdhery et al. 2022,
+    Appendix B). Counts real tokens only; recomputation is not counted. None without a peak."""
+    return None if not peak else flops_per_token * tokens_per_sec / peak
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+# -----------------------------------------------------------------------------
+# model transforms, applied in this fixed order: FP8, activation checkpointing, compile, DDP/FSDP
+
+def apply_fp8(model, cfg, device):
+    """Swap eligible nn.Linear layers for torchao Float8Linear (dynamic scaling). Skips the output
+    head, layers with a dimension not divisible by 16, and layers narrower than cfg.fp8_min_dim
+    (on the H200 FP8 lost to bf16 at width 768 and won from 2048). Returns the converted names.
+    Raises ValueError on a CPU or a GPU below compute capability 8.9, or without torchao."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        where = "the CPU" if device.type != "cuda" else f"{torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))})"
+        raise ValueError(f"fp8=True needs a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on {where}")
+    return convert_fp8(model, cfg)
+
+
+def convert_fp8(model, cfg):
+    """The conversion itself, without the device check (tests call it on the CPU)."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        raise ValueError("fp8=True needs torchao: pip install torchao") from e
+    converted = []
+
+    def eligible(module, fqn):
+        ok = (fqn != "lm_head" and module.in_features % 16 == 0 and module.out_features % 16 == 0
+              and min(module.in_features, module.out_features) >= cfg.fp8_min_dim)
+        if ok:
+            converted.append(fqn)
+        return ok
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(cfg.fp8_recipe), module_filter_fn=eligible)
+    return converted
+
+
+def apply_activation_checkpointing(model, mode):
+    """Recompute each transformer block in the backward pass. "full" keeps only the block's input;
+    "selective" keeps matmul and attention outputs and recomputes the cheap elementwise ops
+    (PyTorch's selective activation checkpointing). Non-reentrant, so dropout masks are replayed
+    exactly. Patches each block's forward, so state-dict keys are unchanged."""
+    from functools import partial
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    ops = torch.ops.aten
+    save = {ops.mm.default, ops.addmm.default, ops.bmm.default,
+            ops._scaled_dot_product_flash_attention.default, ops._scaled_dot_product_efficient_attention.default,
+            ops._scaled_dot_product_cudnn_attention.default, ops._scaled_mm.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    for block in model.transformer.h:
+        forward = block.forward
+        if mode == "full":
+            block.forward = partial(checkpoint, forward, use_reentrant=False)
+        elif mode == "selective":
+            block.forward = partial(checkpoint, forward, use_reentrant=False,
+                                    context_fn=partial(create_selective_checkpoint_contexts, policy))
+
+
+def apply_parallelism(model, cfg, device, ddp_local_rank):
+    """Wrap for data parallelism: DDP (one all-reduce per optimizer step) or FSDP2 (fully_shard per
+    block then the root, bf16 parameters and fp32 gradient reduction)."""
+    if cfg.parallelism == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(model, device_ids=[ddp_local_rank] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    param_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for block in model.transformer.h:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+# -----------------------------------------------------------------------------
+# helpers
+
+_rank = int(os.environ.get("RANK", 0))
+
+def print0(*args, **kwargs):
+    if _rank == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def get_lr(step, cfg):
+    """Linear warmup for warmup_iters, then cosine decay to min_lr at lr_decay_iters (nanoGPT)."""
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    if step < cfg.warmup_iters:
+        return cfg.learning_rate * (step + 1) / (cfg.warmup_iters + 1)
+    if step >= decay_iters:
+        return cfg.min_lr
+    ratio = (step - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
+
+
+def make_optimizer(model, cfg, device):
+    """AdamW with weight decay on matrices (dim >= 2) only; fused kernel when cfg.fused_adamw,
+    else PyTorch's default implementation."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    extra = {"fused": True} if cfg.fused_adamw else {}
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), **extra)
+
+
+def model_state(model, optimizer=None):
+    """Full (unsharded) state dicts of the raw module, without _orig_mod. / module. prefixes."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    sd = get_model_state_dict(model, options=opts)
+    return sd if optimizer is None else (sd, get_optimizer_state_dict(model, optimizer, options=opts))
+
+
+def save_checkpoint(path, ckpt):
+    """Write atomically: a temp file, then rename, so a crash never leaves half a checkpoint."""
+    torch.save(ckpt, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+@torch.no_grad()
+def estimate_loss(model, loader, eval_iters, ctx, use_doc_ids):
+    """Mean loss per real token over the same eval_iters batches every time."""
+    model.eval()
+    loader.reset()
+    total, count = 0.0, 0
+    for _ in range(eval_iters):
+        b = next(loader)
+        with ctx:
+            _, loss = model(b.x, b.y, b.doc_ids if use_doc_ids else None)
+        total, count = total + loss.item() * b.n_valid, count + b.n_valid
+    model.train()
+    return total / max(count, 1)
+
+
+def forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sync=None):
+    """Accumulate the gradient of one optimizer step over micro-`batches` (a list of data.Batch).
+    Each micro-batch's mean loss is weighted by its real tokens over n_global (the step's real
+    tokens, divided by the world size under data parallelism, which averages), so 4 micro-batches
+    of 2 rows give the gradient of 1 batch of 8 even when padding differs between them.
+    grad_sync(bool) turns DDP/FSDP gradient sync on for the last micro-step only.
+    Returns the step's mean loss per real token (a detached 0-dim tensor: no host sync)."""
+    loss_sum = 0.0
+    for i, b in enumerate(batches):
+        if grad_sync is not None:
+            grad_sync(i == len(batches) - 1)
+        with ctx:
+            _, loss = model(b.x, b.y, b.doc_ids if use_doc_ids else None)
+            loss = loss * (b.n_valid / n_global)
+        scaler.scale(loss).backward()
+        loss_sum = loss_sum + loss.detach()
+    return loss_sum
+
+# -----------------------------------------------------------------------------
+
+def main(argv=None):
+    """Train per the command line `argv` (default sys.argv[1:]). Returns a summary dict."""
+    cfg = load_config(sys.argv[1:] if argv is None else argv)
+    # distributed setup: torchrun sets RANK / LOCAL_RANK / WORLD_SIZE
+    global _rank
+    ddp = int(os.environ.get("RANK", -1)) != -1
+    _rank, world, local_rank = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])) if ddp else (0, 1, 0)
+    if cfg.device == "auto":
+        device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(cfg.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={cfg.device!r} but no CUDA GPU is available")
+    if ddp:
+        if device.type == "cuda":
+            device = torch.device(f"cuda:{local_rank}")
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
+    master = _rank == 0
+    if cfg.grad_accum_steps % world:
+        raise ValueError(f"grad_accum_steps={cfg.grad_accum_steps} is not divisible by the {world} processes")
+    grad_accum_steps = cfg.grad_accum_steps // world
+    tokens_per_step = cfg.batch_size * cfg.block_size * grad_accum_steps * world
+    # refuse what cannot work before any work is done
+    if cfg.attention == "flex" and device.type != "cuda":
+        raise ValueError("attention='flex' needs a CUDA GPU: FlexAttention has no backward pass on the CPU. "
+                         "Use attention='sdpa' (a boolean document mask) or 'naive' on the CPU")
+    if cfg.parallelism == "fsdp" and not ddp:
+        raise ValueError("parallelism='fsdp' needs torchrun (several processes)")
+    if cfg.dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(device)}; use float16")
+    if cfg.packing and not cfg.document_mask:
+        warnings.warn("packing=True with document_mask=False: tokens attend across document boundaries")
+
+    # data: the two stdlib corpora are prepared on first use
+    if master and not os.path.isdir(cfg.data_dir) and os.path.basename(cfg.data_dir.rstrip("/")) in ("stdlib_byte", "stdlib_gpt2"):
+        print0(f"{cfg.data_dir} is missing: preparing the Python stdlib corpus there")
+        prepare(None, cfg.data_dir, tokenizer=cfg.data_dir.rstrip("/").rsplit("_", 1)[1])
+    if ddp:
+        dist.barrier()
+    meta = load_meta(cfg.data_dir)
+    loader_args = dict(batch_size=cfg.batch_size, block_size=cfg.block_size, device=device,
+                       packing=cfg.packing, document_mask=cfg.document_mask, eot=meta["eot_id"])
+    train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed + _rank, **loader_args)
+    val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 10_000 + _rank, **loader_args)
+    use_doc_ids = cfg.packing and cfg.document_mask
+
+    # model, optimizer, precision
+    torch.manual_seed(cfg.seed)        # same initial weights on every rank
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    ckpt = None
+    if cfg.init_from == "resume":
+        if not os.path.isfile(ckpt_path):
+            raise FileNotFoundError(f"init_from='resume' but {ckpt_path} does not exist")
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        for k in MODEL_KEYS:
+            if ckpt["config"][k] != getattr(cfg, k):
+                raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {ckpt['config'][k]!r}")
+    model_cfg = GPTConfig(vocab_size=meta["vocab_size"], **{k: getattr(cfg, k) for k in MODEL_KEYS})
+    raw_model = GPT(model_cfg).to(device)
+    if ckpt is not None:
+        raw_model.load_state_dict(ckpt["model"])
+    flops_per_token = raw_model.flops_per_token()
+    # the transforms, in this order: FP8 conversion, activation checkpointing, compile, DDP/FSDP
+    if cfg.fp8:
+        converted = apply_fp8(raw_model, cfg, device)
+        print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}); the rest stay bf16")
+    if cfg.grad_checkpointing != "none":
+        apply_activation_checkpointing(raw_model, cfg.grad_checkpointing)
+    if cfg.compile:
+        raw_model.compile()            # in place: no _orig_mod. prefix in the state dict
+    model = apply_parallelism(raw_model, cfg, device, local_rank) if ddp else raw_model
+    grad_sync = None                   # DDP/FSDP: sync gradients on the last micro-step only
+    if ddp and cfg.parallelism == "ddp":
+        grad_sync = lambda on: setattr(model, "require_backward_grad_sync", on)
+    elif ddp:
+        grad_sync = model.set_requires_gradient_sync
+    optimizer = make_optimizer(raw_model, cfg, device)
+    pt_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
+    ctx = nullcontext() if cfg.dtype == "float32" else torch.autocast(device.type, dtype=pt_dtype)
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.dtype == "float16")
+    start_step, best_val = 0, float("inf")
+    if ckpt is not None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        set_optimizer_state_dict(raw_model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
+        scaler.load_state_dict(ckpt["scaler"])
+        start_step, best_val = ckpt["step"], ckpt["best_val_loss"]
+        train_loader.load_state_dict(ckpt["loader"][_rank] if _rank < len(ckpt["loader"]) else ckpt["loader"][0])
+        torch.set_rng_state(ckpt["rng"]["cpu"])
+        if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+        ckpt = None                    # free the memory
+    peak = peak_flops_for(device, cfg)
+
+    # logging
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    if master:
+        print0(json.dumps(asdict(cfg), indent=1))
+        with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
+            json.dump(asdict(cfg), f, indent=1)
+    print0(f"{raw_model.num_params() / 1e6:.2f}M parameters | {flops_per_token / 1e6:.1f} MFLOP/token | "
+           f"device {device} x {world} | grad_accum_steps {grad_accum_steps} per process | "
+           f"{tokens_per_step:,} tokens per step | peak {peak / 1e12 if peak else 0:.1f} TFLOP/s")
+    metrics_file = open(os.path.join(cfg.out_dir, "metrics.jsonl"), "a") if master else None
+    wandb = None
+    if cfg.wandb_log and master:
+        import wandb
+        wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None, config=asdict(cfg))
+
+    def log(record):
+        if master:
+            metrics_file.write(json.dumps(record) + "\n")
+            metrics_file.flush()
+            if wandb is not None:
+                wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    # ---------------------------------------------------------------- training
+    timed = []                                 # (tokens_per_sec, mfu) of each timed interval
+    clock, busy, interval_tokens, interval_steps = None, 0.0, 0, 0
+    val_loss = None
+    for step in range(start_step, cfg.max_iters + 1):
+        last_step = step == cfg.max_iters
+        if step % cfg.eval_interval == 0 or last_step:
+            sync(device)                        # stop the clock: eval is not training time
+            if clock is not None:
+                busy += time.perf_counter() - clock
+            val_loss = estimate_loss(model, val_loader, cfg.eval_iters, ctx, use_doc_ids)
+            best_val = min(best_val, val_loss)
+            print0(f"step {step}: val loss {val_loss:.4f}")
+            log({"step": step, "val_loss": val_loss})
+            if step > start_step or last_step:
+                sd, osd = model_state(raw_model, optimizer)
+                loader_states = [None] * world
+                if ddp:
+                    dist.all_gather_object(loader_states, train_loader.state_dict())
+                else:
+                    loader_states = [train_loader.state_dict()]
+                if master:
+                    save_checkpoint(ckpt_path, {
+                        "model": sd, "optimizer": osd, "scaler": scaler.state_dict(), "step": step,
+                        "best_val_loss": best_val, "config": asdict(cfg), "meta": meta, "loader": loader_states,
+                        "rng": {"cpu": torch.get_rng_state(),
+                                "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}})
+            sync(device)
+            if clock is not None:
+                clock = time.perf_counter()
+        if last_step:
+            break
+        if step - start_step == cfg.timing_warmup:
+            sync(device)                        # start the clock: warm-up (compile) is over
+            clock, busy, interval_tokens, interval_steps = time.perf_counter(), 0.0, 0, 0
+
+        lr = get_lr(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batches = [next(train_loader) for _ in range(grad_accum_steps)]
+        n_valid = sum(b.n_valid for b in batches)
+        # every micro-batch's loss is weighted by its share of the real tokens of the whole step, so
+        # accumulation (and data parallelism) gives the gradient of one big batch
+        n_global = n_valid
+        if ddp:
+            n_global = torch.tensor(float(n_valid), device=device)
+            dist.all_reduce(n_global)
+            n_global = n_global / world        # DDP averages gradients over ranks
+        loss_sum = forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sync)
+        if cfg.check_mask and use_doc_ids:
+            from model import check_attention_mask
+            for b in batches:
+                check_attention_mask(raw_model.attention_mask(b.doc_ids, cfg.block_size, device), b.doc_ids)
+        if cfg.grad_clip > 0:
+            scaler.unscale_(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+
+        # timing: the clock runs from the end of the warm-up steps; sync only when reading it
+        if clock is not None:
+            interval_tokens += n_valid * world
+            interval_steps += 1
+        if step % cfg.log_interval == 0 or step == cfg.max_iters - 1:
+            record = {"step": step, "loss": None, "lr": lr, "step_ms": None, "tokens_per_sec": None,
+                      "mfu": None, "mem_gb": None, "pad_frac": 1 - n_valid / (tokens_per_step / world)}
+            if ddp:
+                dist.all_reduce(loss_sum)      # the job's mean loss
+                loss_sum = loss_sum / world
+            record["loss"] = float(loss_sum)   # .item(): a host sync, on log steps only
+            if cfg.grad_clip > 0:
+                record["grad_norm"] = float(grad_norm)
+            if clock is not None and interval_steps > 0:
+                sync(device)
+                now = time.perf_counter()
+                busy += now - clock
+                tps = interval_tokens / busy
+                record.update(step_ms=1000 * busy / interval_steps, tokens_per_sec=tps,
+                              tokens_per_sec_per_gpu=tps / world, mfu=mfu(flops_per_token, tps / world, peak))
+                timed.append((tps, record["mfu"]))
+                clock, busy, interval_tokens, interval_steps = now, 0.0, 0, 0
+            if device.type == "cuda":
+                record["mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+            print0(f"step {step} | loss {record['loss']:.4f} | lr {lr:.2e} | " + (
+                f"{record['step_ms']:.1f} ms | {record['tokens_per_sec']:,.0f} tok/s | mfu "
+                + (f"{100 * record['mfu']:.1f}%" if record["mfu"] is not None else "n/a")
+                if record["tokens_per_sec"] else "warm-up (untimed)") + f" | pad {record['pad_frac']:.3f}"
+                + (f" | mem {record['mem_gb']:.1f} GB" if record["mem_gb"] else ""))
+            log(record)
+
+    # ---------------------------------------------------------------- summary
+    def median(xs):
+        xs = sorted(x for x in xs if x is not None)
+        return xs[len(xs) // 2] if xs else None
+    summary = {"val_loss": val_loss, "best_val_loss": best_val, "median_tokens_per_sec": median(t for t, _ in timed),
+               "median_mfu": median(m for _, m in timed), "timed_intervals": len(timed),
+               "mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
+    if summary["median_tokens_per_sec"] is not None:
+        print0(f"median over {len(timed)} timed intervals: {summary['median_tokens_per_sec']:,.0f} tok/s"
+               + (f", mfu {100 * summary['median_mfu']:.1f}%" if summary["median_mfu"] is not None else ""))
+    if master:
+        with open(os.path.join(cfg.out_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        metrics_file.close()
+        if wandb is not None:
+            wandb.summary.update({k: v for k, v in summary.items() if v is not None})
+            wandb.finish()
+    if ddp:
+        dist.destroy_process_group()
+    return summary
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, TypeError, FileNotFoundError) as e:   # bad input: one clear line, no traceback
+        raise SystemExit(f"error: {e}")
