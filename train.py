@@ -36,7 +36,8 @@ class Config:
     data_dir: str = "data/stdlib_byte"     # data/stdlib_byte and data/stdlib_gpt2 are prepared on first use
     init_from: str = "scratch"             # scratch | resume (from out_dir/ckpt.pt)
     eval_interval: int = 100
-    eval_iters: int = 10
+    eval_iters: int = 10                   # 0: no evaluation (benchmarks)
+    save_checkpoints: bool = True          # write out_dir/ckpt.pt at each evaluation
     log_interval: int = 10
     timing_warmup: int = 3                 # steps after start/resume left out of tokens/s (compile, caches)
     wandb_log: bool = False
@@ -201,6 +202,9 @@ def convert_fp8(model, cfg):
             converted.append(fqn)
         return ok
     convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(cfg.fp8_recipe), module_filter_fn=eligible)
+    if not converted:
+        raise ValueError(f"fp8=True but no Linear layer is eligible: all are narrower than fp8_min_dim={cfg.fp8_min_dim} "
+                         "(FP8 loses to bf16 on narrow layers); lower fp8_min_dim to convert them anyway")
     return converted
 
 
@@ -212,9 +216,9 @@ def apply_activation_checkpointing(model, mode):
     from functools import partial
     from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
     ops = torch.ops.aten
-    save = {ops.mm.default, ops.addmm.default, ops.bmm.default,
+    save = {ops.mm.default, ops.addmm.default, ops.bmm.default, ops._scaled_mm.default,
             ops._scaled_dot_product_flash_attention.default, ops._scaled_dot_product_efficient_attention.default,
-            ops._scaled_dot_product_cudnn_attention.default, ops._scaled_mm.default}
+            ops._scaled_dot_product_cudnn_attention.default, ops._scaled_dot_product_flash_attention_for_cpu.default}
 
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
@@ -445,15 +449,16 @@ def main(argv=None):
     val_loss = None
     for step in range(start_step, cfg.max_iters + 1):
         last_step = step == cfg.max_iters
-        if step % cfg.eval_interval == 0 or last_step:
+        if (step % cfg.eval_interval == 0 or last_step) and (cfg.eval_iters > 0 or cfg.save_checkpoints):
             sync(device)                        # stop the clock: eval is not training time
             if clock is not None:
                 busy += time.perf_counter() - clock
-            val_loss = estimate_loss(model, val_loader, cfg.eval_iters, ctx, use_doc_ids)
-            best_val = min(best_val, val_loss)
-            print0(f"step {step}: val loss {val_loss:.4f}")
-            log({"step": step, "val_loss": val_loss})
-            if step > start_step or last_step:
+            if cfg.eval_iters > 0:
+                val_loss = estimate_loss(model, val_loader, cfg.eval_iters, ctx, use_doc_ids)
+                best_val = min(best_val, val_loss)
+                print0(f"step {step}: val loss {val_loss:.4f}")
+                log({"step": step, "val_loss": val_loss})
+            if cfg.save_checkpoints and (step > start_step or last_step):
                 sd, osd = model_state(raw_model, optimizer)
                 loader_states = [None] * world
                 if ddp:

@@ -1,0 +1,219 @@
+"""
+The itemised speedup: train.py's real tokens/s after each change, one fresh process per rung.
+
+    python bench.py                                    # config/fast.py's model on this GPU
+    python bench.py --config config/large.py --start 2 --steps 30
+    python bench.py --steps 3 --out bench_cpu -- --n_layer=2 --n_embd=64 --block_size=64   # CPU smoke test
+    python bench.py --find_max_batch --config config/large.py -- --grad_checkpointing=full
+
+The ladder adds one change per rung to the one before; the leave-one-out pass removes one change
+from the all-on configuration, so the attribution does not depend on the ladder's order. Every rung
+trains on the same prepared data (the config's data_dir) and runs the real trainer. Output, under
+--out: bench.md (the table, also printed), bench.json and bench.csv (every number), bench.png
+(a bar chart, when matplotlib is installed).
+"""
+import argparse
+import csv
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+# each rung: (name, overrides added to the rung before); the baseline sets every speed flag off
+LADDER = [
+    ("baseline", dict(dtype="float32", tf32=False, compile=False, attention="naive", fused_adamw=False,
+                      packing=False, fp8=False)),
+    ("+ bf16 autocast", dict(dtype="bfloat16")),
+    ("+ torch.compile", dict(compile=True)),
+    ("+ FlashAttention (sdpa)", dict(attention="sdpa")),
+    ("+ fused AdamW", dict(fused_adamw=True)),
+    ("+ packing, document mask", dict(packing=True, document_mask=True, attention="MASKED")),
+    ("+ FP8", dict(fp8=True, fp8_min_dim=0)),
+]
+# leave-one-out from all-on: what each change is undone to
+UNDO = {"bf16 autocast": dict(dtype="float32", tf32=False), "torch.compile": dict(compile=False),
+        "attention kernel": dict(attention="naive"), "fused AdamW": dict(fused_adamw=False),
+        "packing": dict(packing=False, attention="sdpa"), "FP8": dict(fp8=False)}
+
+
+def fp8_supported():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def run_rung(name, overrides, args, extra):
+    """One fresh train.py process; returns its medians (tokens/s, step ms, MFU), peak memory and padding."""
+    out_dir = os.path.join(args.out, "runs", name.strip("+ ").replace(" ", "_").replace(",", "").replace("(", "").replace(")", ""))
+    flags = {**overrides, "max_iters": args.steps + args.warmup, "timing_warmup": args.warmup, "log_interval": 1,
+             "eval_iters": 0, "save_checkpoints": False, "out_dir": out_dir}
+    cmd = [sys.executable, "train.py", "--config", args.config, *extra] + [f"--{k}={v}" for k, v in flags.items()]
+    print(f"\n=== {name}\n{' '.join(cmd)}", flush=True)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "stdout.log"), "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+    row = {"rung": name, "ok": proc.returncode == 0, "command": " ".join(cmd)}
+    if proc.returncode != 0:
+        tail = open(os.path.join(out_dir, "stdout.log")).read().strip().splitlines()[-3:]
+        print(f"failed (exit {proc.returncode}): {' | '.join(tail)}")
+        return {**row, "error": " | ".join(tail)}
+    summary = json.load(open(os.path.join(out_dir, "summary.json")))
+    steps = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
+    steps = [s for s in steps if s.get("tokens_per_sec")]
+    step_ms = sorted(s["step_ms"] for s in steps)
+    row.update(tokens_per_sec=summary["median_tokens_per_sec"], step_ms=step_ms[len(step_ms) // 2],
+               mfu=summary["median_mfu"], mem_gb=summary["mem_gb"],
+               pad_frac=sum(s["pad_frac"] for s in steps) / len(steps), timed_steps=len(steps))
+    print(f"{row['tokens_per_sec']:,.0f} tok/s", flush=True)
+    return row
+
+
+def fmt(x, spec):
+    return "n/a" if x is None else format(x, spec)
+
+
+def table(rows, title, ratio_name):
+    lines = [f"### {title}", "", f"| rung | real tok/s | step ms | MFU | mem GB | pad frac | {ratio_name} | x vs baseline |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if not r["ok"]:
+            lines.append(f"| {r['rung']} | {r.get('error', 'skipped')} | | | | | | |")
+            continue
+        lines.append(f"| {r['rung']} | {r['tokens_per_sec']:,.0f} | {r['step_ms']:.1f} | {fmt(r['mfu'] and 100 * r['mfu'], '.1f')}"
+                     f"{'%' if r['mfu'] else ''} | {fmt(r['mem_gb'], '.1f')} | {r['pad_frac']:.3f} | "
+                     f"{fmt(r.get('x_prev'), '.2f')} | {fmt(r.get('x_base'), '.2f')} |")
+    return "\n".join(lines)
+
+
+def bench(args, extra):
+    cuda = torch.cuda.is_available()
+    masked = "flex" if cuda else "sdpa"            # FlexAttention has no backward on the CPU
+    rungs, config = [], {}
+    for i, (name, change) in enumerate(LADDER, start=1):
+        config = {**config, **{k: (masked if v == "MASKED" else v) for k, v in change.items()}}
+        if i < args.start:
+            continue
+        if name == "+ FP8" and not fp8_supported():
+            rungs.append({"rung": name, "ok": False, "error": "skipped: FP8 needs a GPU of compute capability 8.9+"})
+            continue
+        rungs.append(run_rung(name, dict(config), args, extra))
+    all_on = {**config} if fp8_supported() else {**config, "fp8": False}
+    ok = [r for r in rungs if r["ok"]]
+    for prev, r in zip([None] + ok, ok):
+        r["x_prev"] = prev and r["tokens_per_sec"] / prev["tokens_per_sec"]
+        r["x_base"] = r["tokens_per_sec"] / ok[0]["tokens_per_sec"]
+    loo = []
+    if not args.no_loo and ok:
+        full = ok[-1]
+        for change, undo in UNDO.items():
+            if change == "FP8" and not all_on["fp8"]:
+                continue
+            r = run_rung(f"all on - {change}", {**all_on, **undo}, args, extra)
+            if r["ok"]:
+                r["x_prev"] = full["tokens_per_sec"] / r["tokens_per_sec"]    # what this change is worth
+                r["x_base"] = r["tokens_per_sec"] / ok[0]["tokens_per_sec"]
+            loo.append(r)
+    # report
+    md = [f"## bench: {args.config} {' '.join(extra)}", "",
+          f"device: {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}, "
+          f"{args.steps} timed steps after {args.warmup} warm-up steps per rung (medians)", "",
+          table(rungs, "Ladder: each rung adds one change", "x vs previous")]
+    gains = [r for r in ok if r.get("x_prev")]
+    if gains:
+        best = max(gains, key=lambda r: r["x_prev"])
+        md += ["", f"Total speedup: {ok[-1]['tokens_per_sec'] / ok[0]['tokens_per_sec']:.2f}x "
+               f"({ok[0]['rung']} -> {ok[-1]['rung']}). Largest single gain on the ladder: "
+               f"{best['rung']} ({best['x_prev']:.2f}x)."]
+    if loo:
+        md += ["", table(loo, "Leave-one-out: all on, minus one change", "all-on / this")]
+        worth = [r for r in loo if r["ok"]]
+        if worth:
+            top = max(worth, key=lambda r: r["x_prev"])
+            md += ["", f"Largest single gain by leave-one-out: {top['rung'].replace('all on - ', '')} "
+                   f"(all on is {top['x_prev']:.2f}x faster than without it)."]
+    text = "\n".join(md)
+    print("\n" + text)
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write(text + "\n")
+    rows = rungs + loo
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    keys = ["rung", "ok", "tokens_per_sec", "step_ms", "mfu", "mem_gb", "pad_frac", "x_prev", "x_base", "timed_steps", "error", "command"]
+    with open(os.path.join(args.out, "bench.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.5))
+        shown = [r for r in rows if r["ok"]]
+        ax.barh([r["rung"] for r in shown][::-1], [r["tokens_per_sec"] for r in shown][::-1],
+                color=["tab:blue" if r in rungs else "tab:gray" for r in shown][::-1])
+        ax.set_xlabel("real tokens / s")
+        ax.set_title(f"{os.path.basename(args.config)} on {torch.cuda.get_device_name() if cuda else 'cpu'}")
+        fig.tight_layout()
+        fig.savefig(os.path.join(args.out, "bench.png"), dpi=120)
+    except ImportError:
+        print("matplotlib is not installed: no chart")
+    return rows
+
+
+def find_max_batch(args, extra):
+    """Largest micro-batch that trains without running out of GPU memory: doubling, then bisection.
+    Runs train.main in this process (compiled graphs are reused; memory is freed between tries)."""
+    import train
+
+    def fits(b):
+        argv = ["--config", args.config, *extra, f"--batch_size={b}", "--grad_accum_steps=1", "--max_iters=3",
+                "--timing_warmup=2", "--eval_iters=0", "--save_checkpoints=False", f"--out_dir={args.out}/max_batch"]
+        try:
+            summary = train.main(argv)
+            print(f"batch {b}: fits, {summary['mem_gb']:.1f} GB", flush=True)
+            return True
+        except torch.OutOfMemoryError:
+            print(f"batch {b}: out of memory", flush=True)
+            return False
+        finally:
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+
+    lo, hi = 0, 1
+    while hi <= args.max_batch and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, args.max_batch + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    print(f"largest micro-batch that fits: {lo} ({args.config} {' '.join(extra)})")
+    return lo
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="config/fast.py")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per rung")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps per rung (compile)")
+    parser.add_argument("--start", type=int, default=1, help="first ladder rung to run (1 = baseline)")
+    parser.add_argument("--no_loo", action="store_true", help="skip the leave-one-out pass")
+    parser.add_argument("--out", default="bench_out")
+    parser.add_argument("--find_max_batch", action="store_true", help="report the largest micro-batch that fits")
+    parser.add_argument("--max_batch", type=int, default=512)
+    parser.add_argument("extra", nargs="*", help="after --: train.py overrides for every rung, e.g. -- --batch_size=8")
+    args = parser.parse_args()
+    if not os.path.isfile(args.config):
+        parser.error(f"config file {args.config} not found")
+    os.makedirs(args.out, exist_ok=True)
+    if args.find_max_batch:
+        if not torch.cuda.is_available():
+            parser.error("--find_max_batch measures GPU memory: it needs a CUDA GPU")
+        find_max_batch(args, args.extra)
+    else:
+        bench(args, ["--grad_accum_steps=1", *args.extra])
+
+
+if __name__ == "__main__":
+    main()

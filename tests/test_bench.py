@@ -1,0 +1,32 @@
+"""bench.py on the CPU: a smoke test of the ladder's shape (its numbers mean nothing here)."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "bench.py", "--steps", "2", "--warmup", "1", "--out", str(out), "--",
+           "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=64", "--batch_size=4", f"--data_dir={short_data}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.load(open(out / "bench.json"))
+    names = [r["rung"] for r in rows]
+    assert names[:7] == ["baseline", "+ bf16 autocast", "+ torch.compile", "+ FlashAttention (sdpa)",
+                         "+ fused AdamW", "+ packing, document mask", "+ FP8"]
+    assert names[7:] == ["all on - bf16 autocast", "all on - torch.compile", "all on - attention kernel",
+                         "all on - fused AdamW", "all on - packing"]
+    ran = [r for r in rows if r["rung"] != "+ FP8"]
+    assert all(r["ok"] and r["tokens_per_sec"] > 0 and r["timed_steps"] == 2 for r in ran), rows
+    assert "skipped" in rows[6]["error"]                                  # no FP8 on a CPU
+    assert rows[0]["pad_frac"] > 0.3 and rows[5]["pad_frac"] < 0.1         # the padded baseline pads
+    for r in ran[1:6]:
+        assert abs(r["x_base"] - r["tokens_per_sec"] / rows[0]["tokens_per_sec"]) < 1e-9
+    md = open(out / "bench.md").read()
+    assert md.count("\n| ") == 2 + 7 + 5 and "Largest single gain on the ladder" in md and "Total speedup" in md
+    assert "Largest single gain by leave-one-out" in md
+    assert os.path.getsize(out / "bench.png") > 1000 and open(out / "bench.csv").read().count("\n") == 13
+    assert "--compile=True" in rows[2]["command"] and "--packing=False" in rows[0]["command"]

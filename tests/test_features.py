@@ -1,0 +1,95 @@
+"""Gradient checkpointing and FP8: the model transforms of train.py."""
+import pytest
+import torch
+
+import train
+from model import GPT, GPTConfig
+
+
+def tiny(attention="sdpa", dropout=0.1, **kw):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=3, n_head=2, n_embd=32, dropout=dropout,
+                         attention=attention, **kw)).double()
+
+
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+@pytest.mark.parametrize("with_docs", [False, True])
+def test_checkpointing_gradients_equal(attention, with_docs):
+    """none / full / selective: same loss and gradients, with dropout on (the recomputation replays
+    the same dropout masks)."""
+    idx, tgt = torch.randint(0, 64, (2, 32)), torch.randint(0, 64, (2, 32))
+    doc_ids = torch.cumsum(torch.rand(2, 32) < 0.15, dim=1) if with_docs else None
+    results = {}
+    for mode in ("none", "full", "selective"):
+        m = tiny(attention).train()
+        if mode != "none":
+            train.apply_activation_checkpointing(m, mode)
+        torch.manual_seed(123)                           # the same dropout masks in every run
+        _, loss = m(idx, tgt, doc_ids)
+        loss.backward()
+        results[mode] = (loss.detach(), {n: p.grad for n, p in m.named_parameters()})
+    assert results["none"][0] != tiny(attention, dropout=0.0)(idx, tgt, doc_ids)[1]   # dropout really on
+    for mode in ("full", "selective"):
+        torch.testing.assert_close(results[mode][0], results["none"][0], rtol=0, atol=0)
+        for name, g in results["none"][1].items():
+            torch.testing.assert_close(results[mode][1][name], g, rtol=1e-12, atol=1e-14)
+
+
+def test_checkpointing_keeps_state_dict_names():
+    m = tiny()
+    keys = set(m.state_dict())
+    train.apply_activation_checkpointing(m, "full")
+    assert set(m.state_dict()) == keys
+
+
+def test_what_each_mode_recomputes():
+    """Ops run during backward: full recomputes the matmuls and GELUs of the forward, selective
+    recomputes the GELUs but keeps the matmul outputs, none recomputes nothing."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            self.ops[name] = self.ops.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    def backward_ops(mode):
+        m = tiny(dropout=0.0)
+        if mode != "none":
+            train.apply_activation_checkpointing(m, mode)
+        _, loss = m(torch.randint(0, 64, (2, 32)), torch.randint(0, 64, (2, 32)))
+        with Count() as c:
+            loss.backward()
+        return c.ops
+    none, full, sel = backward_ops("none"), backward_ops("full"), backward_ops("selective")
+    assert none.get("gelu", 0) == 0 and full["gelu"] == sel["gelu"] == 3          # one per block
+    # full reruns 3 of each block's 4 matmuls (the last one's output is not needed: recomputation
+    # stops early) and its attention; selective reruns neither
+    attn = "_scaled_dot_product_flash_attention_for_cpu"
+    assert full["mm"] - none["mm"] == 3 * 3 and full[attn] == 3
+    assert sel["mm"] == none["mm"] and sel.get(attn, 0) == 0
+
+
+def test_fp8_converts_exactly_the_eligible_layers():
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+    m = GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=512))
+    m.transformer.h[0].attn.c_proj = torch.nn.Linear(512, 256, bias=False)    # narrower than fp8_min_dim
+    m.transformer.h[1].mlp.c_proj = torch.nn.Linear(2048, 504, bias=False)    # 504: not a multiple of 16
+    converted = train.convert_fp8(m, train.Config(fp8=True, fp8_min_dim=512))
+    expected = ["transformer.h.0.attn.c_attn", "transformer.h.0.mlp.c_fc", "transformer.h.0.mlp.c_proj",
+                "transformer.h.1.attn.c_attn", "transformer.h.1.attn.c_proj", "transformer.h.1.mlp.c_fc"]
+    assert sorted(converted) == expected                                      # never the output head
+    assert sorted(n for n, mod in m.named_modules() if isinstance(mod, Float8Linear)) == expected
+    with pytest.raises(ValueError, match="no Linear layer is eligible"):
+        train.convert_fp8(GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32)),
+                          train.Config(fp8=True))
+
+
+def test_fp8_refused_without_a_capable_gpu():
+    with pytest.raises(ValueError, match="compute capability 8.9"):
+        train.apply_fp8(tiny(), train.Config(fp8=True), torch.device("cpu"))
