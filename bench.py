@@ -66,6 +66,8 @@ def run_rung(name, overrides, args, extra):
                mfu=summary["median_mfu"], mem_gb=summary["mem_gb"],
                pad_frac=sum(s["pad_frac"] for s in steps) / len(steps), timed_steps=len(steps))
     print(f"{row['tokens_per_sec']:,.0f} tok/s", flush=True)
+    with open(os.path.join(args.out, "rows.jsonl"), "a") as f:     # survives an interrupted bench
+        f.write(json.dumps(row) + "\n")
     return row
 
 

@@ -62,14 +62,41 @@ def position_ids(doc_ids):
     return t - torch.where(is_start, t, 0).cummax(dim=1).values
 
 
+FLEX_BLOCK = 128   # FlexAttention's default tile; BLOCK_SIZE=64 masks fail to lower on the H200
+
+
 @torch.compiler.disable   # built eagerly, once per batch, outside the compiled graph
 def flex_block_mask(doc_ids):
-    """FlexAttention BlockMask (128x128 blocks) for doc_ids (B, T), shared across layers. Cost on the
-    H200: ~2 ms per batch compiled, 7 ms eager (../shared/GPU.md)."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    """FlexAttention BlockMask for doc_ids (B, T), shared by every layer.
+
+    When T is a multiple of 128 the block structure is computed directly from each block's smallest
+    and largest document id, in a few small kernels: a (query block, key block) pair is empty unless
+    it is causal and the two id ranges overlap; it is full (no mask_mod runs) only when both blocks
+    lie inside one and the same document, strictly below the diagonal; otherwise it is partial and
+    document_causal_mask decides per token. This is exact for any doc_ids (range overlap is a
+    superset of sharing a document) and avoids create_block_mask's dense (B, T, T) evaluation
+    (~2 ms per batch on the H200, ../shared/GPU.md). Other lengths use create_block_mask."""
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask
     B, T = doc_ids.shape
     mask_mod = lambda b, h, q, kv: document_causal_mask(doc_ids, q, kv, b)
-    return create_block_mask(mask_mod, B, None, T, T, device=doc_ids.device, _compile=doc_ids.is_cuda)
+    if T % FLEX_BLOCK:
+        return create_block_mask(mask_mod, B, None, T, T, device=doc_ids.device)
+    blocks = doc_ids.view(B, T // FLEX_BLOCK, FLEX_BLOCK)
+    lo, hi = blocks.amin(-1), blocks.amax(-1)                                    # (B, nb)
+    nb = lo.size(1)
+    causal = torch.ones(nb, nb, dtype=torch.bool, device=doc_ids.device).tril()  # key block <= query block
+    overlap = (lo[:, None, :] <= hi[:, :, None]) & (hi[:, None, :] >= lo[:, :, None])   # (B, q block, kv block)
+    single = lo == hi
+    full = (causal.tril(-1) & single[:, :, None] & single[:, None, :] & (lo[:, :, None] == lo[:, None, :]))
+    partial = causal & overlap & ~full
+
+    def ordered(dense):                 # (B, nb, nb) bool -> counts (B, 1, nb), indices (B, 1, nb, nb)
+        idx = torch.argsort(dense.to(torch.int8), dim=-1, descending=True, stable=True)
+        return dense.sum(-1, dtype=torch.int32)[:, None], idx.to(torch.int32)[:, None]
+    kv_num, kv_idx = ordered(partial)
+    full_num, full_idx = ordered(full)
+    return BlockMask.from_kv_blocks(kv_num_blocks=kv_num, kv_indices=kv_idx, full_kv_num_blocks=full_num,
+                                    full_kv_indices=full_idx, BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod, seq_lengths=(T, T))
 
 
 _flex_attention = None

@@ -144,3 +144,17 @@ def test_padding_excluded_from_tokens_per_sec(short_data, tmp_path):
     assert rows and all(r["pad_frac"] > 0.3 for r in rows)     # short documents: mostly padding
     for r in rows:                                            # one step per interval: tokens = real tokens
         assert r["tokens_per_sec"] * r["step_ms"] / 1000 == pytest.approx((1 - r["pad_frac"]) * B * T)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_flex_block_mask_exact_on_random_doc_ids(seed):
+    """The direct BlockMask construction (T a multiple of 128) against the reference, including
+    long documents (full blocks) and one-token documents."""
+    g = torch.Generator().manual_seed(seed)
+    T = 512
+    rate = [0.001, 0.01, 0.3, 0.05][seed]
+    doc_ids = torch.cumsum(torch.rand(4, T, generator=g) < rate, dim=1)
+    mask = model_lib.flex_block_mask(doc_ids)
+    check_attention_mask(mask, doc_ids)
+    if seed == 0:
+        assert mask.full_kv_num_blocks.sum() > 0     # long documents do produce full blocks
