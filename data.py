@@ -284,17 +284,20 @@ class Loader:
     with targets -1 (the baseline that wastes compute on padding).
 
     Offsets come from a torch.Generator seeded with `seed`; state_dict() returns its state before the
-    next batch, so a resumed run sees the same batches. Shards are memory-mapped afresh for each
+    next batch, so a resumed run sees the same batches. Under data parallelism every rank draws the
+    same stream of world_size micro-batches per call and keeps micro-batch number `rank`: ranks
+    read different data, and the rows of one optimizer step are the same for any world size. Shards are memory-mapped afresh for each
     batch (a long-lived np.memmap keeps every page it touched resident). The next batch is built in
     a background thread while the current one trains, in pinned memory, and copied non-blocking.
     Raises FileNotFoundError / ValueError for missing, corrupt or too-short shards."""
 
     def __init__(self, data_dir, split, batch_size, block_size, device="cpu", seed=0,
-                 packing=True, document_mask=True, eot=None):
+                 packing=True, document_mask=True, eot=None, rank=0, world_size=1):
         self.paths = find_shards(data_dir, split)
         self.sizes = np.array([read_header(p)[0] for p in self.paths])
         self.B, self.T, self.device = batch_size, block_size, torch.device(device)
         self.packing, self.document_mask = packing, document_mask
+        self.rank, self.world_size = rank, world_size
         self.eot = load_meta(data_dir)["eot_id"] if eot is None else eot
         if packing:
             self.windows = np.maximum(self.sizes - block_size, 0)   # valid start offsets per shard
@@ -342,9 +345,12 @@ class Loader:
         maps = {}
         if self.packing:
             weights = torch.from_numpy(self.windows.astype(np.float64))
-            for b in range(B):       # row by row: 4 batches of 2 rows are the rows of one batch of 8
+            for i in range(B * self.world_size):   # row by row: 4 batches of 2 rows = 1 batch of 8
                 s = torch.multinomial(weights, 1, generator=self.gen).item()
                 off = torch.randint(int(self.windows[s]), (1,), generator=self.gen).item()
+                b = i - self.rank * B
+                if not 0 <= b < B:
+                    continue                           # another rank's row
                 toks = maps[s] if s in maps else maps.setdefault(s, read_shard(self.paths[s]))
                 row = np.asarray(toks[off:off + T + 1], dtype=np.int64)
                 x[b], y[b] = row[:-1], row[1:]
@@ -352,7 +358,8 @@ class Loader:
             if self.document_mask:
                 y[x == self.eot] = -1      # the EOT's target opens another document
         else:
-            idx = [torch.randint(len(self.pieces), (1,), generator=self.gen).item() for _ in range(B)]
+            idx = [torch.randint(len(self.pieces), (1,), generator=self.gen).item() for _ in range(B * self.world_size)]
+            idx = idx[self.rank * B:(self.rank + 1) * B]
             doc_ids = np.ones((B, T), dtype=np.int64)             # padding: a document of its own
             for b, (s, p, n) in enumerate(self.pieces[idx]):
                 toks = maps[s] if s in maps else maps.setdefault(s, read_shard(self.paths[s]))

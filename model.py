@@ -74,8 +74,9 @@ def flex_block_mask(doc_ids):
     it is causal and the two id ranges overlap; it is full (no mask_mod runs) only when both blocks
     lie inside one and the same document, strictly below the diagonal; otherwise it is partial and
     document_causal_mask decides per token. This is exact for any doc_ids (range overlap is a
-    superset of sharing a document) and avoids create_block_mask's dense (B, T, T) evaluation
-    (~2 ms per batch on the H200, ../shared/GPU.md). Other lengths use create_block_mask."""
+    superset of sharing a document) and skips create_block_mask's dense (B, T, T) evaluation of the
+    mask_mod (measured at ~2 ms per batch on the H200, ../shared/GPU.md; the new path's own cost is
+    not yet measured). Other lengths use create_block_mask."""
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
     B, T = doc_ids.shape
     mask_mod = lambda b, h, q, kv: document_causal_mask(doc_ids, q, kv, b)

@@ -23,8 +23,9 @@ from dataclasses import asdict, dataclass, fields
 import torch
 import torch.distributed as dist
 
-from data import Loader, get_tokenizer, load_meta, prepare
+from data import Loader, load_meta, prepare
 from model import GPT, GPTConfig
+from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism
 
 # -----------------------------------------------------------------------------
 # config: typed defaults in one place; config files are plain assignments
@@ -174,79 +175,6 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 # -----------------------------------------------------------------------------
-# model transforms, applied in this fixed order: FP8, activation checkpointing, compile, DDP/FSDP
-
-def apply_fp8(model, cfg, device):
-    """Swap eligible nn.Linear layers for torchao Float8Linear (dynamic scaling). Skips the output
-    head, layers with a dimension not divisible by 16, and layers narrower than cfg.fp8_min_dim
-    (on the H200 FP8 lost to bf16 at width 768 and won from 2048). Returns the converted names.
-    Raises ValueError on a CPU or a GPU below compute capability 8.9, or without torchao."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
-        where = "the CPU" if device.type != "cuda" else f"{torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))})"
-        raise ValueError(f"fp8=True needs a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on {where}")
-    return convert_fp8(model, cfg)
-
-
-def convert_fp8(model, cfg):
-    """The conversion itself, without the device check (tests call it on the CPU)."""
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError as e:
-        raise ValueError("fp8=True needs torchao: pip install torchao") from e
-    converted = []
-
-    def eligible(module, fqn):
-        ok = (fqn != "lm_head" and module.in_features % 16 == 0 and module.out_features % 16 == 0
-              and min(module.in_features, module.out_features) >= cfg.fp8_min_dim)
-        if ok:
-            converted.append(fqn)
-        return ok
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(cfg.fp8_recipe), module_filter_fn=eligible)
-    if not converted:
-        raise ValueError(f"fp8=True but no Linear layer is eligible: all are narrower than fp8_min_dim={cfg.fp8_min_dim} "
-                         "(FP8 loses to bf16 on narrow layers); lower fp8_min_dim to convert them anyway")
-    return converted
-
-
-def apply_activation_checkpointing(model, mode):
-    """Recompute each transformer block in the backward pass. "full" keeps only the block's input;
-    "selective" keeps matmul and attention outputs and recomputes the cheap elementwise ops
-    (PyTorch's selective activation checkpointing). Non-reentrant, so dropout masks are replayed
-    exactly. Patches each block's forward, so state-dict keys are unchanged."""
-    from functools import partial
-    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
-    ops = torch.ops.aten
-    save = {ops.mm.default, ops.addmm.default, ops.bmm.default, ops._scaled_mm.default,
-            ops._scaled_dot_product_flash_attention.default, ops._scaled_dot_product_efficient_attention.default,
-            ops._scaled_dot_product_cudnn_attention.default, ops._scaled_dot_product_flash_attention_for_cpu.default}
-
-    def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
-
-    for block in model.transformer.h:
-        forward = block.forward
-        if mode == "full":
-            block.forward = partial(checkpoint, forward, use_reentrant=False)
-        elif mode == "selective":
-            block.forward = partial(checkpoint, forward, use_reentrant=False,
-                                    context_fn=partial(create_selective_checkpoint_contexts, policy))
-
-
-def apply_parallelism(model, cfg, device, ddp_local_rank):
-    """Wrap for data parallelism: DDP (one all-reduce per optimizer step) or FSDP2 (fully_shard per
-    block then the root, bf16 parameters and fp32 gradient reduction)."""
-    if cfg.parallelism == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        return DDP(model, device_ids=[ddp_local_rank] if device.type == "cuda" else None)
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    param_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    for block in model.transformer.h:
-        fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    return model
-
-# -----------------------------------------------------------------------------
 # helpers
 
 _rank = int(os.environ.get("RANK", 0))
@@ -293,17 +221,19 @@ def save_checkpoint(path, ckpt):
 
 @torch.no_grad()
 def estimate_loss(model, loader, eval_iters, ctx, use_doc_ids):
-    """Mean loss per real token over the same eval_iters batches every time."""
+    """Mean loss per real token over the same eval_iters batches every time (all ranks together)."""
     model.eval()
     loader.reset()
-    total, count = 0.0, 0
+    totals = torch.zeros(2, dtype=torch.float64, device=loader.device)      # (loss sum, real tokens)
     for _ in range(eval_iters):
         b = next(loader)
         with ctx:
             _, loss = model(b.x, b.y, b.doc_ids if use_doc_ids else None)
-        total, count = total + loss.item() * b.n_valid, count + b.n_valid
+        totals += torch.stack([loss.double() * b.n_valid, torch.tensor(float(b.n_valid), device=loader.device)])
+    if dist.is_initialized():
+        dist.all_reduce(totals)
     model.train()
-    return total / max(count, 1)
+    return (totals[0] / totals[1].clamp(min=1)).item()
 
 
 def forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sync=None):
@@ -355,6 +285,8 @@ def main(argv=None):
                          "Use attention='sdpa' (a boolean document mask) or 'naive' on the CPU")
     if cfg.parallelism == "fsdp" and not ddp:
         raise ValueError("parallelism='fsdp' needs torchrun (several processes)")
+    if cfg.parallelism == "fsdp" and cfg.dtype == "float16":
+        raise ValueError("parallelism='fsdp' with dtype='float16' is not supported (it needs a sharded GradScaler); use bfloat16")
     if cfg.dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(device)}; use float16")
     if cfg.packing and not cfg.document_mask:
@@ -369,8 +301,9 @@ def main(argv=None):
     meta = load_meta(cfg.data_dir)
     loader_args = dict(batch_size=cfg.batch_size, block_size=cfg.block_size, device=device,
                        packing=cfg.packing, document_mask=cfg.document_mask, eot=meta["eot_id"])
-    train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed + _rank, **loader_args)
-    val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 10_000 + _rank, **loader_args)
+    loader_args.update(rank=_rank, world_size=world)   # each rank keeps its own rows of one shared stream
+    train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, **loader_args)
+    val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **loader_args)
     use_doc_ids = cfg.packing and cfg.document_mask
 
     # model, optimizer, precision
@@ -397,7 +330,7 @@ def main(argv=None):
     if cfg.grad_checkpointing != "none":
         apply_activation_checkpointing(raw_model, cfg.grad_checkpointing)
     if cfg.compile:
-        raw_model.compile()            # in place: no _orig_mod. prefix in the state dict
+        apply_compile(raw_model, per_block=ddp and cfg.parallelism == "fsdp")
     model = apply_parallelism(raw_model, cfg, device, local_rank) if ddp else raw_model
     grad_sync = None                   # DDP/FSDP: sync gradients on the last micro-step only
     if ddp and cfg.parallelism == "ddp":
@@ -408,13 +341,13 @@ def main(argv=None):
     pt_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
     ctx = nullcontext() if cfg.dtype == "float32" else torch.autocast(device.type, dtype=pt_dtype)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.dtype == "float16")
-    start_step, best_val = 0, float("inf")
+    start_step, best_val = 0, None
     if ckpt is not None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
         set_optimizer_state_dict(raw_model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
         scaler.load_state_dict(ckpt["scaler"])
         start_step, best_val = ckpt["step"], ckpt["best_val_loss"]
-        train_loader.load_state_dict(ckpt["loader"][_rank] if _rank < len(ckpt["loader"]) else ckpt["loader"][0])
+        train_loader.load_state_dict(ckpt["loader"])
         torch.set_rng_state(ckpt["rng"]["cpu"])
         if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
@@ -455,20 +388,15 @@ def main(argv=None):
                 busy += time.perf_counter() - clock
             if cfg.eval_iters > 0:
                 val_loss = estimate_loss(model, val_loader, cfg.eval_iters, ctx, use_doc_ids)
-                best_val = min(best_val, val_loss)
+                best_val = val_loss if best_val is None else min(best_val, val_loss)
                 print0(f"step {step}: val loss {val_loss:.4f}")
                 log({"step": step, "val_loss": val_loss})
             if cfg.save_checkpoints and (step > start_step or last_step):
-                sd, osd = model_state(raw_model, optimizer)
-                loader_states = [None] * world
-                if ddp:
-                    dist.all_gather_object(loader_states, train_loader.state_dict())
-                else:
-                    loader_states = [train_loader.state_dict()]
+                sd, osd = model_state(raw_model, optimizer)      # a collective under FSDP: every rank
                 if master:
                     save_checkpoint(ckpt_path, {
                         "model": sd, "optimizer": osd, "scaler": scaler.state_dict(), "step": step,
-                        "best_val_loss": best_val, "config": asdict(cfg), "meta": meta, "loader": loader_states,
+                        "best_val_loss": best_val, "config": asdict(cfg), "meta": meta, "loader": train_loader.state_dict(),
                         "rng": {"cpu": torch.get_rng_state(),
                                 "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}})
             sync(device)
@@ -487,11 +415,11 @@ def main(argv=None):
         n_valid = sum(b.n_valid for b in batches)
         # every micro-batch's loss is weighted by its share of the real tokens of the whole step, so
         # accumulation (and data parallelism) gives the gradient of one big batch
-        n_global = n_valid
-        if ddp:
-            n_global = torch.tensor(float(n_valid), device=device)
-            dist.all_reduce(n_global)
-            n_global = n_global / world        # DDP averages gradients over ranks
+        n_global, step_tokens = n_valid, n_valid
+        if ddp:                                # a tensor: no host sync
+            step_tokens = torch.tensor(float(n_valid), device=device)
+            dist.all_reduce(step_tokens)
+            n_global = step_tokens / world     # DDP and FSDP average gradients over ranks
         loss_sum = forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sync)
         if cfg.check_mask and use_doc_ids:
             from model import check_attention_mask
@@ -506,7 +434,7 @@ def main(argv=None):
 
         # timing: the clock runs from the end of the warm-up steps; sync only when reading it
         if clock is not None:
-            interval_tokens += n_valid * world
+            interval_tokens += step_tokens
             interval_steps += 1
         if step % cfg.log_interval == 0 or step == cfg.max_iters - 1:
             record = {"step": step, "loss": None, "lr": lr, "step_ms": None, "tokens_per_sec": None,
@@ -516,12 +444,12 @@ def main(argv=None):
                 loss_sum = loss_sum / world
             record["loss"] = float(loss_sum)   # .item(): a host sync, on log steps only
             if cfg.grad_clip > 0:
-                record["grad_norm"] = float(grad_norm)
+                record["grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
             if clock is not None and interval_steps > 0:
                 sync(device)
                 now = time.perf_counter()
                 busy += now - clock
-                tps = interval_tokens / busy
+                tps = float(interval_tokens) / busy
                 record.update(step_ms=1000 * busy / interval_steps, tokens_per_sec=tps,
                               tokens_per_sec_per_gpu=tps / world, mfu=mfu(flops_per_token, tps / world, peak))
                 timed.append((tps, record["mfu"]))

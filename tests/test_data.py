@@ -57,7 +57,7 @@ def test_round_trip(tmp_path, tokenizer):
 def test_split_is_deterministic_and_by_document(tmp_path):
     _write_docs(tmp_path / "in", [f"document number {i}\n" * (i + 1) for i in range(40)])
     a = data.prepare(str(tmp_path / "in"), str(tmp_path / "a"), "byte", val_frac=0.25, seed=7, workers=2)
-    b = data.prepare(str(tmp_path / "in"), str(tmp_path / "b"), "byte", val_frac=0.25, seed=7, workers=1)
+    data.prepare(str(tmp_path / "in"), str(tmp_path / "b"), "byte", val_frac=0.25, seed=7, workers=1)
     for split in ("train", "val"):
         (pa,), (pb,) = data.find_shards(tmp_path / "a", split), data.find_shards(tmp_path / "b", split)
         assert np.array_equal(data.read_shard(pa), data.read_shard(pb))

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import train
+import transforms
 from model import GPT, GPTConfig
 
 
@@ -23,7 +24,7 @@ def test_checkpointing_gradients_equal(attention, with_docs):
     for mode in ("none", "full", "selective"):
         m = tiny(attention).train()
         if mode != "none":
-            train.apply_activation_checkpointing(m, mode)
+            transforms.apply_activation_checkpointing(m, mode)
         torch.manual_seed(123)                           # the same dropout masks in every run
         _, loss = m(idx, tgt, doc_ids)
         loss.backward()
@@ -38,7 +39,7 @@ def test_checkpointing_gradients_equal(attention, with_docs):
 def test_checkpointing_keeps_state_dict_names():
     m = tiny()
     keys = set(m.state_dict())
-    train.apply_activation_checkpointing(m, "full")
+    transforms.apply_activation_checkpointing(m, "full")
     assert set(m.state_dict()) == keys
 
 
@@ -60,7 +61,7 @@ def test_what_each_mode_recomputes():
     def backward_ops(mode):
         m = tiny(dropout=0.0)
         if mode != "none":
-            train.apply_activation_checkpointing(m, mode)
+            transforms.apply_activation_checkpointing(m, mode)
         _, loss = m(torch.randint(0, 64, (2, 32)), torch.randint(0, 64, (2, 32)))
         with Count() as c:
             loss.backward()
@@ -80,16 +81,16 @@ def test_fp8_converts_exactly_the_eligible_layers():
     m = GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=512))
     m.transformer.h[0].attn.c_proj = torch.nn.Linear(512, 256, bias=False)    # narrower than fp8_min_dim
     m.transformer.h[1].mlp.c_proj = torch.nn.Linear(2048, 504, bias=False)    # 504: not a multiple of 16
-    converted = train.convert_fp8(m, train.Config(fp8=True, fp8_min_dim=512))
+    converted = transforms.convert_fp8(m, train.Config(fp8=True, fp8_min_dim=512))
     expected = ["transformer.h.0.attn.c_attn", "transformer.h.0.mlp.c_fc", "transformer.h.0.mlp.c_proj",
                 "transformer.h.1.attn.c_attn", "transformer.h.1.attn.c_proj", "transformer.h.1.mlp.c_fc"]
     assert sorted(converted) == expected                                      # never the output head
     assert sorted(n for n, mod in m.named_modules() if isinstance(mod, Float8Linear)) == expected
     with pytest.raises(ValueError, match="no Linear layer is eligible"):
-        train.convert_fp8(GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32)),
+        transforms.convert_fp8(GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32)),
                           train.Config(fp8=True))
 
 
 def test_fp8_refused_without_a_capable_gpu():
     with pytest.raises(ValueError, match="compute capability 8.9"):
-        train.apply_fp8(tiny(), train.Config(fp8=True), torch.device("cpu"))
+        transforms.apply_fp8(tiny(), train.Config(fp8=True), torch.device("cpu"))

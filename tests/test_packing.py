@@ -1,7 +1,5 @@
 """The packing guarantee: no token attends to, or is predicted from, another document."""
-import warnings
 
-import numpy as np
 import pytest
 import torch
 

@@ -1,4 +1,3 @@
-import copy
 import json
 import os
 from contextlib import nullcontext

@@ -1,0 +1,85 @@
+"""
+Model transforms, applied by train.py to a built GPT in this fixed order (as torchtitan does):
+FP8 conversion, activation checkpointing, compile, then DDP/FSDP wrapping. Each is a function of
+the model and the config; optional dependencies are imported only when their flag is on.
+"""
+import torch
+
+
+def apply_fp8(model, cfg, device):
+    """Swap eligible nn.Linear layers for torchao Float8Linear (dynamic scaling). Skips the output
+    head, layers with a dimension not divisible by 16, and layers narrower than cfg.fp8_min_dim
+    (on the H200 FP8 lost to bf16 at width 768 and won from 2048). Returns the converted names.
+    Raises ValueError on a CPU or a GPU below compute capability 8.9, or without torchao."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        where = "the CPU" if device.type != "cuda" else f"{torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))})"
+        raise ValueError(f"fp8=True needs a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on {where}")
+    return convert_fp8(model, cfg)
+
+
+def convert_fp8(model, cfg):
+    """The conversion itself, without the device check (tests call it on the CPU)."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        raise ValueError("fp8=True needs torchao: pip install torchao") from e
+    converted = []
+
+    def eligible(module, fqn):
+        ok = (fqn != "lm_head" and module.in_features % 16 == 0 and module.out_features % 16 == 0
+              and min(module.in_features, module.out_features) >= cfg.fp8_min_dim)
+        if ok:
+            converted.append(fqn)
+        return ok
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(cfg.fp8_recipe), module_filter_fn=eligible)
+    if not converted:
+        raise ValueError(f"fp8=True but no Linear layer is eligible: all are narrower than fp8_min_dim={cfg.fp8_min_dim} "
+                         "(FP8 loses to bf16 on narrow layers); lower fp8_min_dim to convert them anyway")
+    return converted
+
+
+def apply_activation_checkpointing(model, mode):
+    """Recompute each transformer block in the backward pass. "full" keeps only the block's input;
+    "selective" keeps matmul and attention outputs and recomputes the cheap elementwise ops
+    (PyTorch's selective activation checkpointing). Non-reentrant, so dropout masks are replayed
+    exactly. Patches each block's forward, so state-dict keys are unchanged."""
+    from functools import partial
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    ops = torch.ops.aten
+    save = {ops.mm.default, ops.addmm.default, ops.bmm.default, ops._scaled_mm.default,
+            ops._scaled_dot_product_flash_attention.default, ops._scaled_dot_product_efficient_attention.default,
+            ops._scaled_dot_product_cudnn_attention.default, ops._scaled_dot_product_flash_attention_for_cpu.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    for block in model.transformer.h:
+        forward = block.forward
+        if mode == "full":
+            block.forward = partial(checkpoint, forward, use_reentrant=False)
+        elif mode == "selective":
+            block.forward = partial(checkpoint, forward, use_reentrant=False,
+                                    context_fn=partial(create_selective_checkpoint_contexts, policy))
+
+
+def apply_compile(model, per_block=False):
+    """torch.compile in place (nn.Module.compile), so the state dict keeps its names (no _orig_mod.).
+    per_block compiles each transformer block on its own (torchtitan's way under FSDP, whose hooks
+    then stay outside the compiled graphs); otherwise the whole model, loss included, is one graph."""
+    for module in (model.transformer.h if per_block else [model]):
+        module.compile()
+
+
+def apply_parallelism(model, cfg, device, ddp_local_rank):
+    """Wrap for data parallelism: DDP (one all-reduce per optimizer step) or FSDP2 (fully_shard per
+    block then the root, bf16 parameters and fp32 gradient reduction)."""
+    if cfg.parallelism == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(model, device_ids=[ddp_local_rank] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    param_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for block in model.transformer.h:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
