@@ -129,7 +129,19 @@ def load_config(argv):
             values[key] = _typed(key, value, "command line")
         else:
             raise ValueError(f"cannot parse argument {arg!r}: use --config FILE or --key=value")
-    return Config(**values)
+    cfg = Config(**values)
+    positive = ("batch_size", "block_size", "grad_accum_steps", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval")
+    for key in positive:
+        if getattr(cfg, key) <= 0:
+            raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}")
+    for key in ("max_iters", "eval_iters", "timing_warmup", "warmup_iters", "lr_decay_iters", "fp8_min_dim"):
+        if getattr(cfg, key) < 0:
+            raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")
+    if cfg.n_embd % cfg.n_head:
+        raise ValueError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
+    if not 0 <= cfg.dropout < 1:
+        raise ValueError(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
+    return cfg
 
 # -----------------------------------------------------------------------------
 # measurement

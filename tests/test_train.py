@@ -114,6 +114,9 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--fp8=True"], ValueError, "compute capability 8.9"),
     (["--parallelism=fsdp"], ValueError, "torchrun"),
     (["--init_from=resume"], FileNotFoundError, "ckpt.pt"),
+    (["--batch_size=0"], ValueError, "'batch_size' must be positive"),
+    (["--max_iters=-1"], ValueError, "'max_iters' must be >= 0"),
+    (["--n_embd=30", "--n_head=4"], ValueError, "divisible by n_head"),
 ])
 def test_config_errors(byte_data, tmp_path, args, error, match):
     with pytest.raises(error, match=match):
