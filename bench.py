@@ -208,13 +208,17 @@ def main():
     args = parser.parse_args()
     if not os.path.isfile(args.config):
         parser.error(f"config file {args.config} not found")
+    if args.steps < 1 or args.warmup < 0 or not 1 <= args.start <= len(LADDER):
+        parser.error(f"need --steps >= 1, --warmup >= 0 and 1 <= --start <= {len(LADDER)}")
     os.makedirs(args.out, exist_ok=True)
     if args.find_max_batch:
         if not torch.cuda.is_available():
             parser.error("--find_max_batch measures GPU memory: it needs a CUDA GPU")
         find_max_batch(args, args.extra)
     else:
-        bench(args, ["--grad_accum_steps=1", *args.extra])
+        rows = bench(args, ["--grad_accum_steps=1", *args.extra])
+        if not any(r["ok"] for r in rows):
+            sys.exit("error: every rung failed; see the logs under " + os.path.join(args.out, "runs"))
 
 
 if __name__ == "__main__":

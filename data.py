@@ -143,6 +143,7 @@ def find_shards(data_dir, split):
 def load_meta(data_dir):
     """meta.json of a prepared folder; shards without one (llm.c, modded-nanogpt FineWeb) are GPT-2."""
     path = os.path.join(data_dir, "meta.json")
+    find_shards(data_dir, "train")     # a missing folder is an error before any guessing
     if not os.path.exists(path):
         print(f"note: {data_dir} has no meta.json; assuming GPT-2 tokens (as llm.c's FineWeb shards)")
         return {"tokenizer": "gpt2", "vocab_size": 50257, "eot_id": 50256}
@@ -178,9 +179,12 @@ def iter_documents(path):
             for lineno, line in enumerate(f, 1):
                 if line.strip():
                     try:
-                        yield ("text", json.loads(line)["text"])
+                        text = json.loads(line)["text"]
                     except (json.JSONDecodeError, KeyError, TypeError) as e:
                         raise ValueError(f"{path}:{lineno}: expected a JSON object with a 'text' field ({e!r})")
+                    if not isinstance(text, str):
+                        raise ValueError(f"{path}:{lineno}: 'text' must be a string, got {type(text).__name__}")
+                    yield ("text", text)
     elif os.path.isfile(path):
         yield ("file", path)
     else:
@@ -212,6 +216,12 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
     Returns the meta dict. Raises FileNotFoundError / ValueError for a missing or unusable input."""
     from tqdm import tqdm
     tok = get_tokenizer(tokenizer)   # fail here, not inside a worker, when it is unavailable
+    if not 0 <= val_frac < 1:
+        raise ValueError(f"val_frac must be in [0, 1), got {val_frac}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"output {out_dir} exists and is not a folder")
     docs = list(iter_documents(input_path))
     source = input_path or f"python stdlib ({stdlib_path()})"
     if len(docs) < 2 and val_frac > 0:
@@ -292,12 +302,12 @@ class Loader:
     Raises FileNotFoundError / ValueError for missing, corrupt or too-short shards."""
 
     def __init__(self, data_dir, split, batch_size, block_size, device="cpu", seed=0,
-                 packing=True, document_mask=True, eot=None, rank=0, world_size=1):
+                 packing=True, document_mask=True, eot=None, rank=0, world_size=1, vocab_size=None):
         self.paths = find_shards(data_dir, split)
         self.sizes = np.array([read_header(p)[0] for p in self.paths])
         self.B, self.T, self.device = batch_size, block_size, torch.device(device)
         self.packing, self.document_mask = packing, document_mask
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.vocab_size = rank, world_size, vocab_size
         self.eot = load_meta(data_dir)["eot_id"] if eot is None else eot
         if packing:
             self.windows = np.maximum(self.sizes - block_size, 0)   # valid start offsets per shard
@@ -366,6 +376,9 @@ class Loader:
                 row = np.asarray(toks[p:p + n + 1], dtype=np.int64)
                 x[b, :n], y[b, :n], doc_ids[b, :n] = row[:-1], row[1:], 0
         del maps                                                  # unmap: nothing stays resident
+        if self.vocab_size is not None and max(x.max(), y.max()) >= self.vocab_size:
+            raise ValueError(f"token id {max(x.max(), y.max())} in the shards {self.paths} is outside the "
+                             f"vocabulary ({self.vocab_size} ids in meta.json): shards and meta.json disagree")
         n_valid = int((y != -1).sum())
         state = self.gen.get_state()
         tensors = [torch.from_numpy(a) for a in (x, y, doc_ids)]

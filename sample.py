@@ -5,6 +5,7 @@ Generate text from a checkpoint, decoding with the checkpoint's tokenizer.
     python sample.py --out_dir=out-fast --start="Once upon a time" --num_samples=3 --top_k=50
 """
 import argparse
+import os
 
 import torch
 
@@ -23,12 +24,20 @@ def main():
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
+    if args.temperature <= 0 or args.top_k < 0 or args.max_new_tokens < 1 or args.num_samples < 1:
+        parser.error("need --temperature > 0, --top_k >= 0, --max_new_tokens >= 1, --num_samples >= 1")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA GPU is available")
+    if args.start.startswith("FILE:") and not os.path.isfile(args.start[5:]):
+        parser.error(f"prompt file {args.start[5:]} not found")
     torch.manual_seed(args.seed)
     path = f"{args.out_dir}/ckpt.pt"
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise SystemExit(f"error: no checkpoint at {path}: train first (python train.py --out_dir={args.out_dir})")
+    except Exception as e:
+        raise SystemExit(f"error: checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?")
     cfg, meta = ckpt["config"], ckpt["meta"]
     attention = cfg["attention"] if cfg["attention"] != "flex" or args.device.startswith("cuda") else "sdpa"
     model = GPT(GPTConfig(vocab_size=meta["vocab_size"], block_size=cfg["block_size"], n_layer=cfg["n_layer"],

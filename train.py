@@ -14,6 +14,8 @@ import ast
 import json
 import math
 import os
+import re
+import statistics
 import sys
 import time
 import warnings
@@ -115,7 +117,10 @@ def load_config(argv):
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"config file {path!r} not found")
             ns = {}
-            exec(open(path).read(), {}, ns)
+            try:
+                exec(compile(open(path).read(), path, "exec"), {}, ns)
+            except Exception as e:        # a syntax error or a bad name in the file
+                raise ValueError(f"config file {path!r} does not run: {type(e).__name__}: {e}") from e
             for k, v in ns.items():
                 if not k.startswith("_"):
                     values[k] = _typed(k, v, path)
@@ -141,6 +146,13 @@ def load_config(argv):
         raise ValueError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
     if not 0 <= cfg.dropout < 1:
         raise ValueError(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
+    for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "peak_flops"):
+        if getattr(cfg, key) < 0:
+            raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
+        raise ValueError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+    if not cfg.out_dir:
+        raise ValueError("config key 'out_dir' must not be empty")
     return cfg
 
 # -----------------------------------------------------------------------------
@@ -190,6 +202,7 @@ def sync(device):
 # helpers
 
 _rank = int(os.environ.get("RANK", 0))
+_setup_done = False        # errors after setup are bugs, not bad input: they keep their traceback
 
 def print0(*args, **kwargs):
     if _rank == 0:
@@ -272,7 +285,7 @@ def main(argv=None):
     """Train per the command line `argv` (default sys.argv[1:]). Returns a summary dict."""
     cfg = load_config(sys.argv[1:] if argv is None else argv)
     # distributed setup: torchrun sets RANK / LOCAL_RANK / WORLD_SIZE
-    global _rank
+    global _rank, _setup_done
     ddp = int(os.environ.get("RANK", -1)) != -1
     _rank, world, local_rank = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])) if ddp else (0, 1, 0)
     if cfg.device == "auto":
@@ -314,6 +327,7 @@ def main(argv=None):
     loader_args = dict(batch_size=cfg.batch_size, block_size=cfg.block_size, device=device,
                        packing=cfg.packing, document_mask=cfg.document_mask, eot=meta["eot_id"])
     loader_args.update(rank=_rank, world_size=world)   # each rank keeps its own rows of one shared stream
+    loader_args.update(vocab_size=meta["vocab_size"])
     train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, **loader_args)
     val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **loader_args)
     use_doc_ids = cfg.packing and cfg.document_mask
@@ -326,7 +340,15 @@ def main(argv=None):
     if cfg.init_from == "resume":
         if not os.path.isfile(ckpt_path):
             raise FileNotFoundError(f"init_from='resume' but {ckpt_path} does not exist")
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        try:
+            ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise ValueError(f"checkpoint {ckpt_path} cannot be read ({type(e).__name__}); is it corrupt?") from e
+        if ckpt["meta"]["vocab_size"] != meta["vocab_size"]:
+            raise ValueError(f"checkpoint {ckpt_path} has vocabulary {ckpt['meta']['vocab_size']} "
+                             f"({ckpt['meta']['tokenizer']}) but {cfg.data_dir} has {meta['vocab_size']} ({meta['tokenizer']})")
+        if ckpt["step"] > cfg.max_iters:
+            raise ValueError(f"checkpoint {ckpt_path} is at step {ckpt['step']}, past max_iters={cfg.max_iters}")
         for k in MODEL_KEYS:
             if ckpt["config"][k] != getattr(cfg, k):
                 raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {ckpt['config'][k]!r}")
@@ -375,7 +397,8 @@ def main(argv=None):
     print0(f"{raw_model.num_params() / 1e6:.2f}M parameters | {flops_per_token / 1e6:.1f} MFLOP/token | "
            f"device {device} x {world} | grad_accum_steps {grad_accum_steps} per process | "
            f"{tokens_per_step:,} tokens per step | peak {peak / 1e12 if peak else 0:.1f} TFLOP/s")
-    metrics_file = open(os.path.join(cfg.out_dir, "metrics.jsonl"), "a") if master else None
+    # a resumed run appends; a run from scratch starts the file afresh
+    metrics_file = open(os.path.join(cfg.out_dir, "metrics.jsonl"), "a" if cfg.init_from == "resume" else "w") if master else None
     wandb = None
     if cfg.wandb_log and master:
         import wandb
@@ -389,6 +412,7 @@ def main(argv=None):
                 wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
 
     # ---------------------------------------------------------------- training
+    _setup_done = True
     timed = []                                 # (tokens_per_sec, mfu) of each timed interval
     clock, busy, interval_tokens, interval_steps = None, 0.0, 0, 0
     val_loss = None
@@ -477,8 +501,8 @@ def main(argv=None):
 
     # ---------------------------------------------------------------- summary
     def median(xs):
-        xs = sorted(x for x in xs if x is not None)
-        return xs[len(xs) // 2] if xs else None
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if xs else None
     summary = {"val_loss": val_loss, "best_val_loss": best_val, "median_tokens_per_sec": median(t for t, _ in timed),
                "median_mfu": median(m for _, m in timed), "timed_intervals": len(timed),
                "mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
@@ -501,4 +525,6 @@ if __name__ == "__main__":
     try:
         main()
     except (ValueError, TypeError, FileNotFoundError) as e:   # bad input: one clear line, no traceback
+        if _setup_done:
+            raise
         raise SystemExit(f"error: {e}")

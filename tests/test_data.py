@@ -77,6 +77,10 @@ def test_jsonl_and_single_file(tmp_path):
         f.write('{"body": "no text field"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1"):
         data.prepare(str(tmp_path / "bad.jsonl"), str(tmp_path / "x"), "byte", workers=1)
+    with open(tmp_path / "num.jsonl", "w") as f:
+        f.write('{"text": "ok"}\n{"text": 5}\n')
+    with pytest.raises(ValueError, match="num.jsonl:2: 'text' must be a string"):
+        data.prepare(str(tmp_path / "num.jsonl"), str(tmp_path / "x"), "byte", workers=1)
 
 
 def test_uint32_shards_never_wrap(tmp_path):
@@ -176,3 +180,11 @@ def test_padded_loader(byte_data):
             assert not (x[:n] == loader.eot).any()                   # one document per row
             saw_padding |= n < T
     assert saw_padding
+
+
+def test_ids_outside_the_vocabulary_are_refused(tmp_path):
+    for split in ("train", "val"):
+        data.write_shard(str(tmp_path / f"{split}_000000.bin"), np.full(1000, 280))
+    loader = data.Loader(str(tmp_path), "train", batch_size=2, block_size=16, eot=256, vocab_size=257)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        next(loader)

@@ -117,6 +117,8 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--batch_size=0"], ValueError, "'batch_size' must be positive"),
     (["--max_iters=-1"], ValueError, "'max_iters' must be >= 0"),
     (["--n_embd=30", "--n_head=4"], ValueError, "divisible by n_head"),
+    (["--device=tpu"], ValueError, "'device' must be auto, cpu, cuda or cuda:N"),
+    (["--grad_clip=-1"], ValueError, "'grad_clip' must be >= 0"),
 ])
 def test_config_errors(byte_data, tmp_path, args, error, match):
     with pytest.raises(error, match=match):
@@ -127,6 +129,9 @@ def test_config_file_errors(tmp_path):
     (tmp_path / "c.py").write_text("n_layer = 2\nlearning_rat = 1e-3\n")
     with pytest.raises(ValueError, match=r"unknown config key 'learning_rat' \(.*c.py\)"):
         train.load_config(["--config", str(tmp_path / "c.py")])
+    (tmp_path / "s.py").write_text("batch_size = \n")
+    with pytest.raises(ValueError, match="s.py.* does not run: SyntaxError"):
+        train.load_config(["--config", str(tmp_path / "s.py")])
     (tmp_path / "d.py").write_text("batch_size = '8'\n")
     with pytest.raises(TypeError, match="'batch_size'"):
         train.load_config(["--config", str(tmp_path / "d.py")])
@@ -150,3 +155,19 @@ def test_wandb_offline_records_metrics(byte_data, tmp_path, monkeypatch):
     timed = [r for r in steps if r["tokens_per_sec"] is not None]
     assert len(timed) == 7 and all(r["tokens_per_sec"] > 0 and r["mfu"] > 0 for r in timed)
     assert any("val_loss" in r for r in rows)
+
+
+def test_resume_refuses_a_mismatched_or_corrupt_checkpoint(byte_data, short_data, tmp_path):
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    with pytest.raises(ValueError, match="past max_iters=2"):
+        train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=2"))
+    (tmp_path / "ckpt.pt").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="cannot be read"):
+        train.main(tiny_args(byte_data, tmp_path, "--init_from=resume"))
+
+
+def test_scratch_run_starts_a_fresh_metrics_file(byte_data, tmp_path):
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    steps = [r["step"] for r in read_metrics(tmp_path) if "loss" in r]
+    assert steps == [0, 1, 2, 3]
