@@ -65,7 +65,7 @@ class Config:
     min_lr: float = 3e-4
     warmup_iters: int = 30
     lr_decay_iters: int = 0                # 0: max_iters
-    max_iters: int = 400
+    max_iters: int = 500
     weight_decay: float = 0.1              # matrices only
     beta1: float = 0.9
     beta2: float = 0.95
