@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from data import Loader, load_meta, prepare
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, check_attention_mask
 from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism
 
 # -----------------------------------------------------------------------------
@@ -331,6 +331,7 @@ def main(argv=None):
     train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, **loader_args)
     val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **loader_args)
     use_doc_ids = cfg.packing and cfg.document_mask
+    check_mask = cfg.check_mask and use_doc_ids
 
     # model, optimizer, precision
     torch.manual_seed(cfg.seed)        # same initial weights on every rank
@@ -357,6 +358,7 @@ def main(argv=None):
     if ckpt is not None:
         raw_model.load_state_dict(ckpt["model"])
     flops_per_token = raw_model.flops_per_token()
+    pt_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
     # the transforms, in this order: FP8 conversion, activation checkpointing, compile, DDP/FSDP
     if cfg.fp8:
         converted = apply_fp8(raw_model, cfg, device)
@@ -365,14 +367,13 @@ def main(argv=None):
         apply_activation_checkpointing(raw_model, cfg.grad_checkpointing)
     if cfg.compile:
         apply_compile(raw_model, per_block=ddp and cfg.parallelism == "fsdp")
-    model = apply_parallelism(raw_model, cfg, device, local_rank) if ddp else raw_model
+    model = apply_parallelism(raw_model, cfg.parallelism, pt_dtype, device, local_rank) if ddp else raw_model
     grad_sync = None                   # DDP/FSDP: sync gradients on the last micro-step only
     if ddp and cfg.parallelism == "ddp":
         grad_sync = lambda on: setattr(model, "require_backward_grad_sync", on)
     elif ddp:
         grad_sync = model.set_requires_gradient_sync
     optimizer = make_optimizer(raw_model, cfg, device)
-    pt_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
     ctx = nullcontext() if cfg.dtype == "float32" else torch.autocast(device.type, dtype=pt_dtype)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.dtype == "float16")
     start_step, best_val = 0, None
@@ -457,8 +458,7 @@ def main(argv=None):
             dist.all_reduce(step_tokens)
             n_global = step_tokens / world     # DDP and FSDP average gradients over ranks
         loss_sum = forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sync)
-        if cfg.check_mask and use_doc_ids:
-            from model import check_attention_mask
+        if check_mask:                         # debug flag: off, this costs nothing
             for b in batches:
                 check_attention_mask(raw_model.attention_mask(b.doc_ids, cfg.block_size, device), b.doc_ids)
         if cfg.grad_clip > 0:

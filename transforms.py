@@ -70,14 +70,13 @@ def apply_compile(model, per_block=False):
         module.compile()
 
 
-def apply_parallelism(model, cfg, device, ddp_local_rank):
+def apply_parallelism(model, parallelism, param_dtype, device, ddp_local_rank):
     """Wrap for data parallelism: DDP (one all-reduce per optimizer step) or FSDP2 (fully_shard per
-    block then the root, bf16 parameters and fp32 gradient reduction)."""
-    if cfg.parallelism == "ddp":
+    block then the root, parameters in param_dtype and fp32 gradient reduction)."""
+    if parallelism == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         return DDP(model, device_ids=[ddp_local_rank] if device.type == "cuda" else None)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    param_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for block in model.transformer.h:
         fully_shard(block, mp_policy=mp)
