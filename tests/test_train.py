@@ -145,13 +145,13 @@ def test_missing_data_dir(tmp_path):
 
 
 def test_wandb_offline_records_metrics(byte_data, tmp_path, monkeypatch):
-    from wandb_reader import history
+    from wandb_reader import history, record_types
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     train.main(tiny_args(byte_data, tmp_path / "out", "--wandb_log=True", "--peak_flops=1e12", "--wandb_run_name=t"))
     rows = history(tmp_path)
     steps = [r for r in rows if "tokens_per_sec" in r]
-    assert [r["_step"] for r in steps] == list(range(8))
+    assert [r["_step"] for r in steps] == list(range(8)), (rows, record_types(tmp_path))
     timed = [r for r in steps if r["tokens_per_sec"] is not None]
     assert len(timed) == 7 and all(r["tokens_per_sec"] > 0 and r["mfu"] > 0 for r in timed)
     assert any("val_loss" in r for r in rows)

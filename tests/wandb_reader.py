@@ -30,6 +30,13 @@ def read_records(path):
             yield rec
 
 
+def record_types(run_dir):
+    """Count of each record type in the run's log (for failure messages)."""
+    import collections
+    (path,) = glob.glob(f"{run_dir}/**/offline-run-*/*.wandb", recursive=True)
+    return collections.Counter(r.WhichOneof("record_type") for r in read_records(path))
+
+
 def history(run_dir):
     """List of {key: value} dicts, one per wandb.log call, from the run under run_dir."""
     (path,) = glob.glob(f"{run_dir}/**/offline-run-*/*.wandb", recursive=True)
