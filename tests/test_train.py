@@ -149,8 +149,15 @@ def test_wandb_offline_records_metrics(byte_data, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     train.main(tiny_args(byte_data, tmp_path / "out", "--wandb_log=True", "--peak_flops=1e12", "--wandb_run_name=t"))
-    rows = history(tmp_path)
-    steps = [r for r in rows if "tokens_per_sec" in r]
+    import time
+    import wandb
+    wandb.teardown()                  # stop the W&B service so it closes (flushes) the run's log
+    for _ in range(60):               # and give a loaded machine time to finish writing it
+        rows = history(tmp_path)
+        steps = [r for r in rows if "tokens_per_sec" in r]
+        if len(steps) >= 8:
+            break
+        time.sleep(0.5)
     assert [r["_step"] for r in steps] == list(range(8)), (rows, record_types(tmp_path))
     timed = [r for r in steps if r["tokens_per_sec"] is not None]
     assert len(timed) == 7 and all(r["tokens_per_sec"] > 0 and r["mfu"] > 0 for r in timed)
