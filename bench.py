@@ -2,7 +2,7 @@
 The itemised speedup: train.py's real tokens/s after each change, one fresh process per rung.
 
     python bench.py                                    # config/fast.py's model on this GPU
-    python bench.py --config config/large.py --start 2 --steps 30
+    python bench.py --config config/large.py --start 2 --steps 30 --batch_size 4
     python bench.py --steps 3 --out bench_cpu -- --n_layer=2 --n_embd=64 --block_size=64   # CPU smoke test
     python bench.py --find_max_batch --config config/large.py -- --grad_checkpointing=full
 
@@ -201,6 +201,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps per rung (compile)")
     parser.add_argument("--start", type=int, default=1, help="first ladder rung to run (1 = baseline)")
     parser.add_argument("--no_loo", action="store_true", help="skip the leave-one-out pass")
+    parser.add_argument("--batch_size", type=int, default=16, help="micro-batch of every rung (the float32 "
+                        "baseline's naive (T, T) attention must fit: 34 GB at 16 x 1024 for GPT-2 124M)")
     parser.add_argument("--out", default="bench_out")
     parser.add_argument("--find_max_batch", action="store_true", help="report the largest micro-batch that fits")
     parser.add_argument("--max_batch", type=int, default=512)
@@ -216,7 +218,7 @@ def main():
             parser.error("--find_max_batch measures GPU memory: it needs a CUDA GPU")
         find_max_batch(args, args.extra)
     else:
-        rows = bench(args, ["--grad_accum_steps=1", *args.extra])
+        rows = bench(args, ["--grad_accum_steps=1", f"--batch_size={args.batch_size}", *args.extra])
         if not any(r["ok"] for r in rows):
             sys.exit("error: every rung failed; see the logs under " + os.path.join(args.out, "runs"))
 

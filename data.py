@@ -21,6 +21,7 @@ import json
 import os
 import random
 import sysconfig
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import Pool
 from typing import NamedTuple
@@ -297,12 +298,14 @@ class Loader:
     next batch, so a resumed run sees the same batches. Under data parallelism every rank draws the
     same stream of world_size micro-batches per call and keeps micro-batch number `rank`: ranks
     read different data, and the rows of one optimizer step are the same for any world size. Shards are memory-mapped afresh for each
-    batch (a long-lived np.memmap keeps every page it touched resident). The next batch is built in
-    a background thread while the current one trains, in pinned memory, and copied non-blocking.
+    batch (a long-lived np.memmap keeps every page it touched resident). The next `prefetch` batches
+    are built in a background thread while the current ones train, in pinned memory, and copied
+    non-blocking (train.py prefetches a whole optimizer step, so the GPU never waits for the loader).
     Raises FileNotFoundError / ValueError for missing, corrupt or too-short shards."""
 
     def __init__(self, data_dir, split, batch_size, block_size, device="cpu", seed=0,
-                 packing=True, document_mask=True, eot=None, rank=0, world_size=1, vocab_size=None):
+                 packing=True, document_mask=True, eot=None, rank=0, world_size=1, vocab_size=None,
+                 prefetch=2):
         self.paths = find_shards(data_dir, split)
         self.sizes = np.array([read_header(p)[0] for p in self.paths])
         self.B, self.T, self.device = batch_size, block_size, torch.device(device)
@@ -318,10 +321,11 @@ class Loader:
             self.pieces = self._index_pieces()
         self.gen = torch.Generator().manual_seed(seed)
         self._initial = self.gen.get_state()
-        self._pool = ThreadPoolExecutor(1)
+        self._pool = ThreadPoolExecutor(1)     # one worker: batches are drawn in order, deterministically
         self._pin = self.device.type == "cuda"
-        self._state = self._initial
-        self._future = self._pool.submit(self._produce)
+        self._prefetch = max(1, prefetch)
+        self._futures = deque()
+        self.load_state_dict({"rng": self._initial})
 
     def _index_pieces(self):
         """(n, 3) int64 array of (shard, start, length): each document cut into block_size pieces,
@@ -391,9 +395,9 @@ class Loader:
 
     def __next__(self):
         """The next Batch, on the loader's device."""
-        tensors, n_valid, state = self._future.result()
+        tensors, n_valid, state = self._futures.popleft().result()
         self._state = state                        # generator state before the batch after this one
-        self._future = self._pool.submit(self._produce)
+        self._futures.append(self._pool.submit(self._produce))
         x, y, doc_ids = (t.to(self.device, non_blocking=True) for t in tensors)
         return Batch(x, y, doc_ids, n_valid)
 
@@ -402,10 +406,11 @@ class Loader:
         return {"rng": self._state.clone()}
 
     def load_state_dict(self, state):
-        self._future.result()                      # let the batch in flight finish, then discard it
+        while self._futures:                       # let the batches in flight finish, then discard them
+            self._futures.popleft().result()
         self.gen.set_state(state["rng"])
         self._state = state["rng"]
-        self._future = self._pool.submit(self._produce)
+        self._futures.extend(self._pool.submit(self._produce) for _ in range(self._prefetch))
 
     def reset(self):
         """Back to the first batch (eval uses the same batches every time, so its losses compare)."""

@@ -53,6 +53,7 @@ class Config:
     packing: bool = True                   # False: one document per row, padded (the baseline)
     document_mask: bool = True             # with packing: no attention or loss across documents
     check_mask: bool = False               # debug: assert each batch's attention mask is block-diagonal
+    profile: bool = False                  # torch.profiler over the last warm-up step: out_dir/profile.txt
     # model
     n_layer: int = 4
     n_head: int = 4
@@ -60,6 +61,7 @@ class Config:
     dropout: float = 0.0
     bias: bool = False
     attention: str = "sdpa"                # naive | sdpa | flex
+    sdpa_backend: str = "auto"             # auto | flash | cudnn: the only kernel attention='sdpa' may use (GPU)
     # optimizer: AdamW, linear warmup then cosine decay to min_lr
     learning_rate: float = 3e-3
     min_lr: float = 3e-4
@@ -85,7 +87,7 @@ class Config:
     parallelism: str = "ddp"               # ddp | fsdp, under torchrun
 
 
-CHOICES = dict(init_from=("scratch", "resume"), attention=("naive", "sdpa", "flex"),
+CHOICES = dict(init_from=("scratch", "resume"), attention=("naive", "sdpa", "flex"), sdpa_backend=("auto", "flash", "cudnn"),
                dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
                fp8_recipe=("tensorwise", "rowwise"), parallelism=("ddp", "fsdp"))
 MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention")
@@ -153,6 +155,12 @@ def load_config(argv):
         raise ValueError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if not cfg.out_dir:
         raise ValueError("config key 'out_dir' must not be empty")
+    if cfg.profile and cfg.timing_warmup < 2:
+        raise ValueError("profile=True profiles the last warm-up step: it needs timing_warmup >= 2 (the first step compiles)")
+    if cfg.sdpa_backend != "auto" and cfg.attention != "sdpa":
+        raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} applies to attention='sdpa' only, not {cfg.attention!r}")
+    if cfg.sdpa_backend == "flash" and cfg.packing and cfg.document_mask:
+        raise ValueError("sdpa_backend='flash' takes no attention mask: use it with packing=False or document_mask=False")
     return cfg
 
 # -----------------------------------------------------------------------------
@@ -261,6 +269,29 @@ def estimate_loss(model, loader, eval_iters, ctx, use_doc_ids):
     return (totals[0] / totals[1].clamp(min=1)).item()
 
 
+def select_sdpa_backend(name):
+    """Let F.scaled_dot_product_attention run only the `name` ('flash' | 'cudnn') kernel, process-wide,
+    so a shape it cannot take fails ('No available kernel') instead of falling back to a slower one."""
+    b = torch.backends.cuda
+    b.enable_flash_sdp(name == "flash")
+    b.enable_cudnn_sdp(name == "cudnn")
+    b.enable_mem_efficient_sdp(False)
+    b.enable_math_sdp(False)
+
+
+def write_profile(prof, device, out_dir):
+    """Stop torch.profiler `prof` and write out_dir/profile.txt (ops by self GPU time, or CPU time on
+    the CPU) and out_dir/profile_trace.json.gz (Chrome trace: chrome://tracing or ui.perfetto.dev;
+    benchmarks/profile_summary.py sums its GPU kernels by kind)."""
+    sync(device)
+    prof.stop()
+    if _rank == 0:
+        key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        with open(os.path.join(out_dir, "profile.txt"), "w") as f:
+            f.write(prof.key_averages().table(sort_by=key, row_limit=60))
+        prof.export_chrome_trace(os.path.join(out_dir, "profile_trace.json.gz"))
+        print0(f"profile of one step written to {out_dir}/profile.txt and profile_trace.json.gz")
+
 def forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sync=None):
     """Accumulate the gradient of one optimizer step over micro-`batches` (a list of data.Batch).
     Each micro-batch's mean loss is weighted by its real tokens over n_global (the step's real
@@ -314,6 +345,10 @@ def main(argv=None):
         raise ValueError("parallelism='fsdp' with dtype='float16' is not supported (it needs a sharded GradScaler); use bfloat16")
     if cfg.dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(device)}; use float16")
+    if cfg.sdpa_backend != "auto":
+        if device.type != "cuda":
+            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
+        select_sdpa_backend(cfg.sdpa_backend)
     if cfg.packing and not cfg.document_mask:
         warnings.warn("packing=True with document_mask=False: tokens attend across document boundaries")
 
@@ -328,7 +363,7 @@ def main(argv=None):
                        packing=cfg.packing, document_mask=cfg.document_mask, eot=meta["eot_id"])
     loader_args.update(rank=_rank, world_size=world)   # each rank keeps its own rows of one shared stream
     loader_args.update(vocab_size=meta["vocab_size"])
-    train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, **loader_args)
+    train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, prefetch=grad_accum_steps, **loader_args)
     val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **loader_args)
     use_doc_ids = cfg.packing and cfg.document_mask
     check_mask = cfg.check_mask and use_doc_ids
@@ -445,6 +480,11 @@ def main(argv=None):
             sync(device)                        # start the clock: warm-up (compile) is over
             clock, busy, interval_tokens, interval_steps = time.perf_counter(), 0.0, 0, 0
 
+        prof = None                             # profile=True: the last warm-up step, outside the clock
+        if cfg.profile and step - start_step == cfg.timing_warmup - 1:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
+                                          + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []))
+            prof.start()
         lr = get_lr(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -467,6 +507,8 @@ def main(argv=None):
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
+        if prof is not None:
+            write_profile(prof, device, cfg.out_dir)
 
         # timing: the clock runs from the end of the warm-up steps; sync only when reading it
         if clock is not None:

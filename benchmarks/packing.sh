@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Padded vs packed (with and without the document mask), GPT-2 124M, block_size 1024, bf16 + compile,
-# on two varied-length corpora. Usage: bash benchmarks/packing.sh [OUT_DIR] [STEPS]
+# on two varied-length corpora. Usage: bash benchmarks/packing.sh [OUT_DIR] [STEPS] [BATCH]
 # Needs the GPT-2 tokenizer (TIKTOKEN_CACHE_DIR offline) and stories.jsonl at $STORIES if present.
 set -uo pipefail
-out=${1:-bench_out/packing}; steps=${2:-20}
+out=${1:-bench_out/packing}; steps=${2:-20}; batch=${3:-16}
 stories=${STORIES:-../shared/data/stories.jsonl}
 mkdir -p "$out"
 [ -d data/stdlib_gpt2 ] || python data.py --tokenizer gpt2
@@ -12,7 +12,7 @@ if [ -f "$stories" ]; then
   [ -d data/stories_gpt2 ] || python data.py --input "$stories" --out data/stories_gpt2 --tokenizer gpt2
   corpora="$corpora data/stories_gpt2"
 fi
-common="--config config/fast.py --grad_accum_steps=1 --max_iters=$((steps + 5)) --timing_warmup=5 --eval_iters=0 --save_checkpoints=False"
+common="--config config/fast.py --batch_size=$batch --grad_accum_steps=1 --max_iters=$((steps + 5)) --timing_warmup=5 --eval_iters=0 --save_checkpoints=False"
 for d in $corpora; do
   for variant in "padded:--packing=False --attention=sdpa" "packed_mask_flex:--packing=True --document_mask=True --attention=flex" \
                  "packed_nomask:--packing=True --document_mask=False --attention=sdpa"; do

@@ -119,6 +119,10 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--n_embd=30", "--n_head=4"], ValueError, "divisible by n_head"),
     (["--device=tpu"], ValueError, "'device' must be auto, cpu, cuda or cuda:N"),
     (["--grad_clip=-1"], ValueError, "'grad_clip' must be >= 0"),
+    (["--profile=True", "--timing_warmup=1"], ValueError, "timing_warmup >= 2"),
+    (["--sdpa_backend=cudnn", "--attention=naive"], ValueError, "applies to attention='sdpa' only"),
+    (["--sdpa_backend=flash"], ValueError, "takes no attention mask"),
+    (["--sdpa_backend=cudnn"], ValueError, "use sdpa_backend='auto' on the CPU"),
 ])
 def test_config_errors(byte_data, tmp_path, args, error, match):
     with pytest.raises(error, match=match):
@@ -178,3 +182,12 @@ def test_scratch_run_starts_a_fresh_metrics_file(byte_data, tmp_path):
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
     steps = [r["step"] for r in read_metrics(tmp_path) if "loss" in r]
     assert steps == [0, 1, 2, 3]
+
+
+def test_profile_writes_a_table_and_a_trace(byte_data, tmp_path):
+    train.main(tiny_args(byte_data, tmp_path, "--profile=True", "--timing_warmup=2", "--max_iters=4"))
+    table = (tmp_path / "profile.txt").read_text()
+    assert "aten::" in table and "Self CPU" in table
+    import gzip, json
+    trace = json.load(gzip.open(tmp_path / "profile_trace.json.gz"))
+    assert any(e.get("name", "").startswith("aten::mm") for e in trace["traceEvents"])
