@@ -164,7 +164,8 @@ def bench(args, extra):
 
 
 def find_max_batch(args, extra):
-    """Largest micro-batch that trains without running out of GPU memory: doubling, then bisection.
+    """Largest micro-batch that trains without running out of GPU memory: doubling from --batch_size,
+    then bisection until the answer is within 1/8 (each try is a few steps, recompiling for the shape).
     Runs train.main in this process (compiled graphs are reused; memory is freed between tries)."""
     import train
 
@@ -173,24 +174,27 @@ def find_max_batch(args, extra):
                 "--timing_warmup=2", "--eval_iters=0", "--save_checkpoints=False", f"--out_dir={args.out}/max_batch"]
         try:
             summary = train.main(argv)
-            print(f"batch {b}: fits, {summary['mem_gb']:.1f} GB", flush=True)
+            print(f"batch {b}: fits, {summary['mem_gb']:.1f} GB, {summary['median_tokens_per_sec'] or 0:,.0f} tok/s "
+                  "(one timed step)", flush=True)
             return True
         except torch.OutOfMemoryError:
             print(f"batch {b}: out of memory", flush=True)
             return False
-        finally:
+        finally:                         # a fresh compile per try: no eager fallback after many recompiles
+            torch._dynamo.reset()
             gc.collect()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
 
-    lo, hi = 0, 1
+    lo, hi = 0, args.batch_size             # doubling from --batch_size, then bisection to within 1/8
     while hi <= args.max_batch and fits(hi):
         lo, hi = hi, hi * 2
-    hi = min(hi, args.max_batch + 1)
-    while hi - lo > 1:
+    hi = min(hi, args.max_batch + 1)         # lo = 0: --batch_size itself did not fit, bisect below it
+    while hi - lo > max(1, lo // 8):
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    print(f"largest micro-batch that fits: {lo} ({args.config} {' '.join(extra)})")
+    print(f"largest micro-batch that fits: {lo}" + (f" (out of memory at {hi})" if hi <= args.max_batch else "")
+          + f" ({args.config} {' '.join(extra)})")
     return lo
 
 

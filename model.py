@@ -100,18 +100,29 @@ def flex_block_mask(doc_ids):
                                     full_kv_indices=full_idx, BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod, seq_lengths=(T, T))
 
 
-_flex_attention = None
+_compiled_flex = None
 
-def flex_attention(q, k, v, block_mask):
-    """FlexAttention, compiled once: eager flex_attention is a slow reference implementation.
+def compiled_flex_attention():
+    """flex_attention under torch.compile (eager flex_attention is a slow reference implementation),
+    built once. Called at model construction, not in forward: a global assigned inside forward is a
+    side effect that activation checkpointing's traced region refuses, which sends the whole forward
+    back to eager (measured on the H200: half the tokens/s)."""
+    global _compiled_flex
+    if _compiled_flex is None:
+        from torch.nn.attention.flex_attention import flex_attention
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def flex_attention(q, k, v, block_mask, compiled):
+    """FlexAttention with `compiled` (from compiled_flex_attention()) on the GPU, eager on the CPU.
     At head size 64, 8 warps per tile instead of the default: forward + backward per layer 1.08 -> 0.89 ms
     (B=16, stories batches) and 1.38 -> 1.25 ms (B=32, stdlib) on the H200 (BENCHMARKS.md, attention)."""
-    global _flex_attention
-    if _flex_attention is None:
-        from torch.nn.attention.flex_attention import flex_attention as fa
-        _flex_attention = torch.compile(fa, dynamic=False) if q.is_cuda else fa
-    options = {"num_warps": 8} if q.is_cuda and q.size(-1) == 64 else None
-    return _flex_attention(q, k, v, block_mask=block_mask, kernel_options=options)
+    if not q.is_cuda:
+        from torch.nn.attention.flex_attention import flex_attention as eager
+        return eager(q, k, v, block_mask=block_mask)
+    options = {"num_warps": 8} if q.size(-1) == 64 else None
+    return compiled(q, k, v, block_mask=block_mask, kernel_options=options)
 
 # -----------------------------------------------------------------------------
 # the model
@@ -126,6 +137,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
         self.attention = config.attention
+        self.flex = compiled_flex_attention() if config.attention == "flex" else None
 
     def forward(self, x, mask):
         """x (B, T, C); mask None (causal), a (B, 1, T, T) bool tensor, or a flex BlockMask."""
@@ -143,7 +155,7 @@ class CausalSelfAttention(nn.Module):
         elif self.attention == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
         else:
-            y = flex_attention(q, k, v, block_mask=mask)
+            y = flex_attention(q, k, v, mask, self.flex)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
