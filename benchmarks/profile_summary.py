@@ -19,9 +19,9 @@ KINDS = [  # first match wins
     ("attention", r"flash|fmha|flex|attention|cudnn|sdpa"),
     ("matmul (GEMM)", r"gemm|cutlass|xmma|nvjet|cublas|sm\d+_.*_tn|wgmma"),
     ("optimizer", r"adam|multi_tensor|foreach"),
-    ("copy / memset", r"memcpy|memset|copy"),
     ("communication", r"nccl|allreduce|all_gather|reduce_scatter"),
-    ("Triton (Inductor fused)", r"^triton_"),
+    ("Triton (Inductor fused)", r"^triton_"),     # before copies: Inductor names kernels after ops like _to_copy
+    ("copy / memset", r"memcpy|memset|copy"),
 ]
 
 

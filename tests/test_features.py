@@ -43,6 +43,24 @@ def test_checkpointing_keeps_state_dict_names():
     assert set(m.state_dict()) == keys
 
 
+@pytest.mark.parametrize("attention", ["naive", "sdpa", "flex"])
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_checkpointed_blocks_stay_compiled(attention, mode):
+    """Under torch.compile every checkpointed block must be traced (one checkpoint region per layer in
+    the graphs), not sent back to eager. A side effect in forward (it once assigned a global when flex
+    first ran) makes Dynamo drop the whole block loop to eager: half the tokens/s on the H200.
+    Parameters are frozen so FlexAttention may trace on the CPU (it has no backward there)."""
+    import torch._dynamo as dynamo
+    m = tiny(attention, dropout=0.0).float().requires_grad_(False)
+    transforms.apply_activation_checkpointing(m, mode)
+    idx = torch.randint(0, 64, (2, 32))
+    doc_ids = torch.cumsum(torch.rand(2, 32) < 0.15, dim=1)
+    dynamo.reset()
+    explained = dynamo.explain(m)(idx, idx, doc_ids)
+    regions = [n for g in explained.graphs for n in g.graph.nodes if "checkpoint" in str(n.target)]
+    assert len(regions) == m.config.n_layer, explained.break_reasons
+
+
 def test_what_each_mode_recomputes():
     """Ops run during backward: full recomputes the matmuls and GELUs of the forward, selective
     recomputes the GELUs but keeps the matmul outputs, none recomputes nothing."""
