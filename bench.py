@@ -3,7 +3,7 @@ The itemised speedup: train.py's real tokens/s after each change, one fresh proc
 
     python bench.py                                    # config/fast.py's model on this GPU
     python bench.py --config config/large.py --start 2 --steps 30 --batch_size 4
-    python bench.py --steps 3 --out bench_cpu -- --n_layer=2 --n_embd=64 --block_size=64   # CPU smoke test
+    python bench.py --steps 3 --out bench_cpu -- --n_layer=2 --n_head=2 --n_embd=64 --block_size=64   # CPU smoke test
     python bench.py --find_max_batch --config config/large.py -- --grad_checkpointing=full
 
 The ladder adds one change per rung to the one before; the leave-one-out pass removes one change
@@ -146,20 +146,22 @@ def bench(args, extra):
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
+    shown = [r for r in rows if r["ok"]]
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.5))
-        shown = [r for r in rows if r["ok"]]
+    except ImportError:
+        print("matplotlib is not installed: no chart")
+        shown = []
+    if shown:
+        fig, ax = plt.subplots(figsize=(9, 0.5 * len(shown) + 1.5))
         ax.barh([r["rung"] for r in shown][::-1], [r["tokens_per_sec"] for r in shown][::-1],
                 color=["tab:blue" if r in rungs else "tab:gray" for r in shown][::-1])
         ax.set_xlabel("real tokens / s")
         ax.set_title(f"{os.path.basename(args.config)} on {torch.cuda.get_device_name() if cuda else 'cpu'}")
         fig.tight_layout()
         fig.savefig(os.path.join(args.out, "bench.png"), dpi=120)
-    except ImportError:
-        print("matplotlib is not installed: no chart")
     return rows
 
 
@@ -216,6 +218,13 @@ def main():
         parser.error(f"config file {args.config} not found")
     if args.steps < 1 or args.warmup < 0 or not 1 <= args.start <= len(LADDER):
         parser.error(f"need --steps >= 1, --warmup >= 0 and 1 <= --start <= {len(LADDER)}")
+    if not 1 <= args.batch_size <= args.max_batch:
+        parser.error(f"need 1 <= --batch_size <= --max_batch, got {args.batch_size} and {args.max_batch}")
+    import train
+    try:                         # the config and the extra arguments, checked before any rung runs
+        train.load_config(["--config", args.config, f"--batch_size={args.batch_size}", *args.extra])
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        parser.error(str(e))
     os.makedirs(args.out, exist_ok=True)
     if args.find_max_batch:
         if not torch.cuda.is_available():
@@ -224,7 +233,7 @@ def main():
     else:
         rows = bench(args, ["--grad_accum_steps=1", f"--batch_size={args.batch_size}", *args.extra])
         if not any(r["ok"] for r in rows):
-            sys.exit("error: every rung failed; see the logs under " + os.path.join(args.out, "runs"))
+            sys.exit("error: no rung ran: " + rows[0].get("error", "") + "; logs under " + os.path.join(args.out, "runs"))
 
 
 if __name__ == "__main__":

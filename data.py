@@ -323,7 +323,9 @@ class Loader:
         self._initial = self.gen.get_state()
         self._pool = ThreadPoolExecutor(1)     # one worker: batches are drawn in order, deterministically
         self._pin = self.device.type == "cuda"
-        self._prefetch = max(1, prefetch)
+        if type(prefetch) is not int or prefetch < 1:
+            raise ValueError(f"prefetch must be an int >= 1 (batches built ahead), got {prefetch!r}")
+        self._prefetch = prefetch
         self._futures = deque()
         self.load_state_dict({"rng": self._initial})
 

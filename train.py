@@ -157,11 +157,20 @@ def load_config(argv):
     if not cfg.out_dir:
         raise ValueError("config key 'out_dir' must not be empty")
     if cfg.profile and cfg.timing_warmup < 2:
-        raise ValueError("profile=True profiles the last warm-up step: it needs timing_warmup >= 2 (the first step compiles)")
-    if cfg.sdpa_backend != "auto" and cfg.attention != "sdpa":
-        raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} applies to attention='sdpa' only, not {cfg.attention!r}")
-    if cfg.sdpa_backend == "flash" and cfg.packing and cfg.document_mask:
-        raise ValueError("sdpa_backend='flash' takes no attention mask: use it with packing=False or document_mask=False")
+        raise ValueError("profile=True profiles the last warm-up step: it needs timing_warmup >= 2 "
+                         "(the first step pays for compilation and allocator warm-up)")
+    if cfg.profile and cfg.max_iters < cfg.timing_warmup:
+        raise ValueError(f"profile=True profiles step timing_warmup - 1 = {cfg.timing_warmup - 1}: "
+                         f"max_iters={cfg.max_iters} ends before it")
+    if cfg.sdpa_backend != "auto":
+        if cfg.device == "cpu":
+            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
+        if cfg.attention != "sdpa":
+            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} applies to attention='sdpa' only, not {cfg.attention!r}")
+        if cfg.dtype == "float32":
+            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} kernels take bfloat16 or float16: set dtype, or sdpa_backend='auto'")
+        if cfg.sdpa_backend == "flash" and cfg.packing and cfg.document_mask:
+            raise ValueError("sdpa_backend='flash' takes no attention mask: use it with packing=False or document_mask=False")
     return cfg
 
 # -----------------------------------------------------------------------------
@@ -229,12 +238,13 @@ def estimate_loss(model, loader, eval_iters, ctx, use_doc_ids):
 
 def select_sdpa_backend(name):
     """Let F.scaled_dot_product_attention run only the `name` ('flash' | 'cudnn') kernel, process-wide,
-    so a shape it cannot take fails ('No available kernel') instead of falling back to a slower one."""
+    so a shape it cannot take fails ('No available kernel') instead of falling back to a slower one;
+    'auto' turns every kernel back on (PyTorch's default: it picks per call)."""
     b = torch.backends.cuda
-    b.enable_flash_sdp(name == "flash")
-    b.enable_cudnn_sdp(name == "cudnn")
-    b.enable_mem_efficient_sdp(False)
-    b.enable_math_sdp(False)
+    b.enable_flash_sdp(name in ("auto", "flash"))
+    b.enable_cudnn_sdp(name in ("auto", "cudnn"))
+    b.enable_mem_efficient_sdp(name == "auto")
+    b.enable_math_sdp(name == "auto")
 
 
 def forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sync=None):
@@ -290,9 +300,9 @@ def main(argv=None):
         raise ValueError("parallelism='fsdp' with dtype='float16' is not supported (it needs a sharded GradScaler); use bfloat16")
     if cfg.dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(device)}; use float16")
-    if cfg.sdpa_backend != "auto":
-        if device.type != "cuda":
-            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
+    if cfg.sdpa_backend != "auto" and device.type != "cuda":
+        raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
+    if device.type == "cuda":
         select_sdpa_backend(cfg.sdpa_backend)
     if cfg.packing and not cfg.document_mask:
         warnings.warn("packing=True with document_mask=False: tokens attend across document boundaries")
@@ -330,6 +340,9 @@ def main(argv=None):
                              f"({ckpt['meta']['tokenizer']}) but {cfg.data_dir} has {meta['vocab_size']} ({meta['tokenizer']})")
         if ckpt["step"] > cfg.max_iters:
             raise ValueError(f"checkpoint {ckpt_path} is at step {ckpt['step']}, past max_iters={cfg.max_iters}")
+        if cfg.profile and ckpt["step"] + cfg.timing_warmup > cfg.max_iters:
+            raise ValueError(f"profile=True profiles step {ckpt['step'] + cfg.timing_warmup - 1} of this resumed run: "
+                             f"max_iters={cfg.max_iters} ends before it")
         for k in MODEL_KEYS:
             if ckpt["config"][k] != getattr(cfg, k):
                 raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {ckpt['config'][k]!r}")
@@ -372,6 +385,9 @@ def main(argv=None):
     # logging
     os.makedirs(cfg.out_dir, exist_ok=True)
     if master:
+        for name in ("profile.txt", "profile_trace.json.gz") if cfg.profile else ():
+            if os.path.exists(os.path.join(cfg.out_dir, name)):    # never leave an old profile looking current
+                os.remove(os.path.join(cfg.out_dir, name))
         print0(json.dumps(asdict(cfg), indent=1))
         with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
             json.dump(asdict(cfg), f, indent=1)

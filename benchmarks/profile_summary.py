@@ -33,10 +33,14 @@ def kind_of(name):
 
 
 def summarize(path, top=15):
-    """Returns (lines of text). Raises FileNotFoundError / json errors for a bad path."""
+    """Lines of a Markdown summary of the Chrome trace at `path` (.json or .json.gz; durations in us,
+    printed in ms). Raises OSError for an unreadable file, ValueError for one that is not JSON, and
+    KeyError / TypeError for JSON without a "traceEvents" list."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         events = json.load(f)["traceEvents"]
+    if not isinstance(events, list):
+        raise TypeError('"traceEvents" is not a list')
     kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
     if not kernels:
         return [f"{path}: no GPU kernels in the trace (a CPU run?)"]
@@ -59,6 +63,10 @@ def summarize(path, top=15):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
         sys.exit(__doc__)
-    print("\n".join(summarize(sys.argv[1])))
+    try:
+        print("\n".join(summarize(sys.argv[1])))
+    except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as e:   # missing, not gzip, not a trace
+        sys.exit(f"error: {sys.argv[1]} is not a readable profiler trace (train.py --profile=True writes "
+                 f"out_dir/profile_trace.json.gz): {type(e).__name__}: {e}")

@@ -122,8 +122,11 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--grad_clip=-1"], ValueError, "'grad_clip' must be >= 0"),
     (["--profile=True", "--timing_warmup=1"], ValueError, "timing_warmup >= 2"),
     (["--sdpa_backend=cudnn", "--attention=naive"], ValueError, "applies to attention='sdpa' only"),
-    (["--sdpa_backend=flash"], ValueError, "takes no attention mask"),
-    (["--sdpa_backend=cudnn"], ValueError, "use sdpa_backend='auto' on the CPU"),
+    (["--sdpa_backend=flash", "--dtype=bfloat16"], ValueError, "takes no attention mask"),
+    (["--sdpa_backend=cudnn", "--dtype=bfloat16"], ValueError, "use sdpa_backend='auto' on the CPU"),
+    (["--sdpa_backend=flash", "--device=cpu"], ValueError, "use sdpa_backend='auto' on the CPU"),
+    (["--sdpa_backend=cudnn"], ValueError, "take bfloat16 or float16"),
+    (["--profile=True", "--timing_warmup=3", "--max_iters=2"], ValueError, "max_iters=2 ends before it"),
 ])
 def test_config_errors(byte_data, tmp_path, args, error, match):
     with pytest.raises(error, match=match):
