@@ -4,7 +4,8 @@ The itemised speedup: train.py's real tokens/s after each change, one fresh proc
     python bench.py                                    # config/fast.py's model on this GPU
     python bench.py --config config/large.py --start 2 --steps 30 --batch_size 4
     python bench.py --steps 3 --out bench_cpu -- --n_layer=2 --n_head=2 --n_embd=64 --block_size=64   # CPU smoke test
-    python bench.py --find_max_batch --config config/large.py -- --grad_checkpointing=full
+    python bench.py --resume --out bench_out                # continue a bench that was cut short
+    python bench.py --find_max_batch --config config/large.py --batch_size 4 -- --grad_checkpointing=full
 
 The ladder adds one change per rung to the one before; the leave-one-out pass removes one change
 from the all-on configuration, so the attribution does not depend on the ladder's order. Every rung
@@ -43,8 +44,26 @@ def fp8_supported():
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
 
-def run_rung(name, overrides, args, extra):
-    """One fresh train.py process; returns its medians (tokens/s, step ms, MFU), peak memory and padding."""
+def settings(args, extra):
+    """What a rung's numbers depend on besides its flags: a row is reused by --resume only if these match."""
+    return json.dumps([args.config, args.steps, args.warmup, extra])
+
+
+def finished_rungs(args, extra):
+    """{rung name: row} of the rows.jsonl under --out with the same settings (for --resume), else {}."""
+    path = os.path.join(args.out, "rows.jsonl")
+    if not args.resume or not os.path.exists(path):
+        return {}
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    return {r["rung"]: r for r in rows if r.get("ok") and r.get("settings") == settings(args, extra)}
+
+
+def run_rung(name, overrides, args, extra, done=None):
+    """One fresh train.py process; returns its medians (tokens/s, step ms, MFU), peak memory and padding.
+    A rung already in `done` (from --resume) is not run again."""
+    if done and name in done:
+        print(f"\n=== {name}: reused from {args.out}/rows.jsonl ({done[name]['tokens_per_sec']:,.0f} tok/s)", flush=True)
+        return dict(done[name])
     out_dir = os.path.join(args.out, "runs", name.strip("+ ").replace(" ", "_").replace(",", "").replace("(", "").replace(")", ""))
     flags = {**overrides, "max_iters": args.steps + args.warmup, "timing_warmup": args.warmup, "log_interval": 1,
              "eval_iters": 0, "save_checkpoints": False, "out_dir": out_dir}
@@ -53,7 +72,7 @@ def run_rung(name, overrides, args, extra):
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "stdout.log"), "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
-    row = {"rung": name, "ok": proc.returncode == 0, "command": " ".join(cmd)}
+    row = {"rung": name, "ok": proc.returncode == 0, "command": " ".join(cmd), "settings": settings(args, extra)}
     if proc.returncode != 0:
         tail = open(os.path.join(out_dir, "stdout.log")).read().strip().splitlines()[-3:]
         print(f"failed (exit {proc.returncode}): {' | '.join(tail)}")
@@ -91,6 +110,9 @@ def table(rows, title, ratio_name):
 def bench(args, extra):
     cuda = torch.cuda.is_available()
     masked = "flex" if cuda else "sdpa"            # FlexAttention has no backward on the CPU
+    done = finished_rungs(args, extra)
+    if not args.resume and os.path.exists(os.path.join(args.out, "rows.jsonl")):
+        os.remove(os.path.join(args.out, "rows.jsonl"))             # a new bench starts its rows afresh
     rungs, config = [], {}
     for i, (name, change) in enumerate(LADDER, start=1):
         config = {**config, **{k: (masked if v == "MASKED" else v) for k, v in change.items()}}
@@ -99,7 +121,7 @@ def bench(args, extra):
         if name == "+ FP8" and not fp8_supported():
             rungs.append({"rung": name, "ok": False, "error": "skipped: FP8 needs a GPU of compute capability 8.9+"})
             continue
-        rungs.append(run_rung(name, dict(config), args, extra))
+        rungs.append(run_rung(name, dict(config), args, extra, done))
     all_on = {**config} if fp8_supported() else {**config, "fp8": False}
     ok = [r for r in rungs if r["ok"]]
     for prev, r in zip([None] + ok, ok):
@@ -111,7 +133,7 @@ def bench(args, extra):
         for change, undo in UNDO.items():
             if change == "FP8" and not all_on["fp8"]:
                 continue
-            r = run_rung(f"all on - {change}", {**all_on, **undo}, args, extra)
+            r = run_rung(f"all on - {change}", {**all_on, **undo}, args, extra, done)
             if r["ok"]:
                 r["x_prev"] = full["tokens_per_sec"] / r["tokens_per_sec"]    # what this change is worth
                 r["x_base"] = r["tokens_per_sec"] / ok[0]["tokens_per_sec"]
@@ -207,6 +229,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps per rung (compile)")
     parser.add_argument("--start", type=int, default=1, help="first ladder rung to run (1 = baseline)")
     parser.add_argument("--no_loo", action="store_true", help="skip the leave-one-out pass")
+    parser.add_argument("--resume", action="store_true", help="reuse the rungs already in OUT/rows.jsonl that ran "
+                        "with the same config, steps, warm-up and arguments (a bench cut short continues)")
     parser.add_argument("--batch_size", type=int, default=16, help="micro-batch of every rung (the float32 "
                         "baseline's naive (T, T) attention must fit: 34 GB at 16 x 1024 for GPT-2 124M)")
     parser.add_argument("--out", default="bench_out")

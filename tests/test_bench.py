@@ -30,3 +30,14 @@ def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
     assert "Largest single gain by leave-one-out" in md
     assert os.path.getsize(out / "bench.png") > 1000 and open(out / "bench.csv").read().count("\n") == 13
     assert "--compile=True" in rows[2]["command"] and "--packing=False" in rows[0]["command"]
+
+    # --resume: a bench cut short continues; finished rungs with the same settings are not run again
+    again = subprocess.run(cmd[:2] + ["--resume"] + cmd[2:], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout.count("reused from") == 11, again.stdout[-2000:]
+    assert [r.get("tokens_per_sec") for r in json.load(open(out / "bench.json"))] == [r.get("tokens_per_sec") for r in rows]
+    kept = [l for l in open(out / "rows.jsonl") if '"+ fused AdamW"' not in l]
+    open(out / "rows.jsonl", "w").writelines(kept)
+    part = subprocess.run(cmd[:2] + ["--resume", "--no_loo"] + cmd[2:], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert part.returncode == 0 and part.stdout.count("reused from") == 5, part.stdout[-2000:]
+    assert "=== + fused AdamW\n" in part.stdout                            # the one missing rung ran
+    assert sum('"+ fused AdamW"' in l for l in open(out / "rows.jsonl")) == 1
