@@ -4,7 +4,8 @@ batches: what each attention choice costs per layer, and what the FlexAttention 
 
     python benchmarks/attention.py --data_dir data/stories_gpt2 [--batch_size 16] [--block_size 1024]
 
-Each variant: 5 warm-up calls, then the median of 20 timed forward + backward calls (CUDA events).
+The max-autotune variant lets Inductor time its own list of flex kernel configurations; its choices
+(AUTOTUNE tables) go to stderr. Each variant: 5 warm-up calls, then the median of 20 timed forward + backward calls (CUDA events).
 A variant that fails (a kernel that does not support the shape or the mask) prints its error.
 """
 import argparse
@@ -62,8 +63,8 @@ def main():
                 F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None).backward(g)
         return run
 
-    def flex(bm, **opts):
-        fa = torch.compile(flex_attention, dynamic=False)
+    def flex(bm, mode=None, **opts):
+        fa = torch.compile(flex_attention, dynamic=False, mode=mode)
         return lambda: fa(q, k, v, block_mask=bm, kernel_options=opts or None).backward(g)
 
     variants = [
@@ -76,11 +77,16 @@ def main():
         ("flex document mask, ROWS_GUARANTEED_SAFE", flex(doc_bm, ROWS_GUARANTEED_SAFE=True)),
         ("flex document mask, USE_TMA", flex(doc_bm, USE_TMA=True)),
         ("flex document mask, BLOCK_N=64", flex(doc_bm, BLOCK_M=128, BLOCK_N=64)),
-        ("flex document mask, num_warps=8", flex(doc_bm, num_warps=8)),
+        ("flex document mask, num_warps=8 (model.py)", flex(doc_bm, num_warps=8)),
+        ("flex document mask, num_warps=8, bwd_num_stages=2", flex(doc_bm, num_warps=8, bwd_num_stages=2)),
+        ("flex document mask, fwd_num_warps=8 only", flex(doc_bm, fwd_num_warps=8)),
+        ("flex document mask, num_warps=8, num_stages=2", flex(doc_bm, num_warps=8, num_stages=2)),
+        ("flex document mask, max-autotune (winner printed on stderr)", flex(doc_bm, "max-autotune-no-cudagraphs")),
         ("flex document mask, BACKEND=FLASH", flex(doc_bm, BACKEND="FLASH")),
     ]
     print("| variant | fwd+bwd ms per layer |\n|---|---:|")
     for name, fn in variants:
+        torch._dynamo.reset()                      # each variant compiles afresh (no recompile limit, no stale cache)
         try:
             print(f"| {name} | {time_ms(fn):.3f} |", flush=True)
         except Exception as e:                     # a kernel that cannot take this shape/mask
