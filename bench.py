@@ -244,9 +244,9 @@ def main():
         parser.error(f"need --steps >= 1, --warmup >= 0 and 1 <= --start <= {len(LADDER)}")
     if not 1 <= args.batch_size <= args.max_batch:
         parser.error(f"need 1 <= --batch_size <= --max_batch, got {args.batch_size} and {args.max_batch}")
-    import train
+    import configurator
     try:                         # the config and the extra arguments, checked before any rung runs
-        train.load_config(["--config", args.config, f"--batch_size={args.batch_size}", *args.extra])
+        configurator.load_config(["--config", args.config, f"--batch_size={args.batch_size}", *args.extra])
     except (ValueError, TypeError, FileNotFoundError) as e:
         parser.error(str(e))
     os.makedirs(args.out, exist_ok=True)

@@ -7,171 +7,27 @@ Python's standard library sources (prepared on first use).
     python train.py --config config/fast.py --batch_size=16 --compile=False
     torchrun --standalone --nproc_per_node=8 train.py --config config/fast.py
 
-Every flag is resolved once at setup into an object (autocast context, GradScaler, compiled or plain
+Flags, types and defaults: configurator.py (Config). Every flag is resolved once at setup into an object (autocast context, GradScaler, compiled or plain
 model, attention backend), so the training loop reads the same with every flag off.
 """
-import ast
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import time
 import warnings
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
 
+from configurator import MODEL_KEYS, load_config
 from data import Loader, load_meta, prepare
 from model import GPT, GPTConfig, check_attention_mask
 from measure import mfu, peak_flops_for, sync, write_profile
 from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism
-
-# -----------------------------------------------------------------------------
-# config: typed defaults in one place; config files are plain assignments
-
-@dataclass
-class Config:
-    # I/O
-    out_dir: str = "out"
-    data_dir: str = "data/stdlib_byte"     # data/stdlib_byte and data/stdlib_gpt2 are prepared on first use
-    init_from: str = "scratch"             # scratch | resume (from out_dir/ckpt.pt)
-    eval_interval: int = 100
-    eval_iters: int = 10                   # 0: no evaluation (benchmarks)
-    save_checkpoints: bool = True          # write out_dir/ckpt.pt at each evaluation
-    log_interval: int = 10
-    timing_warmup: int = 3                 # steps after start/resume left out of tokens/s (compile, caches)
-    wandb_log: bool = False
-    wandb_project: str = "speedgpt"
-    wandb_run_name: str = ""
-    # data
-    batch_size: int = 16                   # micro-batch, sequences
-    block_size: int = 256
-    grad_accum_steps: int = 1              # for the whole job; divided by the number of processes
-    packing: bool = True                   # False: one document per row, padded (the baseline)
-    document_mask: bool = True             # with packing: no attention or loss across documents
-    check_mask: bool = False               # debug: assert each batch's attention mask is block-diagonal
-    profile: bool = False                  # torch.profiler over the last warm-up step: out_dir/profile.txt
-    # model
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
-    bias: bool = False
-    attention: str = "sdpa"                # naive | sdpa | flex
-    sdpa_backend: str = "auto"             # auto | flash | cudnn: the only kernel attention='sdpa' may use (GPU)
-    # optimizer: AdamW, linear warmup then cosine decay to min_lr
-    learning_rate: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_iters: int = 30
-    lr_decay_iters: int = 0                # 0: max_iters
-    max_iters: int = 500
-    weight_decay: float = 0.1              # matrices only
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0                 # 0: off
-    fused_adamw: bool = False
-    # system
-    device: str = "auto"                   # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
-    dtype: str = "float32"                 # float32 | bfloat16 | float16 (float16 adds a GradScaler)
-    tf32: bool = False                     # TF32 matmuls in float32
-    compile: bool = False
-    seed: int = 1337
-    peak_flops: float = 0.0                # FLOP/s for MFU; 0: look the GPU up in PEAK_FLOPS
-    grad_checkpointing: str = "none"       # none | full | selective
-    fp8: bool = False                      # torchao float8 training of eligible Linear layers
-    fp8_recipe: str = "tensorwise"         # tensorwise | rowwise
-    fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
-    parallelism: str = "ddp"               # ddp | fsdp, under torchrun
-
-
-CHOICES = dict(init_from=("scratch", "resume"), attention=("naive", "sdpa", "flex"), sdpa_backend=("auto", "flash", "cudnn"),
-               dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
-               fp8_recipe=("tensorwise", "rowwise"), parallelism=("ddp", "fsdp"))
-MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention")
-
-
-def _typed(key, value, where):
-    """Check `value` against Config's type for `key`; ints are accepted for floats."""
-    types = {f.name: f.type for f in fields(Config)}
-    if key not in types:
-        raise ValueError(f"unknown config key {key!r} ({where}); known keys: {', '.join(types)}")
-    want = types[key]
-    if want is float and type(value) is int:
-        value = float(value)
-    if type(value) is not want:
-        raise TypeError(f"config key {key!r} ({where}) must be {want.__name__}, got {value!r} ({type(value).__name__})")
-    if key in CHOICES and value not in CHOICES[key]:
-        raise ValueError(f"config key {key!r} ({where}) must be one of {CHOICES[key]}, got {value!r}")
-    return value
-
-
-def load_config(argv):
-    """Config from `--config FILE` (plain Python assignments) then `--key=value` overrides, in order.
-    Raises ValueError / TypeError naming an unknown key, a wrong type or a bad choice."""
-    values, args = {}, list(argv)
-    while args:
-        arg = args.pop(0)
-        if arg == "--config" or arg.startswith("--config="):
-            path = arg.split("=", 1)[1] if "=" in arg else (args.pop(0) if args else "")
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"config file {path!r} not found")
-            ns = {}
-            try:
-                exec(compile(open(path).read(), path, "exec"), {}, ns)
-            except Exception as e:        # a syntax error or a bad name in the file
-                raise ValueError(f"config file {path!r} does not run: {type(e).__name__}: {e}") from e
-            for k, v in ns.items():
-                if not k.startswith("_"):
-                    values[k] = _typed(k, v, path)
-        elif arg.startswith("--") and "=" in arg:
-            key, raw = arg[2:].split("=", 1)
-            want = {f.name: f.type for f in fields(Config)}.get(key)
-            try:
-                value = raw if want is str else ast.literal_eval(raw)
-            except (ValueError, SyntaxError):
-                value = raw
-            values[key] = _typed(key, value, "command line")
-        else:
-            raise ValueError(f"cannot parse argument {arg!r}: use --config FILE or --key=value")
-    cfg = Config(**values)
-    positive = ("batch_size", "block_size", "grad_accum_steps", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval")
-    for key in positive:
-        if getattr(cfg, key) <= 0:
-            raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}")
-    for key in ("max_iters", "eval_iters", "timing_warmup", "warmup_iters", "lr_decay_iters", "fp8_min_dim"):
-        if getattr(cfg, key) < 0:
-            raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")
-    if cfg.n_embd % cfg.n_head:
-        raise ValueError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
-    if not 0 <= cfg.dropout < 1:
-        raise ValueError(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
-    for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "peak_flops"):
-        if getattr(cfg, key) < 0:
-            raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
-        raise ValueError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
-    if not cfg.out_dir:
-        raise ValueError("config key 'out_dir' must not be empty")
-    if cfg.profile and cfg.timing_warmup < 2:
-        raise ValueError("profile=True profiles the last warm-up step: it needs timing_warmup >= 2 "
-                         "(the first step pays for compilation and allocator warm-up)")
-    if cfg.profile and cfg.max_iters < cfg.timing_warmup:
-        raise ValueError(f"profile=True profiles step timing_warmup - 1 = {cfg.timing_warmup - 1}: "
-                         f"max_iters={cfg.max_iters} ends before it")
-    if cfg.sdpa_backend != "auto":
-        if cfg.device == "cpu":
-            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
-        if cfg.attention != "sdpa":
-            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} applies to attention='sdpa' only, not {cfg.attention!r}")
-        if cfg.dtype == "float32":
-            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} kernels take bfloat16 or float16: set dtype, or sdpa_backend='auto'")
-        if cfg.sdpa_backend == "flash" and cfg.packing and cfg.document_mask:
-            raise ValueError("sdpa_backend='flash' takes no attention mask: use it with packing=False or document_mask=False")
-    return cfg
 
 # -----------------------------------------------------------------------------
 # helpers

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-import train
+import configurator
 import transforms
 from model import GPT, GPTConfig
 
@@ -99,16 +99,16 @@ def test_fp8_converts_exactly_the_eligible_layers():
     m = GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=512))
     m.transformer.h[0].attn.c_proj = torch.nn.Linear(512, 256, bias=False)    # narrower than fp8_min_dim
     m.transformer.h[1].mlp.c_proj = torch.nn.Linear(2048, 504, bias=False)    # 504: not a multiple of 16
-    converted = transforms.convert_fp8(m, train.Config(fp8=True, fp8_min_dim=512))
+    converted = transforms.convert_fp8(m, configurator.Config(fp8=True, fp8_min_dim=512))
     expected = ["transformer.h.0.attn.c_attn", "transformer.h.0.mlp.c_fc", "transformer.h.0.mlp.c_proj",
                 "transformer.h.1.attn.c_attn", "transformer.h.1.attn.c_proj", "transformer.h.1.mlp.c_fc"]
     assert sorted(converted) == expected                                      # never the output head
     assert sorted(n for n, mod in m.named_modules() if isinstance(mod, Float8Linear)) == expected
     with pytest.raises(ValueError, match="no Linear layer is eligible"):
         transforms.convert_fp8(GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32)),
-                          train.Config(fp8=True))
+                          configurator.Config(fp8=True))
 
 
 def test_fp8_refused_without_a_capable_gpu():
     with pytest.raises(ValueError, match="compute capability 8.9"):
-        transforms.apply_fp8(tiny(), train.Config(fp8=True), torch.device("cpu"))
+        transforms.apply_fp8(tiny(), configurator.Config(fp8=True), torch.device("cpu"))

@@ -6,6 +6,7 @@ from contextlib import nullcontext
 import pytest
 import torch
 
+import configurator
 import data
 import train
 from conftest import read_metrics, tiny_args
@@ -41,7 +42,7 @@ def test_grad_accumulation_equivalence(short_data, packing):
 
 
 def test_fused_adamw_matches_default():
-    cfgs = [train.Config(fused_adamw=f, learning_rate=1e-2) for f in (False, True)]
+    cfgs = [configurator.Config(fused_adamw=f, learning_rate=1e-2) for f in (False, True)]
     models = [tiny_model(), tiny_model()]
     opts = [train.make_optimizer(m, c, torch.device("cpu")) for m, c in zip(models, cfgs)]
     assert opts[1].defaults["fused"] and not opts[0].defaults.get("fused")
@@ -136,14 +137,14 @@ def test_config_errors(byte_data, tmp_path, args, error, match):
 def test_config_file_errors(tmp_path):
     (tmp_path / "c.py").write_text("n_layer = 2\nlearning_rat = 1e-3\n")
     with pytest.raises(ValueError, match=r"unknown config key 'learning_rat' \(.*c.py\)"):
-        train.load_config(["--config", str(tmp_path / "c.py")])
+        configurator.load_config(["--config", str(tmp_path / "c.py")])
     (tmp_path / "s.py").write_text("batch_size = \n")
     with pytest.raises(ValueError, match="s.py.* does not run: SyntaxError"):
-        train.load_config(["--config", str(tmp_path / "s.py")])
+        configurator.load_config(["--config", str(tmp_path / "s.py")])
     (tmp_path / "d.py").write_text("batch_size = '8'\n")
     with pytest.raises(TypeError, match="'batch_size'"):
-        train.load_config(["--config", str(tmp_path / "d.py")])
-    cfg = train.load_config(["--config", "config/fast.py", "--batch_size=4", "--learning_rate=1"])
+        configurator.load_config(["--config", str(tmp_path / "d.py")])
+    cfg = configurator.load_config(["--config", "config/fast.py", "--batch_size=4", "--learning_rate=1"])
     assert (cfg.n_layer, cfg.batch_size, cfg.learning_rate, cfg.compile) == (12, 4, 1.0, True)
 
 
