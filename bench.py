@@ -3,7 +3,7 @@ The itemised speedup: train.py's real tokens/s after each change, one fresh proc
 
     python bench.py                                    # config/fast.py's model on this GPU
     python bench.py --config config/large.py --start 2 --steps 30 --batch_size 4
-    python bench.py --steps 3 --out bench_cpu -- --n_layer=2 --n_head=2 --n_embd=64 --block_size=64   # CPU smoke test
+    python bench.py --steps 2 --no_loo --batch_size 4 --out bench_cpu -- --n_layer=2 --n_head=2 --n_embd=64 --block_size=64  # CPU
     python bench.py --resume --out bench_out                # continue a bench that was cut short
     python bench.py --find_max_batch --config config/large.py --batch_size 4 -- --grad_checkpointing=full
 
@@ -244,15 +244,26 @@ def main():
         parser.error(f"need --steps >= 1, --warmup >= 0 and 1 <= --start <= {len(LADDER)}")
     if not 1 <= args.batch_size <= args.max_batch:
         parser.error(f"need 1 <= --batch_size <= --max_batch, got {args.batch_size} and {args.max_batch}")
+    # keys bench.py sets itself on every run: an override after -- would silently undo the measurement
+    runs = {"batch_size", "grad_accum_steps", "max_iters", "timing_warmup", "eval_iters", "save_checkpoints", "out_dir"}
+    owned = runs if args.find_max_batch else runs | {"log_interval"} | {k for _, c in LADDER for k in c} | {k for c in UNDO.values() for k in c}
+    clash = sorted({a[2:].split("=", 1)[0] for a in args.extra if a.startswith("--")} & (owned | {"config"}))
+    if clash:
+        parser.error(f"bench.py sets {', '.join(clash)} itself on every run; use its own options "
+                     "(--config, --batch_size, --steps, --warmup, --out) or leave them out")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f"--out {args.out} is a file, not a folder")
     import configurator
     try:                         # the config and the extra arguments, checked before any rung runs
-        configurator.load_config(["--config", args.config, f"--batch_size={args.batch_size}", *args.extra])
+        cfg = configurator.load_config(["--config", args.config, f"--batch_size={args.batch_size}", *args.extra])
     except (ValueError, TypeError, FileNotFoundError) as e:
         parser.error(str(e))
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"device={cfg.device!r} but no CUDA GPU is available")
+    if args.find_max_batch and not torch.cuda.is_available():
+        parser.error("--find_max_batch measures GPU memory: it needs a CUDA GPU")
     os.makedirs(args.out, exist_ok=True)
     if args.find_max_batch:
-        if not torch.cuda.is_available():
-            parser.error("--find_max_batch measures GPU memory: it needs a CUDA GPU")
         find_max_batch(args, args.extra)
     else:
         rows = bench(args, ["--grad_accum_steps=1", f"--batch_size={args.batch_size}", *args.extra])

@@ -11,6 +11,7 @@ Config files (config/*.py) are plain Python assignments of these keys, as in nan
 import ast
 import os
 import re
+import types
 from dataclasses import dataclass, fields
 
 @dataclass
@@ -90,33 +91,41 @@ def _typed(key, value, where):
 
 
 def load_config(argv):
-    """Config from `--config FILE` (plain Python assignments) then `--key=value` overrides, in order.
-    Raises ValueError / TypeError naming an unknown key, a wrong type or a bad choice."""
-    values, args = {}, list(argv)
+    """Config from `--config FILE` (plain Python assignments; several files apply in order) and then the
+    `--key=value` overrides (in order), wherever they stand on the command line: an override always
+    beats a config file. Raises FileNotFoundError for a missing config file, and ValueError / TypeError
+    naming an unknown key, a wrong type, a bad choice or an impossible combination."""
+    files, overrides, args = [], [], list(argv)
     while args:
         arg = args.pop(0)
         if arg == "--config" or arg.startswith("--config="):
             path = arg.split("=", 1)[1] if "=" in arg else (args.pop(0) if args else "")
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"config file {path!r} not found")
-            ns = {}
-            try:
-                exec(compile(open(path).read(), path, "exec"), {}, ns)
-            except Exception as e:        # a syntax error or a bad name in the file
-                raise ValueError(f"config file {path!r} does not run: {type(e).__name__}: {e}") from e
-            for k, v in ns.items():
-                if not k.startswith("_"):
-                    values[k] = _typed(k, v, path)
+            if not path or path.startswith("--"):
+                raise ValueError("--config needs a file path, e.g. --config config/fast.py")
+            files.append(path)
         elif arg.startswith("--") and "=" in arg:
-            key, raw = arg[2:].split("=", 1)
-            want = {f.name: f.type for f in fields(Config)}.get(key)
-            try:
-                value = raw if want is str else ast.literal_eval(raw)
-            except (ValueError, SyntaxError):
-                value = raw
-            values[key] = _typed(key, value, "command line")
+            overrides.append(arg[2:].split("=", 1))
         else:
             raise ValueError(f"cannot parse argument {arg!r}: use --config FILE or --key=value")
+    values = {}
+    for path in files:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"config file {path!r} " + ("is a folder, not a file" if os.path.isdir(path) else "not found"))
+        ns = {}
+        try:
+            exec(compile(open(path).read(), path, "exec"), {}, ns)
+        except Exception as e:        # a syntax error or a bad name in the file
+            raise ValueError(f"config file {path!r} does not run: {type(e).__name__}: {e}") from e
+        for k, v in ns.items():
+            if not k.startswith("_") and not isinstance(v, types.ModuleType):   # `import math` is no key
+                values[k] = _typed(k, v, path)
+    for key, raw in overrides:
+        want = {f.name: f.type for f in fields(Config)}.get(key)
+        try:
+            value = raw if want is str else ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        values[key] = _typed(key, value, "command line")
     cfg = Config(**values)
     positive = ("batch_size", "block_size", "grad_accum_steps", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval")
     for key in positive:
@@ -132,6 +141,9 @@ def load_config(argv):
     for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "peak_flops"):
         if getattr(cfg, key) < 0:
             raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")
+    for key in ("beta1", "beta2"):
+        if not 0 <= getattr(cfg, key) < 1:
+            raise ValueError(f"config key {key!r} (AdamW) must be in [0, 1), got {getattr(cfg, key)}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         raise ValueError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if not cfg.out_dir:

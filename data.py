@@ -59,9 +59,10 @@ class GPT2Tokenizer:
         try:
             self.enc = tiktoken.get_encoding("gpt2")
         except Exception as e:   # no network and no cache
-            raise RuntimeError(
-                "could not load tiktoken's GPT-2 files (%s). Offline, point TIKTOKEN_CACHE_DIR at a "
-                "folder holding them, or use --tokenizer byte" % e) from e
+            raise FileNotFoundError(
+                "could not load tiktoken's GPT-2 files (%s). Offline, point TIKTOKEN_CACHE_DIR at a folder "
+                "holding them, or use byte-level data (data.py --tokenizer byte; train.py --data_dir=data/stdlib_byte)"
+                % str(e).splitlines()[0][:200]) from e
 
     def encode(self, text):
         # encode_ordinary: a literal "<|endoftext|>" inside a document is plain text, never id 50256
@@ -133,7 +134,8 @@ def find_shards(data_dir, split):
     """Sorted shard paths of `split` ("train" or "val") in `data_dir`: ours are train_000000.bin,
     llm.c's fineweb_train_000000.bin. Raises FileNotFoundError when there are none."""
     if not os.path.isdir(data_dir):
-        raise FileNotFoundError(f"data folder {data_dir} does not exist: prepare it with "
+        what = "is a file, not a folder" if os.path.isfile(data_dir) else "does not exist"
+        raise FileNotFoundError(f"data folder {data_dir!r} {what}: prepare it with "
                                 f"`python data.py --input PATH --out {data_dir}`")
     paths = sorted(glob.glob(os.path.join(data_dir, f"*{split}_*.bin")))
     if not paths:
@@ -142,14 +144,22 @@ def find_shards(data_dir, split):
 
 
 def load_meta(data_dir):
-    """meta.json of a prepared folder; shards without one (llm.c, modded-nanogpt FineWeb) are GPT-2."""
+    """meta.json of a prepared folder; shards without one (llm.c, modded-nanogpt FineWeb) are GPT-2.
+    Raises FileNotFoundError for a folder without train shards, ValueError for a corrupt meta.json."""
     path = os.path.join(data_dir, "meta.json")
     find_shards(data_dir, "train")     # a missing folder is an error before any guessing
     if not os.path.exists(path):
         print(f"note: {data_dir} has no meta.json; assuming GPT-2 tokens (as llm.c's FineWeb shards)")
         return {"tokenizer": "gpt2", "vocab_size": 50257, "eot_id": 50256}
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); prepare the folder again with data.py") from e
+    missing = [k for k in ("tokenizer", "vocab_size", "eot_id") if k not in meta] if isinstance(meta, dict) else ["all keys"]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}; prepare the folder again with data.py")
+    return meta
 
 # -----------------------------------------------------------------------------
 # preparation
@@ -436,7 +446,7 @@ def main():
         args.out = f"data/stdlib_{args.tokenizer}"
     try:
         prepare(args.input, args.out, args.tokenizer, args.val_frac, args.seed, args.workers)
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+    except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}")
 
 

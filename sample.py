@@ -6,11 +6,13 @@ Generate text from a checkpoint, decoding with the checkpoint's tokenizer.
 """
 import argparse
 import os
+import re
 
 import torch
 
 from data import get_tokenizer
 from model import GPT, GPTConfig
+from train import load_checkpoint, load_weights
 
 
 def main():
@@ -26,6 +28,8 @@ def main():
     args = parser.parse_args()
     if args.temperature <= 0 or args.top_k < 0 or args.max_new_tokens < 1 or args.num_samples < 1:
         parser.error("need --temperature > 0, --top_k >= 0, --max_new_tokens >= 1, --num_samples >= 1")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        parser.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA GPU is available")
     if args.start.startswith("FILE:") and not os.path.isfile(args.start[5:]):
@@ -33,18 +37,24 @@ def main():
     torch.manual_seed(args.seed)
     path = f"{args.out_dir}/ckpt.pt"
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = load_checkpoint(path)
     except FileNotFoundError:
         raise SystemExit(f"error: no checkpoint at {path}: train first (python train.py --out_dir={args.out_dir})")
-    except Exception as e:
-        raise SystemExit(f"error: checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?")
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
     cfg, meta = ckpt["config"], ckpt["meta"]
     attention = cfg["attention"] if cfg["attention"] != "flex" or args.device.startswith("cuda") else "sdpa"
     model = GPT(GPTConfig(vocab_size=meta["vocab_size"], block_size=cfg["block_size"], n_layer=cfg["n_layer"],
                           n_head=cfg["n_head"], n_embd=cfg["n_embd"], bias=cfg["bias"], attention=attention))
-    model.load_state_dict(ckpt["model"])
+    try:
+        load_weights(model, ckpt, path)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
     model.eval().to(args.device)
-    tok = get_tokenizer(meta["tokenizer"])
+    try:
+        tok = get_tokenizer(meta["tokenizer"])
+    except (ValueError, FileNotFoundError) as e:         # offline without the GPT-2 files
+        raise SystemExit(f"error: {e}")
     start = open(args.start[5:]).read() if args.start.startswith("FILE:") else args.start
     idx = torch.tensor([tok.encode(start) or [meta["eot_id"]]], device=args.device)
     for _ in range(args.num_samples):

@@ -7,8 +7,9 @@ Python's standard library sources (prepared on first use).
     python train.py --config config/fast.py --batch_size=16 --compile=False
     torchrun --standalone --nproc_per_node=8 train.py --config config/fast.py
 
-Flags, types and defaults: configurator.py (Config). Every flag is resolved once at setup into an object (autocast context, GradScaler, compiled or plain
-model, attention backend), so the training loop reads the same with every flag off.
+Flags, types and defaults: configurator.py (Config). Every flag is resolved once at setup into an
+object (autocast context, GradScaler, compiled or plain model, attention backend), so the training
+loop reads the same with every flag off.
 """
 import json
 import math
@@ -27,7 +28,7 @@ from configurator import MODEL_KEYS, load_config
 from data import Loader, load_meta, prepare
 from model import GPT, GPTConfig, check_attention_mask
 from measure import mfu, peak_flops_for, sync, write_profile
-from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism
+from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism, check_fp8
 
 # -----------------------------------------------------------------------------
 # helpers
@@ -67,6 +68,32 @@ def model_state(model, optimizer=None):
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     sd = get_model_state_dict(model, options=opts)
     return sd if optimizer is None else (sd, get_optimizer_state_dict(model, optimizer, options=opts))
+
+
+CKPT_KEYS = ("model", "optimizer", "scaler", "step", "best_val_loss", "config", "meta", "loader", "rng")
+
+
+def load_checkpoint(path):
+    """The dict save_checkpoint wrote at `path` (on the CPU). Raises FileNotFoundError if there is none,
+    ValueError if it cannot be read or is not a speedgpt checkpoint (a nanoGPT one, say)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?") from e
+    missing = [k for k in CKPT_KEYS if k not in ckpt] if isinstance(ckpt, dict) else list(CKPT_KEYS)
+    if missing:
+        raise ValueError(f"{path} is not a speedgpt checkpoint: it lacks {', '.join(missing)}")
+    return ckpt
+
+
+def load_weights(model, ckpt, path):
+    """Load the checkpoint's weights into `model`; ValueError (naming `path`) if they do not fit it."""
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise ValueError(f"checkpoint {path} does not fit the model: {str(e).splitlines()[0]}") from e
 
 
 def save_checkpoint(path, ckpt):
@@ -160,6 +187,13 @@ def main(argv=None):
         raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
     if device.type == "cuda":
         select_sdpa_backend(cfg.sdpa_backend)
+    if cfg.fp8:
+        check_fp8(device)
+    if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+        raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a folder")
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    if cfg.init_from == "resume" and not os.path.isfile(ckpt_path):
+        raise FileNotFoundError(f"init_from='resume' but {ckpt_path} does not exist")
     if cfg.packing and not cfg.document_mask:
         warnings.warn("packing=True with document_mask=False: tokens attend across document boundaries")
 
@@ -175,22 +209,16 @@ def main(argv=None):
     loader_args.update(rank=_rank, world_size=world)   # each rank keeps its own rows of one shared stream
     loader_args.update(vocab_size=meta["vocab_size"])
     train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, prefetch=grad_accum_steps, **loader_args)
-    val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **loader_args)
+    val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **loader_args) if cfg.eval_iters > 0 else None
     use_doc_ids = cfg.packing and cfg.document_mask
     check_mask = cfg.check_mask and use_doc_ids
 
     # model, optimizer, precision
     torch.manual_seed(cfg.seed)        # same initial weights on every rank
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     ckpt = None
     if cfg.init_from == "resume":
-        if not os.path.isfile(ckpt_path):
-            raise FileNotFoundError(f"init_from='resume' but {ckpt_path} does not exist")
-        try:
-            ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise ValueError(f"checkpoint {ckpt_path} cannot be read ({type(e).__name__}); is it corrupt?") from e
+        ckpt = load_checkpoint(ckpt_path)
         if ckpt["meta"]["vocab_size"] != meta["vocab_size"]:
             raise ValueError(f"checkpoint {ckpt_path} has vocabulary {ckpt['meta']['vocab_size']} "
                              f"({ckpt['meta']['tokenizer']}) but {cfg.data_dir} has {meta['vocab_size']} ({meta['tokenizer']})")
@@ -205,7 +233,7 @@ def main(argv=None):
     model_cfg = GPTConfig(vocab_size=meta["vocab_size"], **{k: getattr(cfg, k) for k in MODEL_KEYS})
     raw_model = GPT(model_cfg).to(device)
     if ckpt is not None:
-        raw_model.load_state_dict(ckpt["model"])
+        load_weights(raw_model, ckpt, ckpt_path)
     flops_per_token = raw_model.flops_per_token()
     pt_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
     # the transforms, in this order: FP8 conversion, activation checkpointing, compile, DDP/FSDP
@@ -249,7 +277,7 @@ def main(argv=None):
             json.dump(asdict(cfg), f, indent=1)
     print0(f"{raw_model.num_params() / 1e6:.2f}M parameters | {flops_per_token / 1e6:.1f} MFLOP/token | "
            f"device {device} x {world} | grad_accum_steps {grad_accum_steps} per process | "
-           f"{tokens_per_step:,} tokens per step | peak {peak / 1e12 if peak else 0:.1f} TFLOP/s")
+           f"{tokens_per_step:,} tokens per step | peak " + (f"{peak / 1e12:.1f} TFLOP/s" if peak else "n/a (no MFU)"))
     # a resumed run appends; a run from scratch starts the file afresh
     metrics_file = open(os.path.join(cfg.out_dir, "metrics.jsonl"), "a" if cfg.init_from == "resume" else "w") if master else None
     wandb = None

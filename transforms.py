@@ -3,7 +3,19 @@ Model transforms, applied by train.py to a built GPT in this fixed order (as tor
 FP8 conversion, activation checkpointing, compile, then DDP/FSDP wrapping. Each is a function of
 the model and the config; optional dependencies are imported only when their flag is on.
 """
+import importlib.util
+
 import torch
+
+
+def check_fp8(device):
+    """Raise ValueError unless `device` can train in FP8: a GPU of compute capability 8.9 or newer,
+    with torchao installed. train.py calls it before any work (data, model) is done."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        where = "the CPU" if device.type != "cuda" else f"{torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))})"
+        raise ValueError(f"fp8=True needs a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on {where}")
+    if importlib.util.find_spec("torchao") is None:
+        raise ValueError("fp8=True needs torchao: pip install torchao")
 
 
 def apply_fp8(model, cfg, device):
@@ -11,9 +23,7 @@ def apply_fp8(model, cfg, device):
     head, layers with a dimension not divisible by 16, and layers narrower than cfg.fp8_min_dim
     (on the H200 FP8 lost to bf16 at width 768 and won from 2048). Returns the converted names.
     Raises ValueError on a CPU or a GPU below compute capability 8.9, or without torchao."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
-        where = "the CPU" if device.type != "cuda" else f"{torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))})"
-        raise ValueError(f"fp8=True needs a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on {where}")
+    check_fp8(device)
     return convert_fp8(model, cfg)
 
 

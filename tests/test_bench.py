@@ -9,8 +9,8 @@ from conftest import ROOT
 
 def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
     out = tmp_path / "bench"
-    cmd = [sys.executable, "bench.py", "--steps", "2", "--warmup", "1", "--out", str(out), "--",
-           "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=64", "--batch_size=4", f"--data_dir={short_data}"]
+    cmd = [sys.executable, "bench.py", "--steps", "2", "--warmup", "1", "--batch_size", "4", "--out", str(out), "--",
+           "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=64", f"--data_dir={short_data}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = json.load(open(out / "bench.json"))
@@ -41,3 +41,14 @@ def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
     assert part.returncode == 0 and part.stdout.count("reused from") == 5, part.stdout[-2000:]
     assert "=== + fused AdamW\n" in part.stdout                            # the one missing rung ran
     assert sum('"+ fused AdamW"' in l for l in open(out / "rows.jsonl")) == 1
+
+
+def test_bench_refuses_overrides_it_sets_itself(tmp_path):
+    """An override after -- of a key the ladder sets (fp8, dtype, batch_size, ...) would be silently
+    undone by each rung's own flags, or undo the measurement: refused before any rung runs."""
+    for extra, mode in ((["--fp8=True"], []), (["--batch_size=8"], []), (["--max_iters=5"], ["--find_max_batch"])):
+        proc = subprocess.run([sys.executable, "bench.py", *mode, "--out", str(tmp_path / "b"), "--", *extra],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        key = extra[0][2:].split("=")[0]
+        assert proc.returncode == 2 and f"bench.py sets {key} itself" in proc.stderr, proc.stderr
+        assert not (tmp_path / "b").exists()

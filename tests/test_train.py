@@ -128,6 +128,9 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--sdpa_backend=flash", "--device=cpu"], ValueError, "use sdpa_backend='auto' on the CPU"),
     (["--sdpa_backend=cudnn"], ValueError, "take bfloat16 or float16"),
     (["--profile=True", "--timing_warmup=3", "--max_iters=2"], ValueError, "max_iters=2 ends before it"),
+    (["--beta2=1.0"], ValueError, r"'beta2' \(AdamW\) must be in \[0, 1\)"),
+    (["--config"], ValueError, "--config needs a file path"),
+    (["--config", "config"], FileNotFoundError, "is a folder, not a file"),
 ])
 def test_config_errors(byte_data, tmp_path, args, error, match):
     with pytest.raises(error, match=match):
@@ -146,6 +149,55 @@ def test_config_file_errors(tmp_path):
         configurator.load_config(["--config", str(tmp_path / "d.py")])
     cfg = configurator.load_config(["--config", "config/fast.py", "--batch_size=4", "--learning_rate=1"])
     assert (cfg.n_layer, cfg.batch_size, cfg.learning_rate, cfg.compile) == (12, 4, 1.0, True)
+    cfg = configurator.load_config(["--batch_size=4", "--config", "config/fast.py"])    # an override beats
+    assert (cfg.n_layer, cfg.batch_size) == (12, 4)                                     # the file, wherever
+    (tmp_path / "m.py").write_text("import math\nlearning_rate = math.sqrt(1e-6)\n")    # modules are no keys
+    assert configurator.load_config(["--config", str(tmp_path / "m.py")]).learning_rate == 1e-3
+
+
+def test_setup_errors_come_before_any_work(byte_data, tmp_path):
+    """Bad input found at setup is a one-line error naming the problem, before data or model work."""
+    never = tmp_path / "never" / "stdlib_byte"          # would be prepared on first use
+    with pytest.raises(ValueError, match="compute capability 8.9"):
+        train.main(tiny_args(never, tmp_path / "o1", "--fp8=True"))
+    with pytest.raises(FileNotFoundError, match="ckpt.pt"):
+        train.main(tiny_args(never, tmp_path / "o2", "--init_from=resume"))
+    assert not never.exists()
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        train.main(tiny_args(byte_data, tmp_path / "afile"))
+
+
+def test_corrupt_meta_json(byte_data, tmp_path):
+    import shutil
+    data_dir = tmp_path / "d"
+    shutil.copytree(byte_data, data_dir)
+    (data_dir / "meta.json").write_text("{'tokenizer': 'byte'")
+    with pytest.raises(ValueError, match="meta.json is not valid JSON"):
+        train.main(tiny_args(data_dir, tmp_path / "o"))
+    (data_dir / "meta.json").write_text('{"tokenizer": "byte", "vocab_size": 257}')
+    with pytest.raises(ValueError, match="meta.json lacks eot_id"):
+        train.main(tiny_args(data_dir, tmp_path / "o"))
+
+
+def test_foreign_or_mismatched_checkpoint(byte_data, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    torch.save({"model": {}, "iter_num": 5}, out / "ckpt.pt")            # a nanoGPT-style checkpoint
+    with pytest.raises(ValueError, match="not a speedgpt checkpoint: it lacks optimizer, scaler, step"):
+        train.main(tiny_args(byte_data, out, "--init_from=resume"))
+    train.main(tiny_args(byte_data, out, "--max_iters=4"))               # a real one, then damage its weights
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    ckpt["model"]["lm_head.weight"] = ckpt["model"]["lm_head.weight"][:, :16]
+    torch.save(ckpt, out / "ckpt.pt")
+    with pytest.raises(ValueError, match="does not fit the model"):
+        train.main(tiny_args(byte_data, out, "--init_from=resume"))
+
+
+def test_data_without_val_split_trains_without_evaluation(corpus_dir, tmp_path):
+    data.prepare(str(corpus_dir), str(tmp_path / "d"), tokenizer="byte", val_frac=0)
+    summary = train.main(tiny_args(tmp_path / "d", tmp_path / "o", "--eval_iters=0", "--save_checkpoints=False"))
+    assert summary["median_tokens_per_sec"] > 0
 
 
 def test_missing_data_dir(tmp_path):
