@@ -14,6 +14,7 @@ import re
 import types
 from dataclasses import dataclass, fields
 
+
 @dataclass
 class Config:
     # I/O
@@ -77,10 +78,10 @@ MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "a
 
 def _typed(key, value, where):
     """Check `value` against Config's type for `key`; ints are accepted for floats."""
-    types = {f.name: f.type for f in fields(Config)}
-    if key not in types:
-        raise ValueError(f"unknown config key {key!r} ({where}); known keys: {', '.join(types)}")
-    want = types[key]
+    known = {f.name: f.type for f in fields(Config)}
+    if key not in known:
+        raise ValueError(f"unknown config key {key!r} ({where}); known keys: {', '.join(known)}")
+    want = known[key]
     if want is float and type(value) is int:
         value = float(value)
     if type(value) is not want:
