@@ -194,7 +194,7 @@ def find_max_batch(args, extra):
     import train
 
     def fits(b):
-        argv = ["--config", args.config, *extra, f"--batch_size={b}", "--grad_accum_steps=1", "--max_iters=3",
+        argv = ["--config", args.config, *extra, f"--batch_size={b}", "--total_batch_size=0", "--max_iters=3",
                 "--timing_warmup=2", "--eval_iters=0", "--save_checkpoints=False", f"--out_dir={args.out}/max_batch"]
         try:
             summary = train.main(argv)
@@ -245,7 +245,7 @@ def main():
     if not 1 <= args.batch_size <= args.max_batch:
         parser.error(f"need 1 <= --batch_size <= --max_batch, got {args.batch_size} and {args.max_batch}")
     # keys bench.py sets itself on every run: an override after -- would silently undo the measurement
-    runs = {"batch_size", "grad_accum_steps", "max_iters", "timing_warmup", "eval_iters", "save_checkpoints", "out_dir"}
+    runs = {"batch_size", "total_batch_size", "max_iters", "timing_warmup", "eval_iters", "save_checkpoints", "out_dir"}
     owned = runs if args.find_max_batch else runs | {"log_interval"} | {k for _, c in LADDER for k in c} | {k for c in UNDO.values() for k in c}
     clash = sorted({a[2:].split("=", 1)[0] for a in args.extra if a.startswith("--")} & (owned | {"config"}))
     if clash:
@@ -266,7 +266,7 @@ def main():
     if args.find_max_batch:
         find_max_batch(args, args.extra)
     else:
-        rows = bench(args, ["--grad_accum_steps=1", f"--batch_size={args.batch_size}", *args.extra])
+        rows = bench(args, ["--total_batch_size=0", f"--batch_size={args.batch_size}", *args.extra])
         if not any(r["ok"] for r in rows):
             sys.exit("error: no rung ran: " + rows[0].get("error", "") + "; logs under " + os.path.join(args.out, "runs"))
 

@@ -12,7 +12,8 @@ import ast
 import os
 import re
 import types
-from dataclasses import dataclass, fields
+import warnings
+from dataclasses import asdict, dataclass, fields, replace
 
 
 @dataclass
@@ -20,7 +21,7 @@ class Config:
     # I/O
     out_dir: str = "out"
     data_dir: str = "data/stdlib_byte"     # data/stdlib_byte and data/stdlib_gpt2 are prepared on first use
-    init_from: str = "scratch"             # scratch | resume (from out_dir/ckpt.pt)
+    init_from: str = "scratch"             # scratch | resume (from out_dir/ckpt.pt; keeps its schedule)
     eval_interval: int = 100
     eval_iters: int = 10                   # 0: no evaluation (benchmarks)
     save_checkpoints: bool = True          # write out_dir/ckpt.pt at each evaluation
@@ -30,9 +31,9 @@ class Config:
     wandb_project: str = "speedgpt"
     wandb_run_name: str = ""
     # data
-    batch_size: int = 16                   # micro-batch, sequences
+    batch_size: int = 16                   # micro-batch, sequences (per process)
     block_size: int = 256
-    grad_accum_steps: int = 1              # for the whole job; divided by the number of processes
+    total_batch_size: int = 0              # tokens per optimizer step, whole job; 0: one micro-batch per process
     packing: bool = True                   # False: one document per row, padded (the baseline)
     document_mask: bool = True             # with packing: no attention or loss across documents
     check_mask: bool = False               # debug: assert each batch's attention mask is block-diagonal
@@ -49,13 +50,14 @@ class Config:
     learning_rate: float = 3e-3
     min_lr: float = 3e-4
     warmup_iters: int = 30
-    lr_decay_iters: int = 0                # 0: max_iters
+    lr_decay_iters: int = 0                # 0: max_iters of the run that started (kept on resume)
     max_iters: int = 500
     weight_decay: float = 0.1              # matrices only
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0                 # 0: off
     fused_adamw: bool = False
+    max_skipped_steps: int = 0             # non-finite steps skipped (no update) before the run stops
     # system
     device: str = "auto"                   # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
     dtype: str = "float32"                 # float32 | bfloat16 | float16 (float16 adds a GradScaler)
@@ -73,12 +75,18 @@ class Config:
 CHOICES = dict(init_from=("scratch", "resume"), attention=("naive", "sdpa", "flex"), sdpa_backend=("auto", "flash", "cudnn"),
                dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
                fp8_recipe=("tensorwise", "rowwise"), parallelism=("ddp", "fsdp"))
-MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention")
+MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention")   # GPTConfig's
+RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
+SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters")   # kept on resume unless set
+RENAMED = {"grad_accum_steps": "it is derived: set total_batch_size, the tokens per optimizer step for the whole job",
+           "gradient_accumulation_steps": "it is derived: set total_batch_size, the tokens per optimizer step for the whole job"}
 
 
 def _typed(key, value, where):
     """Check `value` against Config's type for `key`; ints are accepted for floats."""
     known = {f.name: f.type for f in fields(Config)}
+    if key in RENAMED:
+        raise ValueError(f"config key {key!r} ({where}) is not a setting: {RENAMED[key]}")
     if key not in known:
         raise ValueError(f"unknown config key {key!r} ({where}); known keys: {', '.join(known)}")
     want = known[key]
@@ -91,11 +99,13 @@ def _typed(key, value, where):
     return value
 
 
-def load_config(argv):
+def load_config(argv, with_explicit=False):
     """Config from `--config FILE` (plain Python assignments; several files apply in order) and then the
     `--key=value` overrides (in order), wherever they stand on the command line: an override always
-    beats a config file. Raises FileNotFoundError for a missing config file, and ValueError / TypeError
-    naming an unknown key, a wrong type, a bad choice or an impossible combination."""
+    beats a config file. With with_explicit=True, returns (config, the set of keys some file or override
+    set). Raises FileNotFoundError for a missing config file, and ValueError / TypeError naming an
+    unknown key, a wrong type, a bad choice or an impossible combination. Warns (UserWarning) about a
+    schedule a user could mean, such as warm-up longer than the run."""
     files, overrides, args = [], [], list(argv)
     while args:
         arg = args.pop(0)
@@ -128,11 +138,12 @@ def load_config(argv):
             value = raw
         values[key] = _typed(key, value, "command line")
     cfg = Config(**values)
-    positive = ("batch_size", "block_size", "grad_accum_steps", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval")
+    positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval")
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}")
-    for key in ("max_iters", "eval_iters", "timing_warmup", "warmup_iters", "lr_decay_iters", "fp8_min_dim"):
+    for key in ("max_iters", "eval_iters", "timing_warmup", "warmup_iters", "lr_decay_iters", "fp8_min_dim",
+                "total_batch_size", "max_skipped_steps"):
         if getattr(cfg, key) < 0:
             raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")
     if cfg.n_embd % cfg.n_head:
@@ -145,6 +156,7 @@ def load_config(argv):
     for key in ("beta1", "beta2"):
         if not 0 <= getattr(cfg, key) < 1:
             raise ValueError(f"config key {key!r} (AdamW) must be in [0, 1), got {getattr(cfg, key)}")
+    check_schedule(cfg)
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         raise ValueError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if not cfg.out_dir:
@@ -164,4 +176,69 @@ def load_config(argv):
             raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} kernels take bfloat16 or float16: set dtype, or sdpa_backend='auto'")
         if cfg.sdpa_backend == "flash" and cfg.packing and cfg.document_mask:
             raise ValueError("sdpa_backend='flash' takes no attention mask: use it with packing=False or document_mask=False")
-    return cfg
+    return (cfg, set(values)) if with_explicit else cfg
+
+
+def check_schedule(cfg):
+    """Refuse a learning-rate schedule that cannot be meant (ValueError naming the keys); warn about one
+    a short run (a benchmark) could mean. lr_decay_iters=0 stands for max_iters."""
+    decay = cfg.lr_decay_iters or cfg.max_iters
+    if cfg.min_lr > cfg.learning_rate:
+        raise ValueError(f"min_lr={cfg.min_lr} is above learning_rate={cfg.learning_rate}: the schedule decays to min_lr")
+    if cfg.lr_decay_iters and cfg.lr_decay_iters <= cfg.warmup_iters:
+        raise ValueError(f"lr_decay_iters={cfg.lr_decay_iters} must exceed warmup_iters={cfg.warmup_iters}: "
+                         "the rate would fall from its peak to min_lr in one step")
+    if cfg.max_iters and decay <= cfg.warmup_iters:
+        warnings.warn(f"warmup_iters={cfg.warmup_iters} >= max_iters={cfg.max_iters}: the learning rate never reaches "
+                      f"learning_rate={cfg.learning_rate} and never decays (fine for a benchmark, not for training)", stacklevel=3)
+
+
+def check_for_device(cfg, device, world):
+    """Refuse what cannot work on `device` (torch.device) with `world` processes, before any data or
+    model work: ValueError naming the keys. Warns (printed by train.py) about packing without a mask."""
+    import torch
+    from transforms import check_fp8
+    if cfg.attention == "flex" and device.type != "cuda":
+        raise ValueError("attention='flex' needs a CUDA GPU: FlexAttention has no backward pass on the CPU. "
+                         "Use attention='sdpa' (a boolean document mask) or 'naive' on the CPU")
+    if cfg.parallelism == "fsdp" and world == 1:
+        raise ValueError("parallelism='fsdp' needs torchrun (several processes)")
+    if cfg.parallelism == "fsdp" and cfg.dtype == "float16":
+        raise ValueError("parallelism='fsdp' with dtype='float16' is not supported (it needs a sharded GradScaler); use bfloat16")
+    if cfg.dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(device)}; use float16")
+    if cfg.sdpa_backend != "auto" and device.type != "cuda":
+        raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
+    if cfg.fp8:
+        check_fp8(device)
+    if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+        raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a folder")
+    if cfg.packing and not cfg.document_mask:
+        warnings.warn("packing=True with document_mask=False: tokens attend across document boundaries")
+
+
+def resume_config(cfg, explicit, saved):
+    """The config a resumed run continues with. `cfg` is this command's config, `explicit` the keys its
+    config files and overrides set, `saved` the checkpoint's config (a dict). The model's shape must
+    match (ValueError naming the key; dropout and attention may change: the weights do not depend on
+    them). The schedule (SCHEDULE_KEYS) is the saved one unless set explicitly, so extending max_iters
+    keeps the decay horizon the run started with; lr_decay_iters=0 set explicitly means the new
+    max_iters. Returns (config, lines describing each key that differs from the checkpoint's)."""
+    defaults = Config()
+    for k in MODEL_KEYS:
+        if k not in RUN_STATE_KEYS and saved.get(k, getattr(defaults, k)) != getattr(cfg, k):
+            raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {saved.get(k)!r}: "
+                             "the model's shape cannot change on resume")
+    kept = {k: saved[k] for k in SCHEDULE_KEYS if k not in explicit and k in saved}
+    if kept.get("lr_decay_iters") == 0:                  # a checkpoint from before schedules were resolved
+        kept["lr_decay_iters"] = saved["max_iters"]
+    cfg = replace(cfg, **kept)
+    if cfg.lr_decay_iters == 0:
+        cfg = replace(cfg, lr_decay_iters=cfg.max_iters)
+    check_schedule(cfg)
+    changes = [f"{k} {saved[k]!r} -> {v!r}" + (" (set explicitly)" if k in SCHEDULE_KEYS else "")
+               for k, v in asdict(cfg).items() if k in saved and saved[k] != v and k != "init_from"]
+    if cfg.max_iters > cfg.lr_decay_iters:
+        changes.append(f"the learning rate decays until lr_decay_iters={cfg.lr_decay_iters}, then stays at min_lr={cfg.min_lr} "
+                       f"up to max_iters={cfg.max_iters} (set --lr_decay_iters to decay over another horizon)")
+    return cfg, changes

@@ -1,8 +1,13 @@
 """
-What train.py measures with: the peak-FLOPs table and MFU, the device sync before each clock reading,
-and the profiler output. Tokens/s itself is counted in train.py's loop (real tokens only).
+What train.py measures and records with: the peak-FLOPs table and MFU, the training clock (Timer: a
+device sync before each reading, warm-up and evaluation left out), the metrics logger (console,
+metrics.jsonl and W&B, continued across a resume) and the profiler output. The tokens it times are
+counted in train.py's loop (real tokens only).
 """
+import json
+import math
 import os
+import time
 
 import torch
 
@@ -61,3 +66,117 @@ def write_profile(prof, device, out_dir):
             f.write(prof.key_averages().table(sort_by=key, row_limit=60))
         prof.export_chrome_trace(os.path.join(out_dir, "profile_trace.json.gz"))
         print(f"profile of one step written to {out_dir}/profile.txt and profile_trace.json.gz", flush=True)
+
+
+class Timer:
+    """The training clock, in one place. It starts (after a device sync) once `warmup` optimizer steps of
+    this process are done, so compilation and allocator warm-up are never timed; it is paused around
+    evaluation and checkpoints; it is read, with a sync, only when a step is logged, so the steps in
+    between are timed as a group with no extra sync. Tokens are counted by the caller (real ones only)."""
+
+    def __init__(self, device, warmup):
+        self.device, self.warmup, self.done = device, warmup, 0
+        self.clock, self.busy, self.tokens, self.steps = None, 0.0, 0, 0
+
+    def step_begins(self):
+        """Call before each optimizer step: starts the clock when the warm-up steps are over."""
+        if self.done == self.warmup:
+            sync(self.device)
+            self.clock, self.busy, self.tokens, self.steps = time.perf_counter(), 0.0, 0, 0
+
+    def step_ends(self, tokens):
+        """Call after each optimizer step with its real tokens (an int, or a device tensor: no sync)."""
+        self.done += 1
+        if self.clock is not None:
+            self.tokens, self.steps = self.tokens + tokens, self.steps + 1
+
+    def pause(self):
+        """Stop counting time (evaluation, checkpoints): sync, then bank the time so far."""
+        sync(self.device)
+        if self.clock is not None:
+            self.busy += time.perf_counter() - self.clock
+
+    def resume(self):
+        sync(self.device)
+        if self.clock is not None:
+            self.clock = time.perf_counter()
+
+    def read(self):
+        """(tokens_per_sec, step_ms) over the steps since the last read, or None before the clock starts."""
+        if self.clock is None or self.steps == 0:
+            return None
+        sync(self.device)
+        now = time.perf_counter()
+        self.busy += now - self.clock
+        result = float(self.tokens) / self.busy, 1000 * self.busy / self.steps
+        self.clock, self.busy, self.tokens, self.steps = now, 0.0, 0, 0
+        return result
+
+
+def strict(record):
+    """`record` with every non-finite float replaced by None, so json.dumps writes strict JSON (null, not NaN)."""
+    if isinstance(record, dict):
+        return {k: strict(v) for k, v in record.items()}
+    return None if isinstance(record, float) and not math.isfinite(record) else record
+
+
+class MetricsLogger:
+    """Writes each record (a dict with "step") to out_dir/metrics.jsonl and W&B, and each training step's
+    line to the console; on rank 0 only (`master`), as strict JSON. A resumed run continues the same
+    file and the same W&B run: the file keeps the records of the steps before `resume_step` (so every
+    step appears once, though a killed run may have logged past its last checkpoint), and steps W&B
+    already holds are not sent again (the resumed run recomputes them exactly)."""
+
+    def __init__(self, cfg, master, resume_step=None, wandb_run_id=None):
+        self.master, self.wandb, self.wandb_done = master, None, -1
+        self.path = os.path.join(cfg.out_dir, "metrics.jsonl")
+        if not master:
+            return
+        kept = []
+        if resume_step is not None and os.path.exists(self.path):
+            with open(self.path) as f:
+                old = [json.loads(line) for line in f if line.strip()]
+            kept = [r for r in old if r["step"] < resume_step]
+            self.wandb_done = max((r["step"] for r in old), default=-1)
+        with open(self.path + ".tmp", "w") as f:         # rewritten whole, then renamed: never half a file
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(self.path + ".tmp", self.path)
+        self.file = open(self.path, "a")
+        if cfg.wandb_log:
+            import wandb
+            from dataclasses import asdict
+            self.wandb = wandb
+            same_run = {"id": wandb_run_id, "resume": "allow"} if wandb_run_id else {}    # the run id is in the checkpoint
+            wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None, config=asdict(cfg), **same_run)
+
+    @property
+    def wandb_run_id(self):
+        return self.wandb.run.id if self.wandb is not None else None
+
+    def log(self, record):
+        if not self.master:
+            return
+        record = strict(record)
+        self.file.write(json.dumps(record, allow_nan=False) + "\n")
+        self.file.flush()
+        if self.wandb is not None and record["step"] > self.wandb_done:
+            self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def log_step(self, record):
+        """A training step's record: to the console as one line, then to the file and W&B."""
+        r = record
+        timing = (f"{r['step_ms']:.1f} ms | {r['tokens_per_sec']:,.0f} tok/s | mfu "
+                  + (f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a")) if r["tokens_per_sec"] else "warm-up (untimed)"
+        if self.master:
+            print(f"step {r['step']} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | {timing} | pad {r['pad_frac']:.3f}"
+                  + (f" | mem {r['mem_gb']:.1f} GB" if r["mem_gb"] else ""), flush=True)
+        self.log(record)
+
+    def close(self, summary=None, exit_code=0):
+        if not self.master:
+            return
+        self.file.close()
+        if self.wandb is not None:
+            if summary:
+                self.wandb.summary.update({k: v for k, v in strict(summary).items() if v is not None})
+            self.wandb.finish(exit_code=exit_code)

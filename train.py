@@ -4,42 +4,162 @@ Python's standard library sources (prepared on first use).
 
     python train.py                                          # CPU quickstart
     python train.py --config config/fast.py                  # GPT-2 124M, every speed flag on, one GPU
-    python train.py --config config/fast.py --batch_size=16 --compile=False
     torchrun --standalone --nproc_per_node=8 train.py --config config/fast.py
 
-Flags, types and defaults: configurator.py (Config). Every flag is resolved once at setup into an
-object (autocast context, GradScaler, compiled or plain model, attention backend), so the training
-loop reads the same with every flag off.
+main() tells a run as a row of named stages: the config, the processes and device, the checkpoint to
+resume from, the data, the model with its transforms (FP8, activation checkpointing, compile,
+DDP/FSDP, in that order), the optimizer, logging; then train() runs the loop. Each flag is resolved
+once, in the stage named for it (flags and defaults: configurator.py), so the loop reads the same with
+every flag off. A non-finite loss or gradient norm is never applied; SIGINT/SIGTERM finish the step,
+save and exit non-zero; a resume continues exactly, with its schedule (README: runs you can trust).
 """
 import json
 import math
 import os
+import signal
 import statistics
 import sys
-import time
 import warnings
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.distributed as dist
 
-from configurator import MODEL_KEYS, load_config
+from checkpoint import load_checkpoint, load_weights, model_state, remove_stale_tmp, save_checkpoint
+from configurator import MODEL_KEYS, check_for_device, load_config, resume_config
 from data import Loader, load_meta, prepare
+from distributed import Proc, StopSignals, agree, on_every_rank, plan_batch, print0, setup_processes
+from measure import MetricsLogger, Timer, mfu, peak_flops_for, strict, write_profile
 from model import GPT, GPTConfig, check_attention_mask
-from measure import mfu, peak_flops_for, sync, write_profile
-from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism, check_fp8
+from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism, select_sdpa_backend
+
+_setup_done = False        # errors after setup are bugs, not bad input: they keep their traceback
+PT_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class RunStopped(Exception):
+    """The run stopped before max_iters on purpose (divergence, a signal) after saving what can be
+    saved; `exit_code` is the process's exit status."""
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 # -----------------------------------------------------------------------------
-# helpers
+# the stages of a run, in the order main() calls them
 
-_rank = int(os.environ.get("RANK", 0))
-_setup_done = False        # errors after setup are bugs, not bad input: they keep their traceback
+def read_checkpoint(cfg, explicit):
+    """For init_from='resume': the checkpoint, and the config continued from it (the saved schedule
+    unless a schedule key is set explicitly; every change printed; a different model shape refused).
+    For a new run: lr_decay_iters=0 resolved to max_iters, so that a later resume keeps this schedule.
+    Raises FileNotFoundError / ValueError for a missing, corrupt or mismatched checkpoint."""
+    path = os.path.join(cfg.out_dir, "ckpt.pt")
+    if remove_stale_tmp(path):
+        print0(f"removed {path}.tmp, left by a run stopped while saving")
+    if cfg.init_from != "resume":
+        return replace(cfg, lr_decay_iters=cfg.lr_decay_iters or cfg.max_iters), None
+    ckpt = load_checkpoint(path)
+    cfg, changes = resume_config(cfg, explicit, ckpt["config"])
+    for line in changes:
+        print0(f"resume: {line}")
+    if ckpt["step"] > cfg.max_iters:
+        raise ValueError(f"checkpoint {path} is at step {ckpt['step']}, past max_iters={cfg.max_iters}")
+    if cfg.profile and ckpt["step"] + cfg.timing_warmup > cfg.max_iters:
+        raise ValueError(f"profile=True profiles step {ckpt['step'] + cfg.timing_warmup - 1} of this resumed run: "
+                         f"max_iters={cfg.max_iters} ends before it")
+    return cfg, ckpt
 
-def print0(*args, **kwargs):
-    if _rank == 0:
-        print(*args, **kwargs, flush=True)
 
+def build_data(cfg, proc, grad_accum_steps, ckpt):
+    """Tokenizer metadata and the train / val loaders (val only with eval_iters > 0). The stdlib corpora
+    are prepared on first use. Each rank keeps its own rows of one shared stream."""
+    name = os.path.basename(cfg.data_dir.rstrip("/"))
+    if proc.master and not os.path.isdir(cfg.data_dir) and name in ("stdlib_byte", "stdlib_gpt2"):
+        print0(f"{cfg.data_dir} is missing: preparing the Python stdlib corpus there")
+        prepare(None, cfg.data_dir, tokenizer=name.split("_")[1])
+    if proc.world > 1:
+        dist.barrier()
+    meta = load_meta(cfg.data_dir)
+    if ckpt is not None and ckpt["meta"]["vocab_size"] != meta["vocab_size"]:
+        raise ValueError(f"the checkpoint has vocabulary {ckpt['meta']['vocab_size']} ({ckpt['meta']['tokenizer']}) "
+                         f"but {cfg.data_dir} has {meta['vocab_size']} ({meta['tokenizer']})")
+    args = dict(batch_size=cfg.batch_size, block_size=cfg.block_size, device=proc.device, packing=cfg.packing,
+                document_mask=cfg.document_mask, eot=meta["eot_id"], rank=proc.rank, world_size=proc.world,
+                vocab_size=meta["vocab_size"])
+    train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, prefetch=grad_accum_steps, **args)
+    val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **args) if cfg.eval_iters > 0 else None
+    return meta, train_loader, val_loader
+
+
+def build_model(cfg, meta, proc, ckpt):
+    """The GPT (weights from `ckpt` when resuming), then the transforms in this fixed order: FP8
+    conversion, activation checkpointing, compile, DDP/FSDP wrapping. Returns (raw_model, model,
+    grad_sync): the raw module owns the weights; grad_sync(bool) turns gradient sync on or off."""
+    torch.manual_seed(cfg.seed)        # same initial weights on every rank
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
+    if proc.device.type == "cuda":
+        select_sdpa_backend(cfg.sdpa_backend)
+    raw_model = GPT(GPTConfig(vocab_size=meta["vocab_size"], **{k: getattr(cfg, k) for k in MODEL_KEYS})).to(proc.device)
+    if ckpt is not None:
+        load_weights(raw_model, ckpt, os.path.join(cfg.out_dir, "ckpt.pt"))
+    if cfg.fp8:
+        converted = apply_fp8(raw_model, cfg, proc.device)
+        print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}); the rest stay bf16")
+    if cfg.grad_checkpointing != "none":
+        apply_activation_checkpointing(raw_model, cfg.grad_checkpointing)
+    if cfg.compile:
+        apply_compile(raw_model, per_block=proc.world > 1 and cfg.parallelism == "fsdp")
+    if proc.world == 1:
+        return raw_model, raw_model, None
+    model = apply_parallelism(raw_model, cfg.parallelism, PT_DTYPE[cfg.dtype], proc.device, proc.local_rank)
+    if cfg.parallelism == "ddp":       # sync gradients on the last micro-step only
+        return raw_model, model, lambda on: setattr(model, "require_backward_grad_sync", on)
+    return raw_model, model, model.set_requires_gradient_sync
+
+
+def build_optimizer(cfg, raw_model, proc, ckpt, train_loader):
+    """AdamW, the autocast context, the GradScaler (float16 only) and, when resuming, the saved state of
+    all of them, of the loader and of the RNGs. Returns (optimizer, ctx, scaler, start_step, best_val)."""
+    optimizer = make_optimizer(raw_model, cfg, proc.device)
+    ctx = nullcontext() if cfg.dtype == "float32" else torch.autocast(proc.device.type, dtype=PT_DTYPE[cfg.dtype])
+    scaler = torch.amp.GradScaler(proc.device.type, enabled=cfg.dtype == "float16")
+    if ckpt is None:
+        return optimizer, ctx, scaler, 0, None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    set_optimizer_state_dict(raw_model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
+    if ckpt["scaler"] and scaler.is_enabled():
+        scaler.load_state_dict(ckpt["scaler"])
+    elif scaler.is_enabled():          # the checkpoint was not float16: its loss scale starts afresh
+        print0("resume: a fresh GradScaler for float16 (the checkpoint was trained without one)")
+    train_loader.load_state_dict(ckpt["loader"])
+    torch.set_rng_state(ckpt["rng"]["cpu"])
+    if proc.device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
+        torch.cuda.set_rng_state(ckpt["rng"]["cuda"], proc.device)
+    return optimizer, ctx, scaler, ckpt["step"], ckpt["best_val_loss"]
+
+
+def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
+    """Print and save the resolved config; the metrics logger (console, metrics.jsonl, W&B), which a
+    resumed run continues. Returns (logger, flops_per_token, peak FLOP/s or None)."""
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    if proc.master:
+        for name in ("profile.txt", "profile_trace.json.gz") if cfg.profile else ():
+            if os.path.exists(os.path.join(cfg.out_dir, name)):    # never leave an old profile looking current
+                os.remove(os.path.join(cfg.out_dir, name))
+        config_json = json.dumps(asdict(cfg), indent=1)
+        print0(config_json)
+        with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
+            f.write(config_json)
+    flops_per_token, peak = raw_model.flops_per_token(), peak_flops_for(proc.device, cfg)
+    tokens = cfg.batch_size * cfg.block_size * grad_accum_steps * proc.world
+    print0(f"{raw_model.num_params() / 1e6:.2f}M parameters | {flops_per_token / 1e6:.1f} MFLOP/token | "
+           f"device {proc.device} x {proc.world} | grad_accum_steps {grad_accum_steps} per process | "
+           f"{tokens:,} tokens per step | peak " + (f"{peak / 1e12:.1f} TFLOP/s" if peak else "n/a (no MFU)"))
+    logger = MetricsLogger(cfg, proc.master, resume_step=ckpt and ckpt["step"], wandb_run_id=ckpt and ckpt.get("wandb_run_id"))
+    return logger, flops_per_token, peak
+
+# -----------------------------------------------------------------------------
+# what a step is made of
 
 def get_lr(step, cfg):
     """Linear warmup for warmup_iters, then cosine decay to min_lr at lr_decay_iters (nanoGPT)."""
@@ -62,46 +182,6 @@ def make_optimizer(model, cfg, device):
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), **extra)
 
 
-def model_state(model, optimizer=None):
-    """Full (unsharded) state dicts of the raw module, without _orig_mod. / module. prefixes."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    sd = get_model_state_dict(model, options=opts)
-    return sd if optimizer is None else (sd, get_optimizer_state_dict(model, optimizer, options=opts))
-
-
-CKPT_KEYS = ("model", "optimizer", "scaler", "step", "best_val_loss", "config", "meta", "loader", "rng")
-
-
-def load_checkpoint(path):
-    """The dict save_checkpoint wrote at `path` (on the CPU). Raises FileNotFoundError if there is none,
-    ValueError if it cannot be read or is not a speedgpt checkpoint (a nanoGPT one, say)."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?") from e
-    missing = [k for k in CKPT_KEYS if k not in ckpt] if isinstance(ckpt, dict) else list(CKPT_KEYS)
-    if missing:
-        raise ValueError(f"{path} is not a speedgpt checkpoint: it lacks {', '.join(missing)}")
-    return ckpt
-
-
-def load_weights(model, ckpt, path):
-    """Load the checkpoint's weights into `model`; ValueError (naming `path`) if they do not fit it."""
-    try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError as e:
-        raise ValueError(f"checkpoint {path} does not fit the model: {str(e).splitlines()[0]}") from e
-
-
-def save_checkpoint(path, ckpt):
-    """Write atomically: a temp file, then rename, so a crash never leaves half a checkpoint."""
-    torch.save(ckpt, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
 @torch.no_grad()
 def estimate_loss(model, loader, eval_iters, ctx, use_doc_ids):
     """Mean loss per real token over the same eval_iters batches every time (all ranks together)."""
@@ -117,17 +197,6 @@ def estimate_loss(model, loader, eval_iters, ctx, use_doc_ids):
         dist.all_reduce(totals)
     model.train()
     return (totals[0] / totals[1].clamp(min=1)).item()
-
-
-def select_sdpa_backend(name):
-    """Let F.scaled_dot_product_attention run only the `name` ('flash' | 'cudnn') kernel, process-wide,
-    so a shape it cannot take fails ('No available kernel') instead of falling back to a slower one;
-    'auto' turns every kernel back on (PyTorch's default: it picks per call)."""
-    b = torch.backends.cuda
-    b.enable_flash_sdp(name in ("auto", "flash"))
-    b.enable_cudnn_sdp(name in ("auto", "cudnn"))
-    b.enable_mem_efficient_sdp(name == "auto")
-    b.enable_math_sdp(name == "auto")
 
 
 def forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sync=None):
@@ -148,270 +217,220 @@ def forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sy
         loss_sum = loss_sum + loss.detach()
     return loss_sum
 
+
+def grad_norm_and_clip(raw_model, optimizer, scaler, grad_clip):
+    """Unscale (float16), then the global gradient norm, clipped to grad_clip when > 0 (a 0-dim tensor,
+    also under FSDP: no host sync). The norm is computed even without clipping: divergence is caught by it."""
+    scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
 # -----------------------------------------------------------------------------
+# the run and its loop
 
-def main(argv=None):
-    """Train per the command line `argv` (default sys.argv[1:]). Returns a summary dict."""
-    cfg = load_config(sys.argv[1:] if argv is None else argv)
-    # distributed setup: torchrun sets RANK / LOCAL_RANK / WORLD_SIZE
-    global _rank, _setup_done
-    ddp = int(os.environ.get("RANK", -1)) != -1
-    _rank, world, local_rank = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])) if ddp else (0, 1, 0)
-    if cfg.device == "auto":
-        device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(cfg.device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={cfg.device!r} but no CUDA GPU is available")
-    if ddp:
-        if device.type == "cuda":
-            device = torch.device(f"cuda:{local_rank}")
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
-    master = _rank == 0
-    if cfg.grad_accum_steps % world:
-        raise ValueError(f"grad_accum_steps={cfg.grad_accum_steps} is not divisible by the {world} processes")
-    grad_accum_steps = cfg.grad_accum_steps // world
-    tokens_per_step = cfg.batch_size * cfg.block_size * grad_accum_steps * world
-    # refuse what cannot work before any work is done
-    if cfg.attention == "flex" and device.type != "cuda":
-        raise ValueError("attention='flex' needs a CUDA GPU: FlexAttention has no backward pass on the CPU. "
-                         "Use attention='sdpa' (a boolean document mask) or 'naive' on the CPU")
-    if cfg.parallelism == "fsdp" and not ddp:
-        raise ValueError("parallelism='fsdp' needs torchrun (several processes)")
-    if cfg.parallelism == "fsdp" and cfg.dtype == "float16":
-        raise ValueError("parallelism='fsdp' with dtype='float16' is not supported (it needs a sharded GradScaler); use bfloat16")
-    if cfg.dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(device)}; use float16")
-    if cfg.sdpa_backend != "auto" and device.type != "cuda":
-        raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
-    if device.type == "cuda":
-        select_sdpa_backend(cfg.sdpa_backend)
-    if cfg.fp8:
-        check_fp8(device)
-    if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
-        raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a folder")
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    if cfg.init_from == "resume" and not os.path.isfile(ckpt_path):
-        raise FileNotFoundError(f"init_from='resume' but {ckpt_path} does not exist")
-    if cfg.packing and not cfg.document_mask:
-        warnings.warn("packing=True with document_mask=False: tokens attend across document boundaries")
+@dataclass
+class Run:
+    """What the stages built and the loop keeps: all that a step, an evaluation or a checkpoint needs."""
+    cfg: object
+    proc: Proc
+    meta: dict
+    raw_model: torch.nn.Module          # owns the weights; checkpoints hold its state dict
+    model: torch.nn.Module              # raw_model as trained: compiled in place, wrapped by DDP or FSDP
+    grad_sync: object                   # grad_sync(bool): gradient sync on or off (DDP/FSDP), or None
+    optimizer: torch.optim.Optimizer
+    ctx: object                         # autocast context, or nullcontext for float32
+    scaler: torch.amp.GradScaler
+    train_loader: Loader
+    val_loader: Loader
+    logger: MetricsLogger
+    grad_accum_steps: int
+    flops_per_token: int
+    peak: float
+    start_step: int
+    best_val: float = None
+    val_loss: float = None
+    timed: list = None                  # (tokens_per_sec, mfu) of each timed interval
 
-    # data: the two stdlib corpora are prepared on first use
-    if master and not os.path.isdir(cfg.data_dir) and os.path.basename(cfg.data_dir.rstrip("/")) in ("stdlib_byte", "stdlib_gpt2"):
-        print0(f"{cfg.data_dir} is missing: preparing the Python stdlib corpus there")
-        prepare(None, cfg.data_dir, tokenizer=cfg.data_dir.rstrip("/").rsplit("_", 1)[1])
-    if ddp:
-        dist.barrier()
-    meta = load_meta(cfg.data_dir)
-    loader_args = dict(batch_size=cfg.batch_size, block_size=cfg.block_size, device=device,
-                       packing=cfg.packing, document_mask=cfg.document_mask, eot=meta["eot_id"])
-    loader_args.update(rank=_rank, world_size=world)   # each rank keeps its own rows of one shared stream
-    loader_args.update(vocab_size=meta["vocab_size"])
-    train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, prefetch=grad_accum_steps, **loader_args)
-    val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **loader_args) if cfg.eval_iters > 0 else None
+    @property
+    def ckpt_path(self):
+        return os.path.join(self.cfg.out_dir, "ckpt.pt")
+
+    def evaluate(self, step):
+        """Validation loss at `step`, logged; RunStopped when it is not finite (nothing is saved then)."""
+        use_doc_ids = self.cfg.packing and self.cfg.document_mask
+        self.val_loss = estimate_loss(self.model, self.val_loader, self.cfg.eval_iters, self.ctx, use_doc_ids)
+        if not math.isfinite(self.val_loss):
+            raise RunStopped(f"error: step {step}: the validation loss is {self.val_loss}: the run diverged; {self.last_good()}", 1)
+        self.best_val = self.val_loss if self.best_val is None else min(self.best_val, self.val_loss)
+        print0(f"step {step}: val loss {self.val_loss:.4f}")
+        self.logger.log({"step": step, "val_loss": self.val_loss})
+
+    def save(self, step):
+        """Write out_dir/ckpt.pt after `step` optimizer steps (every rank calls: a collective under FSDP).
+        Non-finite weights or optimizer moments raise RunStopped on every rank, and nothing is written."""
+        state = list(self.raw_model.parameters()) + [t for s in self.optimizer.state.values() for t in s.values()
+                                                     if torch.is_tensor(t) and t.is_floating_point()]
+        finite = torch.stack([torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all() for t in state]).all()
+        if not on_every_rank(finite, self.proc):
+            raise RunStopped(f"error: step {step}: the weights are not finite: the run diverged; {self.last_good()}", 1)
+        sd, osd = model_state(self.raw_model, self.optimizer)
+        if self.proc.master:
+            cuda = self.proc.device.type == "cuda"
+            save_checkpoint(self.ckpt_path, {
+                "model": sd, "optimizer": osd, "scaler": self.scaler.state_dict(), "step": step,
+                "best_val_loss": self.best_val, "config": asdict(self.cfg), "meta": self.meta,
+                "loader": self.train_loader.state_dict(), "wandb_run_id": self.logger.wandb_run_id,
+                "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(self.proc.device) if cuda else None}})
+
+    def last_good(self):
+        if not os.path.exists(self.ckpt_path):
+            return "no checkpoint was written"
+        return (f"{self.ckpt_path} still holds step {load_checkpoint(self.ckpt_path)['step']}: resume from it "
+                "(--init_from=resume) with a lower learning_rate, or skip such steps (--max_skipped_steps=N)")
+
+    def log_step(self, step, loss, lr, grad_norm, n_valid, timing):
+        """One training step's record (timing: (tokens_per_sec, step_ms) or None): console, metrics.jsonl, W&B."""
+        tokens = self.cfg.batch_size * self.cfg.block_size * self.grad_accum_steps
+        record = {"step": step, "loss": loss, "lr": lr, "step_ms": None, "tokens_per_sec": None, "mfu": None,
+                  "mem_gb": None, "pad_frac": 1 - n_valid / tokens, "grad_norm": float(grad_norm)}
+        if timing is not None:
+            tps, world = timing[0], self.proc.world
+            record.update(step_ms=timing[1], tokens_per_sec=tps, tokens_per_sec_per_gpu=tps / world,
+                          mfu=mfu(self.flops_per_token, tps / world, self.peak))
+            self.timed.append((tps, record["mfu"]))
+        if self.proc.device.type == "cuda":
+            record["mem_gb"] = torch.cuda.max_memory_allocated(self.proc.device) / 1e9
+        self.logger.log_step(record)
+
+    def summary(self):
+        def median(xs):
+            xs = [x for x in xs if x is not None]
+            return statistics.median(xs) if xs else None
+        cuda = self.proc.device.type == "cuda"
+        return {"val_loss": self.val_loss, "best_val_loss": self.best_val, "median_tokens_per_sec": median(t for t, _ in self.timed),
+                "median_mfu": median(m for _, m in self.timed), "timed_intervals": len(self.timed),
+                "mem_gb": torch.cuda.max_memory_allocated(self.proc.device) / 1e9 if cuda else None}
+
+
+def train(run, stop):
+    """The loop: optimizer steps start_step .. max_iters - 1; validation and a checkpoint every
+    eval_interval steps and at max_iters. Returns the summary; raises RunStopped on divergence
+    (max_skipped_steps exceeded) or after a signal."""
+    cfg, proc, device = run.cfg, run.proc, run.proc.device
     use_doc_ids = cfg.packing and cfg.document_mask
     check_mask = cfg.check_mask and use_doc_ids
-
-    # model, optimizer, precision
-    torch.manual_seed(cfg.seed)        # same initial weights on every rank
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
-    ckpt = None
-    if cfg.init_from == "resume":
-        ckpt = load_checkpoint(ckpt_path)
-        if ckpt["meta"]["vocab_size"] != meta["vocab_size"]:
-            raise ValueError(f"checkpoint {ckpt_path} has vocabulary {ckpt['meta']['vocab_size']} "
-                             f"({ckpt['meta']['tokenizer']}) but {cfg.data_dir} has {meta['vocab_size']} ({meta['tokenizer']})")
-        if ckpt["step"] > cfg.max_iters:
-            raise ValueError(f"checkpoint {ckpt_path} is at step {ckpt['step']}, past max_iters={cfg.max_iters}")
-        if cfg.profile and ckpt["step"] + cfg.timing_warmup > cfg.max_iters:
-            raise ValueError(f"profile=True profiles step {ckpt['step'] + cfg.timing_warmup - 1} of this resumed run: "
-                             f"max_iters={cfg.max_iters} ends before it")
-        for k in MODEL_KEYS:
-            if ckpt["config"][k] != getattr(cfg, k):
-                raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {ckpt['config'][k]!r}")
-    model_cfg = GPTConfig(vocab_size=meta["vocab_size"], **{k: getattr(cfg, k) for k in MODEL_KEYS})
-    raw_model = GPT(model_cfg).to(device)
-    if ckpt is not None:
-        load_weights(raw_model, ckpt, ckpt_path)
-    flops_per_token = raw_model.flops_per_token()
-    pt_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
-    # the transforms, in this order: FP8 conversion, activation checkpointing, compile, DDP/FSDP
-    if cfg.fp8:
-        converted = apply_fp8(raw_model, cfg, device)
-        print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}); the rest stay bf16")
-    if cfg.grad_checkpointing != "none":
-        apply_activation_checkpointing(raw_model, cfg.grad_checkpointing)
-    if cfg.compile:
-        apply_compile(raw_model, per_block=ddp and cfg.parallelism == "fsdp")
-    model = apply_parallelism(raw_model, cfg.parallelism, pt_dtype, device, local_rank) if ddp else raw_model
-    grad_sync = None                   # DDP/FSDP: sync gradients on the last micro-step only
-    if ddp and cfg.parallelism == "ddp":
-        grad_sync = lambda on: setattr(model, "require_backward_grad_sync", on)
-    elif ddp:
-        grad_sync = model.set_requires_gradient_sync
-    optimizer = make_optimizer(raw_model, cfg, device)
-    ctx = nullcontext() if cfg.dtype == "float32" else torch.autocast(device.type, dtype=pt_dtype)
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.dtype == "float16")
-    start_step, best_val = 0, None
-    if ckpt is not None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-        set_optimizer_state_dict(raw_model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
-        scaler.load_state_dict(ckpt["scaler"])
-        start_step, best_val = ckpt["step"], ckpt["best_val_loss"]
-        train_loader.load_state_dict(ckpt["loader"])
-        torch.set_rng_state(ckpt["rng"]["cpu"])
-        if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
-        ckpt = None                    # free the memory
-    peak = peak_flops_for(device, cfg)
-
-    # logging
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    if master:
-        for name in ("profile.txt", "profile_trace.json.gz") if cfg.profile else ():
-            if os.path.exists(os.path.join(cfg.out_dir, name)):    # never leave an old profile looking current
-                os.remove(os.path.join(cfg.out_dir, name))
-        print0(json.dumps(asdict(cfg), indent=1))
-        with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
-            json.dump(asdict(cfg), f, indent=1)
-    print0(f"{raw_model.num_params() / 1e6:.2f}M parameters | {flops_per_token / 1e6:.1f} MFLOP/token | "
-           f"device {device} x {world} | grad_accum_steps {grad_accum_steps} per process | "
-           f"{tokens_per_step:,} tokens per step | peak " + (f"{peak / 1e12:.1f} TFLOP/s" if peak else "n/a (no MFU)"))
-    # a resumed run appends; a run from scratch starts the file afresh
-    metrics_file = open(os.path.join(cfg.out_dir, "metrics.jsonl"), "a" if cfg.init_from == "resume" else "w") if master else None
-    wandb = None
-    if cfg.wandb_log and master:
-        import wandb
-        wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None, config=asdict(cfg))
-
-    def log(record):
-        if master:
-            metrics_file.write(json.dumps(record) + "\n")
-            metrics_file.flush()
-            if wandb is not None:
-                wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
-
-    # ---------------------------------------------------------------- training
-    _setup_done = True
-    timed = []                                 # (tokens_per_sec, mfu) of each timed interval
-    clock, busy, interval_tokens, interval_steps = None, 0.0, 0, 0
-    val_loss = None
-    for step in range(start_step, cfg.max_iters + 1):
+    timer, skipped, run.timed = Timer(device, cfg.timing_warmup), 0, []
+    for step in range(run.start_step, cfg.max_iters + 1):
         last_step = step == cfg.max_iters
-        if (step % cfg.eval_interval == 0 or last_step) and (cfg.eval_iters > 0 or cfg.save_checkpoints):
-            sync(device)                        # stop the clock: eval is not training time
-            if clock is not None:
-                busy += time.perf_counter() - clock
+        if step % cfg.eval_interval == 0 or last_step:
+            timer.pause()                       # evaluation and checkpoints are not training time
             if cfg.eval_iters > 0:
-                val_loss = estimate_loss(model, val_loader, cfg.eval_iters, ctx, use_doc_ids)
-                best_val = val_loss if best_val is None else min(best_val, val_loss)
-                print0(f"step {step}: val loss {val_loss:.4f}")
-                log({"step": step, "val_loss": val_loss})
-            if cfg.save_checkpoints and (step > start_step or last_step):
-                sd, osd = model_state(raw_model, optimizer)      # a collective under FSDP: every rank
-                if master:
-                    save_checkpoint(ckpt_path, {
-                        "model": sd, "optimizer": osd, "scaler": scaler.state_dict(), "step": step,
-                        "best_val_loss": best_val, "config": asdict(cfg), "meta": meta, "loader": train_loader.state_dict(),
-                        "rng": {"cpu": torch.get_rng_state(),
-                                "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}})
-            sync(device)
-            if clock is not None:
-                clock = time.perf_counter()
+                run.evaluate(step)
+            if cfg.save_checkpoints and (step > run.start_step or last_step):
+                run.save(step)
+            timer.resume()
         if last_step:
             break
-        if step - start_step == cfg.timing_warmup:
-            sync(device)                        # start the clock: warm-up (compile) is over
-            clock, busy, interval_tokens, interval_steps = time.perf_counter(), 0.0, 0, 0
-
+        timer.step_begins()
         prof = None                             # profile=True: the last warm-up step, outside the clock
-        if cfg.profile and step - start_step == cfg.timing_warmup - 1:
+        if cfg.profile and step - run.start_step == cfg.timing_warmup - 1:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
                                           + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []))
             prof.start()
         lr = get_lr(step, cfg)
-        for group in optimizer.param_groups:
+        for group in run.optimizer.param_groups:
             group["lr"] = lr
-        batches = [next(train_loader) for _ in range(grad_accum_steps)]
+        batches = [next(run.train_loader) for _ in range(run.grad_accum_steps)]
         n_valid = sum(b.n_valid for b in batches)
         # every micro-batch's loss is weighted by its share of the real tokens of the whole step, so
         # accumulation (and data parallelism) gives the gradient of one big batch
         n_global, step_tokens = n_valid, n_valid
-        if ddp:                                # a tensor: no host sync
+        if proc.world > 1:                      # a tensor: no host sync
             step_tokens = torch.tensor(float(n_valid), device=device)
             dist.all_reduce(step_tokens)
-            n_global = step_tokens / world     # DDP and FSDP average gradients over ranks
-        loss_sum = forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sync)
-        if check_mask:                         # debug flag: off, this costs nothing
+            n_global = step_tokens / proc.world # DDP and FSDP average gradients over ranks
+        loss = forward_backward(run.model, batches, n_global, run.ctx, run.scaler, use_doc_ids, run.grad_sync)
+        if check_mask:                          # debug flag: off, this costs nothing
             for b in batches:
-                check_attention_mask(raw_model.attention_mask(b.doc_ids, cfg.block_size, device), b.doc_ids)
-        if cfg.grad_clip > 0:
-            scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+                check_attention_mask(run.raw_model.attention_mask(b.doc_ids, cfg.block_size, device), b.doc_ids)
+        grad_norm = grad_norm_and_clip(run.raw_model, run.optimizer, run.scaler, cfg.grad_clip)
+        loss, nonfinite, signum = agree(loss, grad_norm, stop.signum, proc, cfg.dtype == "float16")
+        if nonfinite:                           # never applied to the weights
+            skipped += 1
+            print0(f"step {step}: loss {loss:.4g}, gradient norm {float(grad_norm):.4g}: not finite, update skipped "
+                   f"({skipped} of at most {cfg.max_skipped_steps})")
+            run.scaler.update()
+        else:
+            run.scaler.step(run.optimizer)
+            run.scaler.update()
+        run.optimizer.zero_grad(set_to_none=True)
         if prof is not None:
             write_profile(prof, device, cfg.out_dir)
+        timer.step_ends(step_tokens)
+        if step % cfg.log_interval == 0 or step == cfg.max_iters - 1 or signum or nonfinite:
+            run.log_step(step, loss, lr, grad_norm, n_valid, timer.read())
+        if skipped > cfg.max_skipped_steps:
+            raise RunStopped(f"error: step {step}: the loss or gradient norm is not finite: the run diverged; {run.last_good()}", 1)
+        if signum:
+            name = signal.Signals(signum).name
+            if not cfg.save_checkpoints:
+                raise RunStopped(f"{name}: stopped after step {step}; no checkpoint (save_checkpoints=False)", 128 + signum)
+            run.save(step + 1)
+            raise RunStopped(f"{name}: stopped after step {step} with a checkpoint in {run.ckpt_path}; "
+                             "continue with the same command and --init_from=resume", 128 + signum)
+    return run.summary()
 
-        # timing: the clock runs from the end of the warm-up steps; sync only when reading it
-        if clock is not None:
-            interval_tokens += step_tokens
-            interval_steps += 1
-        if step % cfg.log_interval == 0 or step == cfg.max_iters - 1:
-            record = {"step": step, "loss": None, "lr": lr, "step_ms": None, "tokens_per_sec": None,
-                      "mfu": None, "mem_gb": None, "pad_frac": 1 - n_valid / (tokens_per_step / world)}
-            if ddp:
-                dist.all_reduce(loss_sum)      # the job's mean loss
-                loss_sum = loss_sum / world
-            record["loss"] = float(loss_sum)   # .item(): a host sync, on log steps only
-            if cfg.grad_clip > 0:
-                record["grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-            if clock is not None and interval_steps > 0:
-                sync(device)
-                now = time.perf_counter()
-                busy += now - clock
-                tps = float(interval_tokens) / busy
-                record.update(step_ms=1000 * busy / interval_steps, tokens_per_sec=tps,
-                              tokens_per_sec_per_gpu=tps / world, mfu=mfu(flops_per_token, tps / world, peak))
-                timed.append((tps, record["mfu"]))
-                clock, busy, interval_tokens, interval_steps = now, 0.0, 0, 0
-            if device.type == "cuda":
-                record["mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-            print0(f"step {step} | loss {record['loss']:.4f} | lr {lr:.2e} | " + (
-                f"{record['step_ms']:.1f} ms | {record['tokens_per_sec']:,.0f} tok/s | mfu "
-                + (f"{100 * record['mfu']:.1f}%" if record["mfu"] is not None else "n/a")
-                if record["tokens_per_sec"] else "warm-up (untimed)") + f" | pad {record['pad_frac']:.3f}"
-                + (f" | mem {record['mem_gb']:.1f} GB" if record["mem_gb"] else ""))
-            log(record)
+# -----------------------------------------------------------------------------
 
-    # ---------------------------------------------------------------- summary
-    def median(xs):
-        xs = [x for x in xs if x is not None]
-        return statistics.median(xs) if xs else None
-    summary = {"val_loss": val_loss, "best_val_loss": best_val, "median_tokens_per_sec": median(t for t, _ in timed),
-               "median_mfu": median(m for _, m in timed), "timed_intervals": len(timed),
-               "mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
-    if summary["median_tokens_per_sec"] is not None:
-        print0(f"median over {len(timed)} timed intervals: {summary['median_tokens_per_sec']:,.0f} tok/s"
-               + (f", mfu {100 * summary['median_mfu']:.1f}%" if summary["median_mfu"] is not None else ""))
-    if master:
-        with open(os.path.join(cfg.out_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=1)
-        metrics_file.close()
-        if wandb is not None:
-            wandb.summary.update({k: v for k, v in summary.items() if v is not None})
-            wandb.finish()
-    if ddp:
-        dist.destroy_process_group()
-    return summary
+def main(argv=None):
+    """Train per the command line `argv` (default sys.argv[1:]); returns the summary dict. Bad input
+    raises ValueError / TypeError / FileNotFoundError before any work; divergence and SIGINT/SIGTERM
+    raise RunStopped after saving what can be saved."""
+    global _setup_done
+    with warnings.catch_warnings(record=True) as caught:     # printed once, on rank 0
+        warnings.simplefilter("always")
+        cfg, explicit = load_config(sys.argv[1:] if argv is None else argv, with_explicit=True)
+        proc = setup_processes(cfg)
+        grad_accum_steps = plan_batch(cfg, proc.world)
+        check_for_device(cfg, proc.device, proc.world)       # refuse what cannot work, before any work
+    for w in caught:
+        print0(f"warning: {w.message}")
+    cfg, ckpt = read_checkpoint(cfg, explicit)
+    meta, train_loader, val_loader = build_data(cfg, proc, grad_accum_steps, ckpt)
+    raw_model, model, grad_sync = build_model(cfg, meta, proc, ckpt)
+    optimizer, ctx, scaler, start_step, best_val = build_optimizer(cfg, raw_model, proc, ckpt, train_loader)
+    logger, flops_per_token, peak = start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt)
+    run = Run(cfg, proc, meta, raw_model, model, grad_sync, optimizer, ctx, scaler, train_loader, val_loader,
+              logger, grad_accum_steps, flops_per_token, peak, start_step, best_val)
+    del ckpt                           # its memory is not needed for training
+    _setup_done, stop, summary, exit_code = True, StopSignals(proc.world > 1), None, 1
+    try:
+        summary, exit_code = train(run, stop), 0
+        return summary
+    except RunStopped as e:
+        summary, exit_code = {**run.summary(), "stopped": str(e)}, e.exit_code
+        raise
+    finally:
+        stop.restore()
+        if proc.master and summary is not None:
+            with open(os.path.join(cfg.out_dir, "summary.json"), "w") as f:
+                json.dump(strict(summary), f, indent=1, allow_nan=False)
+        logger.close(summary, exit_code)
+        if proc.world > 1:
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     try:
         main()
+    except RunStopped as e:                    # divergence or a signal: one line, after saving
+        print0(e, file=sys.stderr)
+        sys.exit(e.exit_code)
     except (ValueError, TypeError, FileNotFoundError) as e:   # bad input: one clear line, no traceback
         if _setup_done:
             raise
-        raise SystemExit(f"error: {e}")
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0:       # once per node
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit("interrupted: stopped without saving")

@@ -92,3 +92,14 @@ def apply_parallelism(model, parallelism, param_dtype, device, ddp_local_rank):
         fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     return model
+
+
+def select_sdpa_backend(name):
+    """Let F.scaled_dot_product_attention run only the `name` ('flash' | 'cudnn') kernel, process-wide,
+    so a shape it cannot take fails ('No available kernel') instead of falling back to a slower one;
+    'auto' turns every kernel back on (PyTorch's default: it picks per call)."""
+    b = torch.backends.cuda
+    b.enable_flash_sdp(name in ("auto", "flash"))
+    b.enable_cudnn_sdp(name in ("auto", "cudnn"))
+    b.enable_mem_efficient_sdp(name == "auto")
+    b.enable_math_sdp(name == "auto")

@@ -8,8 +8,8 @@ n_layer = 12
 n_head = 12
 n_embd = 768
 block_size = 1024
-batch_size = 64                     # 44 GB at peak; lower it (and raise grad_accum_steps) on smaller GPUs
-grad_accum_steps = 8                # 64 x 1024 x 8 = 524,288 tokens per step, as GPT-2 / llm.c
+batch_size = 64                     # 44 GB at peak; lower it on smaller GPUs (more micro-steps, same step)
+total_batch_size = 524288          # tokens per optimizer step, as GPT-2 / llm.c: 8 micro-steps of 64 x 1024 on one GPU
 dropout = 0.0
 bias = False
 learning_rate = 6e-4

@@ -10,7 +10,7 @@ n_head = 16
 n_embd = 2048
 block_size = 2048
 batch_size = 8
-grad_accum_steps = 32               # 8 x 2048 x 32 = 524,288 tokens per step
+total_batch_size = 524288          # tokens per step: 32 micro-steps of 8 x 2048 on one GPU
 dropout = 0.0
 bias = False
 learning_rate = 2e-4

@@ -19,17 +19,17 @@ def torchrun(args, nproc=2):
 
 
 def common(data_dir, out_dir, *extra):
-    return tiny_args(data_dir, out_dir, "--batch_size=2", "--grad_accum_steps=4", "--max_iters=2", "--eval_interval=2",
-                     "--dropout=0.0", *extra)
+    return tiny_args(data_dir, out_dir, "--batch_size=2", "--total_batch_size=512", "--max_iters=2", "--eval_interval=2",
+                     "--dropout=0.0", "--device=cpu", *extra)      # 512 tokens = 4 micro-batches of 2 x 64
 
 
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_one_optimizer_step_equals_single_process(short_data, tmp_path, parallelism):
-    """Same global batch (2 rows x 4 micro-steps): 2 ranks x 2 micro-steps == 1 process x 4. Padded
+@pytest.mark.parametrize("parallelism, nproc", [("ddp", 1), ("ddp", 2), ("ddp", 4), ("fsdp", 2)])
+def test_one_optimizer_step_equals_single_process(short_data, tmp_path, parallelism, nproc):
+    """Same global batch (2 rows x 4 micro-steps): N ranks x 4/N micro-steps == 1 process x 4. Padded
     rows make the micro-batches' real-token counts differ, so the loss weighting is exercised."""
     train.main(common(short_data, tmp_path / "single", "--packing=False"))
-    out = torchrun(common(short_data, tmp_path / "multi", "--packing=False", f"--parallelism={parallelism}"))
-    assert "grad_accum_steps 2 per process" in out and "x 2 |" in out
+    out = torchrun(common(short_data, tmp_path / "multi", "--packing=False", f"--parallelism={parallelism}"), nproc)
+    assert f"grad_accum_steps {4 // nproc} per process" in out and f"x {nproc} |" in out
     single = torch.load(tmp_path / "single" / "ckpt.pt", weights_only=True)
     multi = torch.load(tmp_path / "multi" / "ckpt.pt", weights_only=True)
     assert set(single["model"]) == set(multi["model"])                   # no module. prefixes
@@ -49,8 +49,36 @@ def test_distributed_resume_continues_exactly(short_data, tmp_path):
     assert sorted(part) == [0, 1, 2, 3] and all(part[s] == full[s] for s in (2, 3))
 
 
-def test_world_size_must_divide_grad_accum(short_data, tmp_path):
+def test_world_size_must_divide_the_batch(short_data, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-           *common(short_data, tmp_path, "--grad_accum_steps=3")]
+           *common(short_data, tmp_path, "--total_batch_size=384")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "not divisible by the 2 processes" in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "total_batch_size=384 tokens is not a multiple of batch_size x block_size x processes" \
+        " = 2 x 64 x 2 = 256" in out, out
+    assert out.count("error: total_batch_size") == 1 and "Traceback (most recent call last)" not in out.split("error:")[0]
+
+
+def test_sigterm_under_torchrun_stops_every_rank_at_one_step(short_data, tmp_path):
+    """torchrun forwards SIGTERM to its workers: they agree on a step, rank 0 saves, the resume matches."""
+    import signal
+    import time
+    args = ["--max_iters=60", "--lr_decay_iters=60", "--eval_interval=30"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+           *map(str, common(short_data, tmp_path / "cut", *args))]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 300
+    while not (tmp_path / "cut" / "metrics.jsonl").exists() or len(read_metrics(tmp_path / "cut")) < 3:
+        assert time.time() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert err.count("SIGTERM: stopped after step") == 1, err[-3000:]
+    step = torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=True)["step"]
+    torchrun(common(short_data, tmp_path / "cut", *args, "--init_from=resume"))
+    torchrun(common(short_data, tmp_path / "full", *args))
+    cut, full = ({r["step"]: r["loss"] for r in read_metrics(d) if "loss" in r} for d in (tmp_path / "cut", tmp_path / "full"))
+    assert sorted(cut) == list(range(60)) and 0 < step < 60
+    assert cut == pytest.approx(full, rel=1e-6)

@@ -112,8 +112,8 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--dtype=float64"], ValueError, "'dtype' .* must be one of"),
     (["--config", "config/nope.py"], FileNotFoundError, "nope.py"),
     (["n_layer=4"], ValueError, "cannot parse argument"),
-    (["--attention=flex"], ValueError, "FlexAttention has no backward pass on the CPU"),
-    (["--fp8=True"], ValueError, "compute capability 8.9"),
+    (["--attention=flex", "--device=cpu"], ValueError, "FlexAttention has no backward pass on the CPU"),
+    (["--fp8=True", "--device=cpu"], ValueError, "compute capability 8.9"),
     (["--parallelism=fsdp"], ValueError, "torchrun"),
     (["--init_from=resume"], FileNotFoundError, "ckpt.pt"),
     (["--batch_size=0"], ValueError, "'batch_size' must be positive"),
@@ -124,7 +124,7 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--profile=True", "--timing_warmup=1"], ValueError, "timing_warmup >= 2"),
     (["--sdpa_backend=cudnn", "--attention=naive"], ValueError, "applies to attention='sdpa' only"),
     (["--sdpa_backend=flash", "--dtype=bfloat16"], ValueError, "takes no attention mask"),
-    (["--sdpa_backend=cudnn", "--dtype=bfloat16"], ValueError, "use sdpa_backend='auto' on the CPU"),
+    (["--sdpa_backend=cudnn", "--dtype=bfloat16", "--device=cpu"], ValueError, "use sdpa_backend='auto' on the CPU"),
     (["--sdpa_backend=flash", "--device=cpu"], ValueError, "use sdpa_backend='auto' on the CPU"),
     (["--sdpa_backend=cudnn"], ValueError, "take bfloat16 or float16"),
     (["--profile=True", "--timing_warmup=3", "--max_iters=2"], ValueError, "max_iters=2 ends before it"),
@@ -159,7 +159,7 @@ def test_setup_errors_come_before_any_work(byte_data, tmp_path):
     """Bad input found at setup is a one-line error naming the problem, before data or model work."""
     never = tmp_path / "never" / "stdlib_byte"          # would be prepared on first use
     with pytest.raises(ValueError, match="compute capability 8.9"):
-        train.main(tiny_args(never, tmp_path / "o1", "--fp8=True"))
+        train.main(tiny_args(never, tmp_path / "o1", "--fp8=True", "--device=cpu"))
     with pytest.raises(FileNotFoundError, match="ckpt.pt"):
         train.main(tiny_args(never, tmp_path / "o2", "--init_from=resume"))
     assert not never.exists()

@@ -46,3 +46,15 @@ def history(run_dir):
             rows.append({item.nested_key[0] if item.nested_key else item.key: json.loads(item.value_json)
                          for item in rec.history.item})
     return rows
+
+
+def runs(run_dir):
+    """[(run id, history)] of every offline run under run_dir, in the order they started."""
+    paths = sorted(glob.glob(f"{run_dir}/**/offline-run-*/*.wandb", recursive=True))
+    out = []
+    for path in paths:
+        run_id = path.split("/")[-2].rsplit("-", 1)[1]
+        rows = [{item.nested_key[0] if item.nested_key else item.key: json.loads(item.value_json) for item in rec.history.item}
+                for rec in read_records(path) if rec.WhichOneof("record_type") == "history"]
+        out.append((run_id, rows))
+    return out

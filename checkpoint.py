@@ -1,0 +1,77 @@
+"""
+Checkpoints of a speedgpt run: out_dir/ckpt.pt holds everything a resume needs to continue exactly
+(weights of the raw module, optimizer, GradScaler, step, RNG states, the loader's position, the
+config, the tokenizer metadata, the W&B run id). Written atomically and never with non-finite
+weights; read with torch.load(weights_only=True).
+"""
+import os
+
+import torch
+
+CKPT_KEYS = ("model", "optimizer", "scaler", "step", "best_val_loss", "config", "meta", "loader", "rng")
+
+
+def model_state(model, optimizer=None):
+    """Full (unsharded) state dicts of the raw module, without _orig_mod. / module. prefixes, on the CPU.
+    A collective under FSDP: every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    sd = get_model_state_dict(model, options=opts)
+    return sd if optimizer is None else (sd, get_optimizer_state_dict(model, optimizer, options=opts))
+
+
+def load_checkpoint(path):
+    """The dict save_checkpoint wrote at `path` (on the CPU). Raises FileNotFoundError if there is none,
+    ValueError if it cannot be read or is not a speedgpt checkpoint (a nanoGPT one, say)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?") from e
+    missing = [k for k in CKPT_KEYS if k not in ckpt] if isinstance(ckpt, dict) else list(CKPT_KEYS)
+    if missing:
+        raise ValueError(f"{path} is not a speedgpt checkpoint: it lacks {', '.join(missing)}")
+    return ckpt
+
+
+def load_weights(model, ckpt, path):
+    """Load the checkpoint's weights into `model`; ValueError (naming `path`) if they do not fit it."""
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise ValueError(f"checkpoint {path} does not fit the model: {str(e).splitlines()[0]}") from e
+
+
+def all_finite(state_dict):
+    """True when every floating-point tensor of `state_dict` (nested dicts and lists too) is finite."""
+    if isinstance(state_dict, dict):
+        return all(all_finite(v) for v in state_dict.values())
+    if isinstance(state_dict, (list, tuple)):
+        return all(all_finite(v) for v in state_dict)
+    if isinstance(state_dict, torch.Tensor) and state_dict.is_floating_point():
+        return bool(torch.isfinite(state_dict).all())
+    return True
+
+
+def save_checkpoint(path, ckpt):
+    """Write `ckpt` atomically: a temp file, then a rename, so a crash never leaves half a checkpoint and
+    the previous one survives until the new one is whole. Refuses (ValueError) weights or optimizer
+    moments that are not finite: a diverged run never replaces the last good checkpoint."""
+    if not all_finite(ckpt["model"]) or not all_finite(ckpt["optimizer"]):
+        raise ValueError(f"step {ckpt['step']}: the weights or optimizer state are not finite; "
+                         f"{path} is not replaced (it holds the last good checkpoint)")
+    try:
+        torch.save(ckpt, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    finally:
+        if os.path.exists(path + ".tmp"):      # a failed or interrupted write leaves no stale temp file
+            os.remove(path + ".tmp")
+
+
+def remove_stale_tmp(path):
+    """Delete `path`.tmp left by a run killed while saving (SIGKILL, power loss); returns True if there was one."""
+    if os.path.exists(path + ".tmp"):
+        os.remove(path + ".tmp")
+        return True
+    return False

@@ -1,0 +1,123 @@
+"""
+The job around the training loop: this process's rank, world size and device (torchrun or a single
+process), the batch plan (micro-steps per process from a batch size in tokens), SIGINT/SIGTERM
+handling, and the per-step agreement between ranks (loss, divergence, signals).
+"""
+import os
+import signal
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+def print0(*args, **kwargs):
+    """print on rank 0 only."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(*args, **kwargs, flush=True)
+
+
+@dataclass
+class Proc:
+    """This process's place in the job."""
+    rank: int
+    local_rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def master(self):
+        return self.rank == 0
+
+
+def setup_processes(cfg):
+    """Rank, world size and device; the process group when several processes run (torchrun sets
+    WORLD_SIZE, RANK, LOCAL_RANK): NCCL with GPU LOCAL_RANK each, or gloo on the CPU. One process
+    (WORLD_SIZE unset or 1) needs no process group. Raises ValueError for an incomplete launch
+    environment, a GPU device without CUDA, or more processes per node than visible GPUs."""
+    env, world = os.environ, int(os.environ.get("WORLD_SIZE", 1))
+    missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in env]
+    if world > 1 and missing:
+        raise ValueError(f"WORLD_SIZE={world} but {', '.join(missing)} not set: launch several processes with torchrun")
+    rank, local_rank = int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0))
+    cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+    if cuda and not torch.cuda.is_available():
+        raise ValueError(f"device={cfg.device!r} but no CUDA GPU is available")
+    if cuda and world > 1:
+        per_node, n_gpus = int(env.get("LOCAL_WORLD_SIZE", world)), torch.cuda.device_count()
+        if per_node > n_gpus:
+            raise ValueError(f"{per_node} processes per node but {n_gpus} visible GPU(s): use torchrun "
+                             f"--nproc_per_node={n_gpus} or fewer (or --device=cpu, gloo on the CPU)")
+        device = torch.device("cuda", local_rank)
+    elif cuda:
+        device = torch.device(cfg.device if ":" in cfg.device else "cuda:0")
+        if device.index >= torch.cuda.device_count():
+            raise ValueError(f"device={cfg.device!r} but only {torch.cuda.device_count()} GPU(s) are visible")
+    else:
+        device = torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1:
+        dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=device if cuda else None)
+    return Proc(rank, local_rank, world, device)
+
+
+def plan_batch(cfg, world):
+    """Micro-steps per process and optimizer step: total_batch_size tokens for the whole job (0: one
+    micro-batch per process) over batch_size x block_size tokens per micro-batch and `world`
+    processes (llm.c's total_batch_size). Raises ValueError when it does not divide."""
+    micro = cfg.batch_size * cfg.block_size * world
+    total = cfg.total_batch_size or micro
+    if total % micro:
+        raise ValueError(f"total_batch_size={total:,} tokens is not a multiple of batch_size x block_size x processes "
+                         f"= {cfg.batch_size} x {cfg.block_size} x {world} = {micro:,}: change batch_size or total_batch_size")
+    return total // micro
+
+
+class StopSignals:
+    """SIGINT (Ctrl-C) and SIGTERM (what schedulers send before preemption) only set a flag: the loop
+    finishes its optimizer step, saves a checkpoint and stops. A second Ctrl-C aborts a single process
+    at once. Under torchrun the ranks agree on the step through the loop's per-step all-reduce, and
+    repeated signals are ignored (torchrun forwards its own signal to every worker, and kills them
+    after 30 s)."""
+
+    def __init__(self, distributed):
+        self.signum, self.distributed = 0, distributed
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        else:
+            self.previous = {}
+
+    def handle(self, signum, frame):
+        if self.signum == signal.SIGINT and signum == signal.SIGINT and not self.distributed:
+            raise KeyboardInterrupt
+        if not self.signum:
+            print0(f"{signal.Signals(signum).name}: finishing this step, then saving a checkpoint"
+                   + ("" if self.distributed else " (Ctrl-C again: abort without saving)"))
+            self.signum = signum
+
+    def restore(self):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def agree(loss, grad_norm, signum, proc, fp16):
+    """Every rank's view of the step, with one host sync (and one all-reduce under torchrun): the job's
+    mean loss (a float), whether any rank saw a non-finite loss or gradient norm (float16: an
+    overflowing gradient is the GradScaler's to skip, not divergence), and the signal any rank got."""
+    bad = ~torch.isfinite(loss) if fp16 else ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+    flags = torch.tensor([signum == signal.SIGINT, signum == signal.SIGTERM], dtype=torch.float32)
+    v = torch.cat([loss.float().view(1), bad.float().view(1), flags.to(loss.device, non_blocking=True)])
+    if proc.world > 1:
+        dist.all_reduce(v)
+    loss, n_bad, n_int, n_term = v.tolist()
+    return loss / proc.world, n_bad > 0, signal.SIGINT if n_int else signal.SIGTERM if n_term else 0
+
+
+def on_every_rank(ok, proc):
+    """True when the 0-dim tensor `ok` is true on every rank (one host sync; a MIN all-reduce under torchrun)."""
+    v = ok.float()
+    if proc.world > 1:
+        dist.all_reduce(v, op=dist.ReduceOp.MIN)
+    return bool(v.item())
