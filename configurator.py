@@ -43,7 +43,7 @@ class Config:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = False
-    attention: str = "sdpa"                # naive | sdpa | flex
+    attention: str = "sdpa"                # naive | sdpa | flex | varlen | auto (fastest installed: model.resolve_attention)
     sdpa_backend: str = "auto"             # auto | flash | cudnn: the only kernel attention='sdpa' may use (GPU)
     # optimizer: AdamW, linear warmup then cosine decay to min_lr
     learning_rate: float = 3e-3
@@ -61,16 +61,18 @@ class Config:
     dtype: str = "float32"                 # float32 | bfloat16 | float16 (float16 adds a GradScaler)
     tf32: bool = False                     # TF32 matmuls in float32
     compile: bool = False
+    cuda_graphs: bool = False              # compile mode "reduce-overhead": CUDA graphs for forward and backward (GPU)
     seed: int = 1337
     peak_flops: float = 0.0                # FLOP/s for MFU; 0: look the GPU up in PEAK_FLOPS
     grad_checkpointing: str = "none"       # none | full | selective
     fp8: bool = False                      # torchao float8 training of eligible Linear layers
     fp8_recipe: str = "tensorwise"         # tensorwise | rowwise
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
+    fp8_head: bool = False                 # torchao float8 output head (weight tying kept), with or without fp8
     parallelism: str = "ddp"               # ddp | fsdp, under torchrun
 
 
-CHOICES = dict(init_from=("scratch", "resume"), attention=("naive", "sdpa", "flex"), sdpa_backend=("auto", "flash", "cudnn"),
+CHOICES = dict(init_from=("scratch", "resume"), attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backend=("auto", "flash", "cudnn"),
                dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
                fp8_recipe=("tensorwise", "rowwise"), parallelism=("ddp", "fsdp"))
 MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention")
@@ -164,4 +166,11 @@ def load_config(argv):
             raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} kernels take bfloat16 or float16: set dtype, or sdpa_backend='auto'")
         if cfg.sdpa_backend == "flash" and cfg.packing and cfg.document_mask:
             raise ValueError("sdpa_backend='flash' takes no attention mask: use it with packing=False or document_mask=False")
+    if cfg.attention == "varlen" and cfg.dtype == "float32":
+        raise ValueError("attention='varlen' (FlashAttention) takes bfloat16 or float16: set dtype, or use attention='sdpa'")
+    if cfg.cuda_graphs:
+        if not cfg.compile:
+            raise ValueError("config key 'cuda_graphs' needs compile=True: the CUDA graphs are torch.compile's (mode 'reduce-overhead')")
+        if cfg.device == "cpu":
+            raise ValueError("config key 'cuda_graphs' needs a CUDA GPU, not device='cpu'")
     return cfg

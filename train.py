@@ -26,9 +26,9 @@ import torch.distributed as dist
 
 from configurator import MODEL_KEYS, load_config
 from data import Loader, load_meta, prepare
-from model import GPT, GPTConfig, check_attention_mask
+from model import GPT, GPTConfig, check_attention_mask, resolve_attention, varlen_kernel
 from measure import mfu, peak_flops_for, sync, write_profile
-from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism, check_fp8
+from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism, check_fp8, stable_grads
 
 # -----------------------------------------------------------------------------
 # helpers
@@ -102,6 +102,12 @@ def save_checkpoint(path, ckpt):
     os.replace(path + ".tmp", path)
 
 
+def model_inputs(b, use_doc_ids):
+    """The model's keyword arguments for data.Batch b: with the document mask its doc_ids and the
+    loader's cu_seqlens and position_ids (so the step computes neither); without it none (causal)."""
+    return dict(doc_ids=b.doc_ids, cu_seqlens=b.cu_seqlens, position_ids=b.position_ids) if use_doc_ids else {}
+
+
 @torch.no_grad()
 def estimate_loss(model, loader, eval_iters, ctx, use_doc_ids):
     """Mean loss per real token over the same eval_iters batches every time (all ranks together)."""
@@ -111,7 +117,7 @@ def estimate_loss(model, loader, eval_iters, ctx, use_doc_ids):
     for _ in range(eval_iters):
         b = next(loader)
         with ctx:
-            _, loss = model(b.x, b.y, b.doc_ids if use_doc_ids else None)
+            _, loss = model(b.x, b.y, **model_inputs(b, use_doc_ids))
         totals += torch.stack([loss.double() * b.n_valid, torch.tensor(float(b.n_valid), device=loader.device)])
     if dist.is_initialized():
         dist.all_reduce(totals)
@@ -142,7 +148,7 @@ def forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sy
         if grad_sync is not None:
             grad_sync(i == len(batches) - 1)
         with ctx:
-            _, loss = model(b.x, b.y, b.doc_ids if use_doc_ids else None)
+            _, loss = model(b.x, b.y, **model_inputs(b, use_doc_ids))
             loss = loss * (b.n_valid / n_global)
         scaler.scale(loss).backward()
         loss_sum = loss_sum + loss.detach()
@@ -174,6 +180,11 @@ def main(argv=None):
     grad_accum_steps = cfg.grad_accum_steps // world
     tokens_per_step = cfg.batch_size * cfg.block_size * grad_accum_steps * world
     # refuse what cannot work before any work is done
+    if cfg.attention == "auto":        # the fastest backend installed for what is trained (model.resolve_attention)
+        cfg.attention = resolve_attention("auto", device, masked=cfg.packing and cfg.document_mask)
+        print0(f"attention: auto -> {cfg.attention}")
+    if cfg.attention == "varlen":      # FA3 or FA2, chosen once; a one-line error where neither runs
+        print0(f"attention: varlen through {varlen_kernel(device)}")
     if cfg.attention == "flex" and device.type != "cuda":
         raise ValueError("attention='flex' needs a CUDA GPU: FlexAttention has no backward pass on the CPU. "
                          "Use attention='sdpa' (a boolean document mask) or 'naive' on the CPU")
@@ -187,8 +198,10 @@ def main(argv=None):
         raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
     if device.type == "cuda":
         select_sdpa_backend(cfg.sdpa_backend)
-    if cfg.fp8:
-        check_fp8(device)
+    if cfg.fp8 or cfg.fp8_head:
+        check_fp8(device, "fp8" if cfg.fp8 else "fp8_head")
+    if cfg.cuda_graphs and (device.type != "cuda" or ddp):
+        raise ValueError("cuda_graphs=True is a one-GPU experiment: it needs a CUDA GPU and no torchrun")
     if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
         raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a folder")
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
@@ -237,13 +250,14 @@ def main(argv=None):
     flops_per_token = raw_model.flops_per_token()
     pt_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
     # the transforms, in this order: FP8 conversion, activation checkpointing, compile, DDP/FSDP
-    if cfg.fp8:
+    if cfg.fp8 or cfg.fp8_head:
         converted = apply_fp8(raw_model, cfg, device)
-        print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}); the rest stay bf16")
+        print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}"
+               + (", the output head among them" if cfg.fp8_head else "") + "); the rest stay bf16")
     if cfg.grad_checkpointing != "none":
         apply_activation_checkpointing(raw_model, cfg.grad_checkpointing)
     if cfg.compile:
-        apply_compile(raw_model, per_block=ddp and cfg.parallelism == "fsdp")
+        apply_compile(raw_model, per_block=ddp and cfg.parallelism == "fsdp", cuda_graphs=cfg.cuda_graphs)
     model = apply_parallelism(raw_model, cfg.parallelism, pt_dtype, device, local_rank) if ddp else raw_model
     grad_sync = None                   # DDP/FSDP: sync gradients on the last micro-step only
     if ddp and cfg.parallelism == "ddp":
@@ -251,6 +265,8 @@ def main(argv=None):
     elif ddp:
         grad_sync = model.set_requires_gradient_sync
     optimizer = make_optimizer(raw_model, cfg, device)
+    if cfg.cuda_graphs:                # .grad buffers outside the CUDA graphs, zeroed in place each step
+        stable_grads(raw_model)
     ctx = nullcontext() if cfg.dtype == "float32" else torch.autocast(device.type, dtype=pt_dtype)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.dtype == "float16")
     start_step, best_val = 0, None
@@ -345,13 +361,13 @@ def main(argv=None):
         loss_sum = forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sync)
         if check_mask:                         # debug flag: off, this costs nothing
             for b in batches:
-                check_attention_mask(raw_model.attention_mask(b.doc_ids, cfg.block_size, device), b.doc_ids)
+                check_attention_mask(raw_model.attention_mask(b.doc_ids, cfg.block_size, device, b.cu_seqlens), b.doc_ids)
         if cfg.grad_clip > 0:
             scaler.unscale_(optimizer)
             grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
         scaler.step(optimizer)
         scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=not cfg.cuda_graphs)
         if prof is not None:
             write_profile(prof, device, cfg.out_dir)
 
