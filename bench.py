@@ -109,7 +109,10 @@ def table(rows, title, ratio_name):
 
 def bench(args, extra):
     cuda = torch.cuda.is_available()
-    masked = "flex" if cuda else "sdpa"            # FlexAttention has no backward on the CPU
+    # the document mask's fastest backend here: varlen where FA3 runs, else flex; sdpa on the CPU
+    # (FlexAttention has no backward there)
+    from model import resolve_attention
+    masked = resolve_attention("auto", "cuda" if cuda else "cpu", masked=True)
     done = finished_rungs(args, extra)
     if not args.resume and os.path.exists(os.path.join(args.out, "rows.jsonl")):
         os.remove(os.path.join(args.out, "rows.jsonl"))             # a new bench starts its rows afresh

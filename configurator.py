@@ -44,7 +44,7 @@ class Config:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = False
-    attention: str = "sdpa"                # naive | sdpa | flex
+    attention: str = "sdpa"                # naive | sdpa | flex | varlen | auto (fastest installed: model.resolve_attention)
     sdpa_backend: str = "auto"             # auto | flash | cudnn: the only kernel attention='sdpa' may use (GPU)
     # optimizer: AdamW, linear warmup then cosine decay to min_lr
     learning_rate: float = 3e-3
@@ -63,16 +63,18 @@ class Config:
     dtype: str = "float32"                 # float32 | bfloat16 | float16 (float16 adds a GradScaler)
     tf32: bool = False                     # TF32 matmuls in float32
     compile: bool = False
+    cuda_graphs: bool = False              # compile mode "reduce-overhead": CUDA graphs for forward and backward (GPU)
     seed: int = 1337
     peak_flops: float = 0.0                # FLOP/s for MFU; 0: look the GPU up in PEAK_FLOPS
     grad_checkpointing: str = "none"       # none | full | selective
     fp8: bool = False                      # torchao float8 training of eligible Linear layers
     fp8_recipe: str = "tensorwise"         # tensorwise | rowwise
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
+    fp8_head: bool = False                 # torchao float8 output head (weight tying kept), with or without fp8
     parallelism: str = "ddp"               # ddp | fsdp, under torchrun
 
 
-CHOICES = dict(init_from=("scratch", "resume"), attention=("naive", "sdpa", "flex"), sdpa_backend=("auto", "flash", "cudnn"),
+CHOICES = dict(init_from=("scratch", "resume"), attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backend=("auto", "flash", "cudnn"),
                dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
                fp8_recipe=("tensorwise", "rowwise"), parallelism=("ddp", "fsdp"))
 MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention")   # GPTConfig's
@@ -176,6 +178,13 @@ def load_config(argv, with_explicit=False):
             raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} kernels take bfloat16 or float16: set dtype, or sdpa_backend='auto'")
         if cfg.sdpa_backend == "flash" and cfg.packing and cfg.document_mask:
             raise ValueError("sdpa_backend='flash' takes no attention mask: use it with packing=False or document_mask=False")
+    if cfg.attention == "varlen" and cfg.dtype == "float32":
+        raise ValueError("attention='varlen' (FlashAttention) takes bfloat16 or float16: set dtype, or use attention='sdpa'")
+    if cfg.cuda_graphs:
+        if not cfg.compile:
+            raise ValueError("config key 'cuda_graphs' needs compile=True: the CUDA graphs are torch.compile's (mode 'reduce-overhead')")
+        if cfg.device == "cpu":
+            raise ValueError("config key 'cuda_graphs' needs a CUDA GPU, not device='cpu'")
     return (cfg, set(values)) if with_explicit else cfg
 
 
@@ -193,11 +202,23 @@ def check_schedule(cfg):
                       f"learning_rate={cfg.learning_rate} and never decays (fine for a benchmark, not for training)", stacklevel=3)
 
 
+def _print0(line):
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(line, flush=True)
+
+
 def check_for_device(cfg, device, world):
     """Refuse what cannot work on `device` (torch.device) with `world` processes, before any data or
-    model work: ValueError naming the keys. Warns (printed by train.py) about packing without a mask."""
+    model work: ValueError naming the keys. Warns (printed by train.py) about packing without a mask.
+    Returns the config with attention='auto' resolved to the fastest backend installed."""
     import torch
+    from model import resolve_attention, varlen_kernel
     from transforms import check_fp8
+    if cfg.attention == "auto":
+        cfg = replace(cfg, attention=resolve_attention("auto", device, masked=cfg.packing and cfg.document_mask))
+        _print0(f"attention: auto -> {cfg.attention}")
+    if cfg.attention == "varlen":      # FA3 or FA2, chosen once; a one-line error where neither runs
+        _print0(f"attention: varlen through {varlen_kernel(device)}")
     if cfg.attention == "flex" and device.type != "cuda":
         raise ValueError("attention='flex' needs a CUDA GPU: FlexAttention has no backward pass on the CPU. "
                          "Use attention='sdpa' (a boolean document mask) or 'naive' on the CPU")
@@ -209,12 +230,15 @@ def check_for_device(cfg, device, world):
         raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(device)}; use float16")
     if cfg.sdpa_backend != "auto" and device.type != "cuda":
         raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
-    if cfg.fp8:
-        check_fp8(device)
+    if cfg.fp8 or cfg.fp8_head:
+        check_fp8(device, "fp8" if cfg.fp8 else "fp8_head")
+    if cfg.cuda_graphs and (device.type != "cuda" or world > 1):
+        raise ValueError("cuda_graphs=True is a one-GPU experiment: it needs a CUDA GPU and no torchrun")
     if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
         raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a folder")
     if cfg.packing and not cfg.document_mask:
         warnings.warn("packing=True with document_mask=False: tokens attend across document boundaries")
+    return cfg
 
 
 def resume_config(cfg, explicit, saved):

@@ -24,7 +24,7 @@ import sysconfig
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import Pool
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -286,6 +286,51 @@ class Batch(NamedTuple):
     y: torch.Tensor        # (B, T) int64 targets; -1 = no target (padding, or across a document boundary)
     doc_ids: torch.Tensor  # (B, T) int64 index of each token's document within its row, from 0
     n_valid: int           # number of targets != -1: the real tokens of this batch
+    # with packing and the document mask only (else None), from varlen_metadata:
+    cu_seqlens: Optional[torch.Tensor] = None     # (L,) int32 document offsets in the flattened batch, padded
+    position_ids: Optional[torch.Tensor] = None   # (B, T) int64 position of each token within its document
+
+# -----------------------------------------------------------------------------
+# varlen attention metadata, built in the loader's thread (numpy), not in the model's forward
+
+VARLEN_TOKENS_PER_DOC = 128  # cu_seqlens is sized for documents of this mean length; 0: exact (see varlen_capacity)
+VARLEN_MAX_SEQS = 65535      # CUDA's grid limit in y and z, where FlashAttention-2's kernels put the sequence
+
+
+def varlen_capacity(B, T, n_seqs=0):
+    """The fixed length of a (B, T) batch's padded cu_seqlens: room for B*T // VARLEN_TOKENS_PER_DOC + B
+    sequences (documents averaging VARLEN_TOKENS_PER_DOC tokens, each row cut once more), plus one: 577
+    at B=64, T=1024, where the stdlib and stories corpora hold ~90-350. A fixed length keeps torch.compile
+    from recompiling and CUDA graphs valid; each padding entry is an empty sequence, which costs the
+    kernels launched-then-idle blocks, so the room is kept small (benchmarks/attention.py prices it). A
+    batch of n_seqs > room doubles it until they fit (a new shape: one recompile), up to B*T.
+    VARLEN_TOKENS_PER_DOC = 0: no padding, n_seqs + 1 (a new length each batch: torch.compile recompiles
+    once with the length dynamic; CUDA graphs would re-record). Raises ValueError past VARLEN_MAX_SEQS."""
+    if n_seqs > VARLEN_MAX_SEQS:
+        raise ValueError(f"a batch of {n_seqs:,} documents exceeds the {VARLEN_MAX_SEQS:,} sequences a FlashAttention "
+                         "varlen call can take: lower batch_size, or use attention='flex'")
+    if VARLEN_TOKENS_PER_DOC == 0:
+        return n_seqs + 1
+    room = min(B * T // VARLEN_TOKENS_PER_DOC + B, B * T, VARLEN_MAX_SEQS)
+    while room < n_seqs:
+        room = min(2 * room, B * T, VARLEN_MAX_SEQS)
+    return room + 1
+
+
+def varlen_metadata(doc_ids):
+    """doc_ids (B, T) int -> cu_seqlens (varlen_capacity(B, T, n),) int32 and position_ids (B, T) int64.
+    Each run of equal doc_ids in a row is one sequence (a row's start always opens one, so no sequence
+    spans two rows); cu_seqlens holds the flattened offset of each of the n sequences, then B*T repeated
+    (empty sequences). position_ids restart at 0 at each sequence start (model.position_ids' rule)."""
+    B, T = doc_ids.shape
+    start = np.ones((B, T), dtype=bool)
+    start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    offsets = np.flatnonzero(start)                                  # ascending flattened starts
+    cu_seqlens = np.full(varlen_capacity(B, T, len(offsets)), B * T, dtype=np.int32)
+    cu_seqlens[:len(offsets)] = offsets
+    t = np.arange(T)
+    position_ids = t - np.maximum.accumulate(np.where(start, t, 0), axis=1)
+    return cu_seqlens, position_ids
 
 
 def doc_ids_from_tokens(x, eot):
@@ -398,6 +443,8 @@ class Loader:
         n_valid = int((y != -1).sum())
         state = self.gen.get_state()
         tensors = [torch.from_numpy(a) for a in (x, y, doc_ids)]
+        if self.packing and self.document_mask:   # varlen cu_seqlens and positions: here, not in the step
+            tensors += [torch.from_numpy(a) for a in varlen_metadata(doc_ids)]
         if self._pin:
             tensors = [t.pin_memory() for t in tensors]
         return tensors, n_valid, state
@@ -410,8 +457,8 @@ class Loader:
         tensors, n_valid, state = self._futures.popleft().result()
         self._state = state                        # generator state before the batch after this one
         self._futures.append(self._pool.submit(self._produce))
-        x, y, doc_ids = (t.to(self.device, non_blocking=True) for t in tensors)
-        return Batch(x, y, doc_ids, n_valid)
+        x, y, doc_ids, *varlen = (t.to(self.device, non_blocking=True) for t in tensors)
+        return Batch(x, y, doc_ids, n_valid, *varlen)
 
     def state_dict(self):
         """The sampler state to put in a checkpoint: the batches after it are the ones still to come."""

@@ -1,23 +1,29 @@
 """
 A GPT-2 language model in one file, after karpathy/nanoGPT.
 
-Attention has three backends, chosen at construction:
-  naive  materialises the (T, T) score matrix, softmax, then @ V: the baseline
-  sdpa   F.scaled_dot_product_attention: FlashAttention on the GPU when the mask is plain causal
-  flex   FlexAttention with a BlockMask (GPU only: FlexAttention has no backward on the CPU)
+Attention has four backends, chosen at construction:
+  naive   materialises the (T, T) score matrix, softmax, then @ V: the baseline
+  sdpa    F.scaled_dot_product_attention: FlashAttention on the GPU when the mask is plain causal
+  flex    FlexAttention with a BlockMask (GPU only: FlexAttention has no backward on the CPU)
+  varlen  FlashAttention's variable-length kernel: each document is a sequence of its own, given by
+          cu_seqlens over the flattened batch (FA3 when flash_attn_interface imports, else PyTorch's FA2)
 
 Packing: pass doc_ids (B, T) and no token attends to another document and positions restart at
 0 at each document start. One mask is built per forward and shared by every layer. The mask
-function `document_causal_mask` is the single source of truth for all three backends.
+function `document_causal_mask` is the single source of truth for naive, sdpa and flex; varlen's
+segments are the runs of equal doc_ids (`varlen_cu_seqlens`), checked against the same reference.
 """
+import importlib.util
+import inspect
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ATTENTION_BACKENDS = ("naive", "sdpa", "flex")
+ATTENTION_BACKENDS = ("naive", "sdpa", "flex", "varlen")
 
 
 @dataclass
@@ -29,7 +35,7 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = False        # biases in Linear layers and LayerNorms (GPT-2 had them)
-    attention: str = "sdpa"   # naive | sdpa | flex
+    attention: str = "sdpa"   # naive | sdpa | flex | varlen
 
     @property
     def padded_vocab_size(self):
@@ -125,6 +131,93 @@ def flex_attention(q, k, v, block_mask, compiled):
     return compiled(q, k, v, block_mask=block_mask, kernel_options=options)
 
 # -----------------------------------------------------------------------------
+# varlen: documents as variable-length sequences (FlashAttention's varlen kernels)
+
+def varlen_cu_seqlens(doc_ids):
+    """cu_seqlens (min(B*T, 65535) + 1,) int32 for doc_ids (B, T): the flattened offset of every run of
+    equal doc_ids (a row's start always opens one), ascending, then B*T repeated (empty sequences). The
+    torch twin of data.varlen_metadata for callers without the loader's (tests, generate): sync-free, of
+    a fixed shape, but long (slower kernels). 65,535 sequences at most: FlashAttention-2's grid limit."""
+    B, T = doc_ids.shape
+    start = torch.ones_like(doc_ids, dtype=torch.bool)
+    start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    flat = torch.arange(B * T, device=doc_ids.device)
+    offsets = torch.sort(torch.where(start.flatten(), flat, B * T)).values[:min(B * T, 65535)]   # starts, then B*T
+    return torch.cat([offsets, offsets.new_full((1,), B * T)]).to(torch.int32)
+
+
+def causal_varlen_attn():
+    """torch.nn.attention.varlen.varlen_attn with its causal flag bound (is_causal=True in torch 2.10,
+    window_size=(-1, 0) from 2.11), or None where torch has none. A custom op with a fake implementation
+    and a registered backward, so torch.compile traces it without a graph break. It runs PyTorch's
+    FlashAttention-2, or FA3 once varlen_kernel() has activated it."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    causal = dict(window_size=(-1, 0)) if "window_size" in inspect.signature(varlen_attn).parameters else dict(is_causal=True)
+    return partial(varlen_attn, **causal)
+
+
+_varlen_kernel_name = None
+
+def varlen_kernel(device):
+    """Pick the kernel behind attention='varlen' on `device` (once per process) and return its name: FA3
+    where `flash_attn_interface` imports (FA3's hopper/ build, or ../shared/tools/fa3.sh) on a 9.x GPU,
+    through torch's activate_flash_attention_impl("FA3"), which routes varlen_attn (and SDPA's flash path)
+    to torch.ops.flash_attn_3 process-wide; else PyTorch's FA2. Per layer at B=64, T=1024 on the H200
+    (../shared/GPU.md): FA3 varlen 1.61-1.72 ms, flex 1.93-2.14, FA2 varlen 2.12-2.28 (fwd + bwd).
+    Raises ValueError where neither runs (CPU, older torch or GPU)."""
+    global _varlen_kernel_name
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError("attention='varlen' needs a CUDA GPU: FlashAttention's varlen kernels do not run on the "
+                         "CPU. Use attention='sdpa' (a boolean document mask) or 'naive' on the CPU")
+    cc = torch.cuda.get_device_capability(device)
+    if causal_varlen_attn() is None or cc < (8, 0):
+        raise ValueError(f"attention='varlen' needs torch >= 2.10 and compute capability 8.0+, not torch "
+                         f"{torch.__version__} on sm_{cc[0]}{cc[1]}: use attention='flex'")
+    if _varlen_kernel_name is None:
+        why = "no flash_attn_interface" if importlib.util.find_spec("flash_attn_interface") is None else \
+            f"needs compute capability 9.x, not {cc[0]}.{cc[1]}" if cc[0] != 9 else None
+        if why is None:
+            try:
+                from torch.nn.attention import activate_flash_attention_impl
+                activate_flash_attention_impl("FA3")
+                _varlen_kernel_name = "FA3 (flash_attn_interface, through torch varlen_attn)"
+            except (ImportError, ValueError, RuntimeError) as e:
+                why = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        _varlen_kernel_name = _varlen_kernel_name or f"FA2 (torch varlen_attn; no FA3: {why})"
+    return _varlen_kernel_name
+
+
+def resolve_attention(name, device, masked):
+    """'auto' -> the fastest backend installed for what is trained: with the document mask (`masked`),
+    'varlen' where FA3 runs, else 'flex' on a GPU (PyTorch's FA2 varlen lost to flex on the H200), else
+    'sdpa'; without the mask 'sdpa' (FlashAttention's causal kernel). Other names are returned as they are."""
+    if name != "auto":
+        return name
+    if not masked or torch.device(device).type != "cuda":
+        return "sdpa"
+    try:
+        return "varlen" if varlen_kernel(device).startswith("FA3") else "flex"
+    except ValueError:
+        return "flex"
+
+
+def varlen_attention(q, k, v, cu_seqlens, max_seqlen, kernel):
+    """Causal attention within each sequence [cu_seqlens[i], cu_seqlens[i+1]) of the flattened batch:
+    q, k, v (N, nh, hs), N = B*T; cu_seqlens (S+1,) int32 rising from 0 to N (repeats: empty sequences);
+    max_seqlen a Python int >= the longest sequence (no host sync). Returns (N, nh, hs). `kernel`:
+    causal_varlen_attn(). On CPU tensors the reference below: SDPA on each sequence on its own, a Python
+    loop with a host sync, for tests and sample.py (train.py refuses varlen on the CPU)."""
+    if q.device.type != "cpu":
+        return kernel(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+    bounds = cu_seqlens.tolist()
+    return torch.cat([F.scaled_dot_product_attention(*(t[s:e].transpose(0, 1) for t in (q, k, v)), is_causal=True)
+                      .transpose(0, 1) for s, e in zip(bounds[:-1], bounds[1:]) if e > s])
+
+# -----------------------------------------------------------------------------
 # the model
 
 class CausalSelfAttention(nn.Module):
@@ -138,11 +231,19 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
         self.attention = config.attention
         self.flex = compiled_flex_attention() if config.attention == "flex" else None
+        self.varlen = causal_varlen_attn() if config.attention == "varlen" else None
 
     def forward(self, x, mask):
-        """x (B, T, C); mask None (causal), a (B, 1, T, T) bool tensor, or a flex BlockMask."""
+        """x (B, T, C); mask None (causal), a (B, 1, T, T) bool tensor, a flex BlockMask, or for varlen
+        cu_seqlens over the B*T flattened tokens."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        if self.attention == "varlen":                   # no transpose: (B*T, nh, hs) views of c_attn's output
+            q, k, v = (t.view(B * T, self.n_head, C // self.n_head) for t in (q, k, v))
+            if mask is None:                             # plain causal: each row one sequence
+                mask = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=x.device)
+            y = varlen_attention(q, k, v, mask, T, self.varlen)
+            return self.resid_dropout(self.c_proj(y.reshape(B, T, C)))
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         dropout_p = self.dropout if self.training else 0.0
         if self.attention == "naive":
@@ -193,8 +294,8 @@ class GPT(nn.Module):
         super().__init__()
         if config.attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention={config.attention!r}: expected one of {ATTENTION_BACKENDS}")
-        if config.attention == "flex" and config.dropout > 0:
-            raise ValueError("attention='flex' has no attention dropout: set dropout=0 or use attention='sdpa'")
+        if config.attention in ("flex", "varlen") and config.dropout > 0:
+            raise ValueError(f"attention={config.attention!r} has no attention dropout: set dropout=0 or use attention='sdpa'")
         self.config = config
         self._causal_block_masks = {}
         V = config.padded_vocab_size
@@ -234,9 +335,12 @@ class GPT(nn.Module):
         c = self.config
         return 6 * self.num_params() + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * c.block_size
 
-    def attention_mask(self, doc_ids, T, device):
+    def attention_mask(self, doc_ids, T, device, cu_seqlens=None):
         """The mask every layer shares: for naive/sdpa None (plain causal) without doc_ids, else a
-        (B, 1, T, T) bool tensor; for flex a BlockMask (the causal one built once and cached)."""
+        (B, 1, T, T) bool tensor; for flex a BlockMask (the causal one built once and cached); for
+        varlen None without doc_ids, else `cu_seqlens` (the loader's) or varlen_cu_seqlens(doc_ids)."""
+        if self.config.attention == "varlen":
+            return cu_seqlens if cu_seqlens is not None or doc_ids is None else varlen_cu_seqlens(doc_ids)
         if self.config.attention != "flex":
             return None if doc_ids is None else dense_attention_mask(doc_ids)
         if doc_ids is None:
@@ -245,15 +349,21 @@ class GPT(nn.Module):
             return self._causal_block_masks[(T, device)]
         return flex_block_mask(doc_ids)
 
-    def forward(self, idx, targets=None, doc_ids=None):
+    def positions(self, doc_ids, T, device):
+        """(T,) 0..T-1 without doc_ids, else (B, T) positions restarting at each document (position_ids)."""
+        return torch.arange(T, device=device) if doc_ids is None else position_ids(doc_ids)
+
+    def forward(self, idx, targets=None, doc_ids=None, cu_seqlens=None, position_ids=None):
         """idx (B, T) int64 tokens; targets (B, T) int64, -1 = ignored; doc_ids (B, T) int64 or None.
+        cu_seqlens and position_ids: the loader's precomputed metadata for doc_ids (data.varlen_metadata,
+        so the step computes neither); without them they are computed here from doc_ids.
         Returns logits (B, T, padded_vocab_size) and the mean cross-entropy over targets != -1
         (None without targets; 0 when every target is -1). Raises ValueError when T > block_size."""
         B, T = idx.size()
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(T, device=idx.device) if doc_ids is None else position_ids(doc_ids)  # (T,) or (B, T)
-        mask = self.attention_mask(doc_ids, T, idx.device)
+        pos = self.positions(doc_ids, T, idx.device) if position_ids is None else position_ids   # (T,) or (B, T)
+        mask = self.attention_mask(doc_ids, T, idx.device, cu_seqlens)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x, mask)
@@ -302,6 +412,8 @@ def effective_mask(mask, doc_ids):
     B, T = doc_ids.shape
     if mask is None:
         return torch.ones(T, T, dtype=torch.bool).tril().expand(B, T, T)
+    if isinstance(mask, torch.Tensor) and mask.dim() == 1:
+        return varlen_effective_mask(mask, B, T)
     if isinstance(mask, torch.Tensor):
         return mask[:, 0].cpu()
 
@@ -320,8 +432,23 @@ def effective_mask(mask, doc_ids):
     return full | (blocks(mask.kv_num_blocks, mask.kv_indices) & mod)
 
 
+def varlen_effective_mask(cu_seqlens, B, T):
+    """The (B, T, T) bool mask varlen attention applies for cu_seqlens: causal within each sequence.
+    Raises AssertionError if the offsets do not rise from 0 to B*T or a sequence spans two rows."""
+    cu = cu_seqlens.tolist()
+    assert cu[0] == 0 and cu[-1] == B * T and all(a <= b for a, b in zip(cu, cu[1:])), \
+        f"cu_seqlens must rise from 0 to B*T = {B * T}, got {cu[:4]}...{cu[-2:]}"
+    out = torch.zeros(B, T, T, dtype=torch.bool)
+    for s, e in zip(cu, cu[1:]):
+        if e > s:
+            b, i, j = s // T, s % T, s % T + e - s
+            assert j <= T, f"cu_seqlens sequence [{s}, {e}) spans rows {b} and {b + 1}"
+            out[b, i:j, i:j] = torch.ones(j - i, j - i, dtype=torch.bool).tril()
+    return out
+
+
 def check_attention_mask(mask, doc_ids):
-    """Assert that `mask` (None, a (B, 1, T, T) bool tensor or a BlockMask, as from
+    """Assert that `mask` (None, a (B, 1, T, T) bool tensor, a BlockMask or cu_seqlens, as from
     GPT.attention_mask) lets each token attend exactly to itself and the earlier tokens of its own
     document. Raises AssertionError naming the first wrong (row, query, key)."""
     got, want = effective_mask(mask, doc_ids), reference_mask(doc_ids.cpu())

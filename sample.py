@@ -43,7 +43,8 @@ def main():
     except ValueError as e:
         raise SystemExit(f"error: {e}")
     cfg, meta = ckpt["config"], ckpt["meta"]
-    attention = cfg["attention"] if cfg["attention"] != "flex" or args.device.startswith("cuda") else "sdpa"
+    # generation has no document mask: varlen (bf16/fp16 kernels only) and flex on the CPU become sdpa, the same math
+    attention = "sdpa" if cfg["attention"] == "varlen" or (cfg["attention"] == "flex" and not args.device.startswith("cuda")) else cfg["attention"]
     model = GPT(GPTConfig(vocab_size=meta["vocab_size"], block_size=cfg["block_size"], n_layer=cfg["n_layer"],
                           n_head=cfg["n_head"], n_embd=cfg["n_embd"], bias=cfg["bias"], attention=attention))
     try:

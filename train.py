@@ -32,7 +32,7 @@ from data import Loader, load_meta, prepare
 from distributed import Proc, StopSignals, agree, on_every_rank, plan_batch, print0, setup_processes
 from measure import MetricsLogger, Timer, mfu, peak_flops_for, strict, write_profile
 from model import GPT, GPTConfig, check_attention_mask
-from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism, select_sdpa_backend
+from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism, select_sdpa_backend, stable_grads
 
 _setup_done = False        # errors after setup are bugs, not bad input: they keep their traceback
 PT_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -102,13 +102,14 @@ def build_model(cfg, meta, proc, ckpt):
     raw_model = GPT(GPTConfig(vocab_size=meta["vocab_size"], **{k: getattr(cfg, k) for k in MODEL_KEYS})).to(proc.device)
     if ckpt is not None:
         load_weights(raw_model, ckpt, os.path.join(cfg.out_dir, "ckpt.pt"))
-    if cfg.fp8:
+    if cfg.fp8 or cfg.fp8_head:
         converted = apply_fp8(raw_model, cfg, proc.device)
-        print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}); the rest stay bf16")
+        print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}"
+               + (", the output head among them" if cfg.fp8_head else "") + "); the rest stay bf16")
     if cfg.grad_checkpointing != "none":
         apply_activation_checkpointing(raw_model, cfg.grad_checkpointing)
     if cfg.compile:
-        apply_compile(raw_model, per_block=proc.world > 1 and cfg.parallelism == "fsdp")
+        apply_compile(raw_model, per_block=proc.world > 1 and cfg.parallelism == "fsdp", cuda_graphs=cfg.cuda_graphs)
     if proc.world == 1:
         return raw_model, raw_model, None
     model = apply_parallelism(raw_model, cfg.parallelism, PT_DTYPE[cfg.dtype], proc.device, proc.local_rank)
@@ -121,6 +122,8 @@ def build_optimizer(cfg, raw_model, proc, ckpt, train_loader):
     """AdamW, the autocast context, the GradScaler (float16 only) and, when resuming, the saved state of
     all of them, of the loader and of the RNGs. Returns (optimizer, ctx, scaler, start_step, best_val)."""
     optimizer = make_optimizer(raw_model, cfg, proc.device)
+    if cfg.cuda_graphs:                # .grad buffers outside the CUDA graphs, zeroed in place each step
+        stable_grads(raw_model)
     ctx = nullcontext() if cfg.dtype == "float32" else torch.autocast(proc.device.type, dtype=PT_DTYPE[cfg.dtype])
     scaler = torch.amp.GradScaler(proc.device.type, enabled=cfg.dtype == "float16")
     if ckpt is None:
@@ -182,6 +185,12 @@ def make_optimizer(model, cfg, device):
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), **extra)
 
 
+def model_inputs(b, use_doc_ids):
+    """The model's keyword arguments for data.Batch b: with the document mask its doc_ids and the
+    loader's cu_seqlens and position_ids (so the step computes neither); without it none (causal)."""
+    return dict(doc_ids=b.doc_ids, cu_seqlens=b.cu_seqlens, position_ids=b.position_ids) if use_doc_ids else {}
+
+
 @torch.no_grad()
 def estimate_loss(model, loader, eval_iters, ctx, use_doc_ids):
     """Mean loss per real token over the same eval_iters batches every time (all ranks together)."""
@@ -191,7 +200,7 @@ def estimate_loss(model, loader, eval_iters, ctx, use_doc_ids):
     for _ in range(eval_iters):
         b = next(loader)
         with ctx:
-            _, loss = model(b.x, b.y, b.doc_ids if use_doc_ids else None)
+            _, loss = model(b.x, b.y, **model_inputs(b, use_doc_ids))
         totals += torch.stack([loss.double() * b.n_valid, torch.tensor(float(b.n_valid), device=loader.device)])
     if dist.is_initialized():
         dist.all_reduce(totals)
@@ -211,7 +220,7 @@ def forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sy
         if grad_sync is not None:
             grad_sync(i == len(batches) - 1)
         with ctx:
-            _, loss = model(b.x, b.y, b.doc_ids if use_doc_ids else None)
+            _, loss = model(b.x, b.y, **model_inputs(b, use_doc_ids))
             loss = loss * (b.n_valid / n_global)
         scaler.scale(loss).backward()
         loss_sum = loss_sum + loss.detach()
@@ -352,7 +361,7 @@ def train(run, stop):
         loss = forward_backward(run.model, batches, n_global, run.ctx, run.scaler, use_doc_ids, run.grad_sync)
         if check_mask:                          # debug flag: off, this costs nothing
             for b in batches:
-                check_attention_mask(run.raw_model.attention_mask(b.doc_ids, cfg.block_size, device), b.doc_ids)
+                check_attention_mask(run.raw_model.attention_mask(b.doc_ids, cfg.block_size, device, b.cu_seqlens), b.doc_ids)
         grad_norm = grad_norm_and_clip(run.raw_model, run.optimizer, run.scaler, cfg.grad_clip)
         loss, nonfinite, signum = agree(loss, grad_norm, stop.signum, proc, cfg.dtype == "float16")
         if nonfinite:                           # never applied to the weights
@@ -363,7 +372,7 @@ def train(run, stop):
         else:
             run.scaler.step(run.optimizer)
             run.scaler.update()
-        run.optimizer.zero_grad(set_to_none=True)
+        run.optimizer.zero_grad(set_to_none=not cfg.cuda_graphs)
         if prof is not None:
             write_profile(prof, device, cfg.out_dir)
         timer.step_ends(step_tokens)
@@ -392,7 +401,7 @@ def main(argv=None):
         cfg, explicit = load_config(sys.argv[1:] if argv is None else argv, with_explicit=True)
         proc = setup_processes(cfg)
         grad_accum_steps = plan_batch(cfg, proc.world)
-        check_for_device(cfg, proc.device, proc.world)       # refuse what cannot work, before any work
+        cfg = check_for_device(cfg, proc.device, proc.world)  # refuse what cannot work, before any work
     for w in caught:
         print0(f"warning: {w.message}")
     cfg, ckpt = read_checkpoint(cfg, explicit)

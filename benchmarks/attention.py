@@ -3,22 +3,31 @@ Attention forward + backward at GPT-2 124M's shape, per backend, on the document
 batches: what each attention choice costs per layer, and what the FlexAttention BlockMask costs to build.
 
     python benchmarks/attention.py --data_dir data/stories_gpt2 [--batch_size 16] [--block_size 1024]
+    python benchmarks/attention.py --data_dir data/stdlib_gpt2 --batch_size 64 --match 'causal \(auto|model.py|varlen'
 
 The max-autotune variant lets Inductor time its own list of flex kernel configurations; its choices
 (AUTOTUNE tables) go to stderr. Each variant: 5 warm-up calls, then the median of 20 timed forward + backward calls (CUDA events).
 A variant that fails (a kernel that does not support the shape or the mask) prints its error.
+varlen variants: q, k, v as (B*T, H, D) with cu_seqlens exactly as long as the batch's documents, as the
+loader pads it (data.varlen_capacity: a fixed length), and padded to 4x that, to price the empty sequences;
+PyTorch's FA2 first, then FA3 where flash_attn_interface imports (activating it also routes SDPA's flash path
+through FA3, so those variants run last). --match keeps the variants whose name matches a regular expression.
 """
 import argparse
+import re
 import statistics
 import sys
 import os
+import time
+
+import numpy as np
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from data import Loader                                    # noqa: E402
-from model import dense_attention_mask, flex_block_mask    # noqa: E402
+from data import Loader, varlen_metadata                   # noqa: E402
+from model import causal_varlen_attn, dense_attention_mask, flex_block_mask, varlen_kernel    # noqa: E402
 
 
 def time_ms(fn, warmup=5, iters=20):
@@ -43,6 +52,7 @@ def main():
     p.add_argument("--block_size", type=int, default=1024)
     p.add_argument("--n_head", type=int, default=12)
     p.add_argument("--head_dim", type=int, default=64)
+    p.add_argument("--match", default="", help="regular expression: run only the variants whose name it finds")
     args = p.parse_args()
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -84,13 +94,47 @@ def main():
         ("flex document mask, max-autotune (winner printed on stderr)", flex(doc_bm, "max-autotune-no-cudagraphs")),
         ("flex document mask, BACKEND=FLASH", flex(doc_bm, BACKEND="FLASH")),
     ]
+    # varlen: (B*T, H, D) leaves; cu_seqlens exact, as the loader pads it, and padded to 4x that
+    qv, kv, vv = (t.detach().transpose(1, 2).reshape(B * T, H, D).requires_grad_(True) for t in (q, k, v))
+    gv = g.transpose(1, 2).reshape(B * T, H, D)
+    padded, _ = varlen_metadata(doc_ids.cpu().numpy())
+    n_seqs = int((padded < B * T).sum())
+    cus = {"exact": np.append(padded[:n_seqs], B * T), f"loader's padding, {len(padded)} entries": padded,
+           f"padded to {4 * len(padded)} entries": np.append(padded, np.full(3 * len(padded), B * T))}
+    cus = {k: torch.from_numpy(v.astype(np.int32)).cuda() for k, v in cus.items()}
+    attn = causal_varlen_attn()
+
+    def varlen(cu):                                # None: this torch has no torch.nn.attention.varlen
+        return (lambda: attn(qv, kv, vv, cu, cu, T, T).backward(gv)) if attn else None
+    variants += [(f"varlen FA2 (torch varlen_attn), cu_seqlens {k}", varlen(cu)) for k, cu in cus.items()]
+    print(f"{n_seqs} sequences in the batch; the loader's cu_seqlens has {len(padded)} entries")
     print("| variant | fwd+bwd ms per layer |\n|---|---:|")
-    for name, fn in variants:
-        torch._dynamo.reset()                      # each variant compiles afresh (no recompile limit, no stale cache)
-        try:
-            print(f"| {name} | {time_ms(fn):.3f} |", flush=True)
-        except Exception as e:                     # a kernel that cannot take this shape/mask
-            print(f"| {name} | failed: {type(e).__name__}: {str(e).splitlines()[0][:120]} |", flush=True)
+
+    def run(variants):
+        for name, fn in variants:
+            if not re.search(args.match, name):
+                continue
+            torch._dynamo.reset()                  # each variant compiles afresh (no recompile limit, no stale cache)
+            if fn is None:
+                print(f"| {name} | not run: this torch has no torch.nn.attention.varlen |", flush=True)
+                continue
+            try:
+                print(f"| {name} | {time_ms(fn):.3f} |", flush=True)
+            except Exception as e:                 # a kernel that cannot take this shape/mask
+                print(f"| {name} | failed: {type(e).__name__}: {str(e).splitlines()[0][:120]} |", flush=True)
+    run(variants)
+    try:                                           # FA3 last: activating it reroutes SDPA's flash path too
+        kernel = varlen_kernel("cuda")
+    except ValueError as e:
+        kernel = str(e)
+    if kernel.startswith("FA3"):
+        run([(f"varlen FA3, cu_seqlens {k}", varlen(cu)) for k, cu in cus.items()] + [("sdpa causal (FA3 dense)", sdpa())])
+    else:
+        print(f"| varlen FA3 | not run: {kernel} |")
+    t0 = time.perf_counter()
+    for _ in range(20):
+        varlen_metadata(doc_ids.cpu().numpy())
+    print(f"\nvarlen metadata per batch, numpy in the loader's thread (no GPU work): {(time.perf_counter() - t0) / 20 * 1e3:.2f} ms")
     compiled_cbm = lambda: create_block_mask(lambda b, h, qi, ki: (qi >= ki) & (doc_ids[b, qi] == doc_ids[b, ki]),
                                              B, None, T, T, device="cuda", _compile=True)
     print(f"\nBlockMask build per batch: flex_block_mask {time_ms(lambda: flex_block_mask(doc_ids)):.3f} ms, "

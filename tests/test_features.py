@@ -112,3 +112,56 @@ def test_fp8_converts_exactly_the_eligible_layers():
 def test_fp8_refused_without_a_capable_gpu():
     with pytest.raises(ValueError, match="compute capability 8.9"):
         transforms.apply_fp8(tiny(), configurator.Config(fp8=True), torch.device("cpu"))
+
+
+def test_fp8_head_converts_the_head_and_keeps_it_tied():
+    """fp8_head converts exactly the output head, with or without fp8; the head's weight stays the
+    embedding's Parameter (tying), so there is no new parameter and the state dict keeps its keys."""
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=512))
+    ref = GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=512))
+    ref.load_state_dict(m.state_dict())
+    keys, n_params = set(m.state_dict()), len(list(m.parameters()))
+    assert transforms.convert_fp8(m, configurator.Config(fp8_head=True)) == ["lm_head"]
+    assert [n for n, mod in m.named_modules() if isinstance(mod, Float8Linear)] == ["lm_head"]
+    assert m.lm_head.weight is m.transformer.wte.weight
+    assert set(m.state_dict()) == keys and len(list(m.parameters())) == n_params
+    idx = torch.randint(0, 1000, (2, 64))
+    _, loss = m(idx, idx)                                      # torchao emulates FP8 on the CPU
+    _, ref_loss = ref(idx, idx)
+    assert abs(loss.item() - ref_loss.item()) < 0.02 * ref_loss.item()
+    loss.backward()
+    assert m.transformer.wte.weight.grad[idx.unique()].abs().sum() > 0
+    both = GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=512))
+    converted = transforms.convert_fp8(both, configurator.Config(fp8=True, fp8_head=True, fp8_min_dim=512))
+    assert len(converted) == 2 * 4 + 1 and converted[-1] == "lm_head" and both.lm_head.weight is both.transformer.wte.weight
+
+
+def test_fp8_head_and_cuda_graphs_refused_where_they_cannot_run():
+    with pytest.raises(ValueError, match="fp8_head=True needs a GPU of compute capability 8.9"):
+        transforms.apply_fp8(tiny(), configurator.Config(fp8_head=True), torch.device("cpu"))
+    with pytest.raises(ValueError, match="'cuda_graphs' needs compile=True"):
+        configurator.load_config(["--cuda_graphs=True"])
+    with pytest.raises(ValueError, match="'cuda_graphs' needs a CUDA GPU"):
+        configurator.load_config(["--cuda_graphs=True", "--compile=True", "--device=cpu"])
+
+
+def test_stable_grads_accumulate_in_place():
+    """cuda_graphs=True: each parameter's .grad is one zeroed buffer, allocated before any graph runs,
+    that backward passes add into and zero_grad(set_to_none=False) clears in place."""
+    m = tiny(dropout=0.0)
+    transforms.stable_grads(m)
+    buffers = {n: p.grad for n, p in m.named_parameters()}
+    assert all(g is not None and not g.any() and g.shape == p.shape for (_, p), g in zip(m.named_parameters(), buffers.values()))
+    idx = torch.randint(0, 64, (2, 32))
+    for _ in range(2):
+        m(idx, idx)[1].backward()
+    plain = tiny(dropout=0.0)
+    (2 * plain(idx, idx)[1]).backward()
+    for n, p in m.named_parameters():
+        assert p.grad is buffers[n]                               # the same buffer, added into
+        torch.testing.assert_close(p.grad, dict(plain.named_parameters())[n].grad)
+    torch.optim.SGD(m.parameters()).zero_grad(set_to_none=False)
+    assert all(p.grad is buffers[n] and not p.grad.any() for n, p in m.named_parameters())

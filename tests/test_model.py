@@ -79,3 +79,24 @@ def test_rejects_bad_construction():
         tiny("flex", dropout=0.1)
     with pytest.raises(ValueError, match="block_size"):
         tiny()(torch.zeros(1, 65, dtype=torch.long))
+
+
+def test_chunked_head_cross_entropy_matches_the_model_loss():
+    """benchmarks/head_ce.py's chunked variant (loss and gradients computed chunk by chunk in the forward)
+    against model.py's loss, with ignored targets and a chunk that does not divide the tokens."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import head_ce
+    torch.manual_seed(0)
+    y = torch.randint(0, 11, (20,))
+    y[::3] = -1
+    grads = []
+    for loss_fn in (head_ce.loss_baseline, head_ce.chunked_loss(7, dtype=torch.float64)):
+        h = torch.randn(20, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+        w = torch.randn(11, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).requires_grad_(True)
+        loss = loss_fn(h, w, y)
+        (3 * loss).backward()
+        grads.append((loss, h.grad, w.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -1,5 +1,8 @@
 """The packing guarantee: no token attends to, or is predicted from, another document."""
 
+import json
+
+import numpy as np
 import pytest
 import torch
 
@@ -9,7 +12,8 @@ import train
 from conftest import read_metrics, tiny_args
 from model import GPT, GPTConfig, check_attention_mask, position_ids
 
-BACKENDS = ["naive", "sdpa", "flex"]   # flex runs forward-only on the CPU (no backward there)
+BACKENDS = ["naive", "sdpa", "flex", "varlen"]   # flex runs forward-only on the CPU (no backward there);
+                                                  # varlen runs its reference (SDPA per sequence) on the CPU
 
 HAND_BUILT = {
     "one document longer than the row": [0] * 16,
@@ -29,6 +33,8 @@ def tiny(attention, T=16, **kw):
 def test_mask_block_diagonal_hand_built(attention, case):
     doc_ids = torch.tensor([HAND_BUILT[case], HAND_BUILT["one-token documents"]])
     check_attention_mask(tiny(attention).attention_mask(doc_ids, 16, "cpu"), doc_ids)
+    if attention == "varlen":                        # the loader's cu_seqlens (numpy, padded) too
+        check_attention_mask(torch.from_numpy(data.varlen_metadata(doc_ids.numpy())[0]), doc_ids)
 
 
 @pytest.mark.parametrize("attention", BACKENDS)
@@ -39,7 +45,8 @@ def test_mask_block_diagonal_loader_batches(short_data, byte_data, attention):
         loader = data.Loader(str(folder), "train", batch_size=8, block_size=256, seed=1)
         for _ in range(3):
             b = next(loader)
-            check_attention_mask(m.attention_mask(b.doc_ids, 256, "cpu"), b.doc_ids)
+            check_attention_mask(m.attention_mask(b.doc_ids, 256, "cpu", b.cu_seqlens), b.doc_ids)
+            assert torch.equal(b.position_ids, position_ids(b.doc_ids))
     assert b.doc_ids.max() == 0 or folder == short_data
 
 
@@ -61,6 +68,15 @@ def test_mask_check_can_fail():
     leaky.mask_mod = lambda b, h, q, kv: model_lib.document_causal_mask(doc_ids, q, kv, b)
     with pytest.raises(AssertionError, match="attends across"):
         check_attention_mask(leaky, doc_ids)
+    # varlen: a missing boundary, a sequence across two rows, offsets that do not reach B*T
+    doc_ids = torch.tensor([[0] * 6 + [1] * 10, [0] * 16])
+    check_attention_mask(torch.tensor([0, 6, 16, 32, 32], dtype=torch.int32), doc_ids)
+    with pytest.raises(AssertionError, match="attends across"):
+        check_attention_mask(torch.tensor([0, 16, 32, 32], dtype=torch.int32), doc_ids)
+    with pytest.raises(AssertionError, match="spans rows 0 and 1"):
+        check_attention_mask(torch.tensor([0, 6, 20, 32], dtype=torch.int32), doc_ids)
+    with pytest.raises(AssertionError, match="rise from 0 to B"):
+        check_attention_mask(torch.tensor([0, 6, 16, 30], dtype=torch.int32), doc_ids)
 
 
 def _b_logits(m, a, b, document_mask=True):
@@ -89,7 +105,7 @@ def test_no_contamination_across_documents(attention):
     assert (_b_logits(m, a2, b, document_mask=False) - leaked).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+@pytest.mark.parametrize("attention", ["naive", "sdpa", "varlen"])
 def test_no_gradient_flows_across_documents(attention):
     """Training view: b's loss has zero gradient with respect to a's embeddings."""
     m = tiny(attention, T=32).double().train()
@@ -122,16 +138,23 @@ def test_positions_restart_and_no_target_crosses(short_data):
         assert b.doc_ids.max() >= 2                                            # rows really hold several documents
 
 
-def test_trainer_passes_doc_ids_only_with_the_mask(short_data, tmp_path, monkeypatch):
+def test_trainer_passes_doc_ids_only_with_the_mask(short_data, tmp_path, monkeypatch, capsys):
     seen = []
     forward = GPT.forward
-    monkeypatch.setattr(GPT, "forward", lambda self, idx, targets=None, doc_ids=None:
-                        seen.append(doc_ids is not None) or forward(self, idx, targets, doc_ids))
-    train.main(tiny_args(short_data, tmp_path / "a", "--max_iters=2", "--check_mask=True"))
+
+    def spy(self, idx, targets=None, doc_ids=None, **kw):
+        seen.append(doc_ids is not None)
+        if doc_ids is not None:      # the loader's metadata comes along: the step computes neither
+            assert torch.equal(kw["position_ids"], position_ids(doc_ids))
+            check_attention_mask(torch.as_tensor(kw["cu_seqlens"]), doc_ids)
+        return forward(self, idx, targets, doc_ids, **kw)
+    monkeypatch.setattr(GPT, "forward", spy)
+    train.main(tiny_args(short_data, tmp_path / "a", "--max_iters=2", "--check_mask=True", "--attention=auto"))
     assert seen and all(seen)
+    assert json.load(open(tmp_path / "a" / "config.json"))["attention"] == "sdpa"    # auto on the CPU
     seen.clear()
-    with pytest.warns(UserWarning, match="attend across document boundaries"):
-        train.main(tiny_args(short_data, tmp_path / "b", "--max_iters=2", "--document_mask=False"))
+    train.main(tiny_args(short_data, tmp_path / "b", "--max_iters=2", "--document_mask=False"))
+    assert "warning: packing=True with document_mask=False: tokens attend across document boundaries" in capsys.readouterr().out
     assert seen and not any(seen)
 
 
@@ -156,3 +179,75 @@ def test_flex_block_mask_exact_on_random_doc_ids(seed):
     check_attention_mask(mask, doc_ids)
     if seed == 0:
         assert mask.full_kv_num_blocks.sum() > 0     # long documents do produce full blocks
+
+
+def test_varlen_metadata_hand_built():
+    """The loader's cu_seqlens and positions (numpy) on the cases that break offset logic: a row starting
+    mid-document, one-token documents, rows of one document, and the padding to a fixed length."""
+    rows = [[0] * 5 + [1] * 6 + [2] * 5,                           # starts mid-document (doc 0 is a piece)
+            [0, 1, 2, 2, 3, 4, 4, 4, 5, 6, 6, 6, 6, 6, 7, 8],      # one-token documents, one at each end
+            [0] * 16, [3] * 16]                                    # rows of one document
+    doc_ids = np.array(rows)
+    cu, pos = data.varlen_metadata(doc_ids)
+    want = [0, 5, 11, 16, 17, 18, 20, 21, 24, 25, 30, 31, 32, 48]  # every run, row starts included
+    assert cu.dtype == np.int32 and len(cu) == data.varlen_capacity(4, 16, len(want))
+    assert cu[:len(want)].tolist() == want and (cu[len(want):] == 64).all() and len(cu) > len(want)
+    assert torch.equal(torch.from_numpy(pos), position_ids(torch.from_numpy(doc_ids)))
+    assert pos[2].tolist() == list(range(16)) and pos[1, :4].tolist() == [0, 0, 0, 1]
+    # the model's torch twin gives the same sequences, at its own (worst-case) length
+    twin = model_lib.varlen_cu_seqlens(torch.from_numpy(doc_ids))
+    assert len(twin) == 4 * 16 + 1 and twin[:len(want)].tolist() == want and (twin[len(want):] == 64).all()
+
+
+def test_varlen_capacity_is_fixed_then_doubles(monkeypatch):
+    B, T = 64, 1024
+    base = data.varlen_capacity(B, T)
+    assert base == B * T // data.VARLEN_TOKENS_PER_DOC + B + 1                 # the shape every usual batch gets
+    assert data.varlen_capacity(B, T, base - 1) == base
+    assert data.varlen_capacity(B, T, base) == 2 * (base - 1) + 1               # one more: the next doubling
+    assert data.varlen_capacity(2, 8, 16) == 17                                  # never more than B*T + 1
+    assert data.varlen_capacity(B, T, 40_000) == data.VARLEN_MAX_SEQS + 1        # nor the kernels' grid limit
+    with pytest.raises(ValueError, match="exceeds the 65,535 sequences"):
+        data.varlen_capacity(B, T, 70_000)
+    monkeypatch.setattr(data, "VARLEN_TOKENS_PER_DOC", 0)                       # exact: no padding
+    assert data.varlen_capacity(B, T, 100) == 101
+    assert len(data.varlen_metadata(np.zeros((2, 8), dtype=np.int64))[0]) == 3
+
+
+def test_varlen_paths_agree_with_sdpa_forward_and_grads(short_data):
+    """varlen (its CPU reference) with the loader's padded cu_seqlens and positions, and with doc_ids
+    alone, against sdpa's boolean document mask: the same logits and gradients, on loader batches."""
+    b = next(data.Loader(str(short_data), "train", batch_size=4, block_size=64, seed=4))
+    assert b.doc_ids.max() >= 2 and len(b.cu_seqlens) > (b.cu_seqlens < 4 * 64).sum() + 1   # documents, padding
+    out = {}
+    for name, attention, kw in [("sdpa", "sdpa", {}), ("varlen, doc_ids only", "varlen", {}),
+                                ("varlen, loader", "varlen", dict(cu_seqlens=b.cu_seqlens, position_ids=b.position_ids))]:
+        torch.manual_seed(0)
+        m = GPT(GPTConfig(block_size=64, vocab_size=257, n_layer=2, n_head=2, n_embd=16, attention=attention)).double()
+        logits, loss = m(b.x, b.y, b.doc_ids, **kw)
+        loss.backward()
+        out[name] = (logits, {n: p.grad for n, p in m.named_parameters()})
+    for name in ("varlen, doc_ids only", "varlen, loader"):
+        torch.testing.assert_close(out[name][0], out["sdpa"][0], rtol=1e-10, atol=1e-10)
+        for n, g in out["sdpa"][1].items():
+            torch.testing.assert_close(out[name][1][n], g, rtol=1e-9, atol=1e-12)
+
+
+def test_varlen_kernel_path_traces_as_one_graph():
+    """On the GPU varlen calls torch's varlen_attn custom op: torch.compile must trace the whole model,
+    forward and backward, with no graph break (fullgraph=True raises on one). The meta device runs the
+    op's fake implementation, so this checks the GPU path's tracing on the CPU."""
+    import warnings
+    with torch.device("meta"):
+        m = tiny("varlen", T=32).train()
+    doc_ids = torch.cumsum(torch.rand(3, 32) < 0.15, dim=1)
+    cu, pos = data.varlen_metadata(doc_ids.numpy())
+    idx = torch.zeros(3, 32, dtype=torch.long, device="meta")
+    compiled = torch.compile(m, backend="aot_eager", fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # nll_loss on the meta device warns about its autograd kernel
+        _, loss = compiled(idx, idx, doc_ids.to("meta"), cu_seqlens=torch.from_numpy(cu).to("meta"),
+                           position_ids=torch.from_numpy(pos).to("meta"))
+        loss.backward()
+    assert m.transformer.h[0].attn.c_attn.weight.grad.shape == (48, 16)
+    torch._dynamo.reset()

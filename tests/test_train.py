@@ -114,6 +114,11 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["n_layer=4"], ValueError, "cannot parse argument"),
     (["--attention=flex", "--device=cpu"], ValueError, "FlexAttention has no backward pass on the CPU"),
     (["--fp8=True", "--device=cpu"], ValueError, "compute capability 8.9"),
+    (["--fp8_head=True", "--device=cpu"], ValueError, "fp8_head=True needs a GPU of compute capability 8.9"),
+    (["--attention=varlen"], ValueError, "attention='varlen' .* takes bfloat16 or float16"),
+    (["--attention=varlen", "--dtype=bfloat16", "--device=cpu"], ValueError, "varlen kernels do not run on the CPU"),
+    (["--cuda_graphs=True"], ValueError, "'cuda_graphs' needs compile=True"),
+    (["--cuda_graphs=True", "--compile=True", "--device=cpu"], ValueError, "'cuda_graphs' needs a CUDA GPU"),
     (["--parallelism=fsdp"], ValueError, "torchrun"),
     (["--init_from=resume"], FileNotFoundError, "ckpt.pt"),
     (["--batch_size=0"], ValueError, "'batch_size' must be positive"),
@@ -162,6 +167,8 @@ def test_setup_errors_come_before_any_work(byte_data, tmp_path):
         train.main(tiny_args(never, tmp_path / "o1", "--fp8=True", "--device=cpu"))
     with pytest.raises(FileNotFoundError, match="ckpt.pt"):
         train.main(tiny_args(never, tmp_path / "o2", "--init_from=resume"))
+    with pytest.raises(ValueError, match="varlen kernels do not run on the CPU"):
+        train.main(tiny_args(never, tmp_path / "o3", "--attention=varlen", "--dtype=bfloat16", "--device=cpu"))
     assert not never.exists()
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ValueError, match="is a file, not a folder"):

@@ -1,6 +1,7 @@
 """Read the history a W&B offline run wrote, from its .wandb transaction log (LevelDB-style log
 framing: 32 KiB blocks, 7-byte record headers of crc32, length, type; a 7-byte file header)."""
 import glob
+import os
 import json
 import struct
 
@@ -53,7 +54,7 @@ def runs(run_dir):
     paths = sorted(glob.glob(f"{run_dir}/**/offline-run-*/*.wandb", recursive=True))
     out = []
     for path in paths:
-        run_id = path.split("/")[-2].rsplit("-", 1)[1]
+        run_id = os.path.basename(path)[len("run-"):-len(".wandb")]
         rows = [{item.nested_key[0] if item.nested_key else item.key: json.loads(item.value_json) for item in rec.history.item}
                 for rec in read_records(path) if rec.WhichOneof("record_type") == "history"]
         out.append((run_id, rows))
