@@ -45,7 +45,8 @@ def main():
     cfg, meta = ckpt["config"], ckpt["meta"]
     attention = cfg["attention"] if cfg["attention"] != "flex" or args.device.startswith("cuda") else "sdpa"
     model = GPT(GPTConfig(vocab_size=meta["vocab_size"], block_size=cfg["block_size"], n_layer=cfg["n_layer"],
-                          n_head=cfg["n_head"], n_embd=cfg["n_embd"], bias=cfg["bias"], attention=attention))
+                          n_head=cfg["n_head"], n_embd=cfg["n_embd"], bias=cfg["bias"], attention=attention,
+                          activation=cfg.get("activation", "gelu")))   # checkpoints older than the key: gelu
     try:
         load_weights(model, ckpt, path)
     except ValueError as e:

@@ -227,11 +227,18 @@ def main(argv=None):
         if cfg.profile and ckpt["step"] + cfg.timing_warmup > cfg.max_iters:
             raise ValueError(f"profile=True profiles step {ckpt['step'] + cfg.timing_warmup - 1} of this resumed run: "
                              f"max_iters={cfg.max_iters} ends before it")
+        saved = {"activation": "gelu", **ckpt["config"]}          # [hf] checkpoints older than the key: gelu
         for k in MODEL_KEYS:
-            if ckpt["config"][k] != getattr(cfg, k):
-                raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {ckpt['config'][k]!r}")
+            if saved[k] != getattr(cfg, k):
+                raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {saved[k]!r}")
     model_cfg = GPTConfig(vocab_size=meta["vocab_size"], **{k: getattr(cfg, k) for k in MODEL_KEYS})
-    raw_model = GPT(model_cfg).to(device)
+    if cfg.init_from in ("scratch", "resume"):
+        raw_model = GPT(model_cfg).to(device)
+    else:   # [hf] GPT-2 weights through Hugging Face (hf.py): their shape replaces the config's, and is saved
+        from hf import load_hf_gpt2
+        raw_model = load_hf_gpt2(cfg.init_from, model_cfg).to(device)
+        for k in MODEL_KEYS:
+            setattr(cfg, k, getattr(raw_model.config, k))
     if ckpt is not None:
         load_weights(raw_model, ckpt, ckpt_path)
     flops_per_token = raw_model.flops_per_token()
