@@ -21,7 +21,7 @@ class Config:
     # I/O
     out_dir: str = "out"
     data_dir: str = "data/stdlib_byte"     # data/stdlib_byte and data/stdlib_gpt2 are prepared on first use
-    init_from: str = "scratch"             # scratch | resume (from out_dir/ckpt.pt; keeps its schedule)
+    init_from: str = "scratch"             # scratch | resume (out_dir/ckpt.pt) | gpt2* | a Hugging Face GPT-2 folder (hf.py)
     eval_interval: int = 100
     eval_iters: int = 10                   # 0: no evaluation (benchmarks)
     save_checkpoints: bool = True          # write out_dir/ckpt.pt at each evaluation
@@ -44,6 +44,7 @@ class Config:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = False
+    activation: str = "gelu"               # gelu (exact) | gelu_tanh (GPT-2's tanh approximation)
     attention: str = "sdpa"                # naive | sdpa | flex | varlen | auto (fastest installed: model.resolve_attention)
     sdpa_backend: str = "auto"             # auto | flash | cudnn: the only kernel attention='sdpa' may use (GPU)
     # optimizer: AdamW, linear warmup then cosine decay to min_lr
@@ -74,14 +75,15 @@ class Config:
     parallelism: str = "ddp"               # ddp | fsdp, under torchrun
 
 
-CHOICES = dict(init_from=("scratch", "resume"), attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backend=("auto", "flash", "cudnn"),
+CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backend=("auto", "flash", "cudnn"),
                dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
-               fp8_recipe=("tensorwise", "rowwise"), parallelism=("ddp", "fsdp"))
-MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention")   # GPTConfig's
+               fp8_recipe=("tensorwise", "rowwise"), parallelism=("ddp", "fsdp"), activation=("gelu", "gelu_tanh"))
+MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention", "activation")   # GPTConfig's
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
 SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters")   # kept on resume unless set
 RENAMED = {"grad_accum_steps": "it is derived: set total_batch_size, the tokens per optimizer step for the whole job",
            "gradient_accumulation_steps": "it is derived: set total_batch_size, the tokens per optimizer step for the whole job"}
+HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: OpenAI's GPT-2 on the Hugging Face hub
 
 
 def _typed(key, value, where):
@@ -163,6 +165,10 @@ def load_config(argv, with_explicit=False):
         raise ValueError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if not cfg.out_dir:
         raise ValueError("config key 'out_dir' must not be empty")
+    if cfg.init_from not in ("scratch", "resume", *HF_GPT2) and not os.path.isfile(os.path.join(cfg.init_from, "config.json")):
+        raise ValueError(f"config key 'init_from' must be scratch, resume, {', '.join(HF_GPT2)} or a Hugging Face GPT-2 "
+                         f"folder (with config.json), got {cfg.init_from!r}"
+                         + (" (a folder without config.json)" if os.path.isdir(cfg.init_from) else ""))
     if cfg.profile and cfg.timing_warmup < 2:
         raise ValueError("profile=True profiles the last warm-up step: it needs timing_warmup >= 2 "
                          "(the first step pays for compilation and allocator warm-up)")

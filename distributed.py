@@ -6,6 +6,7 @@ handling, and the per-step agreement between ranks (loss, divergence, signals).
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -121,3 +122,16 @@ def on_every_rank(ok, proc):
     if proc.world > 1:
         dist.all_reduce(v, op=dist.ReduceOp.MIN)
     return bool(v.item())
+
+
+def leave(proc, clean):
+    """Leave the process group (several processes only). When every rank gets here together (`clean`),
+    a barrier and a short sleep first: the sleep releases the GIL so gloo's worker threads can free the
+    tensors of the last collectives (which needs the GIL); destroying the group while one of them
+    waits for it (DDP's reducer holds the group until the model is freed) deadlocks the exit."""
+    if proc.world == 1:
+        return
+    if clean:
+        dist.barrier()
+        time.sleep(0.05)
+    dist.destroy_process_group()

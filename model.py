@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ATTENTION_BACKENDS = ("naive", "sdpa", "flex", "varlen")
+ACTIVATIONS = {"gelu": "none", "gelu_tanh": "tanh"}   # name -> nn.GELU(approximate=...)
 
 
 @dataclass
@@ -36,6 +37,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False        # biases in Linear layers and LayerNorms (GPT-2 had them)
     attention: str = "sdpa"   # naive | sdpa | flex | varlen
+    activation: str = "gelu"  # gelu (exact, erf) | gelu_tanh (the tanh approximation GPT-2 was trained with)
 
     @property
     def padded_vocab_size(self):
@@ -266,7 +268,7 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate=ACTIVATIONS[config.activation])
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -294,6 +296,8 @@ class GPT(nn.Module):
         super().__init__()
         if config.attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention={config.attention!r}: expected one of {ATTENTION_BACKENDS}")
+        if config.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={config.activation!r}: expected one of {tuple(ACTIVATIONS)}")
         if config.attention in ("flex", "varlen") and config.dropout > 0:
             raise ValueError(f"attention={config.attention!r} has no attention dropout: set dropout=0 or use attention='sdpa'")
         self.config = config
@@ -357,8 +361,9 @@ class GPT(nn.Module):
         """idx (B, T) int64 tokens; targets (B, T) int64, -1 = ignored; doc_ids (B, T) int64 or None.
         cu_seqlens and position_ids: the loader's precomputed metadata for doc_ids (data.varlen_metadata,
         so the step computes neither); without them they are computed here from doc_ids.
-        Returns logits (B, T, padded_vocab_size) and the mean cross-entropy over targets != -1
-        (None without targets; 0 when every target is -1). Raises ValueError when T > block_size."""
+        Returns logits (B, T, padded_vocab_size), -inf at the padded ids >= vocab_size, and the mean
+        cross-entropy over targets != -1 (None without targets; 0 when every target is -1), a softmax
+        over the real vocabulary only. Raises ValueError when T > block_size."""
         B, T = idx.size()
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -368,6 +373,10 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x, mask)
         logits = self.lm_head(self.transformer.ln_f(x))                          # (B, T, V)
+        # the padded ids are no tokens: keep them out of the softmax. Their rows are 0 in weights from
+        # GPT-2 (hf.py), and a logit of 0 in the denominator would change the loss. In place on a
+        # (B, T, V - vocab_size) slice: cheap in eager, fused into the cross-entropy under compile.
+        logits[..., self.config.vocab_size:] = float("-inf")
         loss = None
         if targets is not None:
             loss_sum = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),

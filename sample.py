@@ -46,7 +46,8 @@ def main():
     # generation has no document mask: varlen (bf16/fp16 kernels only) and flex on the CPU become sdpa, the same math
     attention = "sdpa" if cfg["attention"] == "varlen" or (cfg["attention"] == "flex" and not args.device.startswith("cuda")) else cfg["attention"]
     model = GPT(GPTConfig(vocab_size=meta["vocab_size"], block_size=cfg["block_size"], n_layer=cfg["n_layer"],
-                          n_head=cfg["n_head"], n_embd=cfg["n_embd"], bias=cfg["bias"], attention=attention))
+                          n_head=cfg["n_head"], n_embd=cfg["n_embd"], bias=cfg["bias"], attention=attention,
+                          activation=cfg.get("activation", "gelu")))   # checkpoints older than the key: gelu
     try:
         load_weights(model, ckpt, path)
     except ValueError as e:

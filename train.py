@@ -29,7 +29,7 @@ import torch.distributed as dist
 from checkpoint import load_checkpoint, load_weights, model_state, remove_stale_tmp, save_checkpoint
 from configurator import MODEL_KEYS, check_for_device, load_config, resume_config
 from data import Loader, load_meta, prepare
-from distributed import Proc, StopSignals, agree, on_every_rank, plan_batch, print0, setup_processes
+from distributed import Proc, StopSignals, agree, leave, on_every_rank, plan_batch, print0, setup_processes
 from measure import MetricsLogger, Timer, mfu, peak_flops_for, strict, write_profile
 from model import GPT, GPTConfig, check_attention_mask
 from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism, select_sdpa_backend, stable_grads
@@ -92,14 +92,21 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
 
 
 def build_model(cfg, meta, proc, ckpt):
-    """The GPT (weights from `ckpt` when resuming), then the transforms in this fixed order: FP8
-    conversion, activation checkpointing, compile, DDP/FSDP wrapping. Returns (raw_model, model,
+    """The GPT (weights from `ckpt` when resuming, or GPT-2's through Hugging Face for init_from=gpt2* or
+    a folder, whose shape then replaces the config's), then the transforms in this fixed order: FP8
+    conversion, activation checkpointing, compile, DDP/FSDP wrapping. Returns (cfg, raw_model, model,
     grad_sync): the raw module owns the weights; grad_sync(bool) turns gradient sync on or off."""
     torch.manual_seed(cfg.seed)        # same initial weights on every rank
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
     if proc.device.type == "cuda":
         select_sdpa_backend(cfg.sdpa_backend)
-    raw_model = GPT(GPTConfig(vocab_size=meta["vocab_size"], **{k: getattr(cfg, k) for k in MODEL_KEYS})).to(proc.device)
+    model_cfg = GPTConfig(vocab_size=meta["vocab_size"], **{k: getattr(cfg, k) for k in MODEL_KEYS})
+    if cfg.init_from in ("scratch", "resume"):
+        raw_model = GPT(model_cfg).to(proc.device)
+    else:
+        from hf import load_hf_gpt2
+        raw_model = load_hf_gpt2(cfg.init_from, model_cfg).to(proc.device)
+        cfg = replace(cfg, **{k: getattr(raw_model.config, k) for k in MODEL_KEYS})     # saved in checkpoints
     if ckpt is not None:
         load_weights(raw_model, ckpt, os.path.join(cfg.out_dir, "ckpt.pt"))
     if cfg.fp8 or cfg.fp8_head:
@@ -111,11 +118,11 @@ def build_model(cfg, meta, proc, ckpt):
     if cfg.compile:
         apply_compile(raw_model, per_block=proc.world > 1 and cfg.parallelism == "fsdp", cuda_graphs=cfg.cuda_graphs)
     if proc.world == 1:
-        return raw_model, raw_model, None
+        return cfg, raw_model, raw_model, None
     model = apply_parallelism(raw_model, cfg.parallelism, PT_DTYPE[cfg.dtype], proc.device, proc.local_rank)
     if cfg.parallelism == "ddp":       # sync gradients on the last micro-step only
-        return raw_model, model, lambda on: setattr(model, "require_backward_grad_sync", on)
-    return raw_model, model, model.set_requires_gradient_sync
+        return cfg, raw_model, model, lambda on: setattr(model, "require_backward_grad_sync", on)
+    return cfg, raw_model, model, model.set_requires_gradient_sync
 
 
 def build_optimizer(cfg, raw_model, proc, ckpt, train_loader):
@@ -406,18 +413,18 @@ def main(argv=None):
         print0(f"warning: {w.message}")
     cfg, ckpt = read_checkpoint(cfg, explicit)
     meta, train_loader, val_loader = build_data(cfg, proc, grad_accum_steps, ckpt)
-    raw_model, model, grad_sync = build_model(cfg, meta, proc, ckpt)
+    cfg, raw_model, model, grad_sync = build_model(cfg, meta, proc, ckpt)
     optimizer, ctx, scaler, start_step, best_val = build_optimizer(cfg, raw_model, proc, ckpt, train_loader)
     logger, flops_per_token, peak = start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt)
     run = Run(cfg, proc, meta, raw_model, model, grad_sync, optimizer, ctx, scaler, train_loader, val_loader,
               logger, grad_accum_steps, flops_per_token, peak, start_step, best_val)
     del ckpt                           # its memory is not needed for training
-    _setup_done, stop, summary, exit_code = True, StopSignals(proc.world > 1), None, 1
+    _setup_done, stop, summary, exit_code, clean = True, StopSignals(proc.world > 1), None, 1, False
     try:
-        summary, exit_code = train(run, stop), 0
+        summary, exit_code, clean = train(run, stop), 0, True
         return summary
-    except RunStopped as e:
-        summary, exit_code = {**run.summary(), "stopped": str(e)}, e.exit_code
+    except RunStopped as e:            # every rank stops at the same step
+        summary, exit_code, clean = {**run.summary(), "stopped": str(e)}, e.exit_code, True
         raise
     finally:
         stop.restore()
@@ -425,8 +432,7 @@ def main(argv=None):
             with open(os.path.join(cfg.out_dir, "summary.json"), "w") as f:
                 json.dump(strict(summary), f, indent=1, allow_nan=False)
         logger.close(summary, exit_code)
-        if proc.world > 1:
-            dist.destroy_process_group()
+        leave(proc, clean)
 
 
 if __name__ == "__main__":

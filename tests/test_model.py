@@ -56,8 +56,27 @@ def test_vocab_padding_and_init_loss():
     m = tiny(vocab_size=257)
     assert m.lm_head.weight.shape[0] == 320 and m.config.padded_vocab_size % 64 == 0
     assert m.transformer.wte.weight is m.lm_head.weight           # tied
-    _, loss = m(torch.randint(0, 257, (4, 64)), torch.randint(0, 257, (4, 64)))
-    assert abs(loss.item() - math.log(320)) < 0.1                  # about uniform at init
+    logits, loss = m(torch.randint(0, 257, (4, 64)), torch.randint(0, 257, (4, 64)))
+    assert abs(loss.item() - math.log(257)) < 0.05                 # about uniform over the real ids at init
+    assert torch.isneginf(logits[..., 257:]).all() and torch.isfinite(logits[..., :257]).all()
+
+
+def test_padded_ids_stay_out_of_the_softmax():
+    """Zero rows for the padded ids (as in weights from GPT-2) give logit 0, which must not enter the
+    loss: it equals the cross-entropy over the real vocabulary, and no padded id is ever sampled."""
+    m = tiny(vocab_size=70)                                        # padded to 128
+    with torch.no_grad():
+        m.lm_head.weight[70:] = 0
+        m.lm_head.weight[70:, 0] = 50.0                            # padded ids that would dominate
+    idx, tgt = torch.randint(0, 70, (2, 64)), torch.randint(0, 70, (2, 64))
+    logits, loss = m(idx, tgt)
+    real = F.linear(m.transformer.ln_f(m.transformer.h[1](m.transformer.h[0](
+        m.transformer.wte(idx) + m.transformer.wpe(torch.arange(64))))), m.lm_head.weight[:70])
+    torch.testing.assert_close(logits[..., :70], real)
+    torch.testing.assert_close(loss, F.cross_entropy(real.view(-1, 70), tgt.view(-1)))
+    loss.backward()
+    assert m.lm_head.weight.grad[70:].abs().sum() == 0             # the padded rows learn nothing
+    assert (m.generate(idx[:, :4], 20, top_k=None) < 70).all()
 
 
 def test_flops_per_token_gpt2_124m():

@@ -1,0 +1,284 @@
+"""
+Hugging Face interop: GPT-2 weights in, the trained model out.
+
+    python train.py --config config/finetune_shakespeare.py   # init_from='gpt2': fine-tune OpenAI's GPT-2
+    python train.py --init_from=path/to/hf_folder ...          # any Hugging Face GPT-2 folder
+    python hf.py export --out_dir=out                          # out/ckpt.pt -> out/hf, a GPT-2 folder
+
+The exported folder loads anywhere the Hugging Face stack does:
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained("out/hf")     # the tokenizer too, for GPT-2 BPE data
+
+model.py's GPT and Hugging Face's GPT2LMHeadModel share their parameter names. The differences the
+mapping handles: HF stores the four block matrices as Conv1D, (in, out), where nn.Linear holds
+(out, in), so they are transposed; the embedding (tied to the output head in both) has vocab_size
+rows there and padded_vocab_size here, the padding zeros (model.py keeps padded ids out of the
+softmax); activation 'gelu_tanh' is HF's "gelu_new" (GPT-2's tanh approximation), 'gelu' is "gelu".
+transformers (with safetensors, which it uses for the weights) is imported only by these functions.
+"""
+import argparse
+import json
+import os
+
+import torch
+
+from configurator import HF_GPT2, MODEL_KEYS
+from model import GPT, GPTConfig
+
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")   # HF (in, out)
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+ACTIVATION_FROM_HF = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "bias", "activation")   # taken from the HF model, not the config
+# the GPT-2 BPE files tiktoken reads (tiktoken_ext/openai_public.py: URL and sha256); HF's merges.txt and
+# vocab.json are these same two files
+GPT2_BPE_FILES = {
+    "merges.txt": ("https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+                   "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
+    "vocab.json": ("https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+                   "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
+}
+
+
+def import_transformers(why):
+    """The transformers module; ValueError naming the package (and `why` it is needed) when missing."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise ValueError(f"{why} needs the transformers package: pip install transformers") from e
+    return transformers
+
+
+def _print0(msg):
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(msg, flush=True)
+
+
+def _from_hub_or_folder(load, name_or_path):
+    """load(name_or_path, **kw) for a folder; for a hub name the local cache first (no network: instant
+    offline), then a download. Raises FileNotFoundError (not there, offline and not cached) or
+    ValueError (unreadable) in one line."""
+    try:
+        if os.path.isdir(name_or_path):
+            return load(name_or_path)
+        try:
+            return load(name_or_path, local_files_only=True)
+        except OSError:
+            return load(name_or_path)
+    except OSError as e:
+        where = ("" if os.path.isdir(name_or_path) else " Offline it must be in the Hugging Face cache "
+                 "(~/.cache/huggingface/hub, or $HF_HOME/hub): copy it there from a machine with internet, "
+                 "or pass init_from=<a local folder saved with save_pretrained>")
+        raise FileNotFoundError(f"could not load {name_or_path!r} through transformers: "
+                                f"{str(e).splitlines()[0].rstrip('.')}.{where}") from e
+    except ValueError as e:
+        raise ValueError(f"could not load {name_or_path!r} through transformers: {str(e).splitlines()[0]}") from e
+
+
+def gpt_config_from_hf(hf_config, name, config=None):
+    """The GPTConfig of a Hugging Face GPT2Config `hf_config` (of model `name`, for messages).
+    Shape (n_layer, n_head, n_embd, vocab_size; bias=True; activation) comes from hf_config. With
+    `config` (a GPTConfig: what the user asked for), dropout and attention come from it, block_size
+    too when it is at most hf_config.n_positions (the position table is cropped, as nanoGPT's
+    crop_block_size), and every shape key it sets differently is printed; without `config`, block_size
+    is n_positions, dropout 0 and attention sdpa (GPTConfig's defaults). Raises ValueError for a model
+    model.py cannot express (another architecture, activation, MLP width, LayerNorm eps, attention
+    scaling, untied head), a block_size beyond n_positions, or a vocabulary other than config's."""
+    c = hf_config
+    if c.model_type != "gpt2":
+        raise ValueError(f"{name} is a {c.model_type!r} model, not GPT-2")
+    unsupported = {"activation_function": (c.activation_function not in ACTIVATION_FROM_HF, "gelu_new, gelu_pytorch_tanh or gelu"),
+                   "n_inner": (c.n_inner not in (None, 4 * c.n_embd), f"None or 4 * n_embd = {4 * c.n_embd}"),
+                   "layer_norm_epsilon": (c.layer_norm_epsilon != 1e-5, "1e-05 (nn.LayerNorm's)"),
+                   "scale_attn_weights": (not c.scale_attn_weights, "True"),
+                   "scale_attn_by_inverse_layer_idx": (c.scale_attn_by_inverse_layer_idx, "False"),
+                   "add_cross_attention": (c.add_cross_attention, "False"),
+                   "tie_word_embeddings": (not c.tie_word_embeddings, "True: model.py ties the head to the embedding")}
+    for key, (bad, want) in unsupported.items():
+        if bad:
+            raise ValueError(f"{name} has {key}={getattr(c, key)!r}, which model.py cannot express: it needs {want}")
+    theirs = dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, bias=True,
+                  activation=ACTIVATION_FROM_HF[c.activation_function])
+    if config is None:
+        return GPTConfig(vocab_size=c.vocab_size, block_size=c.n_positions, **theirs)
+    if config.vocab_size != c.vocab_size:
+        raise ValueError(f"{name} has a {c.vocab_size}-token vocabulary but the data has {config.vocab_size}: "
+                         "prepare the data with the model's tokenizer (data.py --tokenizer gpt2 for GPT-2)")
+    if config.block_size > c.n_positions:
+        raise ValueError(f"block_size={config.block_size} exceeds the {c.n_positions} positions of {name}")
+    taken = [f"{k}={v!r} (config: {getattr(config, k)!r})" for k, v in theirs.items() if getattr(config, k) != v]
+    if taken:
+        _print0(f"init_from={name}: its shape replaces the config's: {', '.join(taken)}")
+    if config.block_size < c.n_positions:
+        _print0(f"init_from={name}: block_size={config.block_size}, its first {config.block_size} of {c.n_positions} positions")
+    return GPTConfig(vocab_size=c.vocab_size, block_size=config.block_size, dropout=config.dropout,
+                     attention=config.attention, **theirs)
+
+
+@torch.no_grad()
+def copy_hf_state(model, hf_state, name):
+    """Copy a Hugging Face GPT-2 state dict `hf_state` (of model `name`, for messages) into `model` (a
+    GPT): Conv1D weights transposed, the embedding's padded rows set to 0, the position table cropped
+    to block_size. Raises ValueError naming the first missing tensor or shape that does not fit."""
+    V, T = model.config.vocab_size, model.config.block_size
+    for key, p in model.state_dict(keep_vars=True).items():
+        if key == "lm_head.weight":                        # tied: it is transformer.wte.weight
+            continue
+        if key not in hf_state:
+            raise ValueError(f"{name} has no tensor {key}")
+        t = hf_state[key]
+        t = t.t() if key.endswith(CONV1D) else t
+        t = t[:T] if key == "transformer.wpe.weight" else t
+        want = (V, p.shape[1]) if key == "transformer.wte.weight" else tuple(p.shape)
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name}: {key} has shape {tuple(t.shape)}" + (" (Conv1D, transposed)" if key.endswith(CONV1D) else "")
+                             + f" but the model needs {want}")
+        if key == "transformer.wte.weight":
+            p[V:].zero_()                                  # padded ids: never produced, masked in the loss
+            p = p[:V]
+        p.copy_(t)
+
+
+def load_hf_gpt2(name_or_path, config=None):
+    """A GPT (float32, on the CPU) holding the weights of the Hugging Face GPT-2 `name_or_path`: one of
+    gpt2, gpt2-medium, gpt2-large, gpt2-xl (read from the Hugging Face cache, else downloaded by
+    transformers) or a local folder holding config.json and the weights (as save_pretrained writes).
+    `config` (a GPTConfig) gives the vocabulary the data needs, block_size (at most the model's
+    positions: cropped down), dropout and attention; the shape is the HF model's: see
+    gpt_config_from_hf. Its logits equal GPT2LMHeadModel's within 1e-5 in float32.
+    Raises ValueError (transformers missing, a model or config that does not fit, shapes that do not
+    match) or FileNotFoundError (not found, or offline and not cached), each in one line."""
+    transformers = import_transformers(f"init_from={name_or_path!r}")
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()             # we raise our own one-line errors instead
+    try:
+        # the config first: a model that cannot fit is refused before its weights are downloaded
+        hf_config = _from_hub_or_folder(transformers.AutoConfig.from_pretrained, name_or_path)
+        gpt_config = gpt_config_from_hf(hf_config, name_or_path, config)
+        hf, info = _from_hub_or_folder(lambda p, **kw: transformers.GPT2LMHeadModel.from_pretrained(
+            p, config=hf_config, ignore_mismatched_sizes=True, output_loading_info=True, **kw), name_or_path)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    if info["mismatched_keys"]:
+        key, saved, want = sorted(info["mismatched_keys"])[0]
+        raise ValueError(f"{name_or_path}: {key} has shape {tuple(saved)} in the weights but {tuple(want)} "
+                         f"by its config.json ({len(info['mismatched_keys'])} tensors do not fit)")
+    if info["missing_keys"]:
+        raise ValueError(f"{name_or_path}: the weights lack {sorted(info['missing_keys'])[0]} "
+                         f"({len(info['missing_keys'])} tensors missing)")
+    model = GPT(gpt_config)
+    copy_hf_state(model, {k: v.float() for k, v in hf.state_dict().items()}, name_or_path)
+    _print0(f"init_from={name_or_path}: {sum(p.numel() for p in hf.parameters()):,} parameters loaded")
+    return model
+
+# -----------------------------------------------------------------------------
+# export
+
+def write_gpt2_tokenizer(to, transformers):
+    """Write the GPT-2 tokenizer to folder `to`: vocab.json and merges.txt (tiktoken's cached GPT-2 BPE
+    files, byte for byte the ones Hugging Face ships), then tokenizer.json and tokenizer_config.json as
+    transformers writes them. Offline this needs tiktoken's cache ($TIKTOKEN_CACHE_DIR), as data.py
+    does; raises FileNotFoundError in one line without it. Note: HF's tokenizer encodes a literal
+    "<|endoftext|>" in text as the special id 50256, where data.py encodes it as plain text."""
+    import tiktoken.load
+    for filename, (url, sha256) in GPT2_BPE_FILES.items():
+        try:
+            blob = tiktoken.load.read_file_cached(url, sha256)
+        except Exception as e:                             # no network and no cache
+            raise FileNotFoundError(f"could not read tiktoken's GPT-2 file {url.rsplit('/', 1)[1]} ({str(e).splitlines()[0][:200]}): "
+                                    "offline, point TIKTOKEN_CACHE_DIR at a folder holding it") from e
+        with open(os.path.join(to, filename), "wb") as f:
+            f.write(blob)
+    transformers.GPT2TokenizerFast.from_pretrained(to).save_pretrained(to)
+
+
+@torch.no_grad()
+def export_hf(ckpt_path, to):
+    """Write the speedgpt checkpoint `ckpt_path` (train.py's out_dir/ckpt.pt) to folder `to` as a Hugging
+    Face GPT-2: config.json, model.safetensors (float32; the head tied to the embedding, the padded
+    vocabulary rows dropped), generation_config.json and, for GPT-2 BPE data (meta tokenizer 'gpt2'),
+    the GPT-2 tokenizer. bias=False is written as zero biases (HF's GPT-2 always has them; adding zero
+    changes nothing); byte-level data gives a model of vocabulary 257 (ids 0-255 the UTF-8 bytes,
+    256 end-of-text) and no tokenizer files. Before writing, the HF model's logits are checked against
+    ours on a few tokens. Returns `to`. Raises FileNotFoundError (no checkpoint) or ValueError
+    (transformers missing, `to` a file or the checkpoint's folder, untied weights, a parameter or
+    setting GPT-2 cannot express), each in one line."""
+    from train import load_checkpoint, load_weights
+    if os.path.isfile(to):
+        raise ValueError(f"--to {to} is a file, not a folder")
+    if os.path.abspath(to) == os.path.abspath(os.path.dirname(ckpt_path) or "."):
+        raise ValueError(f"--to {to} is the checkpoint's folder: its config.json would overwrite the training config; "
+                         f"export to a subfolder, e.g. {os.path.join(to, 'hf')}")
+    ckpt = load_checkpoint(ckpt_path)
+    ckpt.pop("optimizer")                                  # twice the weights, and not exported
+    transformers = import_transformers("export")
+    cfg, meta, sd = {"activation": "gelu", **ckpt["config"]}, ckpt["meta"], ckpt["model"]
+    if cfg["activation"] not in ACTIVATION_TO_HF:
+        raise ValueError(f"activation={cfg['activation']!r} has no Hugging Face GPT-2 equivalent")
+    if "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["transformer.wte.weight"]):
+        raise ValueError(f"{ckpt_path}: lm_head.weight differs from transformer.wte.weight, and HF's GPT-2 ties them")
+    model = GPT(GPTConfig(vocab_size=meta["vocab_size"], **{k: cfg[k] for k in MODEL_KEYS if k != "attention"})).eval()
+    load_weights(model, ckpt, ckpt_path)
+    c = model.config
+    hf_config = transformers.GPT2Config(
+        vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
+        activation_function=ACTIVATION_TO_HF[c.activation], resid_pdrop=c.dropout, embd_pdrop=c.dropout,
+        attn_pdrop=c.dropout, layer_norm_epsilon=1e-5, tie_word_embeddings=True,
+        bos_token_id=meta["eot_id"], eos_token_id=meta["eot_id"])
+    hf = transformers.GPT2LMHeadModel(hf_config).eval()
+    ours, used = model.state_dict(), {"lm_head.weight"}
+    for key, p in hf.named_parameters():                   # tied: lm_head.weight is not listed
+        if key in ours:
+            t = ours[key].t() if key.endswith(CONV1D) else ours[key]
+            t = t[:c.vocab_size] if key == "transformer.wte.weight" else t
+            used.add(key)
+        elif key.endswith(".bias") and not c.bias:
+            t = torch.zeros_like(p)                        # bias=False: exactly a zero bias
+        else:
+            raise ValueError(f"HF GPT-2 has a parameter {key} that the checkpoint lacks")
+        if tuple(t.shape) != tuple(p.shape):
+            raise ValueError(f"{ckpt_path}: {key} has shape {tuple(t.shape)} but HF GPT-2 needs {tuple(p.shape)}")
+        p.copy_(t)
+    if set(ours) - used:
+        raise ValueError(f"{ckpt_path} cannot be expressed as HF GPT-2: it has no place for {', '.join(sorted(set(ours) - used))}")
+    # the check: a setting of model.py that this mapping does not know would show here
+    idx = torch.randint(0, c.vocab_size, (1, min(16, c.block_size)), generator=torch.Generator().manual_seed(0))
+    want, got = model(idx)[0][..., :c.vocab_size], hf(idx).logits
+    if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+        raise ValueError(f"exported logits differ from the checkpoint's by {(got - want).abs().max().item():.2e}: "
+                         "the model has a setting this exporter does not map")
+    os.makedirs(to, exist_ok=True)
+    hf.save_pretrained(to)
+    if meta["tokenizer"] == "gpt2":
+        write_gpt2_tokenizer(to, transformers)
+    else:
+        for name in TOKENIZER_FILES:                       # never leave an earlier export's tokenizer beside this model
+            if os.path.exists(os.path.join(to, name)):
+                os.remove(os.path.join(to, name))
+        _print0(f"note: {meta['tokenizer']!r} tokens have no Hugging Face tokenizer; "
+                + ("ids 0-255 are UTF-8 bytes, 256 is end-of-text" if meta["tokenizer"] == "byte" else "encode them as data.py does"))
+    with open(os.path.join(to, "speedgpt.json"), "w") as f:       # where it came from
+        json.dump({"checkpoint": os.path.abspath(ckpt_path), "step": ckpt["step"], "config": cfg, "meta": meta}, f, indent=1)
+    _print0(f"wrote {to}: GPT-2 {c.n_layer} layers x {c.n_embd}, vocabulary {c.vocab_size}, step {ckpt['step']}"
+            + (" (bias=False written as zero biases)" if not c.bias else "") + f"; max |logit difference| "
+            f"{(got - want).abs().max().item():.1e}")
+    return to
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Hugging Face interop. Fine-tuning from GPT-2 is train.py's "
+                                     f"init_from ({', '.join(HF_GPT2)} or a folder); this exports.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser("export", help="write out_dir/ckpt.pt as a Hugging Face GPT-2 folder")
+    ex.add_argument("--out_dir", default="out", help="the training run's folder, holding ckpt.pt")
+    ex.add_argument("--to", default=None, help="the folder to write (default: OUT_DIR/hf)")
+    args = parser.parse_args(argv)
+    try:
+        export_hf(os.path.join(args.out_dir, "ckpt.pt"), args.to or os.path.join(args.out_dir, "hf"))
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,310 @@
+"""Hugging Face interop (hf.py), on the CPU and without network: a random tiny GPT2LMHeadModel saved to
+a folder stands in for OpenAI's GPT-2 (the real `gpt2` download cannot be tried here)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+import configurator
+import data
+import hf
+import train
+from conftest import ROOT, tiny_args
+from model import GPT, GPTConfig
+
+CPU = torch.device("cpu")   # every test here runs on the CPU
+
+
+def save_tiny_gpt2(path, vocab_size=257, n_positions=64, activation="gelu_new", seed=0):
+    """A random 2-layer GPT2LMHeadModel saved to `path`. Every parameter is perturbed, so biases and
+    LayerNorm weights are not their trivial init (0 and 1) and a transposition or a dropped bias shows."""
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=32, n_layer=2, n_head=2,
+                                     activation_function=activation, bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1)
+    model = transformers.GPT2LMHeadModel(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return str(path)
+
+
+def hf_model(path):
+    return transformers.GPT2LMHeadModel.from_pretrained(path, attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return save_tiny_gpt2(tmp_path_factory.mktemp("hf_gpt2"))
+
+
+def model_from_ckpt(path, attention="sdpa"):
+    ckpt = train.load_checkpoint(str(path))
+    cfg = ckpt["config"]
+    m = GPT(GPTConfig(vocab_size=ckpt["meta"]["vocab_size"], attention=attention,
+                      **{k: cfg[k] for k in configurator.MODEL_KEYS if k != "attention"}))
+    train.load_weights(m, ckpt, str(path))
+    return m.eval()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+@pytest.mark.parametrize("activation", ["gelu_new", "gelu"])
+def test_load_matches_hf_logits_and_loss(tmp_path, activation, attention):
+    """GPT-2 weights loaded by load_hf_gpt2 give GPT2LMHeadModel's logits and loss within 1e-5 (float32).
+    The loss also checks that the padded vocabulary (zero rows: logit 0) stays out of the softmax."""
+    path = save_tiny_gpt2(tmp_path / "m", activation=activation)
+    ref = hf_model(path)
+    m = hf.load_hf_gpt2(path, GPTConfig(vocab_size=257, block_size=64, attention=attention)).eval()
+    assert m.config.activation == {"gelu_new": "gelu_tanh", "gelu": "gelu"}[activation] and m.config.bias
+    assert (m.config.n_layer, m.config.n_head, m.config.n_embd, m.config.padded_vocab_size) == (2, 2, 32, 320)
+    assert m.lm_head.weight is m.transformer.wte.weight and m.lm_head.weight[257:].abs().sum() == 0
+    idx = torch.randint(0, 257, (3, 64), generator=torch.Generator().manual_seed(1))
+    out = ref(idx, labels=idx)
+    logits, loss = m(idx[:, :-1], idx[:, 1:].contiguous())
+    torch.testing.assert_close(logits[..., :257], out.logits[:, :-1], rtol=0, atol=1e-5)
+    torch.testing.assert_close(loss, out.loss, rtol=0, atol=1e-5)
+    assert torch.isneginf(logits[..., 257:]).all()
+    full = hf.load_hf_gpt2(path)                               # no config: every setting from the HF model
+    assert full.config == GPTConfig(vocab_size=257, block_size=64, n_layer=2, n_head=2, n_embd=32, bias=True,
+                                    activation=m.config.activation)
+
+
+def test_gpt2_name_reads_the_hugging_face_cache(hf_dir, tmp_path):
+    """init_from='gpt2' takes the weights from the Hugging Face cache, with no network: a cache laid out
+    as huggingface_hub lays it ($HF_HOME/hub/models--gpt2), holding the tiny model under the name gpt2."""
+    repo = tmp_path / "hub" / "models--gpt2"
+    shutil.copytree(hf_dir, repo / "snapshots" / ("0" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    code = ("import torch, hf; m = hf.load_hf_gpt2('gpt2').eval(); "
+            f"print(float(m(torch.arange(10)[None])[0][..., :257].sum()))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "HF_HOME": str(tmp_path)},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    with torch.no_grad():
+        want = hf_model(hf_dir)(torch.arange(10)[None]).logits.sum().item()
+    assert float(r.stdout.splitlines()[-1]) == pytest.approx(want, abs=1e-3)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_train_main_loads_the_hf_model(byte_data, hf_dir, tmp_path, attention):
+    """train.main with init_from=<folder>: the shape keys come from the HF model (and are saved in the
+    checkpoint), and the step-0 validation loss is the HF model's on the same batches."""
+    summary = train.main(tiny_args(byte_data, tmp_path, f"--init_from={hf_dir}", f"--attention={attention}",
+                                   "--max_iters=0", "--document_mask=False"))
+    ckpt = train.load_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert (ckpt["config"]["bias"], ckpt["config"]["activation"], ckpt["step"]) == (True, "gelu_tanh", 0)
+    assert json.load(open(tmp_path / "config.json"))["activation"] == "gelu_tanh"
+    ref = hf_model(hf_dir)
+    loader = data.Loader(str(byte_data), "val", batch_size=4, block_size=64, seed=configurator.Config().seed + 1,
+                         eot=256, vocab_size=257, document_mask=False)
+    total, n = 0.0, 0
+    for _ in range(2):                                         # tiny_args: eval_iters=2
+        b = next(loader)
+        total += F.cross_entropy(ref(b.x).logits.flatten(0, 1), b.y.flatten(), ignore_index=-1, reduction="sum").item()
+        n += b.n_valid
+    assert summary["val_loss"] == pytest.approx(total / n, abs=1e-5)
+
+
+def test_fine_tune_export_and_back(byte_data, hf_dir, tmp_path, monkeypatch, capsys):
+    """Fine-tune from the HF folder, resume, sample, export: transformers loads the export with our
+    logits, the head stays tied to the embedding, and loading the export again gives the same model."""
+    out = tmp_path / "out"
+    train.main(tiny_args(byte_data, out, f"--init_from={hf_dir}", "--max_iters=4"))
+    assert "its shape replaces the config's: bias=True (config: False), activation='gelu_tanh'" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="'bias'=False differs from the checkpoint's True"):
+        train.main(tiny_args(byte_data, out, "--init_from=resume", "--max_iters=6"))
+    train.main(tiny_args(byte_data, out, "--init_from=resume", "--max_iters=6", "--bias=True", "--activation=gelu_tanh"))
+    ours = model_from_ckpt(out / "ckpt.pt")
+    assert not torch.equal(ours.transformer.wpe.weight, hf_model(hf_dir).transformer.wpe.weight)   # it trained
+
+    import sample                                              # sample.py builds the checkpoint's model
+    built = []
+    monkeypatch.setattr(sample, "GPT", lambda c: built.append(c) or GPT(c))
+    monkeypatch.setattr(sys, "argv", ["sample.py", f"--out_dir={out}", "--num_samples=1", "--max_new_tokens=5"])
+    sample.main()
+    assert (built[0].activation, built[0].bias) == ("gelu_tanh", True)
+
+    to = hf.export_hf(str(out / "ckpt.pt"), str(tmp_path / "hf"))
+    exported = transformers.AutoModelForCausalLM.from_pretrained(to).eval()
+    assert exported.config.activation_function == "gelu_new" and exported.config.tie_word_embeddings
+    assert exported.lm_head.weight.data_ptr() == exported.transformer.wte.weight.data_ptr()
+    from safetensors import safe_open
+    with safe_open(os.path.join(to, "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in f.keys() and f.get_tensor("transformer.wte.weight").shape == (257, 32)
+    idx = torch.randint(0, 257, (2, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = ours(idx)[0][..., :257]
+        torch.testing.assert_close(exported(idx).logits, want, rtol=0, atol=1e-5)
+        back = hf.load_hf_gpt2(to).eval()                      # the round trip
+        assert back.lm_head.weight is back.transformer.wte.weight
+        torch.testing.assert_close(back(idx)[0], ours(idx)[0], rtol=0, atol=1e-5)
+
+
+def test_export_with_bias_false_through_the_cli(byte_data, tmp_path):
+    """A scratch run (bias=False, exact gelu) exports through `python hf.py export` as zero biases and
+    activation "gelu", with our logits for both attention backends."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    r = subprocess.run([sys.executable, "hf.py", "export", f"--out_dir={tmp_path}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "bias=False written as zero biases" in r.stdout and "no Hugging Face tokenizer" in r.stdout
+    exported = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    assert exported.config.activation_function == "gelu" and exported.config.eos_token_id == 256
+    biases = [p for n, p in exported.named_parameters() if n.endswith(".bias")]
+    assert len(biases) == 2 * 6 + 1 and all(torch.all(b == 0) for b in biases)
+    idx = torch.randint(0, 257, (2, 64), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got = exported(idx).logits
+        for attention in ("naive", "sdpa"):
+            torch.testing.assert_close(got, model_from_ckpt(tmp_path / "ckpt.pt", attention)(idx)[0][..., :257], rtol=0, atol=1e-5)
+
+
+def fake_checkpoint(path, model, meta, **config):
+    """A speedgpt checkpoint of `model` with `meta`, as train.py writes one (no optimizer state)."""
+    cfg = asdict(configurator.Config(**{k: getattr(model.config, k) for k in configurator.MODEL_KEYS}, **config))
+    torch.save({"model": model.state_dict(), "optimizer": {}, "scaler": {}, "step": 0, "best_val_loss": None,
+                "config": cfg, "meta": meta, "loader": {}, "rng": {}}, path)
+
+
+def test_export_writes_the_gpt2_tokenizer(tmp_path):
+    """GPT-2 BPE data: the export holds the GPT-2 tokenizer (from tiktoken's files), which encodes as
+    data.py does; greedy generation in transformers matches model.generate. The checkpoint predates the
+    activation key (read as gelu). A later byte-level export into the same folder removes the tokenizer."""
+    try:
+        tok = data.get_tokenizer("gpt2")
+    except FileNotFoundError as e:
+        pytest.skip(f"GPT-2 tokenizer files unavailable: {e}")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50257, block_size=32, n_layer=1, n_head=2, n_embd=32)).eval()
+    fake_checkpoint(tmp_path / "ckpt.pt", model, {"tokenizer": "gpt2", "vocab_size": 50257, "eot_id": 50256})
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    del ckpt["config"]["activation"]
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    to = hf.export_hf(str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"))
+    assert {"config.json", "model.safetensors", "tokenizer.json", "vocab.json", "merges.txt"} <= set(os.listdir(to))
+    hf_tok = transformers.AutoTokenizer.from_pretrained(to)
+    text = "ROMEO:\nBut, soft! what light through yonder window breaks?  naïve café ☕\n\n\tdef f(x): return x**2"
+    ids = tok.encode(text)
+    assert hf_tok.encode(text) == ids and hf_tok.decode(ids) == text and hf_tok.eos_token_id == 50256
+    exported = transformers.AutoModelForCausalLM.from_pretrained(to).eval()
+    assert exported.config.activation_function == "gelu" and exported.config.eos_token_id == 50256
+    prompt = torch.tensor([ids[:8]])
+    with torch.no_grad():
+        want = model.generate(prompt, 6, top_k=1)
+        got = exported.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=50256)
+    assert got.tolist() == want.tolist()
+    byte_model = GPT(GPTConfig(vocab_size=257, block_size=32, n_layer=1, n_head=2, n_embd=32))
+    fake_checkpoint(tmp_path / "byte.pt", byte_model, {"tokenizer": "byte", "vocab_size": 257, "eot_id": 256})
+    hf.export_hf(str(tmp_path / "byte.pt"), to)               # over the GPT-2 export: its tokenizer goes
+    assert not set(hf.TOKENIZER_FILES) & set(os.listdir(to))
+
+
+def test_errors_are_one_line(byte_data, hf_dir, tmp_path, monkeypatch):
+    """Bad input gets one line naming the problem: init_from values, shapes that do not fit, a model
+    GPT-2 (or model.py) cannot express, a missing package, exports that would lose or clobber something."""
+    errors = []
+
+    def check(error, match, fn, *args):
+        with pytest.raises(error, match=match) as e:
+            fn(*args)
+        errors.append(str(e.value))
+
+    check(ValueError, "'init_from' must be scratch, resume, gpt2, gpt2-medium", configurator.load_config, ["--init_from=gpt3"])
+    check(ValueError, r"a folder without config.json", configurator.load_config, [f"--init_from={tmp_path}"])
+    check(ValueError, "block_size=128 exceeds the 64 positions of", train.main,
+          tiny_args(byte_data, tmp_path / "o", f"--init_from={hf_dir}", "--block_size=128"))
+    big_vocab = save_tiny_gpt2(tmp_path / "v300", vocab_size=300)
+    check(ValueError, "has a 300-token vocabulary but the data has 257", train.main,
+          tiny_args(byte_data, tmp_path / "o", f"--init_from={big_vocab}"))
+    bad = tmp_path / "bad"                                     # config.json and weights disagree
+    shutil.copytree(hf_dir, bad)
+    c = json.load(open(bad / "config.json"))
+    json.dump({**c, "n_embd": 64}, open(bad / "config.json", "w"))
+    check(ValueError, r"has shape \(.*\) in the weights but \(.*\) by its config.json", hf.load_hf_gpt2, str(bad))
+    json.dump({**c, "n_inner": 64}, open(bad / "config.json", "w"))
+    check(ValueError, "n_inner=64, which model.py cannot express", hf.load_hf_gpt2, str(bad))
+    json.dump({"model_type": "llama"}, open(bad / "config.json", "w"))
+    check(ValueError, "is a 'llama' model, not GPT-2", hf.load_hf_gpt2, str(bad))
+    os.remove(bad / "model.safetensors")
+    json.dump(c, open(bad / "config.json", "w"))
+    check(FileNotFoundError, "could not load .* no file named model.safetensors", hf.load_hf_gpt2, str(bad))
+    state = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).state_dict()
+    state["transformer.h.1.mlp.c_fc.weight"] = state["transformer.h.1.mlp.c_fc.weight"][:, :100]
+    check(ValueError, r"h.1.mlp.c_fc.weight has shape \(100, 32\) \(Conv1D, transposed\) but the model needs \(128, 32\)",
+          hf.copy_hf_state, GPT(GPTConfig(vocab_size=257, block_size=64, n_layer=2, n_head=2, n_embd=32, bias=True)), state, "m")
+
+    train.main(tiny_args(byte_data, tmp_path / "run", "--max_iters=2"))
+    ckpt_path = str(tmp_path / "run" / "ckpt.pt")
+    check(ValueError, "is the checkpoint's folder", hf.export_hf, ckpt_path, str(tmp_path / "run"))
+    check(FileNotFoundError, "no checkpoint at", hf.export_hf, str(tmp_path / "none" / "ckpt.pt"), str(tmp_path / "x"))
+    with pytest.raises(SystemExit, match="^error: no checkpoint at"):
+        hf.main(["export", f"--out_dir={tmp_path / 'none'}"])
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    ckpt["model"]["lm_head.weight"] = ckpt["model"]["lm_head.weight"].clone() + 1
+    torch.save(ckpt, tmp_path / "untied.pt")
+    check(ValueError, "lm_head.weight differs from transformer.wte.weight, and HF's GPT-2 ties them",
+          hf.export_hf, str(tmp_path / "untied.pt"), str(tmp_path / "x"))
+
+    class GPTWithExtra(GPT):                                   # a model.py feature GPT-2 has no place for
+        def __init__(self, config):
+            super().__init__(config)
+            self.gate = torch.nn.Parameter(torch.ones(1))
+    monkeypatch.setattr(hf, "GPT", GPTWithExtra)
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    ckpt["model"]["gate"] = torch.ones(1)
+    torch.save(ckpt, tmp_path / "extra.pt")
+    check(ValueError, "cannot be expressed as HF GPT-2: it has no place for gate", hf.export_hf, str(tmp_path / "extra.pt"), str(tmp_path / "x"))
+    monkeypatch.undo()
+    monkeypatch.setitem(hf.ACTIVATION_TO_HF, "gelu", "relu")    # a mapping that is wrong: the check catches it
+    check(ValueError, "exported logits differ from the checkpoint's", hf.export_hf, ckpt_path, str(tmp_path / "x"))
+    assert not os.path.exists(tmp_path / "x")                 # nothing written by a refused export
+    monkeypatch.undo()
+
+    monkeypatch.setitem(sys.modules, "transformers", None)    # transformers not installed
+    check(ValueError, r"init_from='.*' needs the transformers package: pip install transformers", train.main,
+          tiny_args(byte_data, tmp_path / "o", f"--init_from={hf_dir}"))
+    check(ValueError, "export needs the transformers package", hf.export_hf, ckpt_path, str(tmp_path / "x"))
+    assert all("\n" not in e for e in errors), errors
+
+
+def test_resume_refuses_a_changed_activation_and_reads_old_checkpoints(byte_data, tmp_path):
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    with pytest.raises(ValueError, match="'activation'='gelu_tanh' differs from the checkpoint's 'gelu'"):
+        train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=6", "--activation=gelu_tanh"))
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    del ckpt["config"]["activation"]                          # a checkpoint from before the key
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError, match="'activation'='gelu_tanh' differs from the checkpoint's 'gelu'"):
+        train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=6", "--activation=gelu_tanh"))
+    assert train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=6"))["val_loss"] is not None
+
+
+def test_gelu_tanh_is_the_tanh_approximation():
+    x = torch.linspace(-6, 6, 1001, dtype=torch.float64)
+    m = GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=1, n_embd=8, activation="gelu_tanh")).double()
+    want = 0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x ** 3)))   # GPT-2's gelu (Hendrycks & Gimpel 2016)
+    torch.testing.assert_close(m.transformer.h[0].mlp.gelu(x), want)
+    assert (F.gelu(x) - want).abs().max() > 1e-4                # the exact gelu is another function
+
+
+def test_finetune_shakespeare_config_and_data(tmp_path):
+    """config/finetune_shakespeare.py states GPT-2 124M's shape (so --init_from=resume matches it), and
+    the README's data command makes a train/val split of the committed text."""
+    cfg = configurator.load_config(["--config", "config/finetune_shakespeare.py"])
+    assert (cfg.init_from, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.bias, cfg.activation) == ("gpt2", 12, 12, 768, True, "gelu_tanh")
+    assert configurator.load_config(["--config", "config/finetune_shakespeare.py", "--init_from=resume"]).init_from == "resume"
+    meta = data.prepare(os.path.join(ROOT, "data_sources", "shakespeare"), str(tmp_path), "byte", val_frac=0.1, workers=2)
+    assert meta["train_docs"] + meta["val_docs"] == 40 and meta["val_docs"] >= 2
+    folder = os.path.join(ROOT, "data_sources", "shakespeare")
+    size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+    assert meta["train_tokens"] + meta["val_tokens"] == size + 40 > 1_100_000   # every byte, one end-of-text per part
