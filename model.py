@@ -7,8 +7,9 @@ Attention has three backends, chosen at construction:
   flex   FlexAttention with a BlockMask (GPU only: FlexAttention has no backward on the CPU)
 
 Packing: pass doc_ids (B, T) and no token attends to another document and positions restart at
-0 at each document start. One mask is built per forward and shared by every layer. The mask
-function `document_causal_mask` is the single source of truth for all three backends.
+0 at each document start (a document is a run of equal ids: document_runs). One mask is built per
+forward and shared by every layer. The mask function `document_causal_mask` is the single source of
+truth for all three backends.
 """
 import math
 from dataclasses import dataclass
@@ -51,6 +52,14 @@ def dense_attention_mask(doc_ids):
     t = torch.arange(T, device=doc_ids.device)
     b = torch.arange(B, device=doc_ids.device)[:, None, None]
     return document_causal_mask(doc_ids, t[None, :, None], t[None, None, :], b)[:, None]
+
+
+def document_runs(doc_ids):
+    """(B, T) index of each token's run of equal doc_ids within its row, from 0. The attention mask is
+    built from runs, so each run is its own document whatever its id: doc_ids [[0,0,1,1,0,0]] are
+    three documents, and the last two tokens do not see the first two (no check, no host sync)."""
+    changed = (doc_ids[:, 1:] != doc_ids[:, :-1]).long()
+    return torch.cat([torch.zeros_like(doc_ids[:, :1]), changed], dim=1).cumsum(dim=1)
 
 
 def position_ids(doc_ids):
@@ -236,7 +245,9 @@ class GPT(nn.Module):
 
     def attention_mask(self, doc_ids, T, device):
         """The mask every layer shares: for naive/sdpa None (plain causal) without doc_ids, else a
-        (B, 1, T, T) bool tensor; for flex a BlockMask (the causal one built once and cached)."""
+        (B, 1, T, T) bool tensor; for flex a BlockMask (the causal one built once and cached). Each run
+        of equal doc_ids is one document (document_runs)."""
+        doc_ids = None if doc_ids is None else document_runs(doc_ids)
         if self.config.attention != "flex":
             return None if doc_ids is None else dense_attention_mask(doc_ids)
         if doc_ids is None:
@@ -246,7 +257,9 @@ class GPT(nn.Module):
         return flex_block_mask(doc_ids)
 
     def forward(self, idx, targets=None, doc_ids=None):
-        """idx (B, T) int64 tokens; targets (B, T) int64, -1 = ignored; doc_ids (B, T) int64 or None.
+        """idx (B, T) int64 tokens; targets (B, T) int64, -1 = ignored; doc_ids (B, T) int64 or None:
+        each run of equal ids is one document, positions restart at 0 at each run and no token attends
+        outside its run (ids need not increase: [[0,0,1,1,0,0]] is three documents).
         Returns logits (B, T, padded_vocab_size) and the mean cross-entropy over targets != -1
         (None without targets; 0 when every target is -1). Raises ValueError when T > block_size."""
         B, T = idx.size()
