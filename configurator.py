@@ -254,10 +254,11 @@ def resume_config(cfg, explicit, saved):
     them). The schedule (SCHEDULE_KEYS) is the saved one unless set explicitly, so extending max_iters
     keeps the decay horizon the run started with; lr_decay_iters=0 set explicitly means the new
     max_iters. Returns (config, lines describing each key that differs from the checkpoint's)."""
-    defaults = Config()
+    defaults = Config()          # a key a checkpoint predates has its default (activation: gelu)
     for k in MODEL_KEYS:
-        if k not in RUN_STATE_KEYS and saved.get(k, getattr(defaults, k)) != getattr(cfg, k):
-            raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {saved.get(k)!r}: "
+        old = saved.get(k, getattr(defaults, k))
+        if k not in RUN_STATE_KEYS and old != getattr(cfg, k):
+            raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {old!r}: "
                              "the model's shape cannot change on resume")
     kept = {k: saved[k] for k in SCHEDULE_KEYS if k not in explicit and k in saved}
     if kept.get("lr_decay_iters") == 0:                  # a checkpoint from before schedules were resolved

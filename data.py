@@ -1,33 +1,46 @@
 """
-Pre-tokenised, memory-mapped data for speedgpt.
-
-Prepare a corpus once into binary shards, then stream (x, y, doc_ids) batches from them:
+Pre-tokenised, memory-mapped data for speedgpt: prepare a corpus once into binary shards, then stream
+(x, y, doc_ids) batches from them.
 
     python data.py                                   # the Python stdlib sources, byte tokenizer
     python data.py --input corpus/ --out data/mine --tokenizer gpt2
-    python data.py --input stories.jsonl --out data/stories --tokenizer gpt2
+    python data.py --input fineweb/ --out data/fineweb --tokenizer gpt2 --max_tokens 1000000000
 
-Shard format (llm.c / modded-nanogpt): a header of 256 int32 (magic 20240520, version, token
-count), then the tokens. Version 1 stores uint16 tokens; version 2 stores uint32 for vocabularies
-that do not fit in 16 bits. llm.c's FineWeb shards (version 1) load as they are.
+corpus.py reads the inputs lazily (folders, text, .jsonl(.gz/.zst), .parquet, Hugging Face datasets)
+and tokenises them in worker processes; shards are written as they fill, in bounded memory.
 
-Convention: every document is followed by one end-of-text token (EOT), which belongs to the
-document it ends. In a packed row, doc_ids counts the EOTs before each position, so the EOT is the
-last token of its document and the next token opens a new one.
+Convention (meta.json "format": 2): every document is stored as [EOT, its tokens...]: the end-of-text
+id doubles as the beginning-of-document token (BOS), as in GPT-2 practice, nanochat and llm.c's FineWeb
+shards. The BOS belongs to the document it starts, so a document's first token is a target, predicted
+from its own BOS; its last token has the next document's BOS as target, always the same id, so the
+model learns to end documents and learns nothing of the next one (a split's token stream ends with
+one virtual EOT, so its last document ends the same way). doc_ids start a new document at each BOS:
+under the document mask no attention or position crosses documents. sample.py starts from one BOS.
+
+Shard format (llm.c / modded-nanogpt): a header of 256 int32 (magic 20240520, version, token count),
+then the tokens: uint16 (version 1) or uint32 (version 2, vocabularies over 65,536 ids). Beside each
+shard NAME.bin, NAME.idx.npz holds its index (token count, largest id, offset of each BOS), written at
+preparation so a loader starts without reading shards; meta.json, written last, lists the shards.
+Foreign shards (llm.c's fineweb_train_000001.bin: GPT-2 tokens with EOT before each document, which
+is this convention) load as they are, without meta.json: each is scanned once, on first use, and its
+index saved beside it when the folder is writable.
 """
 import argparse
 import glob
+import itertools
 import json
 import os
 import random
-import sysconfig
+import re
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing import Pool
 from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
+
+import corpus
+from corpus import ByteTokenizer, GPT2Tokenizer, get_tokenizer   # noqa: F401 (data.get_tokenizer is public)
 
 MAGIC = 20240520
 VERSION_DTYPE = {1: np.uint16, 2: np.uint32}
@@ -35,68 +48,26 @@ LLMC_LLAMA3 = (20240801, 7)   # llm.c's uint32 shards for Llama 3 tokens: readab
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 SHARD_TOKENS = 100_000_000    # tokens per shard, as llm.c
+FORMAT = 2                    # meta.json "format": 2 = EOT before each document (1 put it after)
+OUR_SHARD = re.compile(r"(train|val)_\d{6}\.bin")
+OUR_FILE = re.compile(r"((train|val)_\d{6}\.(bin|idx\.npz)|meta\.json)(\.\d+)?(\.tmp)?")
 
 # -----------------------------------------------------------------------------
-# tokenizers
-
-class ByteTokenizer:
-    """UTF-8 bytes 0-255 plus end-of-text 256. Needs no download."""
-    name, vocab_size, eot = "byte", 257, 256
-
-    def encode(self, text):
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids):
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-
-
-class GPT2Tokenizer:
-    """tiktoken's GPT-2 BPE; end-of-text is id 50256. Offline: set TIKTOKEN_CACHE_DIR."""
-    name, vocab_size, eot = "gpt2", 50257, 50256
-
-    def __init__(self):
-        import tiktoken
-        try:
-            self.enc = tiktoken.get_encoding("gpt2")
-        except Exception as e:   # no network and no cache
-            raise FileNotFoundError(
-                "could not load tiktoken's GPT-2 files (%s). Offline, point TIKTOKEN_CACHE_DIR at a folder "
-                "holding them, or use byte-level data (data.py --tokenizer byte; train.py --data_dir=data/stdlib_byte)"
-                % str(e).splitlines()[0][:200]) from e
-
-    def encode(self, text):
-        # encode_ordinary: a literal "<|endoftext|>" inside a document is plain text, never id 50256
-        return self.enc.encode_ordinary(text)
-
-    def decode(self, ids):
-        return self.enc.decode([i for i in ids if i < self.vocab_size])
-
-
-def get_tokenizer(name):
-    """Return the tokenizer called `name` ("byte" or "gpt2"). Raises ValueError for other names."""
-    if name == "byte":
-        return ByteTokenizer()
-    if name == "gpt2":
-        return GPT2Tokenizer()
-    raise ValueError(f"unknown tokenizer {name!r}: expected 'byte' or 'gpt2'")
-
-# -----------------------------------------------------------------------------
-# shards
+# shards and their index
 
 def write_shard(path, tokens):
     """Write 1-D int `tokens` to `path` in the llm.c format: uint16 (version 1) when every id fits,
-    else uint32 (version 2); never wraps. Written to a temp file and renamed."""
+    else uint32 (version 2); never wraps. Written to a temp file and renamed. No index: see read_index."""
     tokens = np.asarray(tokens)
     if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**32):
         raise ValueError(f"{path}: token ids must lie in [0, 2^32)")
     version = 1 if (tokens.size == 0 or tokens.max() < 2**16) else 2
     header = np.zeros(HEADER_INTS, dtype=np.int32)
     header[:3] = MAGIC, version, len(tokens)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with open(path + ".tmp", "wb") as f:
         f.write(header.tobytes())
         f.write(tokens.astype(VERSION_DTYPE[version]).tobytes())
-    os.replace(tmp, path)
+    os.replace(path + ".tmp", path)
 
 
 def read_header(path):
@@ -130,152 +101,230 @@ def read_shard(path):
     return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(n,))
 
 
+def index_path(shard):
+    return shard[:-len(".bin")] + ".idx.npz"
+
+
+def write_index(shard, n_tokens, max_id, doc_starts, eot):
+    """Write the index of `shard` beside it (NAME.idx.npz; temp file, then rename): its token count,
+    largest id (-1 if empty), end-of-text id, and doc_starts, the offset of each BOS (int64, ascending)."""
+    tmp = f"{index_path(shard)}.{os.getpid()}.tmp"    # torchrun ranks may index a foreign shard at once
+    with open(tmp, "wb") as f:
+        np.savez(f, n_tokens=n_tokens, max_id=max_id, eot=eot, doc_starts=np.asarray(doc_starts, dtype=np.int64))
+    os.replace(tmp, index_path(shard))
+
+
+def read_index(shard, n_tokens, eot, foreign, with_starts=True):
+    """(max_id, doc_starts or None) of `shard`, which holds n_tokens, from its index. A foreign shard
+    without a matching index is scanned now (0.04 s per 100M tokens from the page cache) and its index
+    saved beside it when the folder is writable. Raises ValueError, naming the shard, when one of our
+    shards lacks a matching index (an interrupted or mixed preparation)."""
+    path = index_path(shard)
+    if os.path.isfile(path):
+        with np.load(path) as z:
+            if int(z["n_tokens"]) == n_tokens and int(z["eot"]) == eot:
+                return int(z["max_id"]), (z["doc_starts"] if with_starts else None)
+    if not foreign:
+        raise ValueError(f"shard {shard} has no index matching it ({os.path.basename(path)}): an interrupted or "
+                         f"mixed preparation? Prepare the folder again with data.py")
+    toks = read_shard(shard)
+    max_id, starts = (int(toks.max()) if len(toks) else -1), np.flatnonzero(toks == eot)
+    try:
+        write_index(shard, n_tokens, max_id, starts, eot)
+    except OSError:                   # a read-only folder: the index lives in memory only
+        pass
+    return max_id, starts
+
+
 def find_shards(data_dir, split):
     """Sorted shard paths of `split` ("train" or "val") in `data_dir`: ours are train_000000.bin,
-    llm.c's fineweb_train_000000.bin. Raises FileNotFoundError when there are none."""
+    llm.c's fineweb_train_000000.bin. Raises FileNotFoundError when there are none (for a corpus file
+    given instead of a folder, with the data.py command that prepares it)."""
+    data_dir = str(data_dir)
+    if os.path.isfile(data_dir):
+        if data_dir.endswith(".bin"):
+            hint = f"pass the folder that holds this shard: --data_dir={os.path.dirname(data_dir) or '.'}"
+        else:
+            out = os.path.join("data", os.path.basename(data_dir).split(".")[0] or "corpus")
+            hint = f"prepare it with `python data.py --input {data_dir} --out {out}`, then pass --data_dir={out}"
+        raise FileNotFoundError(f"data folder {data_dir!r} is a file, not a folder: {hint}")
     if not os.path.isdir(data_dir):
-        what = "is a file, not a folder" if os.path.isfile(data_dir) else "does not exist"
-        raise FileNotFoundError(f"data folder {data_dir!r} {what}: prepare it with "
-                                f"`python data.py --input PATH --out {data_dir}`")
-    paths = sorted(glob.glob(os.path.join(data_dir, f"*{split}_*.bin")))
+        raise FileNotFoundError(f"data folder {data_dir!r} does not exist: prepare it with "
+                                f"`python data.py --input CORPUS --out {data_dir}`")
+    paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*{split}_*.bin")))
     if not paths:
         raise FileNotFoundError(f"no {split}_*.bin shards in {data_dir}")
     return paths
 
 
-def load_meta(data_dir):
-    """meta.json of a prepared folder; shards without one (llm.c, modded-nanogpt FineWeb) are GPT-2.
-    Raises FileNotFoundError for a folder without train shards, ValueError for a corrupt meta.json."""
-    path = os.path.join(data_dir, "meta.json")
+def load_meta(data_dir, verbose=True):
+    """meta.json of a prepared folder, with "foreign": True for a folder of foreign shards (none named
+    like ours, train_000000.bin), which needs no meta.json: without one its tokens are GPT-2's.
+    Raises FileNotFoundError for a folder without train shards; ValueError for shards of ours without
+    meta.json (an interrupted preparation), or a corrupt, incomplete or older-format meta.json."""
+    data_dir = str(data_dir)
     find_shards(data_dir, "train")     # a missing folder is an error before any guessing
+    path = os.path.join(data_dir, "meta.json")
+    shards = sorted(n for n in os.listdir(data_dir) if n.endswith(".bin"))
+    ours = [n for n in shards if OUR_SHARD.fullmatch(n)]
+    again = f"prepare the folder again: python data.py --input CORPUS --out {data_dir}"
     if not os.path.exists(path):
-        print(f"note: {data_dir} has no meta.json; assuming GPT-2 tokens (as llm.c's FineWeb shards)")
-        return {"tokenizer": "gpt2", "vocab_size": 50257, "eot_id": 50256}
+        if ours:
+            raise ValueError(f"{data_dir} holds shards ({ours[0]}, ...) but no meta.json: their preparation "
+                             f"did not finish; {again}")
+        if verbose:
+            print(f"note: {data_dir} has no meta.json; assuming GPT-2 tokens (as llm.c's FineWeb shards)")
+        return {"tokenizer": "gpt2", "vocab_size": 50257, "eot_id": 50256, "foreign": True}
     try:
         with open(path) as f:
             meta = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); prepare the folder again with data.py") from e
+        raise ValueError(f"{path} is not valid JSON ({e}); {again}") from e
     missing = [k for k in ("tokenizer", "vocab_size", "eot_id") if k not in meta] if isinstance(meta, dict) else ["all keys"]
     if missing:
-        raise ValueError(f"{path} lacks {', '.join(missing)}; prepare the folder again with data.py")
+        raise ValueError(f"{path} lacks {', '.join(missing)}; {again}")
+    if "input" in meta:              # the command that made it, for the messages below
+        given = "" if str(meta["input"]).startswith("python stdlib") else f" --input {meta['input']}"
+        again = f"prepare the folder again: python data.py{given} --out {data_dir} --tokenizer {meta['tokenizer']}"
+    meta["foreign"] = not ours
+    if ours:
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{path} is format {meta.get('format', 1)} (1: end-of-text after each document, from an "
+                             f"older data.py); this one reads format {FORMAT} (end-of-text before each document): {again}")
+        listed = meta.get("shards")
+        listed = sorted(listed.get("train", []) + listed.get("val", [])) if isinstance(listed, dict) else None
+        if listed != shards:
+            odd = sorted(set(listed or []) ^ set(shards))
+            raise ValueError(f"{path} does not list the shards in the folder ({', '.join(odd[:3]) or 'no shard list'}); {again}")
     return meta
 
 # -----------------------------------------------------------------------------
 # preparation
 
-def stdlib_path():
-    return sysconfig.get_paths()["stdlib"]
+class ShardWriter:
+    """Streams the documents of one split into shards of `shard_tokens` tokens, a document running on
+    into the next shard as in llm.c. A shard is written under a temp name; when it is full (or at
+    close) its header and index are written and it is renamed: nothing half-written looks complete."""
 
+    def __init__(self, out_dir, split, shard_tokens, dtype, eot):
+        self.out_dir, self.split, self.shard_tokens, self.dtype, self.eot = out_dir, split, shard_tokens, dtype, eot
+        self.names, self.tokens, self.docs, self.f = [], 0, 0, None
 
-def iter_documents(path):
-    """Yield the documents of `path`: ("file", p) for each file under a folder (recursive, sorted)
-    or for a single file; ("text", s) for each line's "text" field of a .jsonl file. `path=None`
-    means the embedded default corpus: this Python's standard library, each .py file one document.
-    Raises FileNotFoundError for a missing path, ValueError for a malformed .jsonl line."""
-    if path is None:
-        for r, dirs, files in os.walk(stdlib_path()):
-            dirs[:] = sorted(d for d in dirs if d != "site-packages")   # walk in a fixed order
-            for name in sorted(files):
-                if name.endswith(".py"):
-                    yield ("file", os.path.join(r, name))
-    elif os.path.isdir(path):
-        for root, dirs, files in os.walk(path):
-            dirs.sort()
-            for name in sorted(files):
-                if not name.startswith("."):
-                    yield ("file", os.path.join(root, name))
-    elif path.endswith(".jsonl"):
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        text = json.loads(line)["text"]
-                    except (json.JSONDecodeError, KeyError, TypeError) as e:
-                        raise ValueError(f"{path}:{lineno}: expected a JSON object with a 'text' field ({e!r})")
-                    if not isinstance(text, str):
-                        raise ValueError(f"{path}:{lineno}: 'text' must be a string, got {type(text).__name__}")
-                    yield ("text", text)
-    elif os.path.isfile(path):
-        yield ("file", path)
-    else:
-        raise FileNotFoundError(f"input {path} does not exist")
+    def add(self, ids):
+        """Append one document: 1-D `ids` of self.dtype, starting with its BOS."""
+        self.docs, self.tokens = self.docs + 1, self.tokens + len(ids)
+        while len(ids):
+            if self.f is None:
+                self.path = os.path.join(self.out_dir, f"{self.split}_{len(self.names):06d}.bin")
+                self.f = open(self.path + ".tmp", "wb")
+                self.f.write(bytes(HEADER_BYTES))          # filled in when the shard is complete
+                self.n, self.max_id, self.starts = 0, -1, []
+            if ids[0] == self.eot:
+                self.starts.append(self.n)
+            part, ids = ids[:self.shard_tokens - self.n], ids[self.shard_tokens - self.n:]
+            self.f.write(part.tobytes())
+            self.n, self.max_id = self.n + len(part), max(self.max_id, int(part.max()))
+            if self.n == self.shard_tokens:
+                self.close()
 
+    def close(self):
+        """Complete the current shard, if any."""
+        if self.f is not None:
+            header = np.zeros(HEADER_INTS, dtype=np.int32)
+            header[:3] = MAGIC, 1 if self.dtype == np.uint16 else 2, self.n
+            self.f.seek(0)
+            self.f.write(header.tobytes())
+            self.f.close()
+            self.f = None
+            write_index(self.path, self.n, self.max_id, self.starts, self.eot)
+            os.replace(self.path + ".tmp", self.path)
+            self.names.append(os.path.basename(self.path))
 
-_worker_tok = None
-
-def _init_worker(name):
-    global _worker_tok
-    _worker_tok = get_tokenizer(name)
-
-
-def _tokenize(doc):
-    kind, value = doc
-    if kind == "file":
-        with open(value, encoding="utf-8", errors="replace") as f:
-            value = f.read()
-    ids = _worker_tok.encode(value)
-    ids.append(_worker_tok.eot)
-    return np.array(ids, dtype=np.uint32)
+    def abort(self):
+        if self.f is not None:
+            self.f.close()
+            os.remove(self.path + ".tmp")
 
 
 def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, workers=None,
-            shard_tokens=SHARD_TOKENS):
-    """Tokenise every document of `input_path` (a folder, a .jsonl, a text file, or None for the
-    stdlib sources) in parallel, split train/val by whole documents (each goes to val with
-    probability `val_frac`, drawn from `seed`), and write shards plus meta.json to `out_dir`.
-    Returns the meta dict. Raises FileNotFoundError / ValueError for a missing or unusable input."""
+            shard_tokens=SHARD_TOKENS, text_field="text", max_tokens=None):
+    """Tokenise the documents of `input_path` (corpus.iter_texts: a folder, a text, .jsonl[.gz|.zst] or
+    .parquet file, a Hugging Face dataset, None for this Python's stdlib) in `workers` processes (default:
+    one per CPU) and write them to `out_dir` in shards of `shard_tokens` tokens as they fill, then
+    meta.json. Each document goes to val with probability `val_frac` drawn from `seed` in input order
+    (each split gets one at least): the same shards for a given input and seed, with any number of
+    workers. Memory is bounded whatever the corpus size (a few chunks of text in flight; one document is
+    held whole). Stops after the document that reaches `max_tokens`; skips empty documents. Returns the
+    meta dict. Raises FileNotFoundError / ValueError for a missing or unusable input. An interrupted
+    preparation leaves no meta.json: loaders refuse the folder until it is prepared again."""
     from tqdm import tqdm
     tok = get_tokenizer(tokenizer)   # fail here, not inside a worker, when it is unavailable
     if not 0 <= val_frac < 1:
         raise ValueError(f"val_frac must be in [0, 1), got {val_frac}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
+    if shard_tokens < 1 or (max_tokens is not None and max_tokens < 1):
+        raise ValueError(f"shard_tokens and max_tokens must be positive, got {shard_tokens} and {max_tokens}")
+    input_path, out_dir, workers = None if input_path is None else str(input_path), str(out_dir), workers or os.cpu_count()
+    source = input_path or f"python stdlib ({corpus.stdlib_path()})"
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"output {out_dir} exists and is not a folder")
-    docs = list(iter_documents(input_path))
-    source = input_path or f"python stdlib ({stdlib_path()})"
-    if len(docs) < 2 and val_frac > 0:
-        raise ValueError(f"input {source} has {len(docs)} document(s): a train/val split needs at least 2")
-    rng = random.Random(seed)
-    is_val = [rng.random() < val_frac for _ in docs]
-    if val_frac > 0 and not any(is_val):
-        is_val[-1] = True         # a val split always exists when one is asked for
-    if all(is_val):
-        is_val[0] = False
+    docs = corpus.iter_texts(input_path, text_field)
+    first = next(docs, None)         # a bad input fails here, before out_dir is touched
+    if first is None:
+        raise ValueError(f"input {source} holds no document")
     os.makedirs(out_dir, exist_ok=True)
-    for old in glob.glob(os.path.join(out_dir, "*.bin")):
-        os.remove(old)            # never mix shards of two preparations
-    stats = {s: {"tokens": 0, "docs": 0, "shards": 0} for s in ("train", "val")}
-    buf = {s: [] for s in stats}
-    buffered = {s: 0 for s in stats}
-
-    def flush(split, final=False):
-        while buffered[split] >= shard_tokens or (final and buffered[split] > 0):
-            toks = np.concatenate(buf[split])
-            write_shard(os.path.join(out_dir, f"{split}_{stats[split]['shards']:06d}.bin"), toks[:shard_tokens])
-            stats[split]["shards"] += 1
-            buf[split] = [toks[shard_tokens:]]
-            buffered[split] = len(buf[split][0])
-
-    with Pool(workers or os.cpu_count(), initializer=_init_worker, initargs=(tokenizer,)) as pool:
-        results = pool.imap(_tokenize, docs, chunksize=16)   # keeps document order: deterministic
-        for ids, val in tqdm(zip(results, is_val), total=len(docs), desc=f"tokenizing ({tokenizer})", unit="doc"):
-            split = "val" if val else "train"
-            buf[split].append(ids)
-            buffered[split] += len(ids)
-            stats[split]["tokens"] += len(ids)
-            stats[split]["docs"] += 1
-            flush(split)
-    for split in stats:
-        flush(split, final=True)
-    meta = {"tokenizer": tok.name, "vocab_size": tok.vocab_size, "eot_id": tok.eot, "input": source,
-            "val_frac": val_frac, "seed": seed,
-            **{f"{s}_{k}": v for s in stats for k, v in stats[s].items()}}
-    with open(os.path.join(out_dir, "meta.json"), "w") as f:
+    for name in ["meta.json"] + sorted(os.listdir(out_dir)):    # meta.json first: never mix two preparations
+        if OUR_FILE.fullmatch(name) and os.path.exists(os.path.join(out_dir, name)):
+            os.remove(os.path.join(out_dir, name))
+    dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
+    writers = {s: ShardWriter(out_dir, s, shard_tokens, dtype, tok.eot) for s in ("train", "val")}
+    rng, held, total, empty = random.Random(seed), None, 0, 0
+    bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc=f"tokenizing ({tokenizer}, {workers} workers)")
+    chunks = corpus.tokenized_chunks(itertools.chain([first], docs), tokenizer, dtype, workers)
+    try:
+        for tokens, lengths, n_empty in chunks:
+            empty += n_empty
+            ends = np.cumsum(lengths)
+            for start, end in zip(ends - lengths, ends):
+                if held is not None:        # one document held back: the last one makes sure of a val split
+                    writers["val" if rng.random() < val_frac else "train"].add(held)
+                held = tokens[start:end]
+                total += len(held)
+                if max_tokens is not None and total >= max_tokens:
+                    break
+            bar.update(total - bar.n)
+            bar.set_postfix(docs=writers["train"].docs + writers["val"].docs + 1, refresh=False)
+            if max_tokens is not None and total >= max_tokens:
+                break
+        if held is None:
+            raise ValueError(f"input {source} holds only empty documents")
+        if val_frac > 0 and writers["train"].docs + writers["val"].docs == 0:
+            raise ValueError(f"input {source} has 1 document: a train/val split needs at least 2")
+        is_val = rng.random() < val_frac         # the last document: each split gets one at least
+        if val_frac > 0 and writers["val"].docs == 0:
+            is_val = True
+        elif writers["train"].docs == 0:
+            is_val = False
+        writers["val" if is_val else "train"].add(held)
+        for w in writers.values():
+            w.close()
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    finally:
+        chunks.close()                      # stops the workers
+        bar.close()
+    meta = {"tokenizer": tok.name, "vocab_size": tok.vocab_size, "eot_id": tok.eot, "format": FORMAT,
+            "input": source, "text_field": text_field, "val_frac": val_frac, "seed": seed, "max_tokens": max_tokens,
+            "shards": {s: w.names for s, w in writers.items()}, "empty_docs_skipped": empty,
+            **{f"{s}_{k}": getattr(w, k) for s, w in writers.items() for k in ("tokens", "docs")}}
+    with open(os.path.join(out_dir, "meta.json.tmp"), "w") as f:
         json.dump(meta, f, indent=2)
-    print(f"wrote {out_dir}: train {stats['train']['tokens']:,} tokens in {stats['train']['docs']} docs, "
-          f"val {stats['val']['tokens']:,} tokens in {stats['val']['docs']} docs")
+    os.replace(os.path.join(out_dir, "meta.json.tmp"), os.path.join(out_dir, "meta.json"))   # last: the folder is complete
+    print(f"wrote {out_dir}: train {meta['train_tokens']:,} tokens in {meta['train_docs']} docs, "
+          f"val {meta['val_tokens']:,} tokens in {meta['val_docs']} docs" + (f" ({empty} empty documents skipped)" if empty else ""))
     return meta
 
 # -----------------------------------------------------------------------------
@@ -283,7 +332,7 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
 
 class Batch(NamedTuple):
     x: torch.Tensor        # (B, T) int64 input tokens
-    y: torch.Tensor        # (B, T) int64 targets; -1 = no target (padding, or across a document boundary)
+    y: torch.Tensor        # (B, T) int64 targets; -1 = no target (padding)
     doc_ids: torch.Tensor  # (B, T) int64 index of each token's document within its row, from 0
     n_valid: int           # number of targets != -1: the real tokens of this batch
     # with packing and the document mask only (else None), from varlen_metadata:
@@ -334,165 +383,191 @@ def varlen_metadata(doc_ids):
 
 
 def doc_ids_from_tokens(x, eot):
-    """(B, T) document index of each token within its row: the number of EOTs strictly before it,
-    so an EOT is the last token of its document. numpy in, numpy out."""
-    is_eot = (x == eot)
-    return np.cumsum(is_eot, axis=1) - is_eot
+    """(B, T) index of each token's document within its row, from 0: a new document starts at each
+    EOT (the BOS convention), and a row that starts mid-document starts with document 0. numpy in, numpy out."""
+    ids = np.cumsum(x == eot, axis=1)
+    return ids - ids[:, :1]
 
 
 class Loader:
-    """Random (x, y, doc_ids) batches of shape (B, T) from the shards of one split.
+    """(x, y, doc_ids) batches of shape (B, T) from the shards of one split: every row once per epoch.
 
-    packing=True: each row is a window of the token stream at a random offset, so documents are
-    joined by EOT and fill the row; with document_mask=True the target at each EOT (the next
-    document's first token) is -1, so no loss target crosses a boundary.
-    packing=False: each row holds one document, or one block_size piece of a longer one, padded
-    with targets -1 (the baseline that wastes compute on padding).
+    The split's shards end to end are one token stream, followed by one virtual EOT (the BOS of a next
+    document). Its rows, with targets one token further on:
+    packing=True: the consecutive block_size windows of the stream (the last < T tokens are never
+    read). Documents run across rows; a row starting mid-document starts with that piece at position
+    0. doc_ids start a new document at each BOS (doc_ids_from_tokens).
+    packing=False: each document cut into block_size pieces, one per row, padded with targets -1 and
+    doc_id 1: the baseline that wastes compute on padding.
+    No target is -1 but padding's (see the convention above), so `document_mask`, kept for train.py's
+    call, changes no batch: the trainer decides whether the model gets doc_ids.
 
-    Offsets come from a torch.Generator seeded with `seed`; state_dict() returns its state before the
-    next batch, so a resumed run sees the same batches. Under data parallelism every rank draws the
-    same stream of world_size micro-batches per call and keeps micro-batch number `rank`: ranks
-    read different data, and the rows of one optimizer step are the same for any world size. Shards are memory-mapped afresh for each
-    batch (a long-lived np.memmap keeps every page it touched resident). The next `prefetch` batches
-    are built in a background thread while the current ones train, in pinned memory, and copied
-    non-blocking (train.py prefetches a whole optimizer step, so the GPU never waits for the loader).
-    Raises FileNotFoundError / ValueError for missing, corrupt or too-short shards."""
+    Without replacement: epoch e visits every row once, in the order np.random.default_rng([seed, e])
+    .permutation(n_rows), a fresh order each epoch. All ranks walk one global sequence of rows: each
+    call takes the next world_size * B rows, of which rank r keeps [r*B, (r+1)*B), so no two ranks
+    read the same row and the rows of an optimizer step are the same for any world size with the same
+    global batch. state_dict() is the position in that sequence: a resumed run continues exactly.
+
+    Start-up reads each shard's header and index, never its tokens (read_index). Shards are memory-mapped
+    afresh for each batch (a long-lived np.memmap keeps every page it touched resident). The next
+    `prefetch` batches are built in a background thread, in pinned memory, and copied non-blocking.
+    Raises FileNotFoundError / ValueError for missing, corrupt, incomplete or too-short shards, and for
+    a shard holding an id >= vocab_size (when given), naming the shard."""
 
     def __init__(self, data_dir, split, batch_size, block_size, device="cpu", seed=0,
                  packing=True, document_mask=True, eot=None, rank=0, world_size=1, vocab_size=None,
                  prefetch=2):
+        meta = load_meta(data_dir, verbose=eot is None)
         self.paths = find_shards(data_dir, split)
-        self.sizes = np.array([read_header(p)[0] for p in self.paths])
+        self.eot = meta["eot_id"] if eot is None else eot
         self.B, self.T, self.device = batch_size, block_size, torch.device(device)
         self.packing, self.document_mask = packing, document_mask
-        self.rank, self.world_size, self.vocab_size = rank, world_size, vocab_size
-        self.eot = load_meta(data_dir)["eot_id"] if eot is None else eot
-        if packing:
-            self.windows = np.maximum(self.sizes - block_size, 0)   # valid start offsets per shard
-            if self.windows.sum() == 0:
-                raise ValueError(f"{split} shards in {data_dir} hold {self.sizes.max()} tokens at most: "
-                                 f"too few for block_size {block_size} (need {block_size + 1})")
-        else:
-            self.pieces = self._index_pieces()
-        self.gen = torch.Generator().manual_seed(seed)
-        self._initial = self.gen.get_state()
-        self._pool = ThreadPoolExecutor(1)     # one worker: batches are drawn in order, deterministically
-        self._pin = self.device.type == "cuda"
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        if type(seed) is not int or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
         if type(prefetch) is not int or prefetch < 1:
             raise ValueError(f"prefetch must be an int >= 1 (batches built ahead), got {prefetch!r}")
-        self._prefetch = prefetch
+        self.rank, self.world_size, self.seed, self._initial_seed, self._prefetch = rank, world_size, seed, seed, prefetch
+        sizes = [read_header(p)[0] for p in self.paths]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)   # where each shard starts in the stream
+        if meta["foreign"] and not all(os.path.isfile(index_path(p)) for p in self.paths):
+            print(f"note: indexing the foreign {split} shards of {data_dir} (once: the index is saved beside them)")
+        index = [read_index(p, n, self.eot, meta["foreign"], with_starts=not packing) for p, n in zip(self.paths, sizes)]
+        for p, (max_id, _) in zip(self.paths, index):
+            if vocab_size is not None and max_id >= vocab_size:
+                raise ValueError(f"shard {p} holds token id {max_id}, outside the vocabulary ({vocab_size} ids "
+                                 f"in meta.json): shards and meta.json disagree")
+        n = int(self.offsets[-1])
+        if packing:
+            self.n_rows = n // block_size
+        else:                    # pieces: piece i of document d starts at doc_starts[d] + (i - piece_starts[d]) * T
+            starts = np.concatenate([o + s for o, (_, s) in zip(self.offsets, index)])
+            if len(starts) == 0 or starts[0] != 0:     # a stream starting mid-document (foreign shards)
+                starts = np.insert(starts, 0, 0)
+            self.doc_starts = starts
+            self.doc_ends = np.append(self.doc_starts[1:], n)
+            pieces = -(-(self.doc_ends - self.doc_starts) // block_size)
+            self.piece_ends = np.cumsum(pieces)
+            self.piece_starts = self.piece_ends - pieces
+            self.n_rows = int(self.piece_ends[-1])
+        if self.n_rows == 0:
+            raise ValueError(f"{split} shards in {data_dir} hold {n} tokens: too few for one row of block_size {block_size}")
+        self._orders = {}
+        self._pool = ThreadPoolExecutor(1)     # one worker: batches are built in order
+        self._pin = self.device.type == "cuda"
         self._futures = deque()
-        self.load_state_dict({"rng": self._initial})
+        self.reset()
 
-    def _index_pieces(self):
-        """(n, 3) int64 array of (shard, start, length): each document cut into block_size pieces,
-        where a piece's inputs are tokens [start, start+length) and its targets one further."""
-        rows = []
-        for s, path in enumerate(self.paths):
-            toks = read_shard(path)
-            ends = np.flatnonzero(toks == self.eot)                  # last target index of each doc
-            if len(toks) and (len(ends) == 0 or ends[-1] != len(toks) - 1):
-                ends = np.append(ends, len(toks) - 1)                # a document cut by the shard's end
-            starts = np.concatenate([[0], ends[:-1] + 1])
-            n_targets = ends - starts
-            keep = n_targets > 0
-            starts, n_targets = starts[keep], n_targets[keep]
-            counts = -(-n_targets // self.T)
-            first = np.repeat(starts, counts)
-            j = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-            p = first + j * self.T
-            length = np.minimum(self.T, np.repeat(starts + n_targets, counts) - p)
-            rows.append(np.stack([np.full_like(p, s), p, length], axis=1))
-            del toks
-        pieces = np.concatenate(rows) if rows else np.zeros((0, 3), dtype=np.int64)
-        if len(pieces) == 0:
-            raise ValueError(f"shards {self.paths} hold no document with a target")
-        return pieces
+    def _order(self, seed, epoch):
+        """The rows of `epoch` in their shuffled order (two epochs cached: a batch may straddle them)."""
+        if (seed, epoch) not in self._orders:
+            self._orders = {k: v for k, v in self._orders.items() if k == (seed, epoch - 1)}
+            self._orders[seed, epoch] = np.random.default_rng([seed, epoch]).permutation(self.n_rows)
+        return self._orders[seed, epoch]
 
-    def _produce(self):
+    def _read(self, a, b, maps):
+        """Tokens [a, b) of the stream as int64 (past its end: the virtual EOT)."""
+        out = np.full(b - a, self.eot, dtype=np.int64)
+        s = int(np.searchsorted(self.offsets, a, side="right")) - 1
+        pos = a
+        while pos < b and s < len(self.paths):
+            lo, hi = pos - self.offsets[s], min(b, self.offsets[s + 1]) - self.offsets[s]
+            toks = maps[s] if s in maps else maps.setdefault(s, read_shard(self.paths[s]))
+            out[pos - a:pos - a + hi - lo] = toks[lo:hi]
+            pos, s = self.offsets[s] + hi, s + 1
+        return out
+
+    def _produce(self, seed, first):
+        """This rank's batch at position `first` of the global sequence of rows."""
         B, T = self.B, self.T
         x = np.full((B, T), self.eot, dtype=np.int64)
         y = np.full((B, T), -1, dtype=np.int64)
+        doc_ids = np.zeros((B, T), dtype=np.int64)
         maps = {}
+        epochs, rows = np.divmod(np.arange(first + self.rank * B, first + (self.rank + 1) * B), self.n_rows)
+        for b, (e, i) in enumerate(zip(epochs, rows)):
+            r = int(self._order(seed, int(e))[i])
+            if self.packing:
+                start, n = r * T, T
+            else:
+                d = int(np.searchsorted(self.piece_ends, r, side="right"))
+                start = int(self.doc_starts[d] + (r - self.piece_starts[d]) * T)
+                n = min(T, int(self.doc_ends[d]) - start)
+                doc_ids[b, n:] = 1                                   # padding: a document of its own
+            row = self._read(start, start + n + 1, maps)
+            x[b, :n], y[b, :n] = row[:-1], row[1:]
+        del maps                                                     # unmap: nothing stays resident
         if self.packing:
-            weights = torch.from_numpy(self.windows.astype(np.float64))
-            for i in range(B * self.world_size):   # row by row: 4 batches of 2 rows = 1 batch of 8
-                s = torch.multinomial(weights, 1, generator=self.gen).item()
-                off = torch.randint(int(self.windows[s]), (1,), generator=self.gen).item()
-                b = i - self.rank * B
-                if not 0 <= b < B:
-                    continue                           # another rank's row
-                toks = maps[s] if s in maps else maps.setdefault(s, read_shard(self.paths[s]))
-                row = np.asarray(toks[off:off + T + 1], dtype=np.int64)
-                x[b], y[b] = row[:-1], row[1:]
             doc_ids = doc_ids_from_tokens(x, self.eot)
-            if self.document_mask:
-                y[x == self.eot] = -1      # the EOT's target opens another document
-        else:
-            idx = [torch.randint(len(self.pieces), (1,), generator=self.gen).item() for _ in range(B * self.world_size)]
-            idx = idx[self.rank * B:(self.rank + 1) * B]
-            doc_ids = np.ones((B, T), dtype=np.int64)             # padding: a document of its own
-            for b, (s, p, n) in enumerate(self.pieces[idx]):
-                toks = maps[s] if s in maps else maps.setdefault(s, read_shard(self.paths[s]))
-                row = np.asarray(toks[p:p + n + 1], dtype=np.int64)
-                x[b, :n], y[b, :n], doc_ids[b, :n] = row[:-1], row[1:], 0
-        del maps                                                  # unmap: nothing stays resident
-        if self.vocab_size is not None and max(x.max(), y.max()) >= self.vocab_size:
-            raise ValueError(f"token id {max(x.max(), y.max())} in the shards {self.paths} is outside the "
-                             f"vocabulary ({self.vocab_size} ids in meta.json): shards and meta.json disagree")
-        n_valid = int((y != -1).sum())
-        state = self.gen.get_state()
         tensors = [torch.from_numpy(a) for a in (x, y, doc_ids)]
         if self.packing and self.document_mask:   # varlen cu_seqlens and positions: here, not in the step
             tensors += [torch.from_numpy(a) for a in varlen_metadata(doc_ids)]
         if self._pin:
             tensors = [t.pin_memory() for t in tensors]
-        return tensors, n_valid, state
+        return tensors, int((y != -1).sum())
 
     def __iter__(self):
         return self
 
     def __next__(self):
         """The next Batch, on the loader's device."""
-        tensors, n_valid, state = self._futures.popleft().result()
-        self._state = state                        # generator state before the batch after this one
-        self._futures.append(self._pool.submit(self._produce))
+        tensors, n_valid = self._futures.popleft().result()
+        self._row += self.world_size * self.B      # the position of the batch after this one
+        self._submit()
         x, y, doc_ids, *varlen = (t.to(self.device, non_blocking=True) for t in tensors)
         return Batch(x, y, doc_ids, n_valid, *varlen)
 
+    def _submit(self):
+        self._futures.append(self._pool.submit(self._produce, self.seed, self._ahead))
+        self._ahead += self.world_size * self.B
+
     def state_dict(self):
         """The sampler state to put in a checkpoint: the batches after it are the ones still to come."""
-        return {"rng": self._state.clone()}
+        return {"seed": self.seed, "row": self._row, "rows_per_epoch": self.n_rows}
 
     def load_state_dict(self, state):
+        """Continue from state_dict()'s state. Raises ValueError for a state of other data or of an
+        older data.py (which sampled with replacement)."""
+        if "row" not in state:
+            raise ValueError("the loader state comes from an older data.py (rows drawn with replacement) and "
+                             "cannot be continued exactly: start the run afresh")
+        if state["rows_per_epoch"] != self.n_rows:
+            raise ValueError(f"the loader state is for data with {state['rows_per_epoch']} rows per epoch, this data "
+                             f"has {self.n_rows}: resume on the same data, block_size and packing")
         while self._futures:                       # let the batches in flight finish, then discard them
             self._futures.popleft().result()
-        self.gen.set_state(state["rng"])
-        self._state = state["rng"]
-        self._futures.extend(self._pool.submit(self._produce) for _ in range(self._prefetch))
+        self.seed, self._row = state["seed"], state["row"]
+        self._ahead = self._row
+        for _ in range(self._prefetch):
+            self._submit()
 
     def reset(self):
         """Back to the first batch (eval uses the same batches every time, so its losses compare)."""
-        self.load_state_dict({"rng": self._initial})
+        self.load_state_dict({"seed": self._initial_seed, "row": 0, "rows_per_epoch": self.n_rows})
 
 # -----------------------------------------------------------------------------
 
 def main():
     parser = argparse.ArgumentParser(description="Tokenise a corpus into llm.c-format shards.")
-    parser.add_argument("--input", default=None, help="folder of text files (recursive), .jsonl with a "
-                        "'text' field, or one text file; default: this Python's stdlib sources")
+    parser.add_argument("--input", default=None, help="a folder (recursive), a text, .jsonl[.gz|.zst] or .parquet "
+                        "file, a datasets save_to_disk folder or hf:NAME[:CONFIG]; default: this Python's stdlib sources")
     parser.add_argument("--out", default=None, help="output folder (default: data/stdlib_<tokenizer>)")
     parser.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"])
+    parser.add_argument("--text_field", default="text", help="the document's field (.jsonl) or column (parquet, datasets)")
     parser.add_argument("--val_frac", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: one per CPU)")
+    parser.add_argument("--shard_tokens", type=int, default=SHARD_TOKENS)
+    parser.add_argument("--max_tokens", type=int, default=None, help="stop after the document that reaches this many tokens")
     args = parser.parse_args()
     if args.out is None:
         if args.input is not None:
             parser.error("--out is required with --input")
         args.out = f"data/stdlib_{args.tokenizer}"
     try:
-        prepare(args.input, args.out, args.tokenizer, args.val_frac, args.seed, args.workers)
+        prepare(args.input, args.out, args.tokenizer, args.val_frac, args.seed, args.workers,
+                args.shard_tokens, args.text_field, args.max_tokens)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}")
 

@@ -9,9 +9,10 @@ Attention has four backends, chosen at construction:
           cu_seqlens over the flattened batch (FA3 when flash_attn_interface imports, else PyTorch's FA2)
 
 Packing: pass doc_ids (B, T) and no token attends to another document and positions restart at
-0 at each document start. One mask is built per forward and shared by every layer. The mask
-function `document_causal_mask` is the single source of truth for naive, sdpa and flex; varlen's
-segments are the runs of equal doc_ids (`varlen_cu_seqlens`), checked against the same reference.
+0 at each document start (a document is a run of equal ids: document_runs). One mask is built per
+forward and shared by every layer. The mask function `document_causal_mask` is the single source of
+truth for naive, sdpa and flex; varlen's segments are the same runs (`varlen_cu_seqlens`), checked
+against the same reference.
 """
 import importlib.util
 import inspect
@@ -59,6 +60,14 @@ def dense_attention_mask(doc_ids):
     t = torch.arange(T, device=doc_ids.device)
     b = torch.arange(B, device=doc_ids.device)[:, None, None]
     return document_causal_mask(doc_ids, t[None, :, None], t[None, None, :], b)[:, None]
+
+
+def document_runs(doc_ids):
+    """(B, T) index of each token's run of equal doc_ids within its row, from 0. The attention mask is
+    built from runs, so each run is its own document whatever its id: doc_ids [[0,0,1,1,0,0]] are
+    three documents, and the last two tokens do not see the first two (no check, no host sync)."""
+    changed = (doc_ids[:, 1:] != doc_ids[:, :-1]).long()
+    return torch.cat([torch.zeros_like(doc_ids[:, :1]), changed], dim=1).cumsum(dim=1)
 
 
 def position_ids(doc_ids):
@@ -342,9 +351,11 @@ class GPT(nn.Module):
     def attention_mask(self, doc_ids, T, device, cu_seqlens=None):
         """The mask every layer shares: for naive/sdpa None (plain causal) without doc_ids, else a
         (B, 1, T, T) bool tensor; for flex a BlockMask (the causal one built once and cached); for
-        varlen None without doc_ids, else `cu_seqlens` (the loader's) or varlen_cu_seqlens(doc_ids)."""
+        varlen None without doc_ids, else `cu_seqlens` (the loader's) or varlen_cu_seqlens(doc_ids).
+        Each run of equal doc_ids is one document (document_runs)."""
         if self.config.attention == "varlen":
             return cu_seqlens if cu_seqlens is not None or doc_ids is None else varlen_cu_seqlens(doc_ids)
+        doc_ids = None if doc_ids is None else document_runs(doc_ids)
         if self.config.attention != "flex":
             return None if doc_ids is None else dense_attention_mask(doc_ids)
         if doc_ids is None:
@@ -358,7 +369,9 @@ class GPT(nn.Module):
         return torch.arange(T, device=device) if doc_ids is None else position_ids(doc_ids)
 
     def forward(self, idx, targets=None, doc_ids=None, cu_seqlens=None, position_ids=None):
-        """idx (B, T) int64 tokens; targets (B, T) int64, -1 = ignored; doc_ids (B, T) int64 or None.
+        """idx (B, T) int64 tokens; targets (B, T) int64, -1 = ignored; doc_ids (B, T) int64 or None:
+        each run of equal ids is one document, positions restart at 0 at each run and no token attends
+        outside its run (ids need not increase: [[0,0,1,1,0,0]] is three documents).
         cu_seqlens and position_ids: the loader's precomputed metadata for doc_ids (data.varlen_metadata,
         so the step computes neither); without them they are computed here from doc_ids.
         Returns logits (B, T, padded_vocab_size), -inf at the padded ids >= vocab_size, and the mean
@@ -375,8 +388,13 @@ class GPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x))                          # (B, T, V)
         # the padded ids are no tokens: keep them out of the softmax. Their rows are 0 in weights from
         # GPT-2 (hf.py), and a logit of 0 in the denominator would change the loss. In place on a
-        # (B, T, V - vocab_size) slice: cheap in eager, fused into the cross-entropy under compile.
-        logits[..., self.config.vocab_size:] = float("-inf")
+        # (B, T, V - vocab_size) slice: cheap in eager, fused into the cross-entropy under compile;
+        # a copy where the head is torchao's Float8Linear (a custom Function's output: no in-place).
+        if type(self.lm_head) is nn.Linear:
+            logits[..., self.config.vocab_size:] = float("-inf")
+        else:
+            padded = torch.arange(logits.size(-1), device=logits.device) >= self.config.vocab_size
+            logits = logits.masked_fill(padded, float("-inf"))
         loss = None
         if targets is not None:
             loss_sum = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),

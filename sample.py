@@ -3,6 +3,10 @@ Generate text from a checkpoint, decoding with the checkpoint's tokenizer.
 
     python sample.py                                   # out/ckpt.pt, prompt "def "
     python sample.py --out_dir=out-fast --start="Once upon a time" --num_samples=3 --top_k=50
+    python sample.py --start=""                        # a whole document, from its first token
+
+Each sample starts a document (the prompt follows one end-of-text token, as every training document
+does) and stops where the model ends it (its next end-of-text), or after max_new_tokens.
 """
 import argparse
 import os
@@ -58,10 +62,13 @@ def main():
     except (ValueError, FileNotFoundError) as e:         # offline without the GPT-2 files
         raise SystemExit(f"error: {e}")
     start = open(args.start[5:]).read() if args.start.startswith("FILE:") else args.start
-    idx = torch.tensor([tok.encode(start) or [meta["eot_id"]]], device=args.device)
+    # every training document starts with end-of-text (data.py's convention), so the prompt does too:
+    # an empty prompt is that one token. A sample ends where the model ends the document.
+    eot, prompt = meta["eot_id"], tok.encode(start)
+    idx = torch.tensor([[eot] + prompt], device=args.device)
     for _ in range(args.num_samples):
-        out = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k or None)
-        print(tok.decode(out[0].tolist()))
+        new = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k or None)[0, idx.size(1):].tolist()
+        print(tok.decode(prompt + (new[:new.index(eot)] if eot in new else new)))
         print("-" * 60)
 
 

@@ -72,7 +72,7 @@ long() {  # name, flags...: the stories corpus at block_size 4096, 16 rows per m
     python3 data.py --input "$stories" --out data/stories_gpt2 --tokenizer gpt2 > "$runs/prep_stories.log" 2>&1
   fi
   local name=$1; shift
-  train "$name" --data_dir=data/stories_gpt2 --block_size=4096 --batch_size=16 --grad_accum_steps=8 "$@"
+  train "$name" --data_dir=data/stories_gpt2 --block_size=4096 --batch_size=16 --total_batch_size=524288 "$@"
 }
 
 rm -f "$runs/done.txt"

@@ -16,9 +16,9 @@ bias = True
 activation = "gelu_tanh"
 block_size = 1024
 dropout = 0.0
-# 8 x 1024 x 4 = 32,768 tokens per step: 20 steps are about two passes over the training text
+# 32,768 tokens per step (4 micro-steps of 8 x 1024 on one GPU): 20 steps are about two passes over the text
 batch_size = 8
-grad_accum_steps = 4
+total_batch_size = 32768
 learning_rate = 3e-5                # constant: small, to keep what GPT-2 knows
 min_lr = 3e-5
 warmup_iters = 0

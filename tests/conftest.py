@@ -11,6 +11,7 @@ _shared_cache = os.path.join(ROOT, "..", "shared", "tiktoken_cache")
 if "TIKTOKEN_CACHE_DIR" not in os.environ and os.path.isdir(_shared_cache):
     os.environ["TIKTOKEN_CACHE_DIR"] = _shared_cache
 
+import corpus  # noqa: E402
 import data  # noqa: E402
 
 
@@ -18,7 +19,7 @@ import data  # noqa: E402
 def corpus_dir(tmp_path_factory):
     """A folder of 80 real documents of varied length: the first stdlib .py files."""
     src = tmp_path_factory.mktemp("corpus")
-    for i, (_, path) in enumerate(data.iter_documents(None)):
+    for i, (path, _) in enumerate(corpus.iter_texts(None)):
         if i >= 80:
             break
         shutil.copy(path, src / f"{i:03d}_{os.path.basename(path)}")

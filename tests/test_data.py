@@ -1,11 +1,21 @@
+"""data.py and corpus.py on the CPU: every input kind, the BOS convention in the shards, interrupted
+preparations, the sampler without replacement, and the errors for bad data."""
+import gzip
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 
+import corpus
 import data
+from conftest import ROOT
 
 DOCS = ["def f(x):\n    return x + 1\n", "print('<|endoftext|> is just text here')\n",
         "naïve café ☕ — unicode\n", "x", "a" * 500, "class A:\n    pass\n"]
@@ -14,73 +24,199 @@ DOCS = ["def f(x):\n    return x + 1\n", "print('<|endoftext|> is just text here
 def _write_docs(folder, docs):
     os.makedirs(folder, exist_ok=True)
     for i, d in enumerate(docs):
-        with open(os.path.join(folder, f"doc{i}.txt"), "w", encoding="utf-8") as f:
+        with open(os.path.join(folder, f"doc{i:03d}.txt"), "w", encoding="utf-8") as f:
             f.write(d)
 
 
-def _all_tokens(out):
-    return [np.asarray(data.read_shard(p)) for s in ("train", "val") for p in data.find_shards(out, s)]
+def _write_jsonl(path, docs, opener=open):
+    with opener(path, "wt", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d, "title": "t"}) + "\n")
+
+
+def _stream(out, split):
+    """A split's tokens, all shards end to end."""
+    return np.concatenate([np.asarray(data.read_shard(p)) for p in data.find_shards(out, split)])
 
 
 def _split_docs(tokens, eot):
-    docs, cur = [], []
-    for t in tokens:
-        if t == eot:
-            docs.append(cur)
-            cur = []
-        else:
-            cur.append(int(t))
-    assert cur == [], "every document must end with end-of-text"
-    return docs
+    """Documents of a stream under the BOS convention: each starts with end-of-text."""
+    assert len(tokens) == 0 or tokens[0] == eot, "every document must start with end-of-text"
+    starts = np.flatnonzero(tokens == eot)
+    return [tokens[a + 1:b].tolist() for a, b in zip(starts, np.append(starts[1:], len(tokens)))]
 
 
 @pytest.mark.parametrize("tokenizer", ["byte", "gpt2"])
-def test_round_trip(tmp_path, tokenizer):
+def test_round_trip_and_index(tmp_path, tokenizer):
     try:
         tok = data.get_tokenizer(tokenizer)
     except FileNotFoundError as e:
         pytest.skip(f"GPT-2 tokenizer files unavailable: {e}")
-    _write_docs(tmp_path / "in", DOCS)
+    _write_docs(tmp_path / "in", DOCS + [""])            # an empty document is skipped
     meta = data.prepare(str(tmp_path / "in"), str(tmp_path / "out"), tokenizer, val_frac=0.3, seed=1, workers=2)
-    assert meta["eot_id"] == tok.eot and meta["vocab_size"] == tok.vocab_size
-    decoded = []
-    for toks in _all_tokens(tmp_path / "out"):
-        decoded += [tok.decode(d) for d in _split_docs(toks, tok.eot)]
-    # document count equals end-of-text count; the literal "<|endoftext|>" stayed ordinary text
-    assert meta["train_docs"] + meta["val_docs"] == len(DOCS) == len(decoded)
+    assert meta["eot_id"] == tok.eot and meta["vocab_size"] == tok.vocab_size and meta["format"] == 2
+    decoded = [tok.decode(d) for s in ("train", "val") for d in _split_docs(_stream(tmp_path / "out", s), tok.eot)]
+    # one end-of-text before each document; the literal "<|endoftext|>" stayed ordinary text
+    assert meta["train_docs"] + meta["val_docs"] == len(DOCS) == len(decoded) and meta["empty_docs_skipped"] == 1
     assert sorted(decoded) == sorted(DOCS)
     assert meta["val_docs"] >= 1 and meta["train_docs"] >= 1
     saved = json.load(open(tmp_path / "out" / "meta.json"))
-    assert saved["tokenizer"] == tokenizer and saved["train_tokens"] + saved["val_tokens"] == sum(map(len, _all_tokens(tmp_path / "out")))
+    assert saved["train_tokens"] + saved["val_tokens"] == sum(len(_stream(tmp_path / "out", s)) for s in ("train", "val"))
+    for path in data.find_shards(tmp_path / "out", "train"):   # the index written at preparation
+        toks = np.asarray(data.read_shard(path))
+        max_id, starts = data.read_index(path, len(toks), tok.eot, foreign=False)
+        assert max_id == toks.max() and np.array_equal(starts, np.flatnonzero(toks == tok.eot))
 
 
 def test_split_is_deterministic_and_by_document(tmp_path):
     _write_docs(tmp_path / "in", [f"document number {i}\n" * (i + 1) for i in range(40)])
-    a = data.prepare(str(tmp_path / "in"), str(tmp_path / "a"), "byte", val_frac=0.25, seed=7, workers=2)
-    data.prepare(str(tmp_path / "in"), str(tmp_path / "b"), "byte", val_frac=0.25, seed=7, workers=1)
+    a = data.prepare(str(tmp_path / "in"), str(tmp_path / "a"), "byte", val_frac=0.25, seed=7, workers=2, shard_tokens=1000)
+    data.prepare(str(tmp_path / "in"), str(tmp_path / "b"), "byte", val_frac=0.25, seed=7, workers=1, shard_tokens=1000)
+    assert len(a["shards"]["train"]) > 3                  # documents run on across shards
     for split in ("train", "val"):
-        (pa,), (pb,) = data.find_shards(tmp_path / "a", split), data.find_shards(tmp_path / "b", split)
-        assert np.array_equal(data.read_shard(pa), data.read_shard(pb))
+        for pa, pb in zip(data.find_shards(tmp_path / "a", split), data.find_shards(tmp_path / "b", split), strict=True):
+            assert np.array_equal(data.read_shard(pa), data.read_shard(pb))
     assert 0 < a["val_docs"] < 40
 
 
-def test_jsonl_and_single_file(tmp_path):
+def test_every_input_kind_gives_the_same_shards(tmp_path):
+    """A folder of text files, .jsonl, .jsonl.gz, .jsonl.zst, .parquet (several row groups), a folder of
+    parquet files and a datasets save_to_disk folder holding the same texts give the same shards."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    zstandard, datasets = pytest.importorskip("zstandard"), pytest.importorskip("datasets")
+    docs = [f"doc {i}: " + "word " * (i % 13) for i in range(30)] + DOCS
+    _write_docs(tmp_path / "folder", docs)
+    _write_jsonl(tmp_path / "d.jsonl", docs)
+    _write_jsonl(tmp_path / "d.jsonl.gz", docs, gzip.open)
+    (tmp_path / "d.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress((tmp_path / "d.jsonl").read_bytes()))
+    pq.write_table(pa.table({"id": list(range(len(docs))), "text": docs}), tmp_path / "d.parquet", row_group_size=7)
+    (tmp_path / "pq").mkdir()
+    for i in range(0, len(docs), 10):
+        pq.write_table(pa.table({"text": docs[i:i + 10]}), tmp_path / "pq" / f"part_{i:03d}.parquet")
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(tmp_path / "hf"))
+    inputs = ["folder", "d.jsonl", "d.jsonl.gz", "d.jsonl.zst", "d.parquet", "pq", "hf"]
+    for name in inputs:
+        data.prepare(str(tmp_path / name), str(tmp_path / f"out_{name}"), "byte", val_frac=0.2, seed=3, workers=2, shard_tokens=300)
+    for split in ("train", "val"):
+        ref = _stream(tmp_path / "out_folder", split)
+        for name in inputs[1:]:
+            assert np.array_equal(_stream(tmp_path / f"out_{name}", split), ref), name
+    assert json.load(open(tmp_path / "out_hf" / "meta.json"))["train_docs"] + \
+        json.load(open(tmp_path / "out_hf" / "meta.json"))["val_docs"] == len(docs)
+
+
+def test_text_field_and_max_tokens(tmp_path):
     with open(tmp_path / "d.jsonl", "w") as f:
-        for d in DOCS:
-            f.write(json.dumps({"text": d, "title": "t"}) + "\n")
-    meta = data.prepare(str(tmp_path / "d.jsonl"), str(tmp_path / "j"), "byte", val_frac=0.3, seed=1, workers=1)
-    assert meta["train_docs"] + meta["val_docs"] == len(DOCS)
-    (tmp_path / "one.txt").write_text("hello world")
-    meta = data.prepare(str(tmp_path / "one.txt"), str(tmp_path / "o"), "byte", val_frac=0.0, workers=1)
-    assert meta["train_docs"] == 1 and meta["train_tokens"] == len("hello world") + 1
-    with open(tmp_path / "bad.jsonl", "w") as f:
-        f.write('{"body": "no text field"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        for i in range(100):
+            f.write(json.dumps({"body": f"document {i:03d}"}) + "\n")     # 12 bytes + BOS = 13 tokens
+    meta = data.prepare(str(tmp_path / "d.jsonl"), str(tmp_path / "o"), "byte", val_frac=0.0, workers=1,
+                        text_field="body", max_tokens=100)
+    assert meta["train_docs"] == 8 and meta["train_tokens"] == 104      # stops after the document reaching 100
+    with pytest.raises(ValueError, match=r"d.jsonl:1: expected a JSON object with a 'text' field"):
+        data.prepare(str(tmp_path / "d.jsonl"), str(tmp_path / "x"), "byte", workers=1)
+
+
+def test_text_edge_cases(tmp_path):
+    """A lone surrogate is U+FFFD in both tokenizers; a BOM starting a .jsonl or a text file is dropped;
+    the errors that remain name the file and line."""
+    (tmp_path / "s.jsonl").write_text('{"text": "x \\ud800 y"}\n{"text": "fine"}\n')
+    (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "first"}\n{"text": "second"}\n')
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfhello")
+    texts = [t for _, t in corpus.iter_texts(str(tmp_path / "s.jsonl"))]
+    assert texts[0] == "x \ud800 y"
+    tokenizers = [data.get_tokenizer("byte")]
+    try:
+        tokenizers.append(data.get_tokenizer("gpt2"))
+    except FileNotFoundError:
+        pass                                  # offline without the GPT-2 files: the byte path still runs
+    for tok in tokenizers:   # encode, and encode_array as preparation calls it
+        assert tok.encode(texts[0]) == tok.encode_array(texts[0]).tolist() == tok.encode("x \ufffd y"), tok.name
+    data.prepare(str(tmp_path / "s.jsonl"), str(tmp_path / "s"), "byte", val_frac=0, workers=1)
+    assert _split_docs(_stream(tmp_path / "s", "train"), 256)[0] == list("x \ufffd y".encode())
+    assert [t for _, t in corpus.iter_texts(str(tmp_path / "bom.jsonl"))] == ["first", "second"]
+    assert [t for _, t in corpus.iter_texts(str(tmp_path / "bom.txt"))] == ["hello"]
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n\n{"text": "unterminated\n')
+    with pytest.raises(ValueError, match="bad.jsonl:3: expected a JSON object"):
         data.prepare(str(tmp_path / "bad.jsonl"), str(tmp_path / "x"), "byte", workers=1)
-    with open(tmp_path / "num.jsonl", "w") as f:
-        f.write('{"text": "ok"}\n{"text": 5}\n')
+    (tmp_path / "num.jsonl").write_text('{"text": "ok"}\n{"text": 5}\n')
     with pytest.raises(ValueError, match="num.jsonl:2: 'text' must be a string"):
         data.prepare(str(tmp_path / "num.jsonl"), str(tmp_path / "x"), "byte", workers=1)
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"body": ["a"]}), tmp_path / "p.parquet")
+    with pytest.raises(ValueError, match=r"p.parquet: no column 'text' \(columns: body\)"):
+        data.prepare(str(tmp_path / "p.parquet"), str(tmp_path / "x"), "byte", workers=1)
+    pq.write_table(pa.table({"text": ["a", None]}), tmp_path / "n.parquet")
+    with pytest.raises(ValueError, match="n.parquet row 1: 'text' must be a string, got NoneType"):
+        data.prepare(str(tmp_path / "n.parquet"), str(tmp_path / "x"), "byte", workers=1)
+
+
+def test_hub_dataset_unreachable_is_a_one_line_error(tmp_path):
+    """hf:NAME streams from the Hugging Face hub; offline (as in CI) that is one line naming the dataset."""
+    pytest.importorskip("datasets")
+    proc = subprocess.run([sys.executable, "data.py", "--input", "hf:nobody/no_such_dataset", "--out", str(tmp_path / "o")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode != 0 and not (tmp_path / "o").exists()
+    assert proc.stderr.strip().startswith("error: cannot open the Hugging Face dataset hf:nobody/no_such_dataset")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_reading_stays_bounded():
+    """The tokenisation reads at most 2 chunks per worker ahead of what it has handed back."""
+    read = []
+
+    def docs():
+        for i in range(1000):
+            read.append(i)
+            yield f"doc{i}", "0123456789"
+    chunks = corpus.tokenized_chunks(docs(), "byte", np.uint16, workers=1, chunk_chars=10)
+    tokens, lengths, _ = next(chunks)
+    assert tokens.tolist() == [256] + list(b"0123456789") and lengths.tolist() == [11]
+    assert len(read) <= 3
+    chunks.close()
+
+
+def test_interrupted_preparation_is_refused_then_redone(tmp_path):
+    """A preparation that fails half-way (here a bad last line, after shards were written) leaves no
+    meta.json and no half-written shard: loaders refuse the folder; preparing again gives the same
+    shards as a clean run."""
+    good = [f"document {i} " * 15 for i in range(40_000)]                # 8 MB: several 1 MB chunks
+    _write_jsonl(tmp_path / "good.jsonl", good)
+    _write_jsonl(tmp_path / "bad.jsonl", good)
+    with open(tmp_path / "bad.jsonl", "a") as f:
+        f.write("not json\n")
+    out, kw = tmp_path / "out", dict(val_frac=0.1, workers=2, shard_tokens=500_000)
+    data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **kw)
+    with pytest.raises(ValueError, match="bad.jsonl:40001"):
+        data.prepare(str(tmp_path / "bad.jsonl"), str(out), "byte", **kw)
+    assert len(data.find_shards(out, "train")) > 3 and not (out / "meta.json").exists()
+    assert not [p for p in os.listdir(out) if p.endswith(".tmp")]
+    for load in (lambda: data.load_meta(out), lambda: data.Loader(str(out), "train", 2, 16, eot=256)):
+        with pytest.raises(ValueError, match="no meta.json: their preparation did not finish"):
+            load()
+    data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **kw)
+    data.prepare(str(tmp_path / "good.jsonl"), str(tmp_path / "clean"), "byte", **{**kw, "workers": 1})
+    assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "clean"))
+    for split in ("train", "val"):
+        assert np.array_equal(_stream(out, split), _stream(tmp_path / "clean", split))
+
+
+def test_killed_preparation_is_refused(tmp_path):
+    """data.py killed (SIGKILL) while it writes shards over an earlier preparation: no meta.json
+    survives, the shards it left are refused, and the temp file of the shard it was writing is ignored."""
+    _write_jsonl(tmp_path / "big.jsonl", [f"line {i} " * 50 for i in range(100_000)])   # ~30 MB
+    out = tmp_path / "out"
+    data.prepare(str(tmp_path / "big.jsonl"), str(out), "byte", workers=1, max_tokens=10_000)
+    cmd = [sys.executable, "data.py", "--input", str(tmp_path / "big.jsonl"), "--out", str(out),
+           "--workers=1", "--shard_tokens=100000"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while len([n for n in os.listdir(out) if n.startswith("train_") and n.endswith(".bin")]) < 3 and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "data.py finished before it could be killed"
+    assert not (out / "meta.json").exists()
+    with pytest.raises(ValueError, match="no meta.json: their preparation did not finish"):
+        data.Loader(str(out), "train", 2, 16)
 
 
 def test_uint32_shards_never_wrap(tmp_path):
@@ -114,28 +250,57 @@ def test_corrupt_and_missing_shards(tmp_path):
         data.prepare(str(tmp_path / "missing_input"), str(tmp_path / "o"), "byte")
 
 
-def test_llmc_fineweb_shard_loads_as_is(tmp_path):
-    """A shard written the way llm.c's fineweb.py writes it (no meta.json, llm.c's file name)."""
-    toks = np.random.default_rng(0).integers(0, 50257, size=5000).astype(np.uint16)
-    toks[::97] = 50256
+def test_older_or_incomplete_meta_json_is_refused(byte_data, tmp_path):
+    import shutil
+    folder = tmp_path / "d"
+    shutil.copytree(byte_data, folder)
+    meta = json.load(open(folder / "meta.json"))
+    json.dump({**meta, "format": 1}, open(folder / "meta.json", "w"))
+    with pytest.raises(ValueError, match=f"format 1 .* older data.py.*python data.py --input {meta['input']} --out {folder} --tokenizer byte"):
+        data.Loader(str(folder), "train", 2, 16)
+    json.dump({**meta, "shards": {"train": [], "val": []}}, open(folder / "meta.json", "w"))
+    with pytest.raises(ValueError, match="does not list the shards in the folder .*train_000000.bin"):
+        data.load_meta(folder)
+    json.dump(meta, open(folder / "meta.json", "w"))
+    shutil.copy(folder / "train_000000.bin", folder / "fineweb_train_000001.bin")     # a foreign shard mixed in
+    with pytest.raises(ValueError, match="does not list the shards in the folder .*fineweb_train_000001.bin"):
+        data.Loader(str(folder), "train", 2, 16)
+    os.remove(folder / "fineweb_train_000001.bin")
+    os.remove(folder / "train_000000.idx.npz")
+    with pytest.raises(ValueError, match="train_000000.bin has no index"):
+        data.Loader(str(folder), "train", 2, 16)
+
+
+def _foreign_shards(folder, toks):
+    """Shards as llm.c's fineweb.py writes them: no meta.json, its file names, EOT before each document."""
     header = np.zeros(256, dtype=np.int32)
     header[0], header[1], header[2] = 20240520, 1, len(toks)
     for split in ("train", "val"):
-        with open(tmp_path / f"fineweb_{split}_000000.bin", "wb") as f:
+        with open(folder / f"fineweb_{split}_000000.bin", "wb") as f:
             f.write(header.tobytes())
-            f.write(toks.tobytes())
-    loader = data.Loader(str(tmp_path), "train", batch_size=3, block_size=32, seed=0, document_mask=False)
+            f.write(toks.astype(np.uint16).tobytes())
+
+
+def test_llmc_fineweb_shard_loads_as_is(tmp_path):
+    toks = np.random.default_rng(0).integers(0, 50256, size=5000)
+    toks[::97] = 50256
+    _foreign_shards(tmp_path, toks)
+    loader = data.Loader(str(tmp_path), "train", batch_size=3, block_size=32, seed=0)
+    assert (tmp_path / "fineweb_train_000000.idx.npz").exists()      # indexed on first use, saved beside
     b = next(loader)
-    assert loader.eot == 50256 and b.x.shape == (3, 32) and b.x.dtype == torch.int64
-    for row_x, row_y in zip(b.x.numpy(), b.y.numpy()):
-        start = next(i for i in range(len(toks) - 32) if np.array_equal(toks[i:i + 32], row_x))
+    assert loader.eot == 50256 and b.x.shape == (3, 32) and b.x.dtype == torch.int64 and b.n_valid == 3 * 32
+    for row_x, row_y, ids in zip(b.x.numpy(), b.y.numpy(), b.doc_ids.numpy()):
+        start = next(i for i in range(0, len(toks) - 32, 32) if np.array_equal(toks[i:i + 32], row_x))
         assert np.array_equal(toks[start + 1:start + 33], row_y)
+        assert np.array_equal(ids, np.cumsum(row_x == 50256) - (row_x[0] == 50256))   # a BOS opens a document
+    padded = data.Loader(str(tmp_path), "train", batch_size=4, block_size=256, seed=0, packing=False)
+    assert padded.n_rows == len(np.flatnonzero(toks == 50256)) + (toks[0] != 50256)   # one piece per document
 
 
-def test_loader_batches_doc_ids_and_state(byte_data):
+def test_loader_batches_doc_ids_and_state(short_data):
     kw = dict(batch_size=4, block_size=128, seed=3)
     # the prefetch depth changes when batches are built, never which batches come
-    a, b = data.Loader(str(byte_data), "train", prefetch=5, **kw), data.Loader(str(byte_data), "train", prefetch=1, **kw)
+    a, b = data.Loader(str(short_data), "train", prefetch=5, **kw), data.Loader(str(short_data), "train", prefetch=1, **kw)
     eot = a.eot
     batches = [next(a) for _ in range(3)]
     for x in batches:
@@ -143,34 +308,37 @@ def test_loader_batches_doc_ids_and_state(byte_data):
         assert torch.equal(x.x, y.x) and torch.equal(x.y, y.y)
     first = batches[0]
     assert first.x.shape == first.y.shape == first.doc_ids.shape == (4, 128)
-    assert torch.equal(first.x[:, 1:][first.y[:, :-1] != -1], first.y[:, :-1][first.y[:, :-1] != -1])
-    # doc_ids: +1 right after each end-of-text; the EOT's own target (across the boundary) is -1
+    assert torch.equal(first.x[:, 1:], first.y[:, :-1])                # packed rows: every position has a target
+    saw_end = False
     for xb in batches:
+        assert xb.n_valid == xb.x.numel()
         for row, ids, tgt in zip(xb.x, xb.doc_ids, xb.y):
-            expected = torch.cumsum((row == eot).long(), 0) - (row == eot).long()
-            assert torch.equal(ids, expected) and ids[0] == 0
-            assert (tgt[row == eot] == -1).all()
-            assert xb.n_valid == int((xb.y != -1).sum())
+            bos = (row == eot).long()
+            assert torch.equal(ids, torch.cumsum(bos, 0) - bos[0]) and ids[0] == 0   # +1 at each BOS
+            # the only target that crosses a document boundary is the next document's BOS
+            crossing = ids[1:] != ids[:-1]
+            assert (tgt[:-1][crossing] == eot).all()
+            saw_end |= bool(crossing.any())
+    assert saw_end
     # the sampler state replays the same stream
     state = a.state_dict()
     after = [next(a) for _ in range(2)]
-    c = data.Loader(str(byte_data), "train", prefetch=3, **kw)
+    c = data.Loader(str(short_data), "train", prefetch=3, **kw)
     c.load_state_dict(state)
     for x in after:
         assert torch.equal(x.x, next(c).x)
     # reset(): back to the first batch
     a.reset()
     assert torch.equal(next(a).x, first.x)
+    with pytest.raises(ValueError, match="older data.py"):
+        c.load_state_dict({"rng": torch.Generator().get_state()})
 
 
 def test_padded_loader(byte_data):
     T = 2048
     loader = data.Loader(str(byte_data), "train", batch_size=16, block_size=T, seed=0, packing=False)
-    toks = np.concatenate([np.asarray(data.read_shard(p)) for p in loader.paths])
-    n_docs = int((toks == loader.eot).sum())
-    # the pieces cover every in-document target exactly once: each token but a document's first
-    assert loader.pieces[:, 2].sum() == len(toks) - n_docs and loader.pieces[:, 2].max() <= T
-    saw_padding = False
+    eot = loader.eot
+    saw_padding = saw_end = saw_start = False
     for _ in range(4):
         b = next(loader)
         assert b.n_valid == int((b.y != -1).sum())
@@ -178,14 +346,89 @@ def test_padded_loader(byte_data):
             n = int((y != -1).sum())
             assert (y[:n] != -1).all() and (y[n:] == -1).all()       # real tokens first, then padding
             assert (ids[:n] == 0).all() and (ids[n:] == 1).all()
-            assert not (x[:n] == loader.eot).any()                   # one document per row
+            assert not (x[1:n] == eot).any()                         # one document per row
+            saw_start |= bool(x[0] == eot)                           # a document's first piece starts with its BOS
+            saw_end |= bool(y[n - 1] == eot)                         # and its last one ends with the next BOS
             saw_padding |= n < T
-    assert saw_padding
+    assert saw_padding and saw_end and saw_start
 
 
-def test_ids_outside_the_vocabulary_are_refused(tmp_path):
-    for split in ("train", "val"):
-        data.write_shard(str(tmp_path / f"{split}_000000.bin"), np.full(1000, 280))
-    loader = data.Loader(str(tmp_path), "train", batch_size=2, block_size=16, eot=256, vocab_size=257)
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        next(loader)
+def _epoch_rows(toks, eot, T, packing):
+    """Every row of an epoch, as the bytes of its inputs and last target: the block_size windows of the
+    stream, or each document's block_size pieces; the stream ends with a virtual EOT."""
+    ext = np.append(toks, eot).astype(np.int64)
+    if packing:
+        spans = [(i * T, T) for i in range(len(toks) // T)]
+    else:
+        starts = np.flatnonzero(toks == eot)
+        spans = [(p, min(T, e - p)) for s, e in zip(starts, np.append(starts[1:], len(toks))) for p in range(s, e, T)]
+    return Counter(ext[a:a + n + 1].tobytes() for a, n in spans)
+
+
+def _row_keys(batches):
+    keys = []
+    for b in batches:
+        for x, y in zip(b.x.numpy(), b.y.numpy()):
+            n = int((y != -1).sum())
+            keys.append(np.append(x[:n], y[n - 1]).tobytes())
+    return keys
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_every_row_once_per_epoch(short_data, packing):
+    """Each window (or padded piece) once per epoch, in a fresh order each epoch; 2 ranks read the rows
+    of 1 process, and a run resumed from rank 0's state at world size 1 goes on with the same rows."""
+    B, T = 5, 64
+    one = data.Loader(str(short_data), "train", B, T, seed=4, packing=packing)
+    n, calls = one.n_rows, 2 * (one.n_rows // B + 2)           # two epochs and a bit, an even number of calls
+    assert n % (2 * B), "an epoch should end inside a batch"
+    single = [next(one) for _ in range(calls)]
+    ranks = [data.Loader(str(short_data), "train", B, T, seed=4, packing=packing, rank=r, world_size=2) for r in range(2)]
+    multi = []
+    for _ in range(calls // 4):
+        multi += [next(ranks[0]), next(ranks[1])]             # one call per rank: 2 * B global rows
+    resumed = data.Loader(str(short_data), "train", B, T, seed=4, packing=packing)
+    resumed.load_state_dict(ranks[0].state_dict())
+    multi += [next(resumed) for _ in range(calls - len(multi))]
+    for a, b in zip(single, multi, strict=True):
+        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.doc_ids, b.doc_ids)
+    keys = _row_keys(single)
+    expected = _epoch_rows(_stream(short_data, "train"), one.eot, T, packing)
+    assert sum(expected.values()) == n
+    assert Counter(keys[:n]) == Counter(keys[n:2 * n]) == expected
+    assert keys[:n] != keys[n:2 * n]                          # a fresh order each epoch
+
+
+def test_ids_outside_the_vocabulary_are_refused_at_construction(byte_data, tmp_path):
+    import shutil
+    folder = tmp_path / "d"
+    shutil.copytree(byte_data, folder)
+    loader = data.Loader(str(folder), "train", 2, 16, vocab_size=257)        # the largest id is 256
+    with pytest.raises(ValueError, match="train_000000.bin holds token id 256, outside the vocabulary"):
+        data.Loader(str(folder), "train", 2, 16, vocab_size=256)
+    del loader
+    # foreign shards: indexed on first use, so train.py refuses them at setup, in one line
+    toks = np.full(1000, 7)
+    toks[::50], toks[500] = 50256, 60000
+    (tmp_path / "foreign").mkdir()
+    _foreign_shards(tmp_path / "foreign", toks)
+    proc = subprocess.run([sys.executable, "train.py", f"--data_dir={tmp_path / 'foreign'}", f"--out_dir={tmp_path / 'o'}",
+                           "--n_layer=1", "--n_head=1", "--n_embd=8", "--block_size=16", "--max_iters=1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [f"error: shard {tmp_path}/foreign/fineweb_train_000000.bin holds token id 60000, "
+                                                f"outside the vocabulary (50257 ids in meta.json): shards and meta.json disagree"]
+
+
+def test_data_dir_given_a_corpus_file_suggests_a_command_that_works(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _write_jsonl(tmp_path / "corpus.jsonl", [f"story {i} " * 30 for i in range(50)])
+    with pytest.raises(FileNotFoundError) as e:
+        data.Loader("corpus.jsonl", "train", 2, 16)
+    command, data_dir = str(e.value).split("`")[1], str(e.value).rsplit("--data_dir=", 1)[1]
+    assert command.startswith("python data.py ")
+    subprocess.run([sys.executable, os.path.join(ROOT, "data.py"), *command.split()[2:]], check=True, capture_output=True)
+    assert next(data.Loader(data_dir, "train", 2, 16)).x.shape == (2, 16)
+    data.write_shard(str(tmp_path / "train_000000.bin"), np.arange(10))
+    with pytest.raises(FileNotFoundError, match=r"pass the folder that holds this shard: --data_dir=\."):
+        data.find_shards("train_000000.bin", "train")

@@ -1,4 +1,9 @@
-"""The packing guarantee: no token attends to, or is predicted from, another document."""
+"""The packing guarantee: no token attends to, or is predicted from, another document; and the
+end-of-text convention: every document is learned from its first token to its end."""
+import json
+import random
+import subprocess
+import sys
 
 import json
 
@@ -9,7 +14,7 @@ import torch
 import data
 import model as model_lib
 import train
-from conftest import read_metrics, tiny_args
+from conftest import ROOT, read_metrics, tiny_args
 from model import GPT, GPTConfig, check_attention_mask, position_ids
 
 BACKENDS = ["naive", "sdpa", "flex", "varlen"]   # flex runs forward-only on the CPU (no backward there);
@@ -123,19 +128,34 @@ def test_no_gradient_flows_across_documents(attention):
 
 
 def test_positions_restart_and_no_target_crosses(short_data):
+    """Under the BOS convention: positions restart at each end-of-text (a document's first token), and
+    the only target across a document boundary is that end-of-text, a constant id."""
     loader = data.Loader(str(short_data), "train", batch_size=8, block_size=128, seed=2)
     eot = loader.eot
     for _ in range(3):
         b = next(loader)
         pos = position_ids(b.doc_ids)
-        starts = torch.zeros_like(b.x, dtype=torch.bool)
+        starts = b.x == eot
         starts[:, 0] = True
-        starts[:, 1:] = b.x[:, :-1] == eot
-        assert torch.equal(pos == 0, starts)                                   # restart right after each EOT
-        assert (b.y[b.x == eot] == -1).all()                                   # the EOT predicts nothing
-        valid = b.y != -1
-        assert torch.equal(b.doc_ids[:, 1:][valid[:, :-1]], b.doc_ids[:, :-1][valid[:, :-1]])  # target in same doc
+        assert torch.equal(pos == 0, starts)                                   # restart at each BOS
+        crossing = b.doc_ids[:, 1:] != b.doc_ids[:, :-1]                       # the target is another document's
+        assert (b.y[:, :-1][crossing] == eot).all() and (b.x[:, 1:][crossing] == eot).all()
+        assert (b.y != -1).all()                                               # and every token is learned
         assert b.doc_ids.max() >= 2                                            # rows really hold several documents
+
+
+@pytest.mark.parametrize("attention", BACKENDS)
+def test_doc_ids_runs_are_documents(attention):
+    """doc_ids [[0,0,0,0,1,1,1,1,0,0,0,0]]: the last four tokens are a document of their own (a run of
+    equal ids), not part of the first four's."""
+    m = tiny(attention, T=12).double()
+    idx = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    doc_ids = torch.tensor([[0] * 4 + [1] * 4 + [0] * 4])
+    check_attention_mask(m.attention_mask(doc_ids, 12, "cpu"), doc_ids)
+    with torch.no_grad():
+        packed = m(idx, doc_ids=doc_ids)[0][0, 8:]
+        alone = m(idx[:, 8:])[0][0]
+    torch.testing.assert_close(packed, alone, rtol=1e-10, atol=1e-10)
 
 
 def test_trainer_passes_doc_ids_only_with_the_mask(short_data, tmp_path, monkeypatch, capsys):
@@ -162,7 +182,8 @@ def test_padding_excluded_from_tokens_per_sec(short_data, tmp_path):
     train.main(tiny_args(short_data, tmp_path, "--packing=False", "--max_iters=6"))
     rows = [r for r in read_metrics(tmp_path) if r.get("tokens_per_sec")]
     B, T = 4, 64
-    assert rows and all(r["pad_frac"] > 0.3 for r in rows)     # short documents: mostly padding
+    assert rows and all(r["pad_frac"] > 0.1 for r in rows)     # short documents: much padding
+    assert sum(r["pad_frac"] for r in rows) / len(rows) > 0.3
     for r in rows:                                            # one step per interval: tokens = real tokens
         assert r["tokens_per_sec"] * r["step_ms"] / 1000 == pytest.approx((1 - r["pad_frac"]) * B * T)
 
@@ -217,7 +238,8 @@ def test_varlen_capacity_is_fixed_then_doubles(monkeypatch):
 def test_varlen_paths_agree_with_sdpa_forward_and_grads(short_data):
     """varlen (its CPU reference) with the loader's padded cu_seqlens and positions, and with doc_ids
     alone, against sdpa's boolean document mask: the same logits and gradients, on loader batches."""
-    b = next(data.Loader(str(short_data), "train", batch_size=4, block_size=64, seed=4))
+    loader = data.Loader(str(short_data), "train", batch_size=4, block_size=64, seed=4)
+    b = next(b for _, b in zip(range(50), loader) if b.doc_ids.max() >= 2)
     assert b.doc_ids.max() >= 2 and len(b.cu_seqlens) > (b.cu_seqlens < 4 * 64).sum() + 1   # documents, padding
     out = {}
     for name, attention, kw in [("sdpa", "sdpa", {}), ("varlen, doc_ids only", "varlen", {}),
@@ -251,3 +273,25 @@ def test_varlen_kernel_path_traces_as_one_graph():
         loss.backward()
     assert m.transformer.h[0].attn.c_attn.weight.grad.shape == (48, 16)
     torch._dynamo.reset()
+
+
+def test_documents_are_learned_from_first_token_to_end(tmp_path):
+    """Every document starts with '#' and ends with '.': after a short CPU training, sample.py from an
+    empty prompt (one end-of-text, the BOS) starts most samples with '#', and most end with '.' where
+    the model predicts the next document's BOS. Neither can be learned when a document's first token
+    is never a target, or its last token's target is masked."""
+    rng = random.Random(0)
+    words = ["apple", "river", "stone", "cloud", "tiger", "lamp", "moon"]
+    with open(tmp_path / "d.jsonl", "w") as f:
+        for _ in range(400):
+            f.write(json.dumps({"text": "#" + " ".join(rng.choice(words) for _ in range(rng.randint(1, 3))) + "."}) + "\n")
+    data.prepare(str(tmp_path / "d.jsonl"), str(tmp_path / "d"), "byte", val_frac=0.05, workers=1)
+    train.main(tiny_args(tmp_path / "d", tmp_path / "o", "--max_iters=100", "--eval_interval=100", "--batch_size=8",
+                         "--learning_rate=1e-2", "--log_interval=50"))
+    proc = subprocess.run([sys.executable, "sample.py", f"--out_dir={tmp_path / 'o'}", "--start=", "--num_samples=20",
+                           "--max_new_tokens=40", "--device=cpu"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    samples = [s.removesuffix("\n") for s in proc.stdout.split("-" * 60 + "\n")[:-1]]
+    assert len(samples) == 20
+    assert sum(s.startswith("#") for s in samples) >= 15, samples
+    assert sum(s.endswith(".") and "#" not in s[1:] for s in samples) >= 15, samples
