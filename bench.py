@@ -41,7 +41,10 @@ UNDO = {"bf16 autocast": dict(dtype="float32", tf32=False), "torch.compile": dic
 
 
 def fp8_supported():
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+    """A GPU of compute capability 8.9+ with torchao installed: the FP8 rung (and its leave-one-out row) runs."""
+    import importlib.util
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+            and importlib.util.find_spec("torchao") is not None)
 
 
 def settings(args, extra):
@@ -122,7 +125,7 @@ def bench(args, extra):
         if i < args.start:
             continue
         if name == "+ FP8" and not fp8_supported():
-            rungs.append({"rung": name, "ok": False, "error": "skipped: FP8 needs a GPU of compute capability 8.9+"})
+            rungs.append({"rung": name, "ok": False, "error": "skipped: FP8 needs a GPU of compute capability 8.9+ and torchao"})
             continue
         rungs.append(run_rung(name, dict(config), args, extra, done))
     all_on = {**config} if fp8_supported() else {**config, "fp8": False}
@@ -136,7 +139,10 @@ def bench(args, extra):
         for change, undo in UNDO.items():
             if change == "FP8" and not all_on["fp8"]:
                 continue
-            r = run_rung(f"all on - {change}", {**all_on, **undo}, args, extra, done)
+            loo_config = {**all_on, **undo}
+            if loo_config["dtype"] == "float32" and loo_config["attention"] == "varlen":
+                loo_config["attention"] = "flex"       # FlashAttention's varlen kernels take bf16/fp16 only
+            r = run_rung(f"all on - {change}", loo_config, args, extra, done)
             if r["ok"]:
                 r["x_prev"] = full["tokens_per_sec"] / r["tokens_per_sec"]    # what this change is worth
                 r["x_base"] = r["tokens_per_sec"] / ok[0]["tokens_per_sec"]

@@ -221,7 +221,7 @@ def check_for_device(cfg, device, world):
     from model import resolve_attention, varlen_kernel
     from transforms import check_fp8
     if cfg.attention == "auto":
-        cfg = replace(cfg, attention=resolve_attention("auto", device, masked=cfg.packing and cfg.document_mask))
+        cfg = replace(cfg, attention=resolve_attention("auto", device, cfg.packing and cfg.document_mask, cfg.dtype))
         _print0(f"attention: auto -> {cfg.attention}")
     if cfg.attention == "varlen":      # FA3 or FA2, chosen once; a one-line error where neither runs
         _print0(f"attention: varlen through {varlen_kernel(device)}")

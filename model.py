@@ -166,7 +166,11 @@ def causal_varlen_attn():
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
-    causal = dict(window_size=(-1, 0)) if "window_size" in inspect.signature(varlen_attn).parameters else dict(is_causal=True)
+    params = inspect.signature(varlen_attn).parameters
+    causal = dict(window_size=(-1, 0)) if "window_size" in params else dict(is_causal=True)
+    if "num_splits" in params and (_varlen_kernel_name or "").startswith("FA3"):
+        causal["num_splits"] = 1  # FA3 split the keys of our batches and paid a combine kernel per call
+                                  # (39 of 1,028 GPU ms per fast.py step on the H200): one split, no combine
     return partial(varlen_attn, **causal)
 
 
@@ -202,14 +206,17 @@ def varlen_kernel(device):
     return _varlen_kernel_name
 
 
-def resolve_attention(name, device, masked):
+def resolve_attention(name, device, masked, dtype="bfloat16"):
     """'auto' -> the fastest backend installed for what is trained: with the document mask (`masked`),
-    'varlen' where FA3 runs, else 'flex' on a GPU (PyTorch's FA2 varlen lost to flex on the H200), else
-    'sdpa'; without the mask 'sdpa' (FlashAttention's causal kernel). Other names are returned as they are."""
+    'varlen' where FA3 runs and `dtype` is bfloat16 or float16 (FlashAttention takes no float32), else
+    'flex' on a GPU (PyTorch's FA2 varlen lost to flex on the H200), else 'sdpa'; without the mask
+    'sdpa' (FlashAttention's causal kernel). Other names are returned as they are."""
     if name != "auto":
         return name
     if not masked or torch.device(device).type != "cuda":
         return "sdpa"
+    if dtype == "float32":
+        return "flex"
     try:
         return "varlen" if varlen_kernel(device).startswith("FA3") else "flex"
     except ValueError:

@@ -19,6 +19,7 @@ import os
 import signal
 import statistics
 import sys
+import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
@@ -286,17 +287,18 @@ class Run:
         Non-finite weights or optimizer moments raise RunStopped on every rank, and nothing is written."""
         state = list(self.raw_model.parameters()) + [t for s in self.optimizer.state.values() for t in s.values()
                                                      if torch.is_tensor(t) and t.is_floating_point()]
-        finite = torch.stack([torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all() for t in state]).all()
+        device = self.proc.device               # AdamW's step counts live on the CPU, the rest on the device
+        finite = torch.stack([torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all().to(device) for t in state]).all()
         if not on_every_rank(finite, self.proc):
             raise RunStopped(f"error: step {step}: the weights are not finite: the run diverged; {self.last_good()}", 1)
         sd, osd = model_state(self.raw_model, self.optimizer)
         if self.proc.master:
-            cuda = self.proc.device.type == "cuda"
+            cuda = device.type == "cuda"
             save_checkpoint(self.ckpt_path, {
                 "model": sd, "optimizer": osd, "scaler": self.scaler.state_dict(), "step": step,
                 "best_val_loss": self.best_val, "config": asdict(self.cfg), "meta": self.meta,
                 "loader": self.train_loader.state_dict(), "wandb_run_id": self.logger.wandb_run_id,
-                "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(self.proc.device) if cuda else None}})
+                "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if cuda else None}})
 
     def last_good(self):
         if not os.path.exists(self.ckpt_path):
@@ -444,8 +446,10 @@ if __name__ == "__main__":
     except (ValueError, TypeError, FileNotFoundError) as e:   # bad input: one clear line, no traceback
         if _setup_done:
             raise
-        if int(os.environ.get("LOCAL_RANK", 0)) == 0:       # once per node
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0:       # once per node; the other ranks wait a moment,
             print(f"error: {e}", file=sys.stderr, flush=True)
+        else:                                               # as torchrun stops every worker when one exits
+            time.sleep(3)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit("interrupted: stopped without saving")

@@ -108,11 +108,14 @@ def apply_parallelism(model, parallelism, param_dtype, device, ddp_local_rank):
     if parallelism == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         return DDP(model, device_ids=[ddp_local_rank] if device.type == "cuda" else None)
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))   # the run's device (gloo on a CPU, even beside a GPU)
     for block in model.transformer.h:
-        fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
 
 

@@ -1,5 +1,5 @@
 # GPT-2 124M on one GPU with every speed flag on: bf16 autocast, torch.compile, FlashAttention
-# (FlexAttention with a document mask, as packing is on), fused AdamW.
+# (FA3 varlen where installed, else FlexAttention, with the document mask: packing is on), fused AdamW.
 #   python train.py --config config/fast.py
 #   torchrun --standalone --nproc_per_node=8 train.py --config config/fast.py
 out_dir = "out-fast"
@@ -21,7 +21,7 @@ eval_iters = 20
 log_interval = 1
 dtype = "bfloat16"
 compile = True
-attention = "flex"
+attention = "auto"                  # the document mask's fastest kernel installed: varlen (FA3) or flex
 fused_adamw = True
 packing = True
 document_mask = True

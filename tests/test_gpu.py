@@ -165,3 +165,35 @@ def test_fp8_head_trains(short_data, tmp_path):
     fp8 = _gpu_run(short_data, tmp_path / "fp8", "--fp8_head=True")
     assert all(torch.isfinite(torch.tensor(fp8))) and fp8[-1] < fp8[0]
     assert abs(fp8[-1] - bf16[-1]) < 0.05 * bf16[-1]
+
+
+def _torchrun(nproc, args):
+    import os
+    import subprocess
+    import sys
+    from conftest import ROOT
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py", *map(str, args)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_ddp_on_two_gpus_equals_one_gpu(short_data, tmp_path):
+    """NCCL, one process per GPU: 2 ranks x 2 micro-steps give the parameters of 1 GPU x 4 (float32)."""
+    args = ["--device=cuda", "--packing=False", "--batch_size=2", "--total_batch_size=512", "--max_iters=2",
+            "--eval_interval=2", "--tf32=False"]
+    train.main(tiny_args(short_data, tmp_path / "one", *args))
+    proc = _torchrun(2, tiny_args(short_data, tmp_path / "two", *args))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "device cuda:0 x 2" in proc.stdout
+    one, two = (torch.load(tmp_path / d / "ckpt.pt", weights_only=True)["model"] for d in ("one", "two"))
+    for name, p in one.items():
+        torch.testing.assert_close(two[name], p, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_more_processes_than_gpus_is_refused(short_data, tmp_path):
+    n = torch.cuda.device_count()
+    proc = _torchrun(n + 1, tiny_args(short_data, tmp_path, "--device=cuda"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert out.count(f"error: {n + 1} processes per node but {n} visible GPU(s): use torchrun --nproc_per_node={n}") == 1, out[-3000:]
+    assert not (tmp_path / "ckpt.pt").exists()

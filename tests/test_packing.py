@@ -169,11 +169,11 @@ def test_trainer_passes_doc_ids_only_with_the_mask(short_data, tmp_path, monkeyp
             check_attention_mask(torch.as_tensor(kw["cu_seqlens"]), doc_ids)
         return forward(self, idx, targets, doc_ids, **kw)
     monkeypatch.setattr(GPT, "forward", spy)
-    train.main(tiny_args(short_data, tmp_path / "a", "--max_iters=2", "--check_mask=True", "--attention=auto"))
+    train.main(tiny_args(short_data, tmp_path / "a", "--max_iters=2", "--check_mask=True", "--attention=auto", "--device=cpu"))
     assert seen and all(seen)
     assert json.load(open(tmp_path / "a" / "config.json"))["attention"] == "sdpa"    # auto on the CPU
     seen.clear()
-    train.main(tiny_args(short_data, tmp_path / "b", "--max_iters=2", "--document_mask=False"))
+    train.main(tiny_args(short_data, tmp_path / "b", "--max_iters=2", "--document_mask=False", "--device=cpu"))
     assert "warning: packing=True with document_mask=False: tokens attend across document boundaries" in capsys.readouterr().out
     assert seen and not any(seen)
 
