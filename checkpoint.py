@@ -75,3 +75,19 @@ def remove_stale_tmp(path):
         os.remove(path + ".tmp")
         return True
     return False
+
+
+def state_is_finite(model, optimizer, device):
+    """A 0-dim bool tensor on `device` (no host sync): every parameter and floating optimizer state of
+    this rank (its shards under FSDP) is finite. AdamW keeps its step counts on the CPU."""
+    state = list(model.parameters()) + [t for s in optimizer.state.values() for t in s.values()
+                                        if torch.is_tensor(t) and t.is_floating_point()]
+    return torch.stack([torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all().to(device) for t in state]).all()
+
+
+def last_good(path):
+    """What a diverged run says about `path`: the step it still holds, and how to go on."""
+    if not os.path.exists(path):
+        return "no checkpoint was written"
+    return (f"{path} still holds step {load_checkpoint(path)['step']}: resume from it (--init_from=resume) with a "
+            "lower learning_rate, or skip such steps (--max_skipped_steps=N)")

@@ -7,6 +7,7 @@ counted in train.py's loop (real tokens only).
 import json
 import math
 import os
+import statistics
 import time
 
 import torch
@@ -52,6 +53,14 @@ def sync(device):
     """Wait for the GPU's queued work: before every reading of the clock (CUDA calls are asynchronous)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def start_profile(device):
+    """A started torch.profiler over the CPU and, on a GPU, CUDA; write_profile stops and writes it."""
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    prof = torch.profiler.profile(activities=activities)
+    prof.start()
+    return prof
 
 
 def write_profile(prof, device, out_dir):
@@ -127,8 +136,11 @@ class MetricsLogger:
     step appears once, though a killed run may have logged past its last checkpoint), and steps W&B
     already holds are not sent again (the resumed run recomputes them exactly)."""
 
-    def __init__(self, cfg, master, resume_step=None, wandb_run_id=None):
+    def __init__(self, cfg, master, resume_step=None, wandb_run_id=None, flops_per_token=0, peak=None, world=1,
+                 device=torch.device("cpu")):
         self.master, self.wandb, self.wandb_done = master, None, -1
+        self.cfg, self.flops_per_token, self.peak, self.world, self.device = cfg, flops_per_token, peak, world, device
+        self.timed = []                                   # (tokens_per_sec, mfu) of each timed interval
         self.path = os.path.join(cfg.out_dir, "metrics.jsonl")
         if not master:
             return
@@ -162,6 +174,30 @@ class MetricsLogger:
         if self.wandb is not None and record["step"] > self.wandb_done:
             self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
 
+    def step(self, step, loss, lr, grad_norm, pad_frac, timing):
+        """Log one training step: `timing` is (tokens_per_sec, step_ms) from Timer.read(), or None while
+        the clock has not started; tokens/s is for the whole job, MFU per GPU (mfu())."""
+        record = {"step": step, "loss": loss, "lr": lr, "step_ms": None, "tokens_per_sec": None, "mfu": None,
+                  "mem_gb": None, "pad_frac": pad_frac, "grad_norm": float(grad_norm)}
+        if timing is not None:
+            tps = timing[0]
+            record.update(step_ms=timing[1], tokens_per_sec=tps, tokens_per_sec_per_gpu=tps / self.world,
+                          mfu=mfu(self.flops_per_token, tps / self.world, self.peak))
+            self.timed.append((tps, record["mfu"]))
+        if self.device.type == "cuda":
+            record["mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
+        self.log_step(record)
+
+    def summary(self, val_loss, best_val_loss):
+        """The run's summary: last and best validation loss, median tokens/s and MFU over the timed intervals."""
+        def median(xs):
+            xs = [x for x in xs if x is not None]
+            return statistics.median(xs) if xs else None
+        cuda = self.device.type == "cuda"
+        return {"val_loss": val_loss, "best_val_loss": best_val_loss, "median_tokens_per_sec": median(t for t, _ in self.timed),
+                "median_mfu": median(m for _, m in self.timed), "timed_intervals": len(self.timed),
+                "mem_gb": torch.cuda.max_memory_allocated(self.device) / 1e9 if cuda else None}
+
     def log_step(self, record):
         """A training step's record: to the console as one line, then to the file and W&B."""
         r = record
@@ -173,8 +209,12 @@ class MetricsLogger:
         self.log(record)
 
     def close(self, summary=None, exit_code=0):
+        """Write out_dir/summary.json (strict JSON) when there is a summary, close the file and the W&B run."""
         if not self.master:
             return
+        if summary is not None:
+            with open(os.path.join(self.cfg.out_dir, "summary.json"), "w") as f:
+                json.dump(strict(summary), f, indent=1, allow_nan=False)
         self.file.close()
         if self.wandb is not None:
             if summary:

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import signal
-import statistics
 import sys
 import time
 import warnings
@@ -27,12 +26,13 @@ from dataclasses import asdict, dataclass, replace
 import torch
 import torch.distributed as dist
 
-from checkpoint import load_checkpoint, load_weights, model_state, remove_stale_tmp, save_checkpoint
+from checkpoint import last_good, load_checkpoint, load_weights, model_state, remove_stale_tmp, save_checkpoint, state_is_finite
 from configurator import MODEL_KEYS, check_for_device, load_config, resume_config
 from data import Loader, load_meta, prepare
 from distributed import Proc, StopSignals, agree, leave, on_every_rank, plan_batch, print0, setup_processes
-from measure import MetricsLogger, Timer, mfu, peak_flops_for, strict, write_profile
-from model import GPT, GPTConfig, check_attention_mask
+from measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_profile
+from masks import check_attention_mask
+from model import GPT, GPTConfig
 from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism, select_sdpa_backend, stable_grads
 
 _setup_done = False        # errors after setup are bugs, not bad input: they keep their traceback
@@ -150,8 +150,8 @@ def build_optimizer(cfg, raw_model, proc, ckpt, train_loader):
 
 
 def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
-    """Print and save the resolved config; the metrics logger (console, metrics.jsonl, W&B), which a
-    resumed run continues. Returns (logger, flops_per_token, peak FLOP/s or None)."""
+    """Print and save the resolved config; returns the metrics logger (console, metrics.jsonl, W&B;
+    tokens/s and MFU), which a resumed run continues."""
     os.makedirs(cfg.out_dir, exist_ok=True)
     if proc.master:
         for name in ("profile.txt", "profile_trace.json.gz") if cfg.profile else ():
@@ -166,8 +166,8 @@ def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
     print0(f"{raw_model.num_params() / 1e6:.2f}M parameters | {flops_per_token / 1e6:.1f} MFLOP/token | "
            f"device {proc.device} x {proc.world} | grad_accum_steps {grad_accum_steps} per process | "
            f"{tokens:,} tokens per step | peak " + (f"{peak / 1e12:.1f} TFLOP/s" if peak else "n/a (no MFU)"))
-    logger = MetricsLogger(cfg, proc.master, resume_step=ckpt and ckpt["step"], wandb_run_id=ckpt and ckpt.get("wandb_run_id"))
-    return logger, flops_per_token, peak
+    return MetricsLogger(cfg, proc.master, ckpt and ckpt["step"], ckpt and ckpt.get("wandb_run_id"), flops_per_token, peak,
+                         proc.world, proc.device)
 
 # -----------------------------------------------------------------------------
 # what a step is made of
@@ -261,12 +261,9 @@ class Run:
     val_loader: Loader
     logger: MetricsLogger
     grad_accum_steps: int
-    flops_per_token: int
-    peak: float
     start_step: int
     best_val: float = None
     val_loss: float = None
-    timed: list = None                  # (tokens_per_sec, mfu) of each timed interval
 
     @property
     def ckpt_path(self):
@@ -277,7 +274,7 @@ class Run:
         use_doc_ids = self.cfg.packing and self.cfg.document_mask
         self.val_loss = estimate_loss(self.model, self.val_loader, self.cfg.eval_iters, self.ctx, use_doc_ids)
         if not math.isfinite(self.val_loss):
-            raise RunStopped(f"error: step {step}: the validation loss is {self.val_loss}: the run diverged; {self.last_good()}", 1)
+            raise RunStopped(f"error: step {step}: the validation loss is {self.val_loss}: the run diverged; {last_good(self.ckpt_path)}", 1)
         self.best_val = self.val_loss if self.best_val is None else min(self.best_val, self.val_loss)
         print0(f"step {step}: val loss {self.val_loss:.4f}")
         self.logger.log({"step": step, "val_loss": self.val_loss})
@@ -285,12 +282,9 @@ class Run:
     def save(self, step):
         """Write out_dir/ckpt.pt after `step` optimizer steps (every rank calls: a collective under FSDP).
         Non-finite weights or optimizer moments raise RunStopped on every rank, and nothing is written."""
-        state = list(self.raw_model.parameters()) + [t for s in self.optimizer.state.values() for t in s.values()
-                                                     if torch.is_tensor(t) and t.is_floating_point()]
-        device = self.proc.device               # AdamW's step counts live on the CPU, the rest on the device
-        finite = torch.stack([torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all().to(device) for t in state]).all()
-        if not on_every_rank(finite, self.proc):
-            raise RunStopped(f"error: step {step}: the weights are not finite: the run diverged; {self.last_good()}", 1)
+        device = self.proc.device
+        if not on_every_rank(state_is_finite(self.raw_model, self.optimizer, device), self.proc):
+            raise RunStopped(f"error: step {step}: the weights are not finite: the run diverged; {last_good(self.ckpt_path)}", 1)
         sd, osd = model_state(self.raw_model, self.optimizer)
         if self.proc.master:
             cuda = device.type == "cuda"
@@ -300,35 +294,6 @@ class Run:
                 "loader": self.train_loader.state_dict(), "wandb_run_id": self.logger.wandb_run_id,
                 "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if cuda else None}})
 
-    def last_good(self):
-        if not os.path.exists(self.ckpt_path):
-            return "no checkpoint was written"
-        return (f"{self.ckpt_path} still holds step {load_checkpoint(self.ckpt_path)['step']}: resume from it "
-                "(--init_from=resume) with a lower learning_rate, or skip such steps (--max_skipped_steps=N)")
-
-    def log_step(self, step, loss, lr, grad_norm, n_valid, timing):
-        """One training step's record (timing: (tokens_per_sec, step_ms) or None): console, metrics.jsonl, W&B."""
-        tokens = self.cfg.batch_size * self.cfg.block_size * self.grad_accum_steps
-        record = {"step": step, "loss": loss, "lr": lr, "step_ms": None, "tokens_per_sec": None, "mfu": None,
-                  "mem_gb": None, "pad_frac": 1 - n_valid / tokens, "grad_norm": float(grad_norm)}
-        if timing is not None:
-            tps, world = timing[0], self.proc.world
-            record.update(step_ms=timing[1], tokens_per_sec=tps, tokens_per_sec_per_gpu=tps / world,
-                          mfu=mfu(self.flops_per_token, tps / world, self.peak))
-            self.timed.append((tps, record["mfu"]))
-        if self.proc.device.type == "cuda":
-            record["mem_gb"] = torch.cuda.max_memory_allocated(self.proc.device) / 1e9
-        self.logger.log_step(record)
-
-    def summary(self):
-        def median(xs):
-            xs = [x for x in xs if x is not None]
-            return statistics.median(xs) if xs else None
-        cuda = self.proc.device.type == "cuda"
-        return {"val_loss": self.val_loss, "best_val_loss": self.best_val, "median_tokens_per_sec": median(t for t, _ in self.timed),
-                "median_mfu": median(m for _, m in self.timed), "timed_intervals": len(self.timed),
-                "mem_gb": torch.cuda.max_memory_allocated(self.proc.device) / 1e9 if cuda else None}
-
 
 def train(run, stop):
     """The loop: optimizer steps start_step .. max_iters - 1; validation and a checkpoint every
@@ -337,7 +302,8 @@ def train(run, stop):
     cfg, proc, device = run.cfg, run.proc, run.proc.device
     use_doc_ids = cfg.packing and cfg.document_mask
     check_mask = cfg.check_mask and use_doc_ids
-    timer, skipped, run.timed = Timer(device, cfg.timing_warmup), 0, []
+    timer, skipped = Timer(device, cfg.timing_warmup), 0
+    tokens_per_step = cfg.batch_size * cfg.block_size * run.grad_accum_steps     # per process, padding included
     for step in range(run.start_step, cfg.max_iters + 1):
         last_step = step == cfg.max_iters
         if step % cfg.eval_interval == 0 or last_step:
@@ -350,11 +316,8 @@ def train(run, stop):
         if last_step:
             break
         timer.step_begins()
-        prof = None                             # profile=True: the last warm-up step, outside the clock
-        if cfg.profile and step - run.start_step == cfg.timing_warmup - 1:
-            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
-                                          + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []))
-            prof.start()
+        profiled = cfg.profile and step - run.start_step == cfg.timing_warmup - 1   # the last warm-up step
+        prof = start_profile(device) if profiled else None
         lr = get_lr(step, cfg)
         for group in run.optimizer.param_groups:
             group["lr"] = lr
@@ -386,9 +349,9 @@ def train(run, stop):
             write_profile(prof, device, cfg.out_dir)
         timer.step_ends(step_tokens)
         if step % cfg.log_interval == 0 or step == cfg.max_iters - 1 or signum or nonfinite:
-            run.log_step(step, loss, lr, grad_norm, n_valid, timer.read())
+            run.logger.step(step, loss, lr, grad_norm, 1 - n_valid / tokens_per_step, timer.read())
         if skipped > cfg.max_skipped_steps:
-            raise RunStopped(f"error: step {step}: the loss or gradient norm is not finite: the run diverged; {run.last_good()}", 1)
+            raise RunStopped(f"error: step {step}: the loss or gradient norm is not finite: the run diverged; {last_good(run.ckpt_path)}", 1)
         if signum:
             name = signal.Signals(signum).name
             if not cfg.save_checkpoints:
@@ -396,7 +359,7 @@ def train(run, stop):
             run.save(step + 1)
             raise RunStopped(f"{name}: stopped after step {step} with a checkpoint in {run.ckpt_path}; "
                              "continue with the same command and --init_from=resume", 128 + signum)
-    return run.summary()
+    return run.logger.summary(run.val_loss, run.best_val)
 
 # -----------------------------------------------------------------------------
 
@@ -417,23 +380,20 @@ def main(argv=None):
     meta, train_loader, val_loader = build_data(cfg, proc, grad_accum_steps, ckpt)
     cfg, raw_model, model, grad_sync = build_model(cfg, meta, proc, ckpt)
     optimizer, ctx, scaler, start_step, best_val = build_optimizer(cfg, raw_model, proc, ckpt, train_loader)
-    logger, flops_per_token, peak = start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt)
+    logger = start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt)
     run = Run(cfg, proc, meta, raw_model, model, grad_sync, optimizer, ctx, scaler, train_loader, val_loader,
-              logger, grad_accum_steps, flops_per_token, peak, start_step, best_val)
+              logger, grad_accum_steps, start_step, best_val)
     del ckpt                           # its memory is not needed for training
     _setup_done, stop, summary, exit_code, clean = True, StopSignals(proc.world > 1), None, 1, False
     try:
         summary, exit_code, clean = train(run, stop), 0, True
         return summary
     except RunStopped as e:            # every rank stops at the same step
-        summary, exit_code, clean = {**run.summary(), "stopped": str(e)}, e.exit_code, True
+        summary, exit_code, clean = {**logger.summary(run.val_loss, run.best_val), "stopped": str(e)}, e.exit_code, True
         raise
     finally:
         stop.restore()
-        if proc.master and summary is not None:
-            with open(os.path.join(cfg.out_dir, "summary.json"), "w") as f:
-                json.dump(strict(summary), f, indent=1, allow_nan=False)
-        logger.close(summary, exit_code)
+        logger.close(summary, exit_code)           # writes summary.json
         leave(proc, clean)
 
 

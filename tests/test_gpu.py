@@ -9,7 +9,8 @@ import data
 import model as model_lib
 import train
 from conftest import read_metrics, tiny_args
-from model import GPT, GPTConfig, check_attention_mask
+from masks import check_attention_mask
+from model import GPT, GPTConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

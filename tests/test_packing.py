@@ -5,8 +5,6 @@ import random
 import subprocess
 import sys
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -15,7 +13,8 @@ import data
 import model as model_lib
 import train
 from conftest import ROOT, read_metrics, tiny_args
-from model import GPT, GPTConfig, check_attention_mask, position_ids
+from masks import check_attention_mask
+from model import GPT, GPTConfig, position_ids
 
 BACKENDS = ["naive", "sdpa", "flex", "varlen"]   # flex runs forward-only on the CPU (no backward there);
                                                   # varlen runs its reference (SDPA per sequence) on the CPU

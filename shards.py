@@ -1,0 +1,169 @@
+"""
+The shard format of speedgpt's data (llm.c / modded-nanogpt): a header of 256 int32 (magic 20240520,
+version, token count), then the tokens, uint16 (version 1) or uint32 (version 2); beside each shard
+NAME.bin its index NAME.idx.npz (token count, largest id, offset of each BOS), written at preparation so
+that a loader starts without reading shards; meta.json, written last, lists the shards. data.py writes
+and reads through these functions (and re-exports them: data.read_shard etc.).
+"""
+import glob
+import json
+import os
+import re
+
+import numpy as np
+
+MAGIC = 20240520
+VERSION_DTYPE = {1: np.uint16, 2: np.uint32}
+LLMC_LLAMA3 = (20240801, 7)   # llm.c's uint32 shards for Llama 3 tokens: readable too
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+SHARD_TOKENS = 100_000_000    # tokens per shard, as llm.c
+FORMAT = 2                    # meta.json "format": 2 = EOT before each document (1 put it after)
+OUR_SHARD = re.compile(r"(train|val)_\d{6}\.bin")
+OUR_FILE = re.compile(r"((train|val)_\d{6}\.(bin|idx\.npz)|meta\.json)(\.\d+)?(\.tmp)?")
+
+# -----------------------------------------------------------------------------
+# shards and their index
+
+def write_shard(path, tokens):
+    """Write 1-D int `tokens` to `path` in the llm.c format: uint16 (version 1) when every id fits,
+    else uint32 (version 2); never wraps. Written to a temp file and renamed. No index: see read_index."""
+    tokens = np.asarray(tokens)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**32):
+        raise ValueError(f"{path}: token ids must lie in [0, 2^32)")
+    version = 1 if (tokens.size == 0 or tokens.max() < 2**16) else 2
+    header = np.zeros(HEADER_INTS, dtype=np.int32)
+    header[:3] = MAGIC, version, len(tokens)
+    with open(path + ".tmp", "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.astype(VERSION_DTYPE[version]).tobytes())
+    os.replace(path + ".tmp", path)
+
+
+def read_header(path):
+    """Validate the shard at `path` and return (n_tokens, numpy dtype).
+    Raises FileNotFoundError or ValueError naming the file and what is wrong."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"shard {path} does not exist")
+    size = os.path.getsize(path)
+    if size < HEADER_BYTES:
+        raise ValueError(f"shard {path} is corrupt: {size} bytes, shorter than its 1024-byte header")
+    header = np.fromfile(path, dtype=np.int32, count=HEADER_INTS)
+    magic, version, n = int(header[0]), int(header[1]), int(header[2])
+    if (magic, version) == LLMC_LLAMA3:
+        dtype = np.uint32
+    elif magic != MAGIC:
+        raise ValueError(f"shard {path} is corrupt or not a token shard: magic {magic}, expected {MAGIC}")
+    elif version not in VERSION_DTYPE:
+        raise ValueError(f"shard {path} has unknown version {version} (known: 1 = uint16, 2 = uint32)")
+    else:
+        dtype = VERSION_DTYPE[version]
+    expected = HEADER_BYTES + n * np.dtype(dtype).itemsize
+    if size != expected:
+        raise ValueError(f"shard {path} is truncated or corrupt: header says {n} tokens "
+                         f"({expected} bytes) but the file has {size} bytes")
+    return n, dtype
+
+
+def read_shard(path):
+    """Return the tokens of a shard as a read-only memmap (1-D). Drop it when done: see Loader."""
+    n, dtype = read_header(path)
+    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(n,))
+
+
+def index_path(shard):
+    return shard[:-len(".bin")] + ".idx.npz"
+
+
+def write_index(shard, n_tokens, max_id, doc_starts, eot):
+    """Write the index of `shard` beside it (NAME.idx.npz; temp file, then rename): its token count,
+    largest id (-1 if empty), end-of-text id, and doc_starts, the offset of each BOS (int64, ascending)."""
+    tmp = f"{index_path(shard)}.{os.getpid()}.tmp"    # torchrun ranks may index a foreign shard at once
+    with open(tmp, "wb") as f:
+        np.savez(f, n_tokens=n_tokens, max_id=max_id, eot=eot, doc_starts=np.asarray(doc_starts, dtype=np.int64))
+    os.replace(tmp, index_path(shard))
+
+
+def read_index(shard, n_tokens, eot, foreign, with_starts=True):
+    """(max_id, doc_starts or None) of `shard`, which holds n_tokens, from its index. A foreign shard
+    without a matching index is scanned now (0.04 s per 100M tokens from the page cache) and its index
+    saved beside it when the folder is writable. Raises ValueError, naming the shard, when one of our
+    shards lacks a matching index (an interrupted or mixed preparation)."""
+    path = index_path(shard)
+    if os.path.isfile(path):
+        with np.load(path) as z:
+            if int(z["n_tokens"]) == n_tokens and int(z["eot"]) == eot:
+                return int(z["max_id"]), (z["doc_starts"] if with_starts else None)
+    if not foreign:
+        raise ValueError(f"shard {shard} has no index matching it ({os.path.basename(path)}): an interrupted or "
+                         f"mixed preparation? Prepare the folder again with data.py")
+    toks = read_shard(shard)
+    max_id, starts = (int(toks.max()) if len(toks) else -1), np.flatnonzero(toks == eot)
+    try:
+        write_index(shard, n_tokens, max_id, starts, eot)
+    except OSError:                   # a read-only folder: the index lives in memory only
+        pass
+    return max_id, starts
+
+
+def find_shards(data_dir, split):
+    """Sorted shard paths of `split` ("train" or "val") in `data_dir`: ours are train_000000.bin,
+    llm.c's fineweb_train_000000.bin. Raises FileNotFoundError when there are none (for a corpus file
+    given instead of a folder, with the data.py command that prepares it)."""
+    data_dir = str(data_dir)
+    if os.path.isfile(data_dir):
+        if data_dir.endswith(".bin"):
+            hint = f"pass the folder that holds this shard: --data_dir={os.path.dirname(data_dir) or '.'}"
+        else:
+            out = os.path.join("data", os.path.basename(data_dir).split(".")[0] or "corpus")
+            hint = f"prepare it with `python data.py --input {data_dir} --out {out}`, then pass --data_dir={out}"
+        raise FileNotFoundError(f"data folder {data_dir!r} is a file, not a folder: {hint}")
+    if not os.path.isdir(data_dir):
+        raise FileNotFoundError(f"data folder {data_dir!r} does not exist: prepare it with "
+                                f"`python data.py --input CORPUS --out {data_dir}`")
+    paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*{split}_*.bin")))
+    if not paths:
+        raise FileNotFoundError(f"no {split}_*.bin shards in {data_dir}")
+    return paths
+
+
+def load_meta(data_dir, verbose=True):
+    """meta.json of a prepared folder, with "foreign": True for a folder of foreign shards (none named
+    like ours, train_000000.bin), which needs no meta.json: without one its tokens are GPT-2's.
+    Raises FileNotFoundError for a folder without train shards; ValueError for shards of ours without
+    meta.json (an interrupted preparation), or a corrupt, incomplete or older-format meta.json."""
+    data_dir = str(data_dir)
+    find_shards(data_dir, "train")     # a missing folder is an error before any guessing
+    path = os.path.join(data_dir, "meta.json")
+    shards = sorted(n for n in os.listdir(data_dir) if n.endswith(".bin"))
+    ours = [n for n in shards if OUR_SHARD.fullmatch(n)]
+    again = f"prepare the folder again: python data.py --input CORPUS --out {data_dir}"
+    if not os.path.exists(path):
+        if ours:
+            raise ValueError(f"{data_dir} holds shards ({ours[0]}, ...) but no meta.json: their preparation "
+                             f"did not finish; {again}")
+        if verbose:
+            print(f"note: {data_dir} has no meta.json; assuming GPT-2 tokens (as llm.c's FineWeb shards)")
+        return {"tokenizer": "gpt2", "vocab_size": 50257, "eot_id": 50256, "foreign": True}
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); {again}") from e
+    missing = [k for k in ("tokenizer", "vocab_size", "eot_id") if k not in meta] if isinstance(meta, dict) else ["all keys"]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}; {again}")
+    if "input" in meta:              # the command that made it, for the messages below
+        given = "" if str(meta["input"]).startswith("python stdlib") else f" --input {meta['input']}"
+        again = f"prepare the folder again: python data.py{given} --out {data_dir} --tokenizer {meta['tokenizer']}"
+    meta["foreign"] = not ours
+    if ours:
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{path} is format {meta.get('format', 1)} (1: end-of-text after each document, from an "
+                             f"older data.py); this one reads format {FORMAT} (end-of-text before each document): {again}")
+        listed = meta.get("shards")
+        listed = sorted(listed.get("train", []) + listed.get("val", [])) if isinstance(listed, dict) else None
+        if listed != shards:
+            odd = sorted(set(listed or []) ^ set(shards))
+            raise ValueError(f"{path} does not list the shards in the folder ({', '.join(odd[:3]) or 'no shard list'}); {again}")
+    return meta
