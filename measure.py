@@ -55,6 +55,22 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+def cuda_time_ms(fn, warmup=5, iters=20):
+    """Median milliseconds of fn() on the current CUDA stream, by CUDA events, after `warmup` calls: the
+    microbenchmarks' clock (benchmarks/attention.py, head_ce.py). Needs a CUDA GPU."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 def start_profile(device):
     """A started torch.profiler over the CPU and, on a GPU, CUDA; write_profile stops and writes it."""
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])

@@ -15,7 +15,6 @@ through FA3, so those variants run last). --match keeps the variants whose name 
 """
 import argparse
 import re
-import statistics
 import sys
 import os
 import time
@@ -27,22 +26,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from data import Loader, varlen_metadata                   # noqa: E402
+from measure import cuda_time_ms as time_ms                 # noqa: E402
 from model import causal_varlen_attn, dense_attention_mask, flex_block_mask, varlen_kernel    # noqa: E402
 
 
-def time_ms(fn, warmup=5, iters=20):
-    """Median milliseconds of fn() on the current CUDA stream."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main():

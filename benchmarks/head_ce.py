@@ -18,10 +18,14 @@ Timing: CUDA events, median of --iters calls after 5 warm-up calls, gradients se
 baseline 30.7, liger-kernel 32.0, cut-cross-entropy 44.5, FP8 tensorwise 26.1, rowwise 29.8.
 """
 import argparse
-import statistics
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from measure import cuda_time_ms as time_ms                 # noqa: E402
 
 
 def loss_baseline(h, w, y):
@@ -73,19 +77,6 @@ def chunked_loss(chunk, dtype=torch.bfloat16, step=ce_chunk):
     return lambda h, w, y: ChunkedLinearCE.apply(h, w, y, chunk, dtype, step)
 
 
-def time_ms(fn, warmup=5, iters=20):
-    """Median milliseconds of fn() on the current CUDA stream (CUDA events)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main():
