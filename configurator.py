@@ -128,7 +128,8 @@ def load_config(argv, with_explicit=False):
             raise FileNotFoundError(f"config file {path!r} " + ("is a folder, not a file" if os.path.isdir(path) else "not found"))
         ns = {}
         try:
-            exec(compile(open(path).read(), path, "exec"), {}, ns)
+            with open(path) as f:
+                exec(compile(f.read(), path, "exec"), {}, ns)
         except Exception as e:        # a syntax error or a bad name in the file
             raise ValueError(f"config file {path!r} does not run: {type(e).__name__}: {e}") from e
         for k, v in ns.items():
@@ -194,13 +195,19 @@ def load_config(argv, with_explicit=False):
     return (cfg, set(values)) if with_explicit else cfg
 
 
+def resolve_decay(cfg):
+    """`cfg` with lr_decay_iters=0 ("until max_iters") made explicit once the run leaves warm-up, so that
+    a resume that extends max_iters keeps the decay horizon the run was planned with."""
+    return replace(cfg, lr_decay_iters=cfg.lr_decay_iters or (cfg.max_iters if cfg.max_iters > cfg.warmup_iters else 0))
+
+
 def check_schedule(cfg):
     """Refuse a learning-rate schedule that cannot be meant (ValueError naming the keys); warn about one
     a short run (a benchmark) could mean. lr_decay_iters=0 stands for max_iters."""
     decay = cfg.lr_decay_iters or cfg.max_iters
     if cfg.min_lr > cfg.learning_rate:
         raise ValueError(f"min_lr={cfg.min_lr} is above learning_rate={cfg.learning_rate}: the schedule decays to min_lr")
-    if cfg.lr_decay_iters and cfg.lr_decay_iters <= cfg.warmup_iters:
+    if cfg.lr_decay_iters and cfg.lr_decay_iters <= cfg.warmup_iters < cfg.max_iters:
         raise ValueError(f"lr_decay_iters={cfg.lr_decay_iters} must exceed warmup_iters={cfg.warmup_iters}: "
                          "the rate would fall from its peak to min_lr in one step")
     if cfg.max_iters and decay <= cfg.warmup_iters:
@@ -251,21 +258,21 @@ def resume_config(cfg, explicit, saved):
     """The config a resumed run continues with. `cfg` is this command's config, `explicit` the keys its
     config files and overrides set, `saved` the checkpoint's config (a dict). The model's shape must
     match (ValueError naming the key; dropout and attention may change: the weights do not depend on
-    them). The schedule (SCHEDULE_KEYS) is the saved one unless set explicitly, so extending max_iters
+    them; shape keys not set explicitly are taken from the checkpoint). The schedule (SCHEDULE_KEYS) is the saved one unless set explicitly, so extending max_iters
     keeps the decay horizon the run started with; lr_decay_iters=0 set explicitly means the new
     max_iters. Returns (config, lines describing each key that differs from the checkpoint's)."""
     defaults = Config()          # a key a checkpoint predates has its default (activation: gelu)
     for k in MODEL_KEYS:
         old = saved.get(k, getattr(defaults, k))
-        if k not in RUN_STATE_KEYS and old != getattr(cfg, k):
+        if k not in RUN_STATE_KEYS and k not in explicit:
+            cfg = replace(cfg, **{k: old})           # the shape is the checkpoint's (from gpt2, say)
+        elif k not in RUN_STATE_KEYS and old != getattr(cfg, k):
             raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {old!r}: "
                              "the model's shape cannot change on resume")
     kept = {k: saved[k] for k in SCHEDULE_KEYS if k not in explicit and k in saved}
-    if kept.get("lr_decay_iters") == 0:                  # a checkpoint from before schedules were resolved
-        kept["lr_decay_iters"] = saved["max_iters"]
-    cfg = replace(cfg, **kept)
-    if cfg.lr_decay_iters == 0:
-        cfg = replace(cfg, lr_decay_iters=cfg.max_iters)
+    if kept.get("lr_decay_iters") == 0:          # unresolved: an older checkpoint, or a run that ended in warm-up
+        kept["lr_decay_iters"] = resolve_decay(Config(**{k: saved[k] for k in ("max_iters", "warmup_iters")})).lr_decay_iters
+    cfg = resolve_decay(replace(cfg, **kept))
     check_schedule(cfg)
     changes = [f"{k} {saved[k]!r} -> {v!r}" + (" (set explicitly)" if k in SCHEDULE_KEYS else "")
                for k, v in asdict(cfg).items() if k in saved and saved[k] != v and k != "init_from"]

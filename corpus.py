@@ -23,6 +23,7 @@ import gzip
 import io
 import json
 import os
+import signal
 import sysconfig
 from collections import deque
 from multiprocessing import Pool
@@ -65,9 +66,14 @@ def _stdlib():
                 yield from _text_file(os.path.join(root, name))
 
 
+def _prepared(folder):
+    """True for a folder data.py wrote (meta.json beside token shards): never read as documents."""
+    return os.path.isfile(os.path.join(folder, "meta.json")) and any(n.endswith(".bin") for n in os.listdir(folder))
+
+
 def _folder(path, text_field):
     for root, dirs, files in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not _prepared(os.path.join(root, d)))
         for name in sorted(files):
             if not name.startswith("."):
                 yield from _file(os.path.join(root, name), text_field)
@@ -103,21 +109,36 @@ def _open_lines(path):
     return open(path, "rb")
 
 
-def _jsonl(path, text_field):
+def _lines(path):
+    """(line number, bytes) of the file at `path`, decompressed; ValueError naming the file and line
+    where a .gz or .zst stream is truncated or corrupt."""
+    lineno = 0
     with _open_lines(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.decode("utf-8", errors="replace")
-            if lineno == 1:
-                line = line.removeprefix("\ufeff")            # a BOM would make line 1 invalid JSON
-            if not line.strip():
-                continue
-            try:
-                text = json.loads(line)[text_field]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{lineno}: expected a JSON object with a {text_field!r} field ({e!r})") from None
-            if not isinstance(text, str):
-                raise ValueError(f"{path}:{lineno}: {text_field!r} must be a string, got {type(text).__name__}")
-            yield f"{path}:{lineno}", text
+        try:
+            for lineno, line in enumerate(f, 1):
+                yield lineno, line
+        except (EOFError, OSError, RuntimeError) as e:           # gzip.BadGzipFile is an OSError
+            raise ValueError(f"{path}: not readable after line {lineno} ({type(e).__name__}: {e}); is it truncated?") from None
+        except Exception as e:                                    # zstandard.ZstdError
+            if type(e).__module__.startswith("zstandard"):
+                raise ValueError(f"{path}: not readable after line {lineno} ({type(e).__name__}: {e})") from None
+            raise
+
+
+def _jsonl(path, text_field):
+    for lineno, line in _lines(path):
+        line = line.decode("utf-8", errors="replace")
+        if lineno == 1:
+            line = line.removeprefix("\ufeff")            # a BOM would make line 1 invalid JSON
+        if not line.strip():
+            continue
+        try:
+            text = json.loads(line)[text_field]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}:{lineno}: expected a JSON object with a {text_field!r} field ({e!r})") from None
+        if not isinstance(text, str):
+            raise ValueError(f"{path}:{lineno}: {text_field!r} must be a string, got {type(text).__name__}")
+        yield f"{path}:{lineno}", text
 
 
 def _parquet(path, text_field):
@@ -246,7 +267,8 @@ _worker = None   # (tokenizer, token dtype) of a tokenisation worker process
 
 def _init_worker(name, dtype):
     global _worker
-    _worker = (get_tokenizer(name), dtype)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's: it stops the pool (a worker
+    _worker = (get_tokenizer(name), dtype)            # killed mid-task can hang Pool.terminate)
 
 
 def _tokenize_chunk(chunk):

@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import random
+import sys
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, Optional
@@ -112,6 +113,9 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
     source = input_path or f"python stdlib ({corpus.stdlib_path()})"
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"output {out_dir} exists and is not a folder")
+    if input_path is not None and os.path.realpath(input_path) == os.path.realpath(out_dir):
+        raise ValueError(f"--out {out_dir} is the input folder: write the shards elsewhere (a prepared folder "
+                         "inside an input folder is skipped, never read as documents)")
     docs = corpus.iter_texts(input_path, text_field)
     first = next(docs, None)         # a bad input fails here, before out_dir is touched
     if first is None:
@@ -413,6 +417,10 @@ def main():
                 args.shard_tokens, args.text_field, args.max_tokens)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}")
+    except KeyboardInterrupt:
+        print(f"interrupted: {args.out} has no meta.json, so no loader takes it for complete; run the command again",
+              file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,14 @@ def print0(*args, **kwargs):
         print(*args, **kwargs, flush=True)
 
 
+class RunStopped(Exception):
+    """The run stopped before max_iters on purpose (divergence, a signal) after saving what can be
+    saved; `exit_code` is the process's exit status."""
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 @dataclass
 class Proc:
     """This process's place in the job."""

@@ -91,9 +91,12 @@ def read_index(shard, n_tokens, eot, foreign, with_starts=True):
     shards lacks a matching index (an interrupted or mixed preparation)."""
     path = index_path(shard)
     if os.path.isfile(path):
-        with np.load(path) as z:
-            if int(z["n_tokens"]) == n_tokens and int(z["eot"]) == eot:
-                return int(z["max_id"]), (z["doc_starts"] if with_starts else None)
+        try:
+            with np.load(path) as z:
+                if int(z["n_tokens"]) == n_tokens and int(z["eot"]) == eot:
+                    return int(z["max_id"]), (z["doc_starts"] if with_starts else None)
+        except (ValueError, KeyError, OSError, EOFError) as e:      # np.load of a damaged .npz
+            raise ValueError(f"index {path} is corrupt ({type(e).__name__}); prepare the folder again with data.py") from None
     if not foreign:
         raise ValueError(f"shard {shard} has no index matching it ({os.path.basename(path)}): an interrupted or "
                          f"mixed preparation? Prepare the folder again with data.py")
@@ -123,7 +126,8 @@ def find_shards(data_dir, split):
                                 f"`python data.py --input CORPUS --out {data_dir}`")
     paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*{split}_*.bin")))
     if not paths:
-        raise FileNotFoundError(f"no {split}_*.bin shards in {data_dir}")
+        hint = " (prepared with --val_frac=0? then train with --eval_iters=0)" if split == "val" else ""
+        raise FileNotFoundError(f"no {split}_*.bin shards in {data_dir}{hint}")
     return paths
 
 
@@ -153,6 +157,10 @@ def load_meta(data_dir, verbose=True):
     missing = [k for k in ("tokenizer", "vocab_size", "eot_id") if k not in meta] if isinstance(meta, dict) else ["all keys"]
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}; {again}")
+    if meta["tokenizer"] not in ("byte", "gpt2") or type(meta["vocab_size"]) is not int \
+            or type(meta["eot_id"]) is not int or not 0 <= meta["eot_id"] < meta["vocab_size"]:
+        raise ValueError(f"{path} has tokenizer {meta['tokenizer']!r}, vocab_size {meta['vocab_size']!r}, eot_id "
+                         f"{meta['eot_id']!r}: expected byte or gpt2 and integers with eot_id < vocab_size; {again}")
     if "input" in meta:              # the command that made it, for the messages below
         given = "" if str(meta["input"]).startswith("python stdlib") else f" --input {meta['input']}"
         again = f"prepare the folder again: python data.py{given} --out {data_dir} --tokenizer {meta['tokenizer']}"

@@ -6,12 +6,11 @@ Python's standard library sources (prepared on first use).
     python train.py --config config/fast.py                  # GPT-2 124M, every speed flag on, one GPU
     torchrun --standalone --nproc_per_node=8 train.py --config config/fast.py
 
-main() tells a run as a row of named stages: the config, the processes and device, the checkpoint to
-resume from, the data, the model with its transforms (FP8, activation checkpointing, compile,
-DDP/FSDP, in that order), the optimizer, logging; then train() runs the loop. Each flag is resolved
-once, in the stage named for it (flags and defaults: configurator.py), so the loop reads the same with
-every flag off. A non-finite loss or gradient norm is never applied; SIGINT/SIGTERM finish the step,
-save and exit non-zero; a resume continues exactly, with its schedule (README: runs you can trust).
+main() tells a run as a row of named stages (config, processes and device, checkpoint, data, the model
+and its transforms: FP8, activation checkpointing, compile, DDP/FSDP in that order, optimizer, logging),
+then train() runs the loop. Each flag is resolved once, in its stage (flags: configurator.py), so the
+loop reads the same with every flag off. Non-finite steps are never applied; SIGINT/SIGTERM save and
+exit non-zero; a resume continues exactly, with its schedule (README: runs you can trust).
 """
 import json
 import math
@@ -27,9 +26,9 @@ import torch
 import torch.distributed as dist
 
 from checkpoint import last_good, load_checkpoint, load_weights, model_state, remove_stale_tmp, save_checkpoint, state_is_finite
-from configurator import MODEL_KEYS, check_for_device, load_config, resume_config
+from configurator import MODEL_KEYS, check_for_device, load_config, resolve_decay, resume_config
 from data import Loader, load_meta, prepare
-from distributed import Proc, StopSignals, agree, leave, on_every_rank, plan_batch, print0, setup_processes
+from distributed import Proc, RunStopped, StopSignals, agree, leave, on_every_rank, plan_batch, print0, setup_processes
 from measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_profile
 from masks import check_attention_mask
 from model import GPT, GPTConfig
@@ -39,26 +38,23 @@ _setup_done = False        # errors after setup are bugs, not bad input: they ke
 PT_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class RunStopped(Exception):
-    """The run stopped before max_iters on purpose (divergence, a signal) after saving what can be
-    saved; `exit_code` is the process's exit status."""
-    def __init__(self, message, exit_code):
-        super().__init__(message)
-        self.exit_code = exit_code
-
 # -----------------------------------------------------------------------------
 # the stages of a run, in the order main() calls them
 
 def read_checkpoint(cfg, explicit):
     """For init_from='resume': the checkpoint, and the config continued from it (the saved schedule
     unless a schedule key is set explicitly; every change printed; a different model shape refused).
-    For a new run: lr_decay_iters=0 resolved to max_iters, so that a later resume keeps this schedule.
+    For a new run: lr_decay_iters=0 resolved to max_iters (past warm-up), so a later resume keeps this
+    schedule; refused, when init_from is not given, if out_dir holds a checkpoint it would replace.
     Raises FileNotFoundError / ValueError for a missing, corrupt or mismatched checkpoint."""
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     if remove_stale_tmp(path):
         print0(f"removed {path}.tmp, left by a run stopped while saving")
     if cfg.init_from != "resume":
-        return replace(cfg, lr_decay_iters=cfg.lr_decay_iters or cfg.max_iters), None
+        if cfg.save_checkpoints and "init_from" not in explicit and os.path.isfile(path):
+            raise ValueError(f"{path} holds a run: continue it with --init_from=resume, or start afresh with "
+                             "--init_from=scratch (which replaces it) or another out_dir")
+        return resolve_decay(cfg), None
     ckpt = load_checkpoint(path)
     cfg, changes = resume_config(cfg, explicit, ckpt["config"])
     for line in changes:

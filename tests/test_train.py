@@ -193,7 +193,7 @@ def test_foreign_or_mismatched_checkpoint(byte_data, tmp_path):
     torch.save({"model": {}, "iter_num": 5}, out / "ckpt.pt")            # a nanoGPT-style checkpoint
     with pytest.raises(ValueError, match="not a speedgpt checkpoint: it lacks optimizer, scaler, step"):
         train.main(tiny_args(byte_data, out, "--init_from=resume"))
-    train.main(tiny_args(byte_data, out, "--max_iters=4"))               # a real one, then damage its weights
+    train.main(tiny_args(byte_data, out, "--max_iters=4", "--init_from=scratch"))   # a real one, then damage its weights
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
     ckpt["model"]["lm_head.weight"] = ckpt["model"]["lm_head.weight"][:, :16]
     torch.save(ckpt, out / "ckpt.pt")
@@ -244,7 +244,9 @@ def test_resume_refuses_a_mismatched_or_corrupt_checkpoint(byte_data, short_data
 
 def test_scratch_run_starts_a_fresh_metrics_file(byte_data, tmp_path):
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
-    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    with pytest.raises(ValueError, match="ckpt.pt holds a run: continue it with --init_from=resume, or start afresh"):
+        train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))       # a forgotten --init_from=resume
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4", "--init_from=scratch"))
     steps = [r["step"] for r in read_metrics(tmp_path) if "loss" in r]
     assert steps == [0, 1, 2, 3]
 

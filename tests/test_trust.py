@@ -268,3 +268,16 @@ def test_schedule_and_batch_errors(args, match):
 def test_warmup_longer_than_the_run_is_a_warning(byte_data, tmp_path, capsys):
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=2", "--warmup_iters=30"))
     assert "warning: warmup_iters=30 >= max_iters=2: the learning rate never reaches" in capsys.readouterr().out
+
+
+def test_a_short_run_resumes_and_a_resume_takes_the_shape(byte_data, tmp_path):
+    """A run shorter than its warm-up (the schedule never decays) resumes with the same command; shape keys
+    not given again come from the checkpoint."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4", "--warmup_iters=30", "--n_embd=48", "--n_head=4"))
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4", "--warmup_iters=30", "--n_embd=48", "--n_head=4",
+                         "--init_from=resume"))
+    assert json.load(open(tmp_path / "config.json"))["lr_decay_iters"] == 0     # never resolved: still in warm-up
+    summary = train.main([a for a in tiny_args(byte_data, tmp_path, "--max_iters=40", "--warmup_iters=30",
+                                               "--init_from=resume") if not a.startswith(("--n_embd", "--n_head"))])
+    cfg = json.load(open(tmp_path / "config.json"))
+    assert summary["val_loss"] is not None and cfg["n_embd"] == 48 and cfg["lr_decay_iters"] == 40
