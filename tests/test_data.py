@@ -200,20 +200,29 @@ def test_interrupted_preparation_is_refused_then_redone(tmp_path):
         assert np.array_equal(_stream(out, split), _stream(tmp_path / "clean", split))
 
 
-def test_killed_preparation_is_refused(tmp_path):
-    """data.py killed (SIGKILL) while it writes shards over an earlier preparation: no meta.json
-    survives, the shards it left are refused, and the temp file of the shard it was writing is ignored."""
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT])
+def test_killed_preparation_is_refused(tmp_path, signum):
+    """data.py killed (SIGKILL) or stopped by Ctrl-C (SIGINT: one line, status 130, no temp files left)
+    while it writes shards over an earlier preparation: no meta.json survives, the shards it left are
+    refused, and the temp file of the shard it was writing is ignored."""
     _write_jsonl(tmp_path / "big.jsonl", [f"line {i} " * 50 for i in range(100_000)])   # ~30 MB
     out = tmp_path / "out"
     data.prepare(str(tmp_path / "big.jsonl"), str(out), "byte", workers=1, max_tokens=10_000)
     cmd = [sys.executable, "data.py", "--input", str(tmp_path / "big.jsonl"), "--out", str(out),
            "--workers=1", "--shard_tokens=100000"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # as a terminal's
     deadline = time.time() + 60
     while len([n for n in os.listdir(out) if n.startswith("train_") and n.endswith(".bin")]) < 3 and time.time() < deadline:
         time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "data.py finished before it could be killed"
+    proc.send_signal(signum)
+    err = proc.communicate(timeout=60)[1]
+    if signum == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL, "data.py finished before it could be killed"
+    else:
+        assert proc.returncode == 130, err[-2000:]
+        assert err.strip().splitlines()[-1].startswith("interrupted: ") and "Traceback" not in err, err[-2000:]
+        assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
     assert not (out / "meta.json").exists()
     with pytest.raises(ValueError, match="no meta.json: their preparation did not finish"):
         data.Loader(str(out), "train", 2, 16)
@@ -432,3 +441,22 @@ def test_data_dir_given_a_corpus_file_suggests_a_command_that_works(tmp_path, mo
     data.write_shard(str(tmp_path / "train_000000.bin"), np.arange(10))
     with pytest.raises(FileNotFoundError, match=r"pass the folder that holds this shard: --data_dir=\."):
         data.find_shards("train_000000.bin", "train")
+
+
+def test_bad_streams_prepared_folders_and_out_equal_to_input(tmp_path):
+    """A truncated .gz names the file; a folder data.py prepared inside an input folder is not read as
+    documents; --out equal to --input is refused."""
+    _write_jsonl(tmp_path / "a.jsonl", [f"document {i} " * 30 for i in range(2000)])
+    raw = gzip.compress((tmp_path / "a.jsonl").read_bytes())
+    (tmp_path / "t.jsonl.gz").write_bytes(raw[:len(raw) // 2])
+    with pytest.raises(ValueError, match=r"t.jsonl.gz: not readable after line \d+ .*truncated"):
+        data.prepare(str(tmp_path / "t.jsonl.gz"), str(tmp_path / "o1"), "byte", workers=1)
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for i in range(5):
+        (texts / f"{i}.txt").write_text(f"text number {i}\n" * 20)
+    first = data.prepare(str(texts), str(texts / "tok"), "byte", workers=1, val_frac=0.2)
+    again = data.prepare(str(texts), str(texts / "tok2"), "byte", workers=1, val_frac=0.2)
+    assert again["train_tokens"] + again["val_tokens"] == first["train_tokens"] + first["val_tokens"]
+    with pytest.raises(ValueError, match="is the input folder"):
+        data.prepare(str(texts), str(texts), "byte", workers=1)
