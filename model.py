@@ -158,30 +158,30 @@ def varlen_cu_seqlens(doc_ids):
 
 
 def causal_varlen_attn():
-    """torch.nn.attention.varlen.varlen_attn with its causal flag bound (is_causal=True in torch 2.10,
-    window_size=(-1, 0) from 2.11), or None where torch has none. A custom op with a fake implementation
-    and a registered backward, so torch.compile traces it without a graph break. It runs PyTorch's
-    FlashAttention-2, or FA3 once varlen_kernel() has activated it."""
+    """The varlen kernel: fa3.fa3_varlen_attn (FA3's kernels called directly: one split, packed qkv)
+    once varlen_kernel() has found FA3, else torch.nn.attention.varlen.varlen_attn (PyTorch's
+    FlashAttention-2; is_causal=True in torch 2.10, window_size=(-1, 0) from 2.11) taking the packed qkv,
+    or None where torch has none. Both are custom ops with fake implementations and registered
+    backwards, so torch.compile traces them without a graph break. Called (qkv (N, 3, nh, hs),
+    cu_seqlens, max_seqlen)."""
+    if (_varlen_kernel_name or "").startswith("FA3"):
+        from fa3 import fa3_varlen_attn
+        return fa3_varlen_attn
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
-    params = inspect.signature(varlen_attn).parameters
-    causal = dict(window_size=(-1, 0)) if "window_size" in params else dict(is_causal=True)
-    if "num_splits" in params and (_varlen_kernel_name or "").startswith("FA3"):
-        causal["num_splits"] = 1  # FA3 split the keys of our batches and paid a combine kernel per call
-                                  # (39 of 1,028 GPU ms per fast.py step on the H200): one split, no combine
-    return partial(varlen_attn, **causal)
+    causal = dict(window_size=(-1, 0)) if "window_size" in inspect.signature(varlen_attn).parameters else dict(is_causal=True)
+    return lambda qkv, cu, max_seqlen: varlen_attn(*qkv.unbind(1), cu, cu, max_seqlen, max_seqlen, **causal)
 
 
 _varlen_kernel_name = None
 
 def varlen_kernel(device):
     """Pick the kernel behind attention='varlen' on `device` (once per process) and return its name: FA3
-    where `flash_attn_interface` imports (FA3's hopper/ build, or ../shared/tools/fa3.sh) on a 9.x GPU,
-    through torch's activate_flash_attention_impl("FA3"), which routes varlen_attn (and SDPA's flash path)
-    to torch.ops.flash_attn_3 process-wide; else PyTorch's FA2. Per layer at B=64, T=1024 on the H200
-    (../shared/GPU.md): FA3 varlen 1.61-1.72 ms, flex 1.93-2.14, FA2 varlen 2.12-2.28 (fwd + bwd).
+    where `flash_attn_interface` imports (FA3's hopper/ build, or ../shared/tools/fa3.sh) and loads
+    torch.ops.flash_attn_3 on a 9.x GPU (fa3.py); else PyTorch's FA2. Per layer at B=64, T=1024 on the
+    H200 (../shared/GPU.md): FA3 varlen 1.61-1.72 ms, flex 1.93-2.14, FA2 varlen 2.12-2.28 (fwd + bwd).
     Raises ValueError where neither runs (CPU, older torch or GPU)."""
     global _varlen_kernel_name
     device = torch.device(device)
@@ -189,7 +189,7 @@ def varlen_kernel(device):
         raise ValueError("attention='varlen' needs a CUDA GPU: FlashAttention's varlen kernels do not run on the "
                          "CPU. Use attention='sdpa' (a boolean document mask) or 'naive' on the CPU")
     cc = torch.cuda.get_device_capability(device)
-    if causal_varlen_attn() is None or cc < (8, 0):
+    if _varlen_kernel_name is None and (causal_varlen_attn() is None or cc < (8, 0)):
         raise ValueError(f"attention='varlen' needs torch >= 2.10 and compute capability 8.0+, not torch "
                          f"{torch.__version__} on sm_{cc[0]}{cc[1]}: use attention='flex'")
     if _varlen_kernel_name is None:
@@ -197,12 +197,13 @@ def varlen_kernel(device):
             f"needs compute capability 9.x, not {cc[0]}.{cc[1]}" if cc[0] != 9 else None
         if why is None:
             try:
-                from torch.nn.attention import activate_flash_attention_impl
-                activate_flash_attention_impl("FA3")
-                _varlen_kernel_name = "FA3 (flash_attn_interface, through torch varlen_attn)"
-            except (ImportError, ValueError, RuntimeError) as e:
+                import flash_attn_interface  # noqa: F401  (registers torch.ops.flash_attn_3)
+                from fa3 import fa3_loaded
+                why = None if fa3_loaded() else "flash_attn_interface loaded no torch.ops.flash_attn_3.fwd/bwd"
+            except (ImportError, OSError, RuntimeError) as e:
                 why = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
-        _varlen_kernel_name = _varlen_kernel_name or f"FA2 (torch varlen_attn; no FA3: {why})"
+        _varlen_kernel_name = "FA3 (torch.ops.flash_attn_3: one split, packed qkv)" if why is None else \
+            f"FA2 (torch varlen_attn; no FA3: {why})"
     return _varlen_kernel_name
 
 
@@ -223,17 +224,18 @@ def resolve_attention(name, device, masked, dtype="bfloat16"):
         return "flex"
 
 
-def varlen_attention(q, k, v, cu_seqlens, max_seqlen, kernel):
+def varlen_attention(qkv, cu_seqlens, max_seqlen, kernel):
     """Causal attention within each sequence [cu_seqlens[i], cu_seqlens[i+1]) of the flattened batch:
-    q, k, v (N, nh, hs), N = B*T; cu_seqlens (S+1,) int32 rising from 0 to N (repeats: empty sequences);
-    max_seqlen a Python int >= the longest sequence (no host sync). Returns (N, nh, hs). `kernel`:
-    causal_varlen_attn(). On CPU tensors the reference below: SDPA on each sequence on its own, a Python
-    loop with a host sync, for tests and sample.py (train.py refuses varlen on the CPU)."""
-    if q.device.type != "cpu":
-        return kernel(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+    qkv (N, 3, nh, hs), N = B*T (c_attn's output, packed); cu_seqlens (S+1,) int32 rising from 0 to N
+    (repeats: empty sequences); max_seqlen a Python int >= the longest sequence (no host sync). Returns
+    (N, nh, hs). `kernel`: causal_varlen_attn(). On CPU tensors the reference below: SDPA on each
+    sequence on its own, a Python loop with a host sync, for tests and sample.py (train.py refuses
+    varlen on the CPU)."""
+    if qkv.device.type != "cpu":
+        return kernel(qkv, cu_seqlens, max_seqlen)
     bounds = cu_seqlens.tolist()
-    return torch.cat([F.scaled_dot_product_attention(*(t[s:e].transpose(0, 1) for t in (q, k, v)), is_causal=True)
-                      .transpose(0, 1) for s, e in zip(bounds[:-1], bounds[1:]) if e > s])
+    return torch.cat([F.scaled_dot_product_attention(*qkv[s:e].permute(1, 2, 0, 3), is_causal=True).transpose(0, 1)
+                      for s, e in zip(bounds[:-1], bounds[1:]) if e > s])
 
 # -----------------------------------------------------------------------------
 # the model
@@ -255,13 +257,13 @@ class CausalSelfAttention(nn.Module):
         """x (B, T, C); mask None (causal), a (B, 1, T, T) bool tensor, a flex BlockMask, or for varlen
         cu_seqlens over the B*T flattened tokens."""
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        if self.attention == "varlen":                   # no transpose: (B*T, nh, hs) views of c_attn's output
-            q, k, v = (t.view(B * T, self.n_head, C // self.n_head) for t in (q, k, v))
+        qkv = self.c_attn(x)
+        if self.attention == "varlen":                   # no transpose, no split: (B*T, 3, nh, hs), packed
             if mask is None:                             # plain causal: each row one sequence
                 mask = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=x.device)
-            y = varlen_attention(q, k, v, mask, T, self.varlen)
+            y = varlen_attention(qkv.view(B * T, 3, self.n_head, C // self.n_head), mask, T, self.varlen)
             return self.resid_dropout(self.c_proj(y.reshape(B, T, C)))
+        q, k, v = qkv.split(self.n_embd, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         dropout_p = self.dropout if self.training else 0.0
         if self.attention == "naive":

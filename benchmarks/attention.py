@@ -8,10 +8,11 @@ batches: what each attention choice costs per layer, and what the FlexAttention 
 The max-autotune variant lets Inductor time its own list of flex kernel configurations; its choices
 (AUTOTUNE tables) go to stderr. Each variant: 5 warm-up calls, then the median of 20 timed forward + backward calls (CUDA events).
 A variant that fails (a kernel that does not support the shape or the mask) prints its error.
-varlen variants: q, k, v as (B*T, H, D) with cu_seqlens exactly as long as the batch's documents, as the
-loader pads it (data.varlen_capacity: a fixed length), and padded to 4x that, to price the empty sequences;
-PyTorch's FA2 first, then FA3 where flash_attn_interface imports (activating it also routes SDPA's flash path
-through FA3, so those variants run last). --match keeps the variants whose name matches a regular expression.
+varlen variants: q, k, v packed as (B*T, 3, H, D) (c_attn's layout) with cu_seqlens exactly as long as the
+batch's documents, as the loader pads it (data.varlen_capacity: a fixed length), and padded to 4x that, to
+price the empty sequences; PyTorch's FA2 (torch varlen_attn), then FA3 where flash_attn_interface imports
+(fa3.py: one split; then torch's own FA3 route, activate_flash_attention_impl, which also reroutes SDPA's
+flash path, so those variants run last). --match keeps the variants whose name matches a regular expression.
 """
 import argparse
 import re
@@ -82,7 +83,7 @@ def main():
         ("flex document mask, BACKEND=FLASH", flex(doc_bm, BACKEND="FLASH")),
     ]
     # varlen: (B*T, H, D) leaves; cu_seqlens exact, as the loader pads it, and padded to 4x that
-    qv, kv, vv = (t.detach().transpose(1, 2).reshape(B * T, H, D).requires_grad_(True) for t in (q, k, v))
+    qkv = torch.stack([t.detach().transpose(1, 2).reshape(B * T, H, D) for t in (q, k, v)], 1).requires_grad_(True)
     gv = g.transpose(1, 2).reshape(B * T, H, D)
     padded, _ = varlen_metadata(doc_ids.cpu().numpy())
     n_seqs = int((padded < B * T).sum())
@@ -91,8 +92,8 @@ def main():
     cus = {k: torch.from_numpy(v.astype(np.int32)).cuda() for k, v in cus.items()}
     attn = causal_varlen_attn()
 
-    def varlen(cu):                                # None: this torch has no torch.nn.attention.varlen
-        return (lambda: attn(qv, kv, vv, cu, cu, T, T).backward(gv)) if attn else None
+    def varlen(cu, attn=attn):                     # None: this torch has no torch.nn.attention.varlen
+        return (lambda: attn(qkv, cu, T).backward(gv)) if attn else None
     variants += [(f"varlen FA2 (torch varlen_attn), cu_seqlens {k}", varlen(cu)) for k, cu in cus.items()]
     print(f"{n_seqs} sequences in the batch; the loader's cu_seqlens has {len(padded)} entries")
     print("| variant | fwd+bwd ms per layer |\n|---|---:|")
@@ -110,12 +111,17 @@ def main():
             except Exception as e:                 # a kernel that cannot take this shape/mask
                 print(f"| {name} | failed: {type(e).__name__}: {str(e).splitlines()[0][:120]} |", flush=True)
     run(variants)
-    try:                                           # FA3 last: activating it reroutes SDPA's flash path too
+    try:
         kernel = varlen_kernel("cuda")
     except ValueError as e:
         kernel = str(e)
     if kernel.startswith("FA3"):
-        run([(f"varlen FA3, cu_seqlens {k}", varlen(cu)) for k, cu in cus.items()] + [("sdpa causal (FA3 dense)", sdpa())])
+        fa3 = causal_varlen_attn()                 # model.py's: torch.ops.flash_attn_3 direct, one split
+        run([(f"varlen FA3 (fa3.py, one split), cu_seqlens {k}", varlen(cu, fa3)) for k, cu in cus.items()])
+        from torch.nn.attention import activate_flash_attention_impl
+        activate_flash_attention_impl("FA3")       # last: reroutes SDPA's flash path too
+        run([(f"varlen FA3 (torch route, splits chosen by FA3), cu_seqlens {k}", varlen(cu)) for k, cu in cus.items()]
+            + [("sdpa causal (FA3 dense)", sdpa())])
     else:
         print(f"| varlen FA3 | not run: {kernel} |")
     t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """Checks that need a CUDA GPU (run on the lent H200; skipped in CI).
 
-The varlen tests activate FA3 where flash_attn_interface imports (model.varlen_kernel), which routes
-SDPA's flash path through FA3 for the rest of the session too."""
+The varlen tests use FA3 (fa3.py's op) where flash_attn_interface imports (model.varlen_kernel), else
+PyTorch's FA2 varlen_attn."""
 import pytest
 import torch
 
@@ -110,6 +110,30 @@ def test_varlen_matches_flex_and_sdpa_with_mask_bf16():
         assert err[name][0] <= max(2 * err["flex"][0], 2e-2), err
         assert err[name][1] <= max(2 * err["flex"][1], 2e-2), err
     torch.testing.assert_close(runs["varlen, doc_ids only"][0], runs["varlen"][0], rtol=0, atol=1e-2)
+
+
+def test_fa3_op_passes_opcheck_and_matches_the_reference():
+    """fa3.py's packed-qkv op where FA3 loads: torch.library.opcheck (the fake implementation's shapes,
+    the autograd registration, tracing) and outputs and gradients against the per-sequence SDPA
+    reference in float32, with a one-token sequence, a row of one long sequence and empty sequences
+    (the loader's padding) in cu_seqlens."""
+    kernel = varlen_or_skip()
+    if not kernel.startswith("FA3"):
+        pytest.skip(f"FA3 not loaded here: {kernel}")
+    import fa3
+    torch.manual_seed(0)
+    N, H, D = 512, 4, 64
+    cu = torch.tensor([0, 1, 100, 101, 300, 512, 512, 512], dtype=torch.int32, device="cuda")
+    qkv = torch.randn(N, 3, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    torch.library.opcheck(fa3.fa3_varlen_qkvpacked, (qkv, cu, 256))
+    g = torch.randn(N, H, D, device="cuda", dtype=torch.bfloat16)
+    out = fa3.fa3_varlen_attn(qkv, cu, 256)
+    out.backward(g)
+    ref_qkv = qkv.detach().float().cpu().requires_grad_(True)
+    ref = model_lib.varlen_attention(ref_qkv, cu.cpu(), 256, None)
+    ref.backward(g.float().cpu())
+    torch.testing.assert_close(out.float().cpu(), ref, rtol=0, atol=2e-2)
+    torch.testing.assert_close(qkv.grad.float().cpu(), ref_qkv.grad, rtol=0, atol=5e-2)
 
 
 def test_varlen_compiles_without_graph_breaks():

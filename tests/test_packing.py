@@ -254,11 +254,16 @@ def test_varlen_paths_agree_with_sdpa_forward_and_grads(short_data):
             torch.testing.assert_close(out[name][1][n], g, rtol=1e-9, atol=1e-12)
 
 
-def test_varlen_kernel_path_traces_as_one_graph():
-    """On the GPU varlen calls torch's varlen_attn custom op: torch.compile must trace the whole model,
-    forward and backward, with no graph break (fullgraph=True raises on one). The meta device runs the
-    op's fake implementation, so this checks the GPU path's tracing on the CPU."""
+@pytest.mark.parametrize("kernel", ["FA2", "FA3"])
+def test_varlen_kernel_path_traces_as_one_graph(kernel, monkeypatch):
+    """On the GPU varlen calls a custom op: torch's varlen_attn (FA2), or fa3.py's packed-qkv op where
+    FA3 loads. torch.compile must trace the whole model, forward and backward, with no graph break
+    (fullgraph=True raises on one). The meta device runs the ops' fake implementations, so this checks
+    the GPU paths' tracing, and the shapes the fakes give, on the CPU."""
     import warnings
+    monkeypatch.setattr(model_lib, "_varlen_kernel_name", "FA3 (as if found)" if kernel == "FA3" else None)
+    if kernel == "FA2" and model_lib.causal_varlen_attn() is None:
+        pytest.skip(f"torch {torch.__version__} has no torch.nn.attention.varlen")
     with torch.device("meta"):
         m = tiny("varlen", T=32).train()
     doc_ids = torch.cumsum(torch.rand(3, 32) < 0.15, dim=1)
