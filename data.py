@@ -40,7 +40,7 @@ import torch
 import corpus
 from corpus import ByteTokenizer, GPT2Tokenizer, get_tokenizer   # noqa: F401 (data.get_tokenizer is public)
 from shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, OUR_FILE, SHARD_TOKENS,  # noqa: F401 (data.X is public)
-                    find_shards, index_path, load_meta, read_header, read_index, read_shard, write_index, write_shard)
+                    find_shards, index_path, index_tmp_path, load_meta, read_header, read_index, read_shard, write_index, write_shard)
 
 # -----------------------------------------------------------------------------
 # preparation
@@ -79,15 +79,18 @@ class ShardWriter:
             self.f.seek(0)
             self.f.write(header.tobytes())
             self.f.close()
-            self.f = None
             write_index(self.path, self.n, self.max_id, self.starts, self.eot)
             os.replace(self.path + ".tmp", self.path)
+            self.f = None                                  # only now: abort() cleans up after any step above
             self.names.append(os.path.basename(self.path))
 
     def abort(self):
+        """Remove the temp files of the shard being written (an interrupt may come inside close())."""
         if self.f is not None:
             self.f.close()
-            os.remove(self.path + ".tmp")
+            for tmp in (self.path + ".tmp", index_tmp_path(self.path)):
+                if os.path.exists(tmp):
+                    os.remove(tmp)
 
 
 def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, workers=None,
@@ -189,40 +192,40 @@ class Batch(NamedTuple):
 # -----------------------------------------------------------------------------
 # varlen attention metadata, built in the loader's thread (numpy), not in the model's forward
 
-VARLEN_TOKENS_PER_DOC = 128  # cu_seqlens is sized for documents of this mean length; 0: exact (see varlen_capacity)
+VARLEN_TOKENS_PER_DOC = 128  # a fixed-length cu_seqlens is sized for documents of this mean length (varlen_capacity)
 VARLEN_MAX_SEQS = 65535      # CUDA's grid limit in y and z, where FlashAttention-2's kernels put the sequence
 
 
 def varlen_capacity(B, T, n_seqs=0):
-    """The fixed length of a (B, T) batch's padded cu_seqlens: room for B*T // VARLEN_TOKENS_PER_DOC + B
-    sequences (documents averaging VARLEN_TOKENS_PER_DOC tokens, each row cut once more), plus one: 577
-    at B=64, T=1024, where the stdlib and stories corpora hold ~90-350. A fixed length keeps torch.compile
-    from recompiling and CUDA graphs valid; each padding entry is an empty sequence, which costs the
-    kernels launched-then-idle blocks, so the room is kept small (benchmarks/attention.py prices it). A
-    batch of n_seqs > room doubles it until they fit (a new shape: one recompile), up to B*T.
-    VARLEN_TOKENS_PER_DOC = 0: no padding, n_seqs + 1 (a new length each batch: torch.compile recompiles
-    once with the length dynamic; CUDA graphs would re-record). Raises ValueError past VARLEN_MAX_SEQS."""
+    """The fixed length of a (B, T) batch's padded cu_seqlens, for CUDA graphs (which replay fixed
+    shapes): room for B*T // VARLEN_TOKENS_PER_DOC + B sequences (documents averaging
+    VARLEN_TOKENS_PER_DOC tokens, each row cut once more), plus one: 577 at B=64, T=1024, where the
+    stdlib and stories corpora hold ~90-350. A batch of n_seqs > room doubles it until they fit (a new
+    shape: one re-recording), up to B*T. Each padding entry is an empty sequence, which the kernels pay
+    for: FA3 541.6k vs 526.0k tok/s in fast.py exact vs padded (BENCHMARKS.md), so only fixed_shapes
+    loaders pad. Raises ValueError past VARLEN_MAX_SEQS (the kernels' limit)."""
     if n_seqs > VARLEN_MAX_SEQS:
         raise ValueError(f"a batch of {n_seqs:,} documents exceeds the {VARLEN_MAX_SEQS:,} sequences a FlashAttention "
                          "varlen call can take: lower batch_size, or use attention='flex'")
-    if VARLEN_TOKENS_PER_DOC == 0:
-        return n_seqs + 1
     room = min(B * T // VARLEN_TOKENS_PER_DOC + B, B * T, VARLEN_MAX_SEQS)
     while room < n_seqs:
         room = min(2 * room, B * T, VARLEN_MAX_SEQS)
     return room + 1
 
 
-def varlen_metadata(doc_ids):
-    """doc_ids (B, T) int -> cu_seqlens (varlen_capacity(B, T, n),) int32 and position_ids (B, T) int64.
-    Each run of equal doc_ids in a row is one sequence (a row's start always opens one, so no sequence
-    spans two rows); cu_seqlens holds the flattened offset of each of the n sequences, then B*T repeated
-    (empty sequences). position_ids restart at 0 at each sequence start (model.position_ids' rule)."""
+def varlen_metadata(doc_ids, padded=False):
+    """doc_ids (B, T) int -> cu_seqlens (n + 1,) int32 and position_ids (B, T) int64, for the n runs of
+    equal doc_ids (each one sequence; a row's start always opens one, so no sequence spans two rows):
+    cu_seqlens holds the flattened offset of each sequence, then B*T. `padded`: cu_seqlens has the fixed
+    length varlen_capacity(B, T, n), its tail B*T repeated (empty sequences); unpadded, its length
+    changes per batch and torch.compile recompiles once, with the length dynamic. position_ids restart at
+    0 at each sequence start (model.position_ids' rule). Raises ValueError past VARLEN_MAX_SEQS sequences."""
     B, T = doc_ids.shape
     start = np.ones((B, T), dtype=bool)
     start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
     offsets = np.flatnonzero(start)                                  # ascending flattened starts
-    cu_seqlens = np.full(varlen_capacity(B, T, len(offsets)), B * T, dtype=np.int32)
+    room = varlen_capacity(B, T, len(offsets))                      # raises past VARLEN_MAX_SEQS
+    cu_seqlens = np.full(room if padded else len(offsets) + 1, B * T, dtype=np.int32)
     cu_seqlens[:len(offsets)] = offsets
     t = np.arange(T)
     position_ids = t - np.maximum.accumulate(np.where(start, t, 0), axis=1)
@@ -258,17 +261,19 @@ class Loader:
     Start-up reads each shard's header and index, never its tokens (read_index). Shards are memory-mapped
     afresh for each batch (a long-lived np.memmap keeps every page it touched resident). The next
     `prefetch` batches are built in a background thread, in pinned memory, and copied non-blocking.
+    With packing and document_mask, batches carry varlen_metadata's cu_seqlens and position_ids;
+    fixed_shapes=True pads cu_seqlens to a fixed length (CUDA graphs need it; it costs the kernels).
     Raises FileNotFoundError / ValueError for missing, corrupt, incomplete or too-short shards, and for
     a shard holding an id >= vocab_size (when given), naming the shard."""
 
     def __init__(self, data_dir, split, batch_size, block_size, device="cpu", seed=0,
                  packing=True, document_mask=True, eot=None, rank=0, world_size=1, vocab_size=None,
-                 prefetch=2):
+                 prefetch=2, fixed_shapes=False):
         meta = load_meta(data_dir, verbose=eot is None)
         self.paths = find_shards(data_dir, split)
         self.eot = meta["eot_id"] if eot is None else eot
         self.B, self.T, self.device = batch_size, block_size, torch.device(device)
-        self.packing, self.document_mask = packing, document_mask
+        self.packing, self.document_mask, self.fixed_shapes = packing, document_mask, fixed_shapes
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         if type(seed) is not int or seed < 0:
@@ -349,7 +354,7 @@ class Loader:
             doc_ids = doc_ids_from_tokens(x, self.eot)
         tensors = [torch.from_numpy(a) for a in (x, y, doc_ids)]
         if self.packing and self.document_mask:   # varlen cu_seqlens and positions: here, not in the step
-            tensors += [torch.from_numpy(a) for a in varlen_metadata(doc_ids)]
+            tensors += [torch.from_numpy(a) for a in varlen_metadata(doc_ids, padded=self.fixed_shapes)]
         if self._pin:
             tensors = [t.pin_memory() for t in tensors]
         return tensors, int((y != -1).sum())

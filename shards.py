@@ -75,10 +75,16 @@ def index_path(shard):
     return shard[:-len(".bin")] + ".idx.npz"
 
 
+def index_tmp_path(shard):
+    """The temp file write_index writes before its rename: per process, as torchrun ranks may index a
+    foreign shard at once."""
+    return f"{index_path(shard)}.{os.getpid()}.tmp"
+
+
 def write_index(shard, n_tokens, max_id, doc_starts, eot):
     """Write the index of `shard` beside it (NAME.idx.npz; temp file, then rename): its token count,
     largest id (-1 if empty), end-of-text id, and doc_starts, the offset of each BOS (int64, ascending)."""
-    tmp = f"{index_path(shard)}.{os.getpid()}.tmp"    # torchrun ranks may index a foreign shard at once
+    tmp = index_tmp_path(shard)
     with open(tmp, "wb") as f:
         np.savez(f, n_tokens=n_tokens, max_id=max_id, eot=eot, doc_starts=np.asarray(doc_starts, dtype=np.int64))
     os.replace(tmp, index_path(shard))

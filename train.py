@@ -82,7 +82,7 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
                          f"but {cfg.data_dir} has {meta['vocab_size']} ({meta['tokenizer']})")
     args = dict(batch_size=cfg.batch_size, block_size=cfg.block_size, device=proc.device, packing=cfg.packing,
                 document_mask=cfg.document_mask, eot=meta["eot_id"], rank=proc.rank, world_size=proc.world,
-                vocab_size=meta["vocab_size"])
+                vocab_size=meta["vocab_size"], fixed_shapes=cfg.cuda_graphs)
     train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, prefetch=grad_accum_steps, **args)
     val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **args) if cfg.eval_iters > 0 else None
     return meta, train_loader, val_loader

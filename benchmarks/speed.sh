@@ -6,7 +6,7 @@
 #   bash benchmarks/speed.sh                              # mask varlen varlen_fp8head varlen_fp8head_graphs
 #   RUNS="attention head_ce mask varlen" bash benchmarks/speed.sh                     # kernels first
 #   RUNS="mask varlen_fp8head varlen_graphs varlen_fp8head_graphs" bash benchmarks/speed.sh
-#   RUNS="mask varlen varlen_exact varlen_pad64 nomask" bash benchmarks/speed.sh       # cu_seqlens padding
+#   RUNS="mask varlen varlen_padded nomask" bash benchmarks/speed.sh                  # cu_seqlens padding
 #   STORIES=.carry/stories.jsonl RUNS="long_dense long_varlen long_flex" bash benchmarks/speed.sh
 #
 # On the GPU machine, carry .carry (tiktoken_cache: the GPT-2 BPE files; fa3: `bash ../shared/tools/fa3.sh
@@ -18,8 +18,8 @@
 # RUNS items (train.py runs of config/fast.py, ITERS steps after timing_warmup=5, no eval, no checkpoint):
 #   mask                    flex with the document mask: fast.py as committed
 #   varlen                  attention=varlen (FA3 when .carry/fa3 is installed, else PyTorch's FA2; printed)
-#   varlen_exact, varlen_pad64   varlen with cu_seqlens unpadded (data.VARLEN_TOKENS_PER_DOC = 0: one recompile
-#                           with a dynamic length) or padded for 64-token documents (default 128: 577 entries)
+#   varlen_padded           varlen with cu_seqlens padded to a fixed length (data.varlen_capacity: 577 entries at
+#                           B=64), as cuda_graphs needs it; the default is exact (one recompile, length dynamic)
 #   auto                    attention=auto (varlen where FA3 runs, else flex)
 #   nomask                  sdpa, document_mask=False: attention across documents, as the peer trains
 #   varlen_fp8head          + the FP8 (torchao tensorwise) output head
@@ -29,6 +29,9 @@
 #   long_dense, long_varlen, long_flex   block_size=4096 on the stories corpus (STORIES, prepared into
 #                           data/stories_gpt2), 16 x 4096 tokens per micro-batch: dense causal attention
 #                           without the mask against the document mask through varlen and flex
+#   loss_bf16, loss_fp8head, loss_bf16_seed2   200 steps of fast.py at 65,536 tokens per step (one micro-batch) (SEED, default
+#                           1337; loss_bf16_seed2: 1338), val loss at step 200: FP8 head against bf16, next to
+#                           bf16 against bf16 with another seed (the noise). `RUNS=loss_table` prints the table.
 #   attention               benchmarks/attention.py at fast.py's micro-batch (B=64) on data/stdlib_gpt2: flash
 #                           causal, flex (model.py's options), varlen FA2 / FA3 with exact and padded cu_seqlens
 #   head_ce                 benchmarks/head_ce.py: LM head + cross-entropy variants, 65,536 tokens
@@ -42,10 +45,10 @@ export PYTHONUNBUFFERED=1
 for d in .carry/tiktoken_cache ../shared/tiktoken_cache; do   # the image's own TIKTOKEN_CACHE_DIR lacks GPT-2
   [ -d "$d" ] && { export TIKTOKEN_CACHE_DIR=$(cd "$d" && pwd); break; }
 done
-if ls .whl/*.whl > /dev/null 2>&1; then                       # torchao (fp8_head) and any other carried wheel
+if ! python3 -c "import torchao" 2>/dev/null && ls .whl/*.whl > /dev/null 2>&1; then   # torchao (fp8_head), carried
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-[ -f .carry/fa3/fa3.sh ] && source .carry/fa3/fa3.sh install   # flash_attn_interface: FA3 for attention=varlen
+python3 -c "import flash_attn_interface" 2>/dev/null || { [ -f .carry/fa3/fa3.sh ] && source .carry/fa3/fa3.sh install; }  # FA3 for varlen
 out=${OUT:-/tmp/speed_out}; runs=/tmp/speed_runs; mkdir -p "$out" "$runs"
 : > "$out/speed_logs.txt"
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -54,16 +57,16 @@ python3 -c "import flash_attn_interface" 2>/dev/null && echo "flash_attn_interfa
 [ -d data/stdlib_gpt2 ] || python3 data.py --tokenizer gpt2 > "$runs/prep.log" 2>&1
 stories=${STORIES:-.carry/stories.jsonl}
 
-train() {  # name, flags...: config/fast.py for ITERS steps; TPD=N sets data.VARLEN_TOKENS_PER_DOC for the run
+train() {  # name, flags...: config/fast.py for ITERS steps; PADDED=1 pads cu_seqlens without cuda_graphs
   local name=$1; shift
   local launch=(python3 train.py)
-  [ -n "${TPD:-}" ] && launch=(python3 -c "import runpy, sys, data; data.VARLEN_TOKENS_PER_DOC = $TPD; sys.argv[0] = 'train.py'; runpy.run_path('train.py', run_name='__main__')")
-  echo "=== $name: $*${TPD:+ (data.VARLEN_TOKENS_PER_DOC=$TPD)}"
+  [ -n "${PADDED:-}" ] && launch=(python3 -c "import runpy, sys, data; f = data.varlen_metadata; data.varlen_metadata = lambda d, padded=False: f(d, True); sys.argv[0] = 'train.py'; runpy.run_path('train.py', run_name='__main__')")
+  echo "=== $name: $*${PADDED:+ (cu_seqlens padded)}"
   timeout 420 "${launch[@]}" --config config/fast.py --max_iters=$((${ITERS:-25} + 5)) --timing_warmup=5 --eval_iters=0 \
       --save_checkpoints=False --out_dir="$runs/$name" "$@" ${ARGS:-} > "$runs/$name.log" 2>&1
   echo "rc=$? $(grep -E 'attention:|fp8:|median over' "$runs/$name.log" | tr '\n' ' ')"
   { echo "=== $name: $*"; grep -v '^ *$' "$runs/$name.log" | grep -v '^step [0-9]' | tail -n 12; grep '^step ' "$runs/$name.log" | tail -n 2; } >> "$out/speed_logs.txt"
-  echo "$name|$*${TPD:+ TPD=$TPD}" >> "$runs/done.txt"
+  echo "$name|$*${PADDED:+ (cu_seqlens padded)}" >> "$runs/done.txt"
 }
 
 long() {  # name, flags...: the stories corpus at block_size 4096, 16 rows per micro-batch (65,536 tokens)
@@ -75,19 +78,47 @@ long() {  # name, flags...: the stories corpus at block_size 4096, 16 rows per m
   train "$name" --data_dir=data/stories_gpt2 --block_size=4096 --batch_size=16 --total_batch_size=524288 "$@"
 }
 
+loss() {  # name, flags...: 200 steps at an eighth of fast.py's batch, every step logged, val loss at the end
+  local name=$1; shift
+  echo "=== $name: $*"
+  timeout 400 python3 train.py --config config/fast.py --max_iters=200 --total_batch_size=65536 --eval_interval=200 \
+      --eval_iters=20 --save_checkpoints=False --out_dir="$runs/$name" "$@" > "$runs/$name.log" 2>&1
+  echo "rc=$? $(grep -E 'fp8:|val loss' "$runs/$name.log" | tail -n 2 | tr '\n' ' ')"
+}
+
 rm -f "$runs/done.txt"
 for r in ${RUNS:-mask varlen varlen_fp8head varlen_fp8head_graphs}; do
   case $r in
     mask) train mask --attention=flex ;;
     varlen) train varlen --attention=varlen ;;
-    varlen_exact) TPD=0 train varlen_exact --attention=varlen ;;
-    varlen_pad64) TPD=64 train varlen_pad64 --attention=varlen ;;
+    varlen_padded) PADDED=1 train varlen_padded --attention=varlen ;;
     auto) train auto --attention=auto ;;
     nomask) train nomask --attention=sdpa --document_mask=False ;;
     varlen_fp8head) train varlen_fp8head --attention=varlen --fp8_head=True ;;
     varlen_graphs) train varlen_graphs --attention=varlen --cuda_graphs=True ;;
     varlen_fp8head_graphs) train varlen_fp8head_graphs --attention=varlen --fp8_head=True --cuda_graphs=True ;;
     mask_fp8head) train mask_fp8head --attention=flex --fp8_head=True ;;
+    loss_bf16) loss loss_bf16 --seed=${SEED:-1337} ;;
+    loss_fp8head) loss loss_fp8head --seed=${SEED:-1337} --fp8_head=True ;;
+    loss_bf16_seed2) loss loss_bf16_seed2 --seed=$((${SEED:-1337} + 1)) ;;
+    loss_table)
+      python3 - "$runs" <<'PY' | tee -a "$out/loss.md"
+import json, os, sys
+runs = sys.argv[1]
+def read(name):
+    rows = [json.loads(l) for l in open(os.path.join(runs, name, "metrics.jsonl"))]
+    train = {r["step"]: r["loss"] for r in rows if "loss" in r}
+    val = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
+    return train, val[-1] if val else None
+got = {n: read(n) for n in ("loss_bf16", "loss_fp8head", "loss_bf16_seed2") if os.path.isfile(os.path.join(runs, n, "metrics.jsonl"))}
+base = got.get("loss_bf16")
+print("| run | mean train loss, steps 150-199 | val loss, step 200 | mean abs difference per step vs loss_bf16, steps 100-199 |\n|---|---:|---:|---:|")
+for name, (train, val) in got.items():
+    late = [train[s] for s in range(150, 200) if s in train]
+    diff = [abs(train[s] - base[0][s]) for s in range(100, 200) if base and s in train and s in base[0]]
+    print(f"| {name} | {sum(late) / len(late):.4f} | {val:.4f} | " + (f"{sum(diff) / len(diff):.4f} |" if diff and name != "loss_bf16" else "|"))
+PY
+      ;;
     long_dense) long long_dense --attention=sdpa --document_mask=False ;;
     long_varlen) long long_varlen --attention=varlen ;;
     long_flex) long long_flex --attention=flex ;;

@@ -83,14 +83,15 @@ def test_flex_block_mask_is_block_diagonal_on_loader_batches(tmp_path):
 
 
 def test_varlen_matches_flex_and_sdpa_with_mask_bf16():
-    """Forward and gradients of varlen (with the loader's padded cu_seqlens and positions, and from
-    doc_ids alone), flex and SDPA with the boolean document mask, all in bf16, against SDPA with the
+    """Forward and gradients of varlen (with the loader's cu_seqlens and positions, exact and padded to
+    a fixed length, and from doc_ids alone), flex and SDPA with the boolean document mask, all in bf16, against SDPA with the
     mask in float32: varlen must be as close to the truth as flex is (bf16 attention outputs differ
     from the dense-mask reference by 8e-3..1.6e-2 on the H200, ../shared/GPU.md)."""
     kernel = varlen_or_skip()
     torch.backends.cuda.matmul.allow_tf32 = False
     idx, tgt, doc_ids = doc_batch()
     cu, pos = (torch.from_numpy(a).cuda() for a in data.varlen_metadata(doc_ids.cpu().numpy()))
+    cu_padded = torch.from_numpy(data.varlen_metadata(doc_ids.cpu().numpy(), padded=True)[0]).cuda()
 
     def run(attention, dtype, **kw):
         m = gpt(attention, dtype=dtype)
@@ -101,15 +102,17 @@ def test_varlen_matches_flex_and_sdpa_with_mask_bf16():
     truth = run("sdpa", torch.float32)
     runs = {"sdpa": run("sdpa", torch.bfloat16), "flex": run("flex", torch.bfloat16),
             "varlen": run("varlen", torch.bfloat16, cu_seqlens=cu, position_ids=pos),
+            "varlen, padded": run("varlen", torch.bfloat16, cu_seqlens=cu_padded, position_ids=pos),
             "varlen, doc_ids only": run("varlen", torch.bfloat16)}
     err = {name: ((logits - truth[0]).abs().max().item(),
                   max(((g - truth[1][n]).norm() / truth[1][n].norm().clamp(min=1e-12)).item() for n, g in grads.items()))
            for name, (logits, grads) in runs.items()}
     print(f"varlen kernel: {kernel}; (max abs logit error, max relative gradient error) vs float32:", err)
-    for name in ("varlen", "varlen, doc_ids only"):
+    for name in ("varlen", "varlen, padded", "varlen, doc_ids only"):
         assert err[name][0] <= max(2 * err["flex"][0], 2e-2), err
         assert err[name][1] <= max(2 * err["flex"][1], 2e-2), err
     torch.testing.assert_close(runs["varlen, doc_ids only"][0], runs["varlen"][0], rtol=0, atol=1e-2)
+    torch.testing.assert_close(runs["varlen, padded"][0], runs["varlen"][0], rtol=0, atol=1e-2)
 
 
 def test_fa3_op_passes_opcheck_and_matches_the_reference():

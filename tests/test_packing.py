@@ -37,8 +37,9 @@ def tiny(attention, T=16, **kw):
 def test_mask_block_diagonal_hand_built(attention, case):
     doc_ids = torch.tensor([HAND_BUILT[case], HAND_BUILT["one-token documents"]])
     check_attention_mask(tiny(attention).attention_mask(doc_ids, 16, "cpu"), doc_ids)
-    if attention == "varlen":                        # the loader's cu_seqlens (numpy, padded) too
-        check_attention_mask(torch.from_numpy(data.varlen_metadata(doc_ids.numpy())[0]), doc_ids)
+    if attention == "varlen":                        # the loader's cu_seqlens (numpy, exact and padded) too
+        for padded in (False, True):
+            check_attention_mask(torch.from_numpy(data.varlen_metadata(doc_ids.numpy(), padded)[0]), doc_ids)
 
 
 @pytest.mark.parametrize("attention", BACKENDS)
@@ -210,8 +211,11 @@ def test_varlen_metadata_hand_built():
     doc_ids = np.array(rows)
     cu, pos = data.varlen_metadata(doc_ids)
     want = [0, 5, 11, 16, 17, 18, 20, 21, 24, 25, 30, 31, 32, 48]  # every run, row starts included
-    assert cu.dtype == np.int32 and len(cu) == data.varlen_capacity(4, 16, len(want))
-    assert cu[:len(want)].tolist() == want and (cu[len(want):] == 64).all() and len(cu) > len(want)
+    assert cu.dtype == np.int32 and cu.tolist() == want + [64]     # exact: the loader's default
+    padded, pos_padded = data.varlen_metadata(doc_ids, padded=True) # fixed_shapes (CUDA graphs)
+    assert padded.dtype == np.int32 and len(padded) == data.varlen_capacity(4, 16, len(want))
+    assert padded[:len(want)].tolist() == want and (padded[len(want):] == 64).all() and len(padded) > len(want) + 1
+    assert np.array_equal(pos, pos_padded)
     assert torch.equal(torch.from_numpy(pos), position_ids(torch.from_numpy(doc_ids)))
     assert pos[2].tolist() == list(range(16)) and pos[1, :4].tolist() == [0, 0, 0, 1]
     # the model's torch twin gives the same sequences, at its own (worst-case) length
@@ -219,7 +223,7 @@ def test_varlen_metadata_hand_built():
     assert len(twin) == 4 * 16 + 1 and twin[:len(want)].tolist() == want and (twin[len(want):] == 64).all()
 
 
-def test_varlen_capacity_is_fixed_then_doubles(monkeypatch):
+def test_varlen_capacity_is_fixed_then_doubles():
     B, T = 64, 1024
     base = data.varlen_capacity(B, T)
     assert base == B * T // data.VARLEN_TOKENS_PER_DOC + B + 1                 # the shape every usual batch gets
@@ -229,26 +233,32 @@ def test_varlen_capacity_is_fixed_then_doubles(monkeypatch):
     assert data.varlen_capacity(B, T, 40_000) == data.VARLEN_MAX_SEQS + 1        # nor the kernels' grid limit
     with pytest.raises(ValueError, match="exceeds the 65,535 sequences"):
         data.varlen_capacity(B, T, 70_000)
-    monkeypatch.setattr(data, "VARLEN_TOKENS_PER_DOC", 0)                       # exact: no padding
-    assert data.varlen_capacity(B, T, 100) == 101
-    assert len(data.varlen_metadata(np.zeros((2, 8), dtype=np.int64))[0]) == 3
+    assert len(data.varlen_metadata(np.zeros((2, 8), dtype=np.int64))[0]) == 3   # unpadded: two rows, two sequences
+    with pytest.raises(ValueError, match="exceeds the 65,535 sequences"):        # unpadded batches are checked too
+        data.varlen_metadata(np.arange(70_000 * 2).reshape(2, 70_000))
 
 
 def test_varlen_paths_agree_with_sdpa_forward_and_grads(short_data):
-    """varlen (its CPU reference) with the loader's padded cu_seqlens and positions, and with doc_ids
-    alone, against sdpa's boolean document mask: the same logits and gradients, on loader batches."""
-    loader = data.Loader(str(short_data), "train", batch_size=4, block_size=64, seed=4)
-    b = next(b for _, b in zip(range(50), loader) if b.doc_ids.max() >= 2)
-    assert b.doc_ids.max() >= 2 and len(b.cu_seqlens) > (b.cu_seqlens < 4 * 64).sum() + 1   # documents, padding
+    """varlen (its CPU reference) with the loader's cu_seqlens and positions (exact, and padded as a
+    fixed_shapes loader gives them), and with doc_ids alone, against sdpa's boolean document mask: the
+    same logits and gradients, on loader batches."""
+    batches = []
+    for fixed_shapes in (False, True):
+        loader = data.Loader(str(short_data), "train", batch_size=4, block_size=64, seed=4, fixed_shapes=fixed_shapes)
+        batches.append(next(b for _, b in zip(range(50), loader) if b.doc_ids.max() >= 2))
+    b, bp = batches
+    assert torch.equal(b.x, bp.x) and torch.equal(b.position_ids, bp.position_ids)
+    assert len(b.cu_seqlens) == (b.cu_seqlens < 4 * 64).sum() + 1 < len(bp.cu_seqlens)     # exact; padded
     out = {}
     for name, attention, kw in [("sdpa", "sdpa", {}), ("varlen, doc_ids only", "varlen", {}),
-                                ("varlen, loader", "varlen", dict(cu_seqlens=b.cu_seqlens, position_ids=b.position_ids))]:
+                                ("varlen, loader", "varlen", dict(cu_seqlens=b.cu_seqlens, position_ids=b.position_ids)),
+                                ("varlen, padded", "varlen", dict(cu_seqlens=bp.cu_seqlens, position_ids=bp.position_ids))]:
         torch.manual_seed(0)
         m = GPT(GPTConfig(block_size=64, vocab_size=257, n_layer=2, n_head=2, n_embd=16, attention=attention)).double()
         logits, loss = m(b.x, b.y, b.doc_ids, **kw)
         loss.backward()
         out[name] = (logits, {n: p.grad for n, p in m.named_parameters()})
-    for name in ("varlen, doc_ids only", "varlen, loader"):
+    for name in ("varlen, doc_ids only", "varlen, loader", "varlen, padded"):
         torch.testing.assert_close(out[name][0], out["sdpa"][0], rtol=1e-10, atol=1e-10)
         for n, g in out["sdpa"][1].items():
             torch.testing.assert_close(out[name][1][n], g, rtol=1e-9, atol=1e-12)
