@@ -48,12 +48,12 @@ done
 if ! python3 -c "import torchao" 2>/dev/null && ls .whl/*.whl > /dev/null 2>&1; then   # torchao (fp8_head), carried
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-python3 -c "import flash_attn_interface" 2>/dev/null || { [ -f .carry/fa3/fa3.sh ] && source .carry/fa3/fa3.sh install; }  # FA3 for varlen
+python3 -c "import torch, flash_attn_interface" 2>/dev/null || { [ -f .carry/fa3/fa3.sh ] && source .carry/fa3/fa3.sh install; }  # FA3 for varlen
 out=${OUT:-/tmp/speed_out}; runs=/tmp/speed_runs; mkdir -p "$out" "$runs"
 : > "$out/speed_logs.txt"
 nvidia-smi --query-gpu=name --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__)"
-python3 -c "import flash_attn_interface" 2>/dev/null && echo "flash_attn_interface: importable" || echo "flash_attn_interface: not importable (varlen runs FA2)"
+python3 -c "import torch, flash_attn_interface" 2>/dev/null && echo "flash_attn_interface: importable" || echo "flash_attn_interface: not importable (varlen runs FA2)"
 [ -d data/stdlib_gpt2 ] || python3 data.py --tokenizer gpt2 > "$runs/prep.log" 2>&1
 stories=${STORIES:-.carry/stories.jsonl}
 
