@@ -274,6 +274,7 @@ class Loader:
         self.eot = meta["eot_id"] if eot is None else eot
         self.B, self.T, self.device = batch_size, block_size, torch.device(device)
         self.packing, self.document_mask, self.fixed_shapes = packing, document_mask, fixed_shapes
+        self.vocab_size, self.split, self.data_dir = vocab_size, split, data_dir
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         if type(seed) is not int or seed < 0:
@@ -350,6 +351,10 @@ class Loader:
             row = self._read(start, start + n + 1, maps)
             x[b, :n], y[b, :n] = row[:-1], row[1:]
         del maps                                                     # unmap: nothing stays resident
+        top = max(int(x.max()), int(y.max()))             # the index said no id >= vocab_size: a changed shard
+        if self.vocab_size is not None and top >= self.vocab_size:
+            raise ValueError(f"a {self.split} batch of {self.data_dir} holds token id {top}, outside the vocabulary "
+                             f"({self.vocab_size} ids): a shard changed after its index was written; prepare the data again")
         if self.packing:
             doc_ids = doc_ids_from_tokens(x, self.eot)
         tensors = [torch.from_numpy(a) for a in (x, y, doc_ids)]

@@ -408,6 +408,22 @@ def test_every_row_once_per_epoch(short_data, packing):
     assert keys[:n] != keys[n:2 * n]                          # a fresh order each epoch
 
 
+def test_a_shard_changed_after_its_index_is_refused_by_name(byte_data, tmp_path):
+    """Ids the index does not know of (the shard rewritten by hand after preparation) would reach the
+    embedding as an IndexError (a device assert on a GPU) mid-training: the loader refuses the batch."""
+    import shutil
+    folder = tmp_path / "d"
+    shutil.copytree(byte_data, folder)
+    shard = data.find_shards(str(folder), "train")[0]
+    n, dtype = data.read_header(shard)
+    with open(shard, "r+b") as f:
+        f.seek(data.HEADER_BYTES)
+        f.write(np.full(n, 300, dtype=dtype).tobytes())
+    loader = data.Loader(str(folder), "train", 2, 16, vocab_size=257)
+    with pytest.raises(ValueError, match="holds token id 300, outside the vocabulary .257 ids.: a shard changed after its index"):
+        next(loader)
+
+
 def test_ids_outside_the_vocabulary_are_refused_at_construction(byte_data, tmp_path):
     import shutil
     folder = tmp_path / "d"

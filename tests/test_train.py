@@ -1,5 +1,6 @@
 import json
 import os
+import subprocess
 import sys
 from contextlib import nullcontext
 
@@ -9,7 +10,7 @@ import torch
 import configurator
 import data
 import train
-from conftest import read_metrics, tiny_args
+from conftest import ROOT, read_metrics, tiny_args
 from model import GPT, GPTConfig
 
 
@@ -275,3 +276,14 @@ def test_profile_summary_sums_kernels_by_kind(tmp_path):
     assert "(90.9%;" in text                  # kernels span 0..550 us and are busy for 500 us of it
     rows = {l.split("|")[1].strip(): float(l.split("|")[2]) for l in text.splitlines() if l.startswith("| ") and "%" in l}
     assert rows == {"matmul (GEMM)": 0.3, "attention": 0.1, "Triton (Inductor fused)": 0.1, "copy / memset": 0.1}
+
+
+def test_out_of_memory_is_one_line_naming_the_knobs(byte_data, tmp_path):
+    """A micro-batch that cannot fit (here sdpa's document mask of 64 x 100,000^2 bytes, 640 GB, on the
+    CPU) ends in one line naming batch_size, block_size and grad_checkpointing, not an allocator traceback."""
+    cmd = [sys.executable, "train.py", *tiny_args(byte_data, tmp_path / "o", "--device=cpu", "--block_size=100000",
+                                                   "--batch_size=64", "--eval_iters=0", "--max_iters=1")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: out of memory"), proc.stderr[-2000:]
+    assert "--batch_size" in proc.stderr and "--grad_checkpointing=full" in proc.stderr
