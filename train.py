@@ -410,7 +410,7 @@ if __name__ == "__main__":
     except (RuntimeError, MemoryError) as e:   # out of memory: CUDA's OutOfMemoryError, the CPU allocator's, numpy's
         if not isinstance(e, (torch.OutOfMemoryError, MemoryError)) and "can't allocate memory" not in str(e):
             raise
-        sys.exit(f"error: out of memory: {str(e).splitlines()[0][:200]}\nlower --batch_size (total_batch_size keeps "
+        sys.exit(f"error: out of memory: {(str(e).splitlines() or [type(e).__name__])[0][:200]}\nlower --batch_size (total_batch_size keeps "
                  "the step's tokens), or --block_size, or use --grad_checkpointing=full; sdpa and naive with the "
                  "document mask build a batch_size x block_size^2 mask")
     except KeyboardInterrupt:

@@ -278,11 +278,20 @@ def test_profile_summary_sums_kernels_by_kind(tmp_path):
     assert rows == {"matmul (GEMM)": 0.3, "attention": 0.1, "Triton (Inductor fused)": 0.1, "copy / memset": 0.1}
 
 
-def test_out_of_memory_is_one_line_naming_the_knobs(byte_data, tmp_path):
-    """A micro-batch that cannot fit (here sdpa's document mask of 64 x 100,000^2 bytes, 640 GB, on the
-    CPU) ends in one line naming batch_size, block_size and grad_checkpointing, not an allocator traceback."""
-    cmd = [sys.executable, "train.py", *tiny_args(byte_data, tmp_path / "o", "--device=cpu", "--block_size=100000",
-                                                   "--batch_size=64", "--eval_iters=0", "--max_iters=1")]
+@pytest.mark.parametrize("error", ["torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 24.00 GiB')",
+                                   "RuntimeError(\"DefaultCPUAllocator: can't allocate memory: you tried to allocate 6e11 bytes\")",
+                                   "MemoryError()"])
+def test_out_of_memory_is_one_line_naming_the_knobs(byte_data, tmp_path, error):
+    """A micro-batch that does not fit ends in one line naming batch_size, block_size and
+    grad_checkpointing, not a traceback: CUDA's OutOfMemoryError, the CPU allocator's error and numpy's
+    MemoryError, raised by the model's forward (a real allocation failure depends on the OS: where it
+    overcommits, the kernel kills the process instead)."""
+    launch = ("import runpy, sys, torch, model\n"
+              f"def oom(*a, **k): raise {error}\n"
+              "model.GPT.forward = oom\n"
+              "sys.argv = ['train.py'] + sys.argv[1:]\n"
+              "runpy.run_path('train.py', run_name='__main__')")
+    cmd = [sys.executable, "-c", launch, *tiny_args(byte_data, tmp_path / "o", "--device=cpu", "--eval_iters=0")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: out of memory"), proc.stderr[-2000:]
