@@ -18,7 +18,6 @@ import importlib.util
 import inspect
 import math
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.nn as nn
