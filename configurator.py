@@ -9,6 +9,7 @@ type, a bad choice or an impossible combination before any work is done.
 Config files (config/*.py) are plain Python assignments of these keys, as in nanoGPT.
 """
 import ast
+import math
 import os
 import re
 import types
@@ -96,6 +97,9 @@ def _typed(key, value, where):
     want = known[key]
     if want is float and type(value) is int:
         value = float(value)
+    if want is float and (value if type(value) is float else str(value).lower()) in ("nan", "inf", "-inf", "infinity") \
+            or type(value) is float and not math.isfinite(value):
+        raise ValueError(f"config key {key!r} ({where}) must be a finite number, got {value!r}")
     if type(value) is not want:
         raise TypeError(f"config key {key!r} ({where}) must be {want.__name__}, got {value!r} ({type(value).__name__})")
     if key in CHOICES and value not in CHOICES[key]:
@@ -161,7 +165,8 @@ def load_config(argv, with_explicit=False):
     for key in ("beta1", "beta2"):
         if not 0 <= getattr(cfg, key) < 1:
             raise ValueError(f"config key {key!r} (AdamW) must be in [0, 1), got {getattr(cfg, key)}")
-    check_schedule(cfg)
+    if cfg.init_from != "resume":        # a resume checks the schedule it continues with (resume_config)
+        check_schedule(cfg)
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         raise ValueError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if not cfg.out_dir:
@@ -274,8 +279,11 @@ def resume_config(cfg, explicit, saved):
         kept["lr_decay_iters"] = resolve_decay(Config(**{k: saved[k] for k in ("max_iters", "warmup_iters")})).lr_decay_iters
     cfg = resolve_decay(replace(cfg, **kept))
     check_schedule(cfg)
-    changes = [f"{k} {saved[k]!r} -> {v!r}" + (" (set explicitly)" if k in SCHEDULE_KEYS else "")
-               for k, v in asdict(cfg).items() if k in saved and saved[k] != v and k != "init_from"]
+    def why(k):
+        return " (set explicitly)" if k in SCHEDULE_KEYS and k in explicit else \
+            " (0 resolved: decay to the end of the run)" if k == "lr_decay_iters" else ""
+    changes = [f"{k} {saved[k]!r} -> {v!r}{why(k)}" for k, v in asdict(cfg).items()
+               if k in saved and saved[k] != v and k != "init_from"]
     if cfg.max_iters > cfg.lr_decay_iters:
         changes.append(f"the learning rate decays until lr_decay_iters={cfg.lr_decay_iters}, then stays at min_lr={cfg.min_lr} "
                        f"up to max_iters={cfg.max_iters} (set --lr_decay_iters to decay over another horizon)")

@@ -39,7 +39,7 @@ import torch
 
 import corpus
 from corpus import ByteTokenizer, GPT2Tokenizer, get_tokenizer   # noqa: F401 (data.get_tokenizer is public)
-from shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, OUR_FILE, SHARD_TOKENS,  # noqa: F401 (data.X is public)
+from shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, OUR_FILE, SHARD_TOKENS, DataError,  # noqa: F401 (data.X is public)
                     find_shards, index_path, index_tmp_path, load_meta, read_header, read_index, read_shard, write_index, write_shard)
 
 # -----------------------------------------------------------------------------
@@ -353,7 +353,7 @@ class Loader:
         del maps                                                     # unmap: nothing stays resident
         top = max(int(x.max()), int(y.max()))             # the index said no id >= vocab_size: a changed shard
         if self.vocab_size is not None and top >= self.vocab_size:
-            raise ValueError(f"a {self.split} batch of {self.data_dir} holds token id {top}, outside the vocabulary "
+            raise DataError(f"a {self.split} batch of {self.data_dir} holds token id {top}, outside the vocabulary "
                              f"({self.vocab_size} ids): a shard changed after its index was written; prepare the data again")
         if self.packing:
             doc_ids = doc_ids_from_tokens(x, self.eot)

@@ -71,6 +71,11 @@ def read_shard(path):
     return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(n,))
 
 
+class DataError(ValueError):
+    """Bad data met after setup, in the loader's thread (a shard changed after its index was written):
+    train.py reports it in one line, as bad input found at setup."""
+
+
 def index_path(shard):
     return shard[:-len(".bin")] + ".idx.npz"
 
@@ -132,7 +137,8 @@ def find_shards(data_dir, split):
                                 f"`python data.py --input CORPUS --out {data_dir}`")
     paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*{split}_*.bin")))
     if not paths:
-        hint = " (prepared with --val_frac=0? then train with --eval_iters=0)" if split == "val" else ""
+        hint = " (prepared with --val_frac=0? then train with --eval_iters=0)" if split == "val" else \
+            f": prepare it with `python data.py --input CORPUS --out {data_dir}` (an interrupted preparation leaves none)"
         raise FileNotFoundError(f"no {split}_*.bin shards in {data_dir}{hint}")
     return paths
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from checkpoint import last_good, load_checkpoint, load_weights, model_state, remove_stale_tmp, save_checkpoint, state_is_finite
 from configurator import MODEL_KEYS, check_for_device, load_config, resolve_decay, resume_config
-from data import Loader, load_meta, prepare
+from data import DataError, Loader, load_meta, prepare
 from distributed import Proc, RunStopped, StopSignals, agree, leave, on_every_rank, plan_batch, print0, setup_processes
 from measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_profile
 from masks import check_attention_mask
@@ -71,8 +71,8 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
     """Tokenizer metadata and the train / val loaders (val only with eval_iters > 0). The stdlib corpora
     are prepared on first use. Each rank keeps its own rows of one shared stream."""
     name = os.path.basename(cfg.data_dir.rstrip("/"))
-    if proc.master and not os.path.isdir(cfg.data_dir) and name in ("stdlib_byte", "stdlib_gpt2"):
-        print0(f"{cfg.data_dir} is missing: preparing the Python stdlib corpus there")
+    if proc.master and not os.path.isfile(os.path.join(cfg.data_dir, "meta.json")) and name in ("stdlib_byte", "stdlib_gpt2"):
+        print0(f"{cfg.data_dir} is missing or unfinished (no meta.json): preparing the Python stdlib corpus there")
         prepare(None, cfg.data_dir, tokenizer=name.split("_")[1])
     if proc.world > 1:
         dist.barrier()
@@ -334,8 +334,9 @@ def train(run, stop):
         loss, nonfinite, signum = agree(loss, grad_norm, stop.signum, proc, cfg.dtype == "float16")
         if nonfinite:                           # never applied to the weights
             skipped += 1
-            print0(f"step {step}: loss {loss:.4g}, gradient norm {float(grad_norm):.4g}: not finite, update skipped "
-                   f"({skipped} of at most {cfg.max_skipped_steps})")
+            if skipped <= cfg.max_skipped_steps:        # else the run stops below, in one line
+                print0(f"step {step}: loss {loss:.4g}, gradient norm {float(grad_norm):.4g}: not finite, update skipped "
+                       f"({skipped} of at most {cfg.max_skipped_steps})")
             run.scaler.update()
         else:
             run.scaler.step(run.optimizer)
@@ -400,7 +401,7 @@ if __name__ == "__main__":
         print0(e, file=sys.stderr)
         sys.exit(e.exit_code)
     except (ValueError, TypeError, FileNotFoundError) as e:   # bad input: one clear line, no traceback
-        if _setup_done:
+        if _setup_done and not isinstance(e, DataError):      # DataError: bad data met in training
             raise
         if int(os.environ.get("LOCAL_RANK", 0)) == 0:       # once per node; the other ranks wait a moment,
             print(f"error: {e}", file=sys.stderr, flush=True)
@@ -413,5 +414,6 @@ if __name__ == "__main__":
         sys.exit(f"error: out of memory: {(str(e).splitlines() or [type(e).__name__])[0][:200]}\nlower --batch_size (total_batch_size keeps "
                  "the step's tokens), or --block_size, or use --grad_checkpointing=full; sdpa and naive with the "
                  "document mask build a batch_size x block_size^2 mask")
-    except KeyboardInterrupt:
-        sys.exit("interrupted: stopped without saving")
+    except KeyboardInterrupt:                  # before the loop's own handler (setup, data preparation)
+        print("interrupted: stopped without saving", file=sys.stderr)
+        sys.exit(130)

@@ -15,7 +15,7 @@ import torch
 
 import corpus
 import data
-from conftest import ROOT
+from conftest import ROOT, tiny_args
 
 DOCS = ["def f(x):\n    return x + 1\n", "print('<|endoftext|> is just text here')\n",
         "naïve café ☕ — unicode\n", "x", "a" * 500, "class A:\n    pass\n"]
@@ -420,8 +420,13 @@ def test_a_shard_changed_after_its_index_is_refused_by_name(byte_data, tmp_path)
         f.seek(data.HEADER_BYTES)
         f.write(np.full(n, 300, dtype=dtype).tobytes())
     loader = data.Loader(str(folder), "train", 2, 16, vocab_size=257)
-    with pytest.raises(ValueError, match="holds token id 300, outside the vocabulary .257 ids.: a shard changed after its index"):
+    with pytest.raises(data.DataError, match="holds token id 300, outside the vocabulary .257 ids.: a shard changed after its index"):
         next(loader)
+    # train.py meets it in training, after setup: one line, exit 1
+    proc = subprocess.run([sys.executable, "train.py", *tiny_args(folder, tmp_path / "o", "--device=cpu", "--eval_iters=0")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: a train batch of"), proc.stderr[-2000:]
 
 
 def test_ids_outside_the_vocabulary_are_refused_at_construction(byte_data, tmp_path):

@@ -127,6 +127,8 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--n_embd=30", "--n_head=4"], ValueError, "divisible by n_head"),
     (["--device=tpu"], ValueError, "'device' must be auto, cpu, cuda or cuda:N"),
     (["--grad_clip=-1"], ValueError, "'grad_clip' must be >= 0"),
+    (["--learning_rate=nan"], ValueError, "'learning_rate' .command line. must be a finite number, got 'nan'"),
+    (["--min_lr=inf"], ValueError, "'min_lr' .command line. must be a finite number"),
     (["--profile=True", "--timing_warmup=1"], ValueError, "timing_warmup >= 2"),
     (["--sdpa_backend=cudnn", "--attention=naive"], ValueError, "applies to attention='sdpa' only"),
     (["--sdpa_backend=flash", "--dtype=bfloat16"], ValueError, "takes no attention mask"),
@@ -296,3 +298,13 @@ def test_out_of_memory_is_one_line_naming_the_knobs(byte_data, tmp_path, error):
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: out of memory"), proc.stderr[-2000:]
     assert "--batch_size" in proc.stderr and "--grad_checkpointing=full" in proc.stderr
+
+
+def test_an_unfinished_stdlib_folder_is_prepared_again(tmp_path):
+    """A Ctrl-C during the first run's automatic preparation leaves data/stdlib_byte without meta.json:
+    the next run prepares it again instead of refusing it forever."""
+    folder = tmp_path / "stdlib_byte"
+    folder.mkdir()
+    (folder / "train_000000.bin.tmp").write_bytes(b"half")     # what an interrupted preparation leaves
+    train.main(tiny_args(folder, tmp_path / "o", "--device=cpu", "--max_iters=1", "--eval_iters=0"))
+    assert (folder / "meta.json").is_file() and not (folder / "train_000000.bin.tmp").exists()

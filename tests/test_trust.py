@@ -281,3 +281,22 @@ def test_a_short_run_resumes_and_a_resume_takes_the_shape(byte_data, tmp_path):
                                                "--init_from=resume") if not a.startswith(("--n_embd", "--n_head"))])
     cfg = json.load(open(tmp_path / "config.json"))
     assert summary["val_loss"] is not None and cfg["n_embd"] == 48 and cfg["lr_decay_iters"] == 40
+
+
+def test_resume_messages_name_only_what_applies(byte_data, tmp_path, capsys):
+    """A resume checks the schedule it continues with, not the command's defaults (no warm-up warning
+    from a default warmup_iters the checkpoint replaces), and '(set explicitly)' marks only keys the
+    command set."""
+    short = [a for a in tiny_args(byte_data, tmp_path / "a", "--max_iters=3") if not a.startswith("--warmup_iters")]
+    train.main(short + ["--warmup_iters=2"])
+    capsys.readouterr()
+    train.main([a.replace("--max_iters=3", "--max_iters=8") for a in short] + ["--init_from=resume"])   # default warmup_iters=30
+    out = capsys.readouterr().out
+    assert "resume: max_iters 3 -> 8" in out and "warning: warmup_iters" not in out and "(set explicitly)" not in out
+    # a run that ended in warm-up (lr_decay_iters unresolved), resumed with another warm-up
+    train.main(tiny_args(byte_data, tmp_path / "b", "--max_iters=3", "--warmup_iters=30"))
+    capsys.readouterr()
+    train.main(tiny_args(byte_data, tmp_path / "b", "--max_iters=8", "--warmup_iters=1", "--init_from=resume"))
+    out = capsys.readouterr().out
+    assert "resume: warmup_iters 30 -> 1 (set explicitly)" in out
+    assert "resume: lr_decay_iters 0 -> 8 (0 resolved: decay to the end of the run)" in out
