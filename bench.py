@@ -77,7 +77,8 @@ def run_rung(name, overrides, args, extra, done=None):
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
     row = {"rung": name, "ok": proc.returncode == 0, "command": " ".join(cmd), "settings": settings(args, extra)}
     if proc.returncode != 0:
-        tail = open(os.path.join(out_dir, "stdout.log")).read().strip().splitlines()[-3:]
+        tail = [l for l in open(os.path.join(out_dir, "stdout.log")).read().strip().splitlines()
+                if not l.startswith("warning: ")][-3:]                  # the rung's own warnings are not its error
         print(f"failed (exit {proc.returncode}): {' | '.join(tail)}")
         return {**row, "error": " | ".join(tail)}
     summary = json.load(open(os.path.join(out_dir, "summary.json")))
