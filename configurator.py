@@ -9,7 +9,6 @@ type, a bad choice or an impossible combination before any work is done.
 Config files (config/*.py) are plain Python assignments of these keys, as in nanoGPT.
 """
 import ast
-import math
 import os
 import re
 import types
@@ -97,8 +96,7 @@ def _typed(key, value, where):
     want = known[key]
     if want is float and type(value) is int:
         value = float(value)
-    if want is float and (value if type(value) is float else str(value).lower()) in ("nan", "inf", "-inf", "infinity") \
-            or type(value) is float and not math.isfinite(value):
+    if want is float and str(value).lower().lstrip("+-") in ("nan", "inf", "infinity"):   # a float or its text
         raise ValueError(f"config key {key!r} ({where}) must be a finite number, got {value!r}")
     if type(value) is not want:
         raise TypeError(f"config key {key!r} ({where}) must be {want.__name__}, got {value!r} ({type(value).__name__})")
