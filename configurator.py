@@ -72,6 +72,7 @@ class Config:
     fp8_recipe: str = "tensorwise"         # tensorwise | rowwise
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
     fp8_head: bool = False                 # torchao float8 output head (weight tying kept), with or without fp8
+    fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward (model.LinearCrossEntropy)
     parallelism: str = "ddp"               # ddp | fsdp, under torchrun
 
 
@@ -246,6 +247,11 @@ def check_for_device(cfg, device, world):
         raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(device)}; use float16")
     if cfg.sdpa_backend != "auto" and device.type != "cuda":
         raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
+    if cfg.fused_ce and cfg.dtype == "float16":
+        raise ValueError("fused_ce=True with dtype='float16' is not supported: its gradients are made before the loss "
+                         "scale is applied and would underflow in float16; use bfloat16")
+    if cfg.fused_ce and cfg.fp8_head:
+        raise ValueError("fused_ce=True and fp8_head=True both replace the output head's matmuls: pick one")
     if cfg.fp8 or cfg.fp8_head:
         check_fp8(device, "fp8" if cfg.fp8 else "fp8_head")
     if cfg.cuda_graphs and (device.type != "cuda" or world > 1):

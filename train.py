@@ -31,7 +31,7 @@ from data import DataError, Loader, load_meta, prepare
 from distributed import Proc, RunStopped, StopSignals, agree, leave, on_every_rank, plan_batch, print0, setup_processes
 from measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_profile
 from masks import check_attention_mask
-from model import GPT, GPTConfig
+from model import FUSED_CE_CHUNK, GPT, GPTConfig
 from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism, select_sdpa_backend, stable_grads
 
 _setup_done = False        # errors after setup are bugs, not bad input: they keep their traceback
@@ -110,6 +110,8 @@ def build_model(cfg, meta, proc, ckpt):
         converted = apply_fp8(raw_model, cfg, proc.device)
         print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}"
                + (", the output head among them" if cfg.fp8_head else "") + "); the rest stay bf16")
+    if cfg.fused_ce:
+        raw_model.fused_ce_chunk = FUSED_CE_CHUNK
     if cfg.grad_checkpointing != "none":
         apply_activation_checkpointing(raw_model, cfg.grad_checkpointing)
     if cfg.compile:

@@ -8,11 +8,11 @@ way of computing the loss costs, per micro-batch (fast.py runs 8 per optimizer s
 Variants (each checked against the compiled baseline: loss and both gradients, relative error printed):
   GEMMs only         the three bf16 matmuls alone (logits, grad of the hidden state, grad of the weight): the floor
   compiled baseline  model.py's loss path under torch.compile: F.linear, then F.cross_entropy(sum) / count
-  chunked N          a custom autograd Function that computes the loss and both gradients chunk by chunk of N
-                     tokens in the forward (Liger-Kernel's fused linear cross-entropy does this), each chunk's
-                     logits -> softmax - one-hot -> two GEMMs compiled as one function: the (tokens, vocab)
-                     float32 logits never exist and the backward only scales the stored gradients
-  FP8 head           torchao Float8Linear (tensorwise / rowwise) for the head, then the compiled cross-entropy
+  fused_ce, chunk N  model.py's LinearCrossEntropy (config fused_ce): the loss and both gradients computed in the
+                     forward, N tokens at a time (Liger-Kernel's fused linear cross-entropy does this), each chunk's
+                     logits -> softmax - one-hot -> two GEMMs; the backward only scales the stored gradients
+  FP8 head           torchao Float8Linear (tensorwise / rowwise) for the head, then the compiled cross-entropy;
+                     tensorwise also with the cross-entropy's gradient made in its forward (CrossEntropyGradInForward)
 Timing: CUDA events, median of --iters calls after 5 warm-up calls, gradients set to None before each call
 (as the optimizer's zero_grad does). Measured before on the H200 (../shared/GPU.md): GEMMs 22.4 ms, compiled
 baseline 30.7, liger-kernel 32.0, cut-cross-entropy 44.5, FP8 tensorwise 26.1, rowwise 29.8.
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from measure import cuda_time_ms as time_ms                 # noqa: E402
+from model import LinearCrossEntropy                        # noqa: E402
 
 
 def loss_baseline(h, w, y):
@@ -33,50 +34,30 @@ def loss_baseline(h, w, y):
     return F.cross_entropy(F.linear(h, w), y, ignore_index=-1, reduction="sum") / (y != -1).sum().clamp(min=1)
 
 
-def ce_chunk(h, w, y):
-    """One chunk: the summed cross-entropy of logits h @ w.T and its gradients with respect to h and w
-    (softmax minus one-hot; zero rows for ignored targets). h (n, C), w (V, C), both in the compute dtype."""
-    logits = (h @ w.t()).to(torch.promote_types(h.dtype, torch.float32))     # (n, V), float32 for bf16
-    lse = torch.logsumexp(logits, dim=-1)
-    valid = y != -1
-    target_logit = logits.gather(1, y.clamp(min=0)[:, None])[:, 0]
-    loss = torch.where(valid, lse - target_logit, 0.0).sum()
-    one_hot = torch.arange(w.size(0), device=y.device)[None, :] == y[:, None]
-    g = ((torch.exp(logits - lse[:, None]) - one_hot.to(logits.dtype)) * valid[:, None].to(logits.dtype)).to(h.dtype)
-    return loss, g @ w, g.t() @ h                                            # loss, (n, C), (V, C)
+def fused_loss(chunk, vocab_size):
+    """model.py's fused_ce path: LinearCrossEntropy, `chunk` tokens at a time."""
+    return lambda h, w, y: LinearCrossEntropy.apply(h, w, y, vocab_size, chunk) / (y != -1).sum().clamp(min=1)
 
 
-class ChunkedLinearCE(torch.autograd.Function):
-    """mean cross-entropy of (h @ w.T) over targets != -1, with both gradients computed in the forward,
-    `chunk` tokens at a time in `dtype` (the weight's gradient accumulated in float32)."""
+class CrossEntropyGradInForward(torch.autograd.Function):
+    """The cross-entropy alone (for a head that is not a plain matmul, e.g. torchao's Float8Linear):
+    the softmax - one-hot gradient made in the forward, stored in the logits' dtype, scaled in the
+    backward (where torch.compile may fuse the scaling into the FP8 cast of the head's backward)."""
 
     @staticmethod
-    def forward(ctx, h, w, y, chunk, dtype, step):
-        hc, wc = h.to(dtype), w.to(dtype)
-        acc = torch.promote_types(dtype, torch.float32)                     # float32 sums for bf16
-        gh = torch.empty_like(hc)
-        gw = torch.zeros_like(w, dtype=acc)
-        loss = torch.zeros((), dtype=acc, device=h.device)
-        for s in range(0, h.size(0), chunk):
-            l, gh[s:s + chunk], gw_c = step(hc[s:s + chunk], wc, y[s:s + chunk])
-            loss += l
-            gw += gw_c
-        count = (y != -1).sum().clamp(min=1)
-        ctx.save_for_backward(gh, gw, count)
-        ctx.h_dtype, ctx.w_dtype = h.dtype, w.dtype
-        return loss / count
+    def forward(ctx, logits, y, vocab_size):
+        col = torch.arange(logits.size(1), device=logits.device)
+        lf = logits.float().masked_fill(col >= vocab_size, float("-inf"))
+        lse = torch.logsumexp(lf, dim=-1)
+        valid = y != -1
+        loss = torch.where(valid, lse - lf.gather(1, y.clamp(min=0)[:, None])[:, 0], 0.0).sum()
+        g = ((torch.exp(lf - lse[:, None]) - (col == y[:, None]).float()) * valid[:, None]).to(logits.dtype)
+        ctx.save_for_backward(g)
+        return loss
 
     @staticmethod
     def backward(ctx, grad):
-        gh, gw, count = ctx.saved_tensors
-        scale = grad / count
-        return (gh * scale).to(ctx.h_dtype), (gw * scale).to(ctx.w_dtype), None, None, None, None
-
-
-def chunked_loss(chunk, dtype=torch.bfloat16, step=ce_chunk):
-    return lambda h, w, y: ChunkedLinearCE.apply(h, w, y, chunk, dtype, step)
-
-
+        return ctx.saved_tensors[0] * grad, None, None
 
 
 def main():
@@ -113,9 +94,8 @@ def main():
 
     variants = [("GEMMs only (floor)", gemms, None),
                 ("compiled baseline (model.py)", None, torch.compile(loss_baseline))]
-    compiled_chunk = torch.compile(ce_chunk)
-    for chunk in (8192, 16384, 65536):
-        variants.append((f"chunked {chunk}, gradients in the forward", None, chunked_loss(chunk, step=compiled_chunk)))
+    for chunk in (8192, 16384, 32768, 65536):
+        variants.append((f"fused_ce, chunk {chunk} (model.LinearCrossEntropy)", None, torch.compile(fused_loss(chunk, V))))
     try:
         from torchao.float8 import Float8LinearConfig
         from torchao.float8.float8_linear import Float8Linear
@@ -125,6 +105,9 @@ def main():
             fp8 = Float8Linear.from_float(lin, config=Float8LinearConfig.from_recipe_name(recipe))
             ce = lambda h, w, y, fp8=fp8: F.cross_entropy(fp8(h), y, ignore_index=-1, reduction="sum") / (y != -1).sum().clamp(min=1)
             variants.append((f"FP8 {recipe} head + compiled CE (torchao)", None, torch.compile(ce)))
+            if recipe == "tensorwise":
+                ce_fwd = lambda h, w, y, fp8=fp8: CrossEntropyGradInForward.apply(fp8(h), y, V) / (y != -1).sum().clamp(min=1)
+                variants.append(("FP8 tensorwise head + CE gradient in the forward", None, torch.compile(ce_fwd)))
     except ImportError as e:
         print(f"FP8 variants not run: {e}")
 

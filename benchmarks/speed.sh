@@ -25,17 +25,19 @@
 #   varlen_fp8head          + the FP8 (torchao tensorwise) output head
 #   varlen_graphs           + CUDA graphs (compile mode reduce-overhead)
 #   varlen_fp8head_graphs   both
+#   varlen_fusedce          + fused_ce: the head + cross-entropy as one function, gradients in the forward
+#   varlen_fusedce_graphs   + fused_ce + CUDA graphs
 #   mask_fp8head            flex + the FP8 head (where FA3 is missing)
 #   long_dense, long_varlen, long_flex   block_size=4096 on the stories corpus (STORIES, prepared into
 #                           data/stories_gpt2), 16 x 4096 tokens per micro-batch: dense causal attention
 #                           without the mask against the document mask through varlen and flex
-#   loss_bf16, loss_fp8head, loss_bf16_seed2   200 steps of fast.py at 65,536 tokens per step (one micro-batch) (SEED, default
+#   loss_bf16, loss_fp8head, loss_fusedce, loss_bf16_seed2   200 steps of fast.py at 65,536 tokens per step (one micro-batch) (SEED, default
 #                           1337; loss_bf16_seed2: 1338), val loss at step 200: FP8 head against bf16, next to
 #                           bf16 against bf16 with another seed (the noise). `RUNS=loss_table` prints the table.
 #   attention               benchmarks/attention.py at fast.py's micro-batch (B=64) on data/stdlib_gpt2: flash
 #                           causal, flex (model.py's options), varlen FA2 / FA3 with exact and padded cu_seqlens
 #   head_ce                 benchmarks/head_ce.py: LM head + cross-entropy variants, 65,536 tokens
-# Other knobs: ITERS (default 25), ARGS (extra train.py flags for every run), BASE (the run the ratios divide
+# Other knobs: ITERS (default 25), RUNS_DIR (logs, default /tmp/speed_runs: one per concurrent speed.sh), ARGS (extra train.py flags for every run), BASE (the run the ratios divide
 # by, default mask), PEER (the peer's tokens/s, default 518000: nanoGPT bench.py batch 64 on the H200,
 # ../shared/GPU.md; .peers/side_by_side.sh measures it in the same call), ATTN_MATCH (attention.py --match).
 # Output: $OUT/speed.md (the table), $OUT/speed_logs.txt (each run's last lines), $OUT/micro.txt (the
@@ -49,7 +51,7 @@ if ! python3 -c "import torchao" 2>/dev/null && ls .whl/*.whl > /dev/null 2>&1; 
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -c "import torch, flash_attn_interface" 2>/dev/null || { [ -f .carry/fa3/fa3.sh ] && source .carry/fa3/fa3.sh install; }  # FA3 for varlen
-out=${OUT:-/tmp/speed_out}; runs=/tmp/speed_runs; mkdir -p "$out" "$runs"
+out=${OUT:-/tmp/speed_out}; runs=${RUNS_DIR:-/tmp/speed_runs}; mkdir -p "$out" "$runs"
 : > "$out/speed_logs.txt"
 nvidia-smi --query-gpu=name --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__)"
@@ -96,11 +98,14 @@ for r in ${RUNS:-mask varlen varlen_fp8head varlen_fp8head_graphs}; do
     nomask) train nomask --attention=sdpa --document_mask=False ;;
     varlen_fp8head) train varlen_fp8head --attention=varlen --fp8_head=True ;;
     varlen_graphs) train varlen_graphs --attention=varlen --cuda_graphs=True ;;
+    varlen_fusedce) train varlen_fusedce --attention=varlen --fused_ce=True ;;
+    varlen_fusedce_graphs) train varlen_fusedce_graphs --attention=varlen --fused_ce=True --cuda_graphs=True ;;
     varlen_fp8head_graphs) train varlen_fp8head_graphs --attention=varlen --fp8_head=True --cuda_graphs=True ;;
     mask_fp8head) train mask_fp8head --attention=flex --fp8_head=True ;;
     loss_bf16) loss loss_bf16 --seed=${SEED:-1337} ;;
     loss_fp8head) loss loss_fp8head --seed=${SEED:-1337} --fp8_head=True ;;
     loss_bf16_seed2) loss loss_bf16_seed2 --seed=$((${SEED:-1337} + 1)) ;;
+    loss_fusedce) loss loss_fusedce --seed=${SEED:-1337} --fused_ce=True ;;
     loss_table)
       python3 - "$runs" <<'PY' | tee -a "$out/loss.md"
 import json, os, sys
@@ -110,7 +115,7 @@ def read(name):
     train = {r["step"]: r["loss"] for r in rows if "loss" in r}
     val = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
     return train, val[-1] if val else None
-got = {n: read(n) for n in ("loss_bf16", "loss_fp8head", "loss_bf16_seed2") if os.path.isfile(os.path.join(runs, n, "metrics.jsonl"))}
+got = {n: read(n) for n in ("loss_bf16", "loss_fp8head", "loss_fusedce", "loss_bf16_seed2") if os.path.isfile(os.path.join(runs, n, "metrics.jsonl"))}
 base = got.get("loss_bf16")
 print("| run | mean train loss, steps 150-199 | val loss, step 200 | mean abs difference per step vs loss_bf16, steps 100-199 |\n|---|---:|---:|---:|")
 for name, (train, val) in got.items():

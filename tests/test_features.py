@@ -7,9 +7,9 @@ import transforms
 from model import GPT, GPTConfig
 
 
-def tiny(attention="sdpa", dropout=0.1, **kw):
+def tiny(attention="sdpa", dropout=0.1, vocab_size=64, **kw):
     torch.manual_seed(0)
-    return GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=3, n_head=2, n_embd=32, dropout=dropout,
+    return GPT(GPTConfig(block_size=32, vocab_size=vocab_size, n_layer=3, n_head=2, n_embd=32, dropout=dropout,
                          attention=attention, **kw)).double()
 
 
@@ -146,6 +146,48 @@ def test_fp8_head_and_cuda_graphs_refused_where_they_cannot_run():
         configurator.load_config(["--cuda_graphs=True"])
     with pytest.raises(ValueError, match="'cuda_graphs' needs a CUDA GPU"):
         configurator.load_config(["--cuda_graphs=True", "--compile=True", "--device=cpu"])
+
+
+def test_fused_ce_gives_the_plain_loss_and_gradients():
+    """fused_ce (LinearCrossEntropy, gradients made in the forward, chunk by chunk): the loss and every
+    gradient of the plain path, with ignored targets, a padded vocabulary (61 -> 64: the padded ids stay
+    out of the softmax) and chunks that do not divide the tokens; no logits in training; in eval
+    (no gradients) the plain path with its logits."""
+    torch.manual_seed(0)
+    idx, tgt = torch.randint(0, 61, (2, 32)), torch.randint(0, 61, (2, 32))
+    tgt[0, ::3] = -1
+    doc_ids = torch.cumsum(torch.rand(2, 32) < 0.15, dim=1)
+    out = {}
+    for chunk in (0, 24, 64):
+        m = tiny(dropout=0.0, vocab_size=61)
+        m.fused_ce_chunk = chunk
+        logits, loss = m(idx, tgt, doc_ids)
+        loss.backward()
+        assert (logits is None) == (chunk > 0)
+        out[chunk] = loss.detach(), {n: p.grad for n, p in m.named_parameters()}
+        with torch.no_grad():
+            logits, eval_loss = m(idx, tgt, doc_ids)
+        assert logits.shape == (2, 32, 64) and torch.isinf(logits[..., 61:]).all()
+        torch.testing.assert_close(eval_loss, out[0][0], rtol=1e-12, atol=0)
+    for chunk in (24, 64):
+        torch.testing.assert_close(out[chunk][0], out[0][0], rtol=1e-12, atol=0)
+        for name, g in out[0][1].items():
+            torch.testing.assert_close(out[chunk][1][name], g, rtol=1e-10, atol=1e-13)
+
+
+def test_fused_ce_in_bf16_autocast_is_close_to_the_plain_path():
+    """Under autocast the fused path's matmuls run in bf16, as the plain head's do (CPU autocast here)."""
+    idx, tgt = torch.randint(0, 64, (4, 32)), torch.randint(0, 64, (4, 32))
+    out = []
+    for chunk in (0, 48):
+        m = tiny(dropout=0.0).float()
+        m.fused_ce_chunk = chunk
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss = m(idx, tgt)
+        loss.backward()
+        out.append((loss.item(), m.lm_head.weight.grad.clone()))
+    assert abs(out[0][0] - out[1][0]) < 1e-2
+    torch.testing.assert_close(out[1][1], out[0][1], rtol=0.05, atol=5e-3)
 
 
 def test_stable_grads_accumulate_in_place():

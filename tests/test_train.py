@@ -116,6 +116,8 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--attention=flex", "--device=cpu"], ValueError, "FlexAttention has no backward pass on the CPU"),
     (["--fp8=True", "--device=cpu"], ValueError, "compute capability 8.9"),
     (["--fp8_head=True", "--device=cpu"], ValueError, "fp8_head=True needs a GPU of compute capability 8.9"),
+    (["--fused_ce=True", "--dtype=float16"], ValueError, "fused_ce=True with dtype='float16' is not supported"),
+    (["--fused_ce=True", "--fp8_head=True"], ValueError, "fused_ce=True and fp8_head=True .* pick one"),
     (["--attention=varlen"], ValueError, "attention='varlen' .* takes bfloat16 or float16"),
     (["--attention=varlen", "--dtype=bfloat16", "--device=cpu"], ValueError, "varlen kernels do not run on the CPU"),
     (["--cuda_graphs=True"], ValueError, "'cuda_graphs' needs compile=True"),
