@@ -26,18 +26,20 @@ import torch
 # each rung: (name, overrides added to the rung before); the baseline sets every speed flag off
 LADDER = [
     ("baseline", dict(dtype="float32", tf32=False, compile=False, attention="naive", fused_adamw=False,
-                      packing=False, fp8=False)),
+                      packing=False, fused_ce=False, fp8=False)),
     ("+ bf16 autocast", dict(dtype="bfloat16")),
     ("+ torch.compile", dict(compile=True)),
     ("+ FlashAttention (sdpa)", dict(attention="sdpa")),
     ("+ fused AdamW", dict(fused_adamw=True)),
     ("+ packing, document mask", dict(packing=True, document_mask=True, attention="MASKED")),
+    ("+ fused head + cross-entropy", dict(fused_ce=True)),
     ("+ FP8", dict(fp8=True, fp8_min_dim=0)),
 ]
 # leave-one-out from all-on: what each change is undone to
 UNDO = {"bf16 autocast": dict(dtype="float32", tf32=False), "torch.compile": dict(compile=False),
         "attention kernel": dict(attention="naive"), "fused AdamW": dict(fused_adamw=False),
-        "packing": dict(packing=False, attention="sdpa"), "FP8": dict(fp8=False)}
+        "packing": dict(packing=False, attention="sdpa"), "fused cross-entropy": dict(fused_ce=False),
+        "FP8": dict(fp8=False)}
 
 
 def fp8_supported():

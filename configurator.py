@@ -251,7 +251,8 @@ def check_for_device(cfg, device, world):
         raise ValueError("fused_ce=True with dtype='float16' is not supported: its gradients are made before the loss "
                          "scale is applied and would underflow in float16; use bfloat16")
     if cfg.fused_ce and cfg.fp8_head:
-        raise ValueError("fused_ce=True and fp8_head=True both replace the output head's matmuls: pick one")
+        raise ValueError("fused_ce=True and fp8_head=True both replace the output head's matmuls: pick one "
+                         "(config/fast.py sets fused_ce=True: add --fused_ce=False to use fp8_head)")
     if cfg.fp8 or cfg.fp8_head:
         check_fp8(device, "fp8" if cfg.fp8 else "fp8_head")
     if cfg.cuda_graphs and (device.type != "cuda" or world > 1):

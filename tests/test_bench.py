@@ -22,21 +22,22 @@ def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
     names = [r["rung"] for r in rows]
     fp8 = bench.fp8_supported()
     loo = ["all on - bf16 autocast", "all on - torch.compile", "all on - attention kernel", "all on - fused AdamW",
-           "all on - packing"] + (["all on - FP8"] if fp8 else [])
-    assert names[:7] == ["baseline", "+ bf16 autocast", "+ torch.compile", "+ FlashAttention (sdpa)",
-                         "+ fused AdamW", "+ packing, document mask", "+ FP8"]
-    assert names[7:] == loo
+           "all on - packing", "all on - fused cross-entropy"] + (["all on - FP8"] if fp8 else [])
+    assert names[:8] == ["baseline", "+ bf16 autocast", "+ torch.compile", "+ FlashAttention (sdpa)",
+                         "+ fused AdamW", "+ packing, document mask", "+ fused head + cross-entropy", "+ FP8"]
+    assert names[8:] == loo
     ran = [r for r in rows if r["rung"] != "+ FP8" or fp8]
     assert all(r["ok"] and r["tokens_per_sec"] > 0 and r["timed_steps"] == 2 for r in ran), rows
-    assert rows[6]["ok"] if fp8 else "skipped" in rows[6]["error"]        # no FP8 on a CPU
+    assert rows[7]["ok"] if fp8 else "skipped" in rows[7]["error"]        # no FP8 on a CPU
     assert rows[0]["pad_frac"] > 0.3 and rows[5]["pad_frac"] < 0.1         # the padded baseline pads
-    for r in ran[1:6]:
+    for r in ran[1:7]:
         assert abs(r["x_base"] - r["tokens_per_sec"] / rows[0]["tokens_per_sec"]) < 1e-9
     md = open(out / "bench.md").read()
-    assert md.count("\n| ") == 2 + 7 + len(loo) and "Largest single gain on the ladder" in md and "Total speedup" in md
+    assert md.count("\n| ") == 2 + 8 + len(loo) and "Largest single gain on the ladder" in md and "Total speedup" in md
     assert "Largest single gain by leave-one-out" in md
-    assert os.path.getsize(out / "bench.png") > 1000 and open(out / "bench.csv").read().count("\n") == 1 + 7 + len(loo)
+    assert os.path.getsize(out / "bench.png") > 1000 and open(out / "bench.csv").read().count("\n") == 1 + 8 + len(loo)
     assert "--compile=True" in rows[2]["command"] and "--packing=False" in rows[0]["command"]
+    assert "--fused_ce=True" in rows[6]["command"] and "--fused_ce=False" in rows[5]["command"]
 
     # --resume: a bench cut short continues; finished rungs with the same settings are not run again
     again = subprocess.run(cmd[:2] + ["--resume"] + cmd[2:], cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -45,7 +46,7 @@ def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
     kept = [l for l in open(out / "rows.jsonl") if '"+ fused AdamW"' not in l]
     open(out / "rows.jsonl", "w").writelines(kept)
     part = subprocess.run(cmd[:2] + ["--resume", "--no_loo"] + cmd[2:], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert part.returncode == 0 and part.stdout.count("reused from") == 5 + fp8, part.stdout[-2000:]
+    assert part.returncode == 0 and part.stdout.count("reused from") == 6 + fp8, part.stdout[-2000:]
     assert "=== + fused AdamW\n" in part.stdout                            # the one missing rung ran
     assert sum('"+ fused AdamW"' in l for l in open(out / "rows.jsonl")) == 1
 
