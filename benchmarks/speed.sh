@@ -16,24 +16,25 @@
 # RUNS to ~5 processes per call, or ~3 with the two microbenchmarks, to stay under ~9 minutes.
 #
 # RUNS items (train.py runs of config/fast.py, ITERS steps after timing_warmup=5, no eval, no checkpoint):
-#   mask                    flex with the document mask: fast.py as committed
+#   mask                    flex with the document mask (fast.py as committed, fused_ce on, but flex)
 #   varlen                  attention=varlen (FA3 when .carry/fa3 is installed, else PyTorch's FA2; printed)
 #   varlen_padded           varlen with cu_seqlens padded to a fixed length (data.varlen_capacity: 577 entries at
 #                           B=64), as cuda_graphs needs it; the default is exact (one recompile, length dynamic)
 #   auto                    attention=auto (varlen where FA3 runs, else flex)
 #   nomask                  sdpa, document_mask=False: attention across documents, as the peer trains
-#   varlen_fp8head          + the FP8 (torchao tensorwise) output head
+#   varlen_fp8head          + the FP8 (torchao tensorwise) output head instead of fused_ce
 #   varlen_graphs           + CUDA graphs (compile mode reduce-overhead)
 #   varlen_fp8head_graphs   both
 #   varlen_fusedce          + fused_ce: the head + cross-entropy as one function, gradients in the forward
+#   varlen_plaince          varlen with fused_ce=False (config/fast.py turns fused_ce on since session 6)
 #   varlen_fusedce_graphs   + fused_ce + CUDA graphs
 #   mask_fp8head            flex + the FP8 head (where FA3 is missing)
 #   long_dense, long_varlen, long_flex   block_size=4096 on the stories corpus (STORIES, prepared into
 #                           data/stories_gpt2), 16 x 4096 tokens per micro-batch: dense causal attention
 #                           without the mask against the document mask through varlen and flex
 #   loss_bf16, loss_fp8head, loss_fusedce, loss_bf16_seed2   200 steps of fast.py at 65,536 tokens per step (one micro-batch) (SEED, default
-#                           1337; loss_bf16_seed2: 1338), val loss at step 200: FP8 head against bf16, next to
-#                           bf16 against bf16 with another seed (the noise). `RUNS=loss_table` prints the table.
+#                           1337; loss_bf16_seed2: 1338), val loss at step 200: the FP8 head and fused_ce against the plain
+#                           bf16 head, next to bf16 against bf16 with another seed (the noise). `RUNS=loss_table` prints the table.
 #   attention               benchmarks/attention.py at fast.py's micro-batch (B=64) on data/stdlib_gpt2: flash
 #                           causal, flex (model.py's options), varlen FA2 / FA3 with exact and padded cu_seqlens
 #   head_ce                 benchmarks/head_ce.py: LM head + cross-entropy variants, 65,536 tokens
@@ -96,15 +97,16 @@ for r in ${RUNS:-mask varlen varlen_fp8head varlen_fp8head_graphs}; do
     varlen_padded) PADDED=1 train varlen_padded --attention=varlen ;;
     auto) train auto --attention=auto ;;
     nomask) train nomask --attention=sdpa --document_mask=False ;;
-    varlen_fp8head) train varlen_fp8head --attention=varlen --fp8_head=True ;;
+    varlen_fp8head) train varlen_fp8head --attention=varlen --fp8_head=True --fused_ce=False ;;
     varlen_graphs) train varlen_graphs --attention=varlen --cuda_graphs=True ;;
+    varlen_plaince) train varlen_plaince --attention=varlen --fused_ce=False ;;
     varlen_fusedce) train varlen_fusedce --attention=varlen --fused_ce=True ;;
     varlen_fusedce_graphs) train varlen_fusedce_graphs --attention=varlen --fused_ce=True --cuda_graphs=True ;;
-    varlen_fp8head_graphs) train varlen_fp8head_graphs --attention=varlen --fp8_head=True --cuda_graphs=True ;;
-    mask_fp8head) train mask_fp8head --attention=flex --fp8_head=True ;;
-    loss_bf16) loss loss_bf16 --seed=${SEED:-1337} ;;
-    loss_fp8head) loss loss_fp8head --seed=${SEED:-1337} --fp8_head=True ;;
-    loss_bf16_seed2) loss loss_bf16_seed2 --seed=$((${SEED:-1337} + 1)) ;;
+    varlen_fp8head_graphs) train varlen_fp8head_graphs --attention=varlen --fp8_head=True --fused_ce=False --cuda_graphs=True ;;
+    mask_fp8head) train mask_fp8head --attention=flex --fp8_head=True --fused_ce=False ;;
+    loss_bf16) loss loss_bf16 --seed=${SEED:-1337} --fused_ce=False ;;
+    loss_fp8head) loss loss_fp8head --seed=${SEED:-1337} --fp8_head=True --fused_ce=False ;;
+    loss_bf16_seed2) loss loss_bf16_seed2 --seed=$((${SEED:-1337} + 1)) --fused_ce=False ;;
     loss_fusedce) loss loss_fusedce --seed=${SEED:-1337} --fused_ce=True ;;
     loss_table)
       python3 - "$runs" <<'PY' | tee -a "$out/loss.md"
