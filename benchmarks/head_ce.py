@@ -47,11 +47,12 @@ class CrossEntropyGradInForward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, y, vocab_size):
         col = torch.arange(logits.size(1), device=logits.device)
-        lf = logits.float().masked_fill(col >= vocab_size, float("-inf"))
+        acc = torch.promote_types(logits.dtype, torch.float32)
+        lf = logits.to(acc).masked_fill(col >= vocab_size, float("-inf"))
         lse = torch.logsumexp(lf, dim=-1)
         valid = y != -1
         loss = torch.where(valid, lse - lf.gather(1, y.clamp(min=0)[:, None])[:, 0], 0.0).sum()
-        g = ((torch.exp(lf - lse[:, None]) - (col == y[:, None]).float()) * valid[:, None]).to(logits.dtype)
+        g = ((torch.exp(lf - lse[:, None]) - (col == y[:, None]).to(acc)) * valid[:, None]).to(logits.dtype)
         ctx.save_for_backward(g)
         return loss
 
