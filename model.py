@@ -23,6 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fused_ce import LinearCrossEntropy
+
 ATTENTION_BACKENDS = ("naive", "sdpa", "flex", "varlen")
 ACTIVATIONS = {"gelu": "none", "gelu_tanh": "tanh"}   # name -> nn.GELU(approximate=...)
 
@@ -238,62 +240,6 @@ def varlen_attention(qkv, cu_seqlens, max_seqlen, kernel):
 
 # -----------------------------------------------------------------------------
 # the model
-
-# -----------------------------------------------------------------------------
-# the output head and the cross-entropy as one function (fused_ce)
-
-def head_ce_chunk(h, w, y, vocab_size):
-    """The summed cross-entropy of the logits h @ w.T over targets y != -1, and its gradients.
-    h (n, C) and w (V, C) in the compute dtype, y (n,) int64 with -1 ignored; the softmax runs in
-    float32 (float64 for float64 inputs) over the first vocab_size columns (the padded ids are no
-    tokens). The gradient of the logits is softmax - one-hot (zero rows for ignored targets).
-    Returns (loss: 0-dim, grad_h (n, C) in h's dtype, grad_w (V, C)), the gradients of the sum
-    itself; loss and grad_w in float32 (float64)."""
-    acc = torch.promote_types(h.dtype, torch.float32)
-    logits = (h @ w.t()).to(acc)                                               # (n, V)
-    col = torch.arange(w.size(0), device=h.device)
-    logits = logits.masked_fill(col >= vocab_size, float("-inf"))
-    lse = torch.logsumexp(logits, dim=-1)
-    valid = y != -1
-    loss = torch.where(valid, lse - logits.gather(1, y.clamp(min=0)[:, None])[:, 0], 0.0).sum()
-    g = ((torch.exp(logits - lse[:, None]) - (col == y[:, None]).to(acc)) * valid[:, None]).to(h.dtype)
-    return loss, g @ w, (g.t() @ h).to(acc)
-
-
-FUSED_CE_CHUNK = 16384     # tokens per chunk of LinearCrossEntropy in training (fused_ce): 16,384 x 50,304 logits
-
-
-class LinearCrossEntropy(torch.autograd.Function):
-    """sum over targets != -1 of the cross-entropy of h @ w.T, both gradients computed in the forward,
-    `chunk` tokens at a time: each chunk's logits are made, turned into softmax - one-hot and consumed
-    by the two gradient matmuls at once, so no (tokens, V) tensor is kept for the backward, and the
-    softmax pass over the logits is made once instead of twice (forward and backward). The backward
-    only scales the stored gradients. The idea of Liger-Kernel's fused linear cross-entropy
-    (Hsu et al. 2024), here in plain PyTorch ops for torch.compile to fuse.
-    h (N, C), w (V, C), y (N,) int64; matmuls in the autocast dtype when autocast is on, else h's."""
-
-    @staticmethod
-    def forward(ctx, h, w, y, vocab_size, chunk):
-        on = torch.is_autocast_enabled(h.device.type)
-        dtype = torch.get_autocast_dtype(h.device.type) if on else h.dtype
-        hc, wc = h.to(dtype), w.to(dtype)
-        acc = torch.promote_types(dtype, torch.float32)
-        grad_h = torch.empty_like(hc)
-        grad_w = torch.zeros(w.shape, dtype=acc, device=w.device)
-        loss = torch.zeros((), dtype=acc, device=h.device)
-        for s in range(0, h.size(0), chunk):
-            loss_c, grad_h[s:s + chunk], grad_w_c = head_ce_chunk(hc[s:s + chunk], wc, y[s:s + chunk], vocab_size)
-            loss = loss + loss_c
-            grad_w = grad_w + grad_w_c
-        ctx.save_for_backward(grad_h, grad_w)
-        ctx.dtypes = h.dtype, w.dtype
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad_h, grad_w = ctx.saved_tensors
-        return (grad_h * grad).to(ctx.dtypes[0]), (grad_w * grad).to(ctx.dtypes[1]), None, None, None
-
 
 class CausalSelfAttention(nn.Module):
 

@@ -31,7 +31,8 @@ from data import DataError, Loader, load_meta, prepare
 from distributed import Proc, RunStopped, StopSignals, agree, leave, on_every_rank, plan_batch, print0, setup_processes
 from measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_profile
 from masks import check_attention_mask
-from model import FUSED_CE_CHUNK, GPT, GPTConfig
+from fused_ce import FUSED_CE_CHUNK
+from model import GPT, GPTConfig
 from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism, select_sdpa_backend, stable_grads
 
 _setup_done = False        # errors after setup are bugs, not bad input: they keep their traceback

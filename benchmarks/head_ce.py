@@ -8,7 +8,7 @@ way of computing the loss costs, per micro-batch (fast.py runs 8 per optimizer s
 Variants (each checked against the compiled baseline: loss and both gradients, relative error printed):
   GEMMs only         the three bf16 matmuls alone (logits, grad of the hidden state, grad of the weight): the floor
   compiled baseline  model.py's loss path under torch.compile: F.linear, then F.cross_entropy(sum) / count
-  fused_ce, chunk N  model.py's LinearCrossEntropy (config fused_ce): the loss and both gradients computed in the
+  fused_ce, chunk N  fused_ce.py's LinearCrossEntropy (config fused_ce): the loss and both gradients computed in the
                      forward, N tokens at a time (Liger-Kernel's fused linear cross-entropy does this), each chunk's
                      logits -> softmax - one-hot -> two GEMMs; the backward only scales the stored gradients
   FP8 head           torchao Float8Linear (tensorwise / rowwise) for the head, then the compiled cross-entropy;
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from measure import cuda_time_ms as time_ms                 # noqa: E402
-from model import LinearCrossEntropy                        # noqa: E402
+from fused_ce import LinearCrossEntropy                     # noqa: E402
 
 
 def loss_baseline(h, w, y):
@@ -35,7 +35,7 @@ def loss_baseline(h, w, y):
 
 
 def fused_loss(chunk, vocab_size):
-    """model.py's fused_ce path: LinearCrossEntropy, `chunk` tokens at a time."""
+    """train.py's fused_ce path: LinearCrossEntropy, `chunk` tokens at a time."""
     return lambda h, w, y: LinearCrossEntropy.apply(h, w, y, vocab_size, chunk) / (y != -1).sum().clamp(min=1)
 
 
@@ -96,7 +96,7 @@ def main():
     variants = [("GEMMs only (floor)", gemms, None),
                 ("compiled baseline (model.py)", None, torch.compile(loss_baseline))]
     for chunk in (8192, 16384, 32768, 65536):
-        variants.append((f"fused_ce, chunk {chunk} (model.LinearCrossEntropy)", None, torch.compile(fused_loss(chunk, V))))
+        variants.append((f"fused_ce, chunk {chunk} (fused_ce.LinearCrossEntropy)", None, torch.compile(fused_loss(chunk, V))))
     try:
         from torchao.float8 import Float8LinearConfig
         from torchao.float8.float8_linear import Float8Linear

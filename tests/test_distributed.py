@@ -23,12 +23,14 @@ def common(data_dir, out_dir, *extra):
                      "--dropout=0.0", "--device=cpu", *extra)      # 512 tokens = 4 micro-batches of 2 x 64
 
 
-@pytest.mark.parametrize("parallelism, nproc", [("ddp", 1), ("ddp", 2), ("ddp", 4), ("fsdp", 2)])
-def test_one_optimizer_step_equals_single_process(short_data, tmp_path, parallelism, nproc):
+@pytest.mark.parametrize("parallelism, nproc, extra", [("ddp", 1, ()), ("ddp", 2, ()), ("ddp", 4, ()), ("fsdp", 2, ()),
+                                                        ("fsdp", 2, ("--fused_ce=True",))])
+def test_one_optimizer_step_equals_single_process(short_data, tmp_path, parallelism, nproc, extra):
     """Same global batch (2 rows x 4 micro-steps): N ranks x 4/N micro-steps == 1 process x 4. Padded
-    rows make the micro-batches' real-token counts differ, so the loss weighting is exercised."""
+    rows make the micro-batches' real-token counts differ, so the loss weighting is exercised. With
+    fused_ce the sharded run's head gradient comes from LinearCrossEntropy, the single run's from autograd."""
     train.main(common(short_data, tmp_path / "single", "--packing=False"))
-    out = torchrun(common(short_data, tmp_path / "multi", "--packing=False", f"--parallelism={parallelism}"), nproc)
+    out = torchrun(common(short_data, tmp_path / "multi", "--packing=False", f"--parallelism={parallelism}", *extra), nproc)
     assert f"grad_accum_steps {4 // nproc} per process" in out and f"x {nproc} |" in out
     single = torch.load(tmp_path / "single" / "ckpt.pt", weights_only=True)
     multi = torch.load(tmp_path / "multi" / "ckpt.pt", weights_only=True)
