@@ -20,16 +20,17 @@ def model_state(model, optimizer=None):
     return sd if optimizer is None else (sd, get_optimizer_state_dict(model, optimizer, options=opts))
 
 
-def load_checkpoint(path):
+def load_checkpoint(path, required=CKPT_KEYS):
     """The dict save_checkpoint wrote at `path` (on the CPU). Raises FileNotFoundError if there is none,
-    ValueError if it cannot be read or is not a speedgpt checkpoint (a nanoGPT one, say)."""
+    ValueError if it cannot be read or lacks a key of `required` (a nanoGPT checkpoint, say); a resume
+    needs them all, sampling only model, config and meta."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?") from e
-    missing = [k for k in CKPT_KEYS if k not in ckpt] if isinstance(ckpt, dict) else list(CKPT_KEYS)
+    missing = [k for k in required if k not in ckpt] if isinstance(ckpt, dict) else list(required)
     if missing:
         raise ValueError(f"{path} is not a speedgpt checkpoint: it lacks {', '.join(missing)}")
     return ckpt

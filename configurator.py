@@ -72,7 +72,7 @@ class Config:
     fp8_recipe: str = "tensorwise"         # tensorwise | rowwise
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
     fp8_head: bool = False                 # torchao float8 output head (weight tying kept), with or without fp8
-    fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward (model.LinearCrossEntropy)
+    fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward (fused_ce.py)
     parallelism: str = "ddp"               # ddp | fsdp, under torchrun
 
 
@@ -248,8 +248,9 @@ def check_for_device(cfg, device, world):
     if cfg.sdpa_backend != "auto" and device.type != "cuda":
         raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
     if cfg.fused_ce and cfg.dtype == "float16":
-        raise ValueError("fused_ce=True with dtype='float16' is not supported: its gradients are made before the loss "
-                         "scale is applied and would underflow in float16; use bfloat16")
+        raise ValueError("fused_ce=True with dtype='float16' is not supported: it makes the head's gradients in the "
+                         "forward, outside the GradScaler's loss scaling, and was validated in bfloat16 and float32 only "
+                         "(config/fast.py sets fused_ce=True: add --fused_ce=False for float16)")
     if cfg.fused_ce and cfg.fp8_head:
         raise ValueError("fused_ce=True and fp8_head=True both replace the output head's matmuls: pick one "
                          "(config/fast.py sets fused_ce=True: add --fused_ce=False to use fp8_head)")
@@ -289,7 +290,7 @@ def resume_config(cfg, explicit, saved):
             " (0 resolved: decay to the end of the run)" if k == "lr_decay_iters" else ""
     changes = [f"{k} {saved[k]!r} -> {v!r}{why(k)}" for k, v in asdict(cfg).items()
                if k in saved and saved[k] != v and k != "init_from"]
-    if cfg.max_iters > cfg.lr_decay_iters:
+    if 0 < cfg.lr_decay_iters < cfg.max_iters:       # 0: a run still in warm-up decays to its end
         changes.append(f"the learning rate decays until lr_decay_iters={cfg.lr_decay_iters}, then stays at min_lr={cfg.min_lr} "
                        f"up to max_iters={cfg.max_iters} (set --lr_decay_iters to decay over another horizon)")
     return cfg, changes

@@ -27,17 +27,25 @@ def head_ce_chunk(h, w, y, vocab_size):
     return loss, g @ w, (g.t() @ h).to(acc)
 
 
-FUSED_CE_CHUNK = 16384     # tokens per chunk of LinearCrossEntropy in training (fused_ce): 16,384 x 50,304 logits
+FUSED_CE_CHUNK = 16384     # tokens per chunk in training. Uncompiled, a chunk holds about four float32 (chunk, V)
+                           # temporaries (~13 GB at V = 50,304); compiled, they fuse (fast.py's peak: 28 GB)
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """sum over targets != -1 of the cross-entropy of h @ w.T, both gradients computed in the forward,
-    `chunk` tokens at a time: each chunk's logits are made, turned into softmax - one-hot and consumed
-    by the two gradient matmuls at once, so no (tokens, V) tensor is kept for the backward, and the
-    softmax pass over the logits is made once instead of twice (forward and backward). The backward
-    only scales the stored gradients. The idea of Liger-Kernel's fused linear cross-entropy
-    (Hsu et al. 2024), here in plain PyTorch ops for torch.compile to fuse.
-    h (N, C), w (V, C), y (N,) int64; matmuls in the autocast dtype when autocast is on, else h's."""
+    """The summed cross-entropy of h @ w.T, both gradients computed in the forward, `chunk` tokens at a
+    time: each chunk's logits are made, turned into softmax - one-hot and consumed by the two gradient
+    matmuls at once, so no (tokens, V) tensor is kept for the backward, and the softmax pass over the
+    logits is made once instead of twice (forward and backward). The backward only scales the stored
+    gradients. The idea of Liger-Kernel's fused linear cross-entropy (Hsu et al. 2024), here in plain
+    PyTorch ops for torch.compile to fuse.
+
+    apply(h, w, y, vocab_size, chunk): h (N, C) hidden states, w (V, C) the head's weight, y (N,) int64
+    targets in [0, vocab_size) or -1 (ignored; other negative values are not checked and count as id 0),
+    vocab_size <= V the real vocabulary (columns beyond it are padding, outside the softmax), chunk > 0
+    tokens per chunk. Matmuls in the autocast dtype when autocast is on, else h's. Returns the 0-dim sum
+    over targets != -1 of the cross-entropy in nats (float32; float64 for float64 inputs). The gradient
+    work is done even under torch.no_grad(): call it only when training. Raises what the matmuls raise
+    on mismatched shapes, and ValueError for chunk = 0."""
 
     @staticmethod
     def forward(ctx, h, w, y, vocab_size, chunk):
@@ -50,8 +58,8 @@ class LinearCrossEntropy(torch.autograd.Function):
         loss = torch.zeros((), dtype=acc, device=h.device)
         for s in range(0, h.size(0), chunk):
             loss_c, grad_h[s:s + chunk], grad_w_c = head_ce_chunk(hc[s:s + chunk], wc, y[s:s + chunk], vocab_size)
-            loss = loss + loss_c
-            grad_w = grad_w + grad_w_c
+            loss += loss_c
+            grad_w += grad_w_c
         ctx.save_for_backward(grad_h, grad_w)
         ctx.dtypes = h.dtype, w.dtype
         return loss

@@ -41,7 +41,7 @@ def main():
     torch.manual_seed(args.seed)
     path = f"{args.out_dir}/ckpt.pt"
     try:
-        ckpt = load_checkpoint(path)
+        ckpt = load_checkpoint(path, required=("model", "config", "meta"))   # no optimizer state needed
     except FileNotFoundError:
         raise SystemExit(f"error: no checkpoint at {path}: train first (python train.py --out_dir={args.out_dir})")
     except ValueError as e:

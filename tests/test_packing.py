@@ -1,6 +1,7 @@
 """The packing guarantee: no token attends to, or is predicted from, another document; and the
 end-of-text convention: every document is learned from its first token to its end."""
 import json
+import os
 import random
 import subprocess
 import sys
@@ -309,3 +310,10 @@ def test_documents_are_learned_from_first_token_to_end(tmp_path):
     assert len(samples) == 20
     assert sum(s.startswith("#") for s in samples) >= 15, samples
     assert sum(s.endswith(".") and "#" not in s[1:] for s in samples) >= 15, samples
+    # a checkpoint with only what sampling needs (weights, config, tokenizer metadata) samples too
+    ckpt = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    os.makedirs(tmp_path / "slim")
+    torch.save({k: ckpt[k] for k in ("model", "config", "meta")}, tmp_path / "slim" / "ckpt.pt")
+    proc = subprocess.run([sys.executable, "sample.py", f"--out_dir={tmp_path / 'slim'}", "--num_samples=1",
+                           "--max_new_tokens=5", "--device=cpu"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.count("-" * 60) == 1, proc.stderr

@@ -270,13 +270,15 @@ def test_warmup_longer_than_the_run_is_a_warning(byte_data, tmp_path, capsys):
     assert "warning: warmup_iters=30 >= max_iters=2: the learning rate never reaches" in capsys.readouterr().out
 
 
-def test_a_short_run_resumes_and_a_resume_takes_the_shape(byte_data, tmp_path):
+def test_a_short_run_resumes_and_a_resume_takes_the_shape(byte_data, tmp_path, capsys):
     """A run shorter than its warm-up (the schedule never decays) resumes with the same command; shape keys
     not given again come from the checkpoint."""
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=4", "--warmup_iters=30", "--n_embd=48", "--n_head=4"))
-    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4", "--warmup_iters=30", "--n_embd=48", "--n_head=4",
+    capsys.readouterr()
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=6", "--warmup_iters=30", "--n_embd=48", "--n_head=4",
                          "--init_from=resume"))
     assert json.load(open(tmp_path / "config.json"))["lr_decay_iters"] == 0     # never resolved: still in warm-up
+    assert "decays until" not in capsys.readouterr().out                        # it decays to the end of the run
     summary = train.main([a for a in tiny_args(byte_data, tmp_path, "--max_iters=40", "--warmup_iters=30",
                                                "--init_from=resume") if not a.startswith(("--n_embd", "--n_head"))])
     cfg = json.load(open(tmp_path / "config.json"))
