@@ -71,7 +71,7 @@ class Config:
     fp8: bool = False                      # torchao float8 training of eligible Linear layers
     fp8_recipe: str = "tensorwise"         # tensorwise | rowwise
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
-    fp8_head: bool = False                 # torchao float8 output head (weight tying kept), with or without fp8
+    fp8_head: bool = False                 # float8 output head (weight tying kept), with or without fp8 or fused_ce
     fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward (fused_ce.py)
     parallelism: str = "ddp"               # ddp | fsdp, under torchrun
 
@@ -251,9 +251,12 @@ def check_for_device(cfg, device, world):
         raise ValueError("fused_ce=True with dtype='float16' is not supported: it makes the head's gradients in the "
                          "forward, outside the GradScaler's loss scaling, and was validated in bfloat16 and float32 only "
                          "(config/fast.py sets fused_ce=True: add --fused_ce=False for float16)")
-    if cfg.fused_ce and cfg.fp8_head:
-        raise ValueError("fused_ce=True and fp8_head=True both replace the output head's matmuls: pick one "
-                         "(config/fast.py sets fused_ce=True: add --fused_ce=False to use fp8_head)")
+    if cfg.fused_ce and cfg.fp8_head and cfg.fp8_recipe != "tensorwise":
+        raise ValueError(f"fp8_head=True with fused_ce=True runs the head's matmuls with tensorwise scaling only, not "
+                         f"fp8_recipe={cfg.fp8_recipe!r}: add --fused_ce=False for a {cfg.fp8_recipe} FP8 head")
+    if cfg.fp8_head and (cfg.n_embd % 16 or cfg.batch_size * cfg.block_size % 16):
+        raise ValueError(f"fp8_head=True needs n_embd ({cfg.n_embd}) and batch_size * block_size "
+                         f"({cfg.batch_size * cfg.block_size}) to be multiples of 16 (float8 matmul shapes)")
     if cfg.fp8 or cfg.fp8_head:
         check_fp8(device, "fp8" if cfg.fp8 else "fp8_head")
     if cfg.cuda_graphs and (device.type != "cuda" or world > 1):

@@ -9,22 +9,53 @@ config/fast.py's micro-batch: +3.0-3.2% tokens/s end to end and 44 -> 28 GB (BEN
 import torch
 
 
-def head_ce_chunk(h, w, y, vocab_size):
+def head_ce_chunk(h, w, y, vocab_size, fp8=False):
     """The summed cross-entropy of the logits h @ w.T over targets y != -1, and its gradients.
     h (n, C) and w (V, C) in the compute dtype, y (n,) int64 with -1 ignored; the softmax runs in
     float32 (float64 for float64 inputs) over the first vocab_size columns (the padded ids are no
     tokens). The gradient of the logits is softmax - one-hot (zero rows for ignored targets).
+    fp8=True: the three matmuls in float8 (fp8_mm; h and w in e4m3, the logits' gradient in e5m2).
     Returns (loss: 0-dim, grad_h (n, C) in h's dtype, grad_w (V, C)), the gradients of the sum
     itself; loss and grad_w in float32 (float64)."""
     acc = torch.promote_types(h.dtype, torch.float32)
-    logits = (h @ w.t()).to(acc)                                               # (n, V)
+    if fp8:
+        logits = fp8_mm(h, w.t(), out_dtype=h.dtype, fast_accum=True).to(acc)      # (n, V)
+    else:
+        logits = (h @ w.t()).to(acc)                                               # (n, V)
     col = torch.arange(w.size(0), device=h.device)
     logits = logits.masked_fill(col >= vocab_size, float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)
     valid = y != -1
     loss = torch.where(valid, lse - logits.gather(1, y.clamp(min=0)[:, None])[:, 0], 0.0).sum()
-    g = ((torch.exp(logits - lse[:, None]) - (col == y[:, None]).to(acc)) * valid[:, None]).to(h.dtype)
+    g = (torch.exp(logits - lse[:, None]) - (col == y[:, None]).to(acc)) * valid[:, None]
+    if fp8:                     # g lies in [-1, 1] (softmax - one-hot): its scale is known, no amax pass
+        return (loss, fp8_mm(g, w, out_dtype=h.dtype, a_amax=1.0),
+                fp8_mm(g.t(), h, out_dtype=acc, a_amax=1.0))
+    g = g.to(h.dtype)
     return loss, g @ w, (g.t() @ h).to(acc)
+
+
+def fp8_mm(a, b, out_dtype, fast_accum=False, a_amax=None):
+    """a (m, k) @ b (k, n) in float8 with torchao's tensorwise dynamic scaling, the recipe of its
+    Float8Linear: each operand scaled by fp8_max / amax (torchao.float8.float8_utils.tensor_to_scale)
+    and cast with saturation; e4m3 for operands without a known bound (activations, weights), e5m2 for
+    a gradient (a_amax given: |a| <= a_amax, so no amax pass over it). The product runs in
+    torch._scaled_mm (torchao's addmm_float8_unwrapped), which wants `a` row-major and `b` column-major:
+    both are laid out so here. fast_accum: Hopper's fast FP8 accumulation (torchao uses it for the
+    forward GEMM only). Returns (m, n) in out_dtype (bfloat16 or float32). Needs torchao, and a GPU of
+    compute capability 8.9+ or a CPU build of torch with float8 _scaled_mm; raises what
+    torch._scaled_mm raises otherwise (k and n must be multiples of 16 on the GPU)."""
+    from torchao.float8.float8_ops import addmm_float8_unwrapped
+    from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
+    if a_amax is None:
+        a_dtype, a_scale = torch.float8_e4m3fn, tensor_to_scale(a, torch.float8_e4m3fn)
+    else:
+        a_dtype = torch.float8_e5m2
+        a_scale = torch.full((), torch.finfo(a_dtype).max / a_amax, dtype=torch.float32, device=a.device)
+    b_scale = tensor_to_scale(b, torch.float8_e4m3fn)
+    a8 = to_fp8_saturated(a.float() * a_scale, a_dtype).contiguous()                         # row-major
+    b8 = to_fp8_saturated(b.float() * b_scale, torch.float8_e4m3fn).t().contiguous().t()     # column-major
+    return addmm_float8_unwrapped(a8, a_scale, b8, b_scale, out_dtype, use_fast_accum=fast_accum)
 
 
 FUSED_CE_CHUNK = 16384     # tokens per chunk in training. Uncompiled, a chunk holds about four float32 (chunk, V)
@@ -39,16 +70,17 @@ class LinearCrossEntropy(torch.autograd.Function):
     gradients. The idea of Liger-Kernel's fused linear cross-entropy (Hsu et al. 2024), here in plain
     PyTorch ops for torch.compile to fuse.
 
-    apply(h, w, y, vocab_size, chunk): h (N, C) hidden states, w (V, C) the head's weight, y (N,) int64
+    apply(h, w, y, vocab_size, chunk, fp8=False): h (N, C) hidden states, w (V, C) the head's weight, y (N,) int64
     targets in [0, vocab_size) or -1 (ignored; other negative values are not checked and count as id 0),
     vocab_size <= V the real vocabulary (columns beyond it are padding, outside the softmax), chunk > 0
-    tokens per chunk. Matmuls in the autocast dtype when autocast is on, else h's. Returns the 0-dim sum
+    tokens per chunk. Matmuls in the autocast dtype when autocast is on, else h's; fp8=True (the fp8_head
+    flag) runs the three in float8 instead (fp8_mm: torchao's tensorwise scaling, torch._scaled_mm). Returns the 0-dim sum
     over targets != -1 of the cross-entropy in nats (float32; float64 for float64 inputs). The gradient
     work is done even under torch.no_grad(): call it only when training. Raises what the matmuls raise
     on mismatched shapes, and ValueError for chunk = 0."""
 
     @staticmethod
-    def forward(ctx, h, w, y, vocab_size, chunk):
+    def forward(ctx, h, w, y, vocab_size, chunk, fp8=False):
         on = torch.is_autocast_enabled(h.device.type)
         dtype = torch.get_autocast_dtype(h.device.type) if on else h.dtype
         hc, wc = h.to(dtype), w.to(dtype)
@@ -57,7 +89,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros(w.shape, dtype=acc, device=w.device)
         loss = torch.zeros((), dtype=acc, device=h.device)
         for s in range(0, h.size(0), chunk):
-            loss_c, grad_h[s:s + chunk], grad_w_c = head_ce_chunk(hc[s:s + chunk], wc, y[s:s + chunk], vocab_size)
+            loss_c, grad_h[s:s + chunk], grad_w_c = head_ce_chunk(hc[s:s + chunk], wc, y[s:s + chunk], vocab_size, fp8)
             loss = loss + loss_c          # out of place: the += version failed tests/test_gpu.py -k fused
             grad_w = grad_w + grad_w_c    # on the H200 (torch 2.11, compiled) while passing on the CPU
         ctx.save_for_backward(grad_h, grad_w)
@@ -67,4 +99,4 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         grad_h, grad_w = ctx.saved_tensors
-        return (grad_h * grad).to(ctx.dtypes[0]), (grad_w * grad).to(ctx.dtypes[1]), None, None, None
+        return (grad_h * grad).to(ctx.dtypes[0]), (grad_w * grad).to(ctx.dtypes[1]), None, None, None, None

@@ -322,6 +322,7 @@ class GPT(nn.Module):
         self.config = config
         self._causal_block_masks = {}
         self.fused_ce_chunk = 0            # > 0: training losses through LinearCrossEntropy, this many tokens a chunk
+        self.fused_ce_fp8 = False          # its matmuls in float8 (fp8_head with fused_ce)
         V = config.padded_vocab_size
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(V, config.n_embd),
@@ -400,7 +401,7 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is not None and self.fused_ce_chunk and torch.is_grad_enabled():   # fused_ce: no logits
             loss_sum = LinearCrossEntropy.apply(x.view(B * T, -1), self.lm_head.weight, targets.view(-1),
-                                                self.config.vocab_size, self.fused_ce_chunk)
+                                                self.config.vocab_size, self.fused_ce_chunk, self.fused_ce_fp8)
             return None, loss_sum / (targets != -1).sum().clamp(min=1)
         logits = self.lm_head(x)                                                 # (B, T, V)
         # the padded ids are no tokens: keep them out of the softmax. Their rows are 0 in weights from

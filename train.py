@@ -107,12 +107,14 @@ def build_model(cfg, meta, proc, ckpt):
         cfg = replace(cfg, **{k: getattr(raw_model.config, k) for k in MODEL_KEYS})     # saved in checkpoints
     if ckpt is not None:
         load_weights(raw_model, ckpt, os.path.join(cfg.out_dir, "ckpt.pt"))
-    if cfg.fp8 or cfg.fp8_head:
+    if cfg.fp8 or (cfg.fp8_head and not cfg.fused_ce):
         converted = apply_fp8(raw_model, cfg, proc.device)
         print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}"
-               + (", the output head among them" if cfg.fp8_head else "") + "); the rest stay bf16")
-    if cfg.fused_ce:
-        raw_model.fused_ce_chunk = FUSED_CE_CHUNK
+               + (", the output head among them" if "lm_head" in converted else "") + "); the rest stay bf16")
+    if cfg.fused_ce:                   # with fp8_head, the fused head's own matmuls run in float8
+        raw_model.fused_ce_chunk, raw_model.fused_ce_fp8 = FUSED_CE_CHUNK, cfg.fp8_head
+        print0(f"fused_ce: head + cross-entropy in chunks of {FUSED_CE_CHUNK:,} tokens, matmuls in "
+               + ("float8 (tensorwise)" if cfg.fp8_head else cfg.dtype))
     if cfg.grad_checkpointing != "none":
         apply_activation_checkpointing(raw_model, cfg.grad_checkpointing)
     if cfg.compile:

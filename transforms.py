@@ -41,7 +41,7 @@ def convert_fp8(model, cfg):
 
     def eligible(module, fqn):
         if fqn == "lm_head":
-            ok = cfg.fp8_head
+            ok = cfg.fp8_head and not cfg.fused_ce         # fused_ce does the head's matmuls itself
         else:
             ok = (cfg.fp8 and module.in_features % 16 == 0 and module.out_features % 16 == 0
                   and min(module.in_features, module.out_features) >= cfg.fp8_min_dim)

@@ -11,6 +11,8 @@ Variants (each checked against the compiled baseline: loss and both gradients, r
   fused_ce, chunk N  fused_ce.py's LinearCrossEntropy (config fused_ce): the loss and both gradients computed in the
                      forward, N tokens at a time (Liger-Kernel's fused linear cross-entropy does this), each chunk's
                      logits -> softmax - one-hot -> two GEMMs; the backward only scales the stored gradients
+  fused_ce in FP8    the same with its three matmuls in float8 (fp8_head + fused_ce: fused_ce.fp8_mm, torchao's
+                     tensorwise scaling, torch._scaled_mm)
   FP8 head           torchao Float8Linear (tensorwise / rowwise) for the head, then the compiled cross-entropy;
                      tensorwise also with the cross-entropy's gradient made in its forward (CrossEntropyGradInForward)
 Timing: CUDA events, median of --iters calls after 5 warm-up calls, gradients set to None before each call
@@ -34,9 +36,9 @@ def loss_baseline(h, w, y):
     return F.cross_entropy(F.linear(h, w), y, ignore_index=-1, reduction="sum") / (y != -1).sum().clamp(min=1)
 
 
-def fused_loss(chunk, vocab_size):
-    """train.py's fused_ce path: LinearCrossEntropy, `chunk` tokens at a time."""
-    return lambda h, w, y: LinearCrossEntropy.apply(h, w, y, vocab_size, chunk) / (y != -1).sum().clamp(min=1)
+def fused_loss(chunk, vocab_size, fp8=False):
+    """train.py's fused_ce path: LinearCrossEntropy, `chunk` tokens at a time (fp8: fp8_head's float8 matmuls)."""
+    return lambda h, w, y: LinearCrossEntropy.apply(h, w, y, vocab_size, chunk, fp8) / (y != -1).sum().clamp(min=1)
 
 
 class CrossEntropyGradInForward(torch.autograd.Function):
@@ -99,6 +101,8 @@ def main():
         variants.append((f"fused_ce, chunk {chunk} (fused_ce.LinearCrossEntropy)", None, torch.compile(fused_loss(chunk, V))))
     try:
         from torchao.float8 import Float8LinearConfig
+        for chunk in (16384, 65536):
+            variants.append((f"fused_ce in FP8 (fp8_head), chunk {chunk}", None, torch.compile(fused_loss(chunk, V, fp8=True))))
         from torchao.float8.float8_linear import Float8Linear
         for recipe in ("tensorwise", "rowwise"):
             lin = torch.nn.Linear(C, V, bias=False, device="cuda")

@@ -28,6 +28,7 @@
 #   varlen_fusedce          + fused_ce: the head + cross-entropy as one function, gradients in the forward
 #   varlen_plaince          varlen with fused_ce=False (config/fast.py turns fused_ce on since session 6)
 #   varlen_fusedce_graphs   + fused_ce + CUDA graphs
+#   varlen_fusedce_fp8      + fused_ce with its matmuls in float8 (--fp8_head=True with fused_ce)
 #   mask_fp8head            flex + the FP8 head (where FA3 is missing)
 #   long_dense, long_varlen, long_flex   block_size=4096 on the stories corpus (STORIES, prepared into
 #                           data/stories_gpt2), 16 x 4096 tokens per micro-batch: dense causal attention
@@ -101,6 +102,7 @@ for r in ${RUNS:-mask varlen varlen_fp8head varlen_fp8head_graphs}; do
     varlen_graphs) train varlen_graphs --attention=varlen --cuda_graphs=True ;;
     varlen_plaince) train varlen_plaince --attention=varlen --fused_ce=False ;;
     varlen_fusedce) train varlen_fusedce --attention=varlen --fused_ce=True ;;
+    varlen_fusedce_fp8) train varlen_fusedce_fp8 --attention=varlen --fused_ce=True --fp8_head=True ;;
     varlen_fusedce_graphs) train varlen_fusedce_graphs --attention=varlen --fused_ce=True --cuda_graphs=True ;;
     varlen_fp8head_graphs) train varlen_fp8head_graphs --attention=varlen --fp8_head=True --fused_ce=False --cuda_graphs=True ;;
     mask_fp8head) train mask_fp8head --attention=flex --fp8_head=True --fused_ce=False ;;
@@ -108,6 +110,7 @@ for r in ${RUNS:-mask varlen varlen_fp8head varlen_fp8head_graphs}; do
     loss_fp8head) loss loss_fp8head --seed=${SEED:-1337} --fp8_head=True --fused_ce=False ;;
     loss_bf16_seed2) loss loss_bf16_seed2 --seed=$((${SEED:-1337} + 1)) --fused_ce=False ;;
     loss_fusedce) loss loss_fusedce --seed=${SEED:-1337} --fused_ce=True ;;
+    loss_fusedce_fp8) loss loss_fusedce_fp8 --seed=${SEED:-1337} --fused_ce=True --fp8_head=True ;;
     loss_table)
       python3 - "$runs" <<'PY' | tee -a "$out/loss.md"
 import json, os, sys
@@ -117,7 +120,7 @@ def read(name):
     train = {r["step"]: r["loss"] for r in rows if "loss" in r}
     val = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
     return train, val[-1] if val else None
-got = {n: read(n) for n in ("loss_bf16", "loss_fp8head", "loss_fusedce", "loss_bf16_seed2") if os.path.isfile(os.path.join(runs, n, "metrics.jsonl"))}
+got = {n: read(n) for n in ("loss_bf16", "loss_fp8head", "loss_fusedce", "loss_fusedce_fp8", "loss_bf16_seed2") if os.path.isfile(os.path.join(runs, n, "metrics.jsonl"))}
 base = got.get("loss_bf16")
 print("| run | mean train loss, steps 150-199 | val loss, step 200 | mean abs difference per step vs loss_bf16, steps 100-199 |\n|---|---:|---:|---:|")
 for name, (train, val) in got.items():

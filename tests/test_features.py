@@ -5,6 +5,7 @@ import torch
 import configurator
 import transforms
 from model import GPT, GPTConfig
+from fused_ce import LinearCrossEntropy
 
 
 def tiny(attention="sdpa", dropout=0.1, vocab_size=64, **kw):
@@ -173,6 +174,52 @@ def test_fused_ce_gives_the_plain_loss_and_gradients():
         torch.testing.assert_close(out[chunk][0], out[0][0], rtol=1e-12, atol=0)
         for name, g in out[0][1].items():
             torch.testing.assert_close(out[chunk][1][name], g, rtol=1e-10, atol=1e-13)
+
+
+def test_fp8_mm_is_torchao_float8_linear_tensorwise():
+    """fused_ce.fp8_mm follows torchao's tensorwise recipe bit for bit: the head's forward and
+    grad-input matmuls equal Float8Linear's (a gradient of amax 1, the bound fp8_mm assumes for
+    softmax - one-hot), the grad-weight one too in bf16 (fused_ce keeps it in float32). CPU float8 matmul."""
+    pytest.importorskip("torchao")
+    from torchao.float8 import Float8LinearConfig
+    from torchao.float8.float8_linear import Float8Linear
+    from fused_ce import fp8_mm
+    torch.manual_seed(0)
+    h = torch.randn(256, 64, dtype=torch.bfloat16, requires_grad=True)
+    lin = torch.nn.Linear(64, 512, bias=False).bfloat16()
+    head = Float8Linear.from_float(lin, config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    out = head(h)
+    g = torch.randn(256, 512, dtype=torch.bfloat16)
+    g = g / g.abs().max()
+    out.backward(g)
+    w = lin.weight.detach()
+    assert torch.equal(fp8_mm(h.detach(), w.t(), torch.bfloat16, fast_accum=True), out)
+    assert torch.equal(fp8_mm(g, w, torch.bfloat16, a_amax=1.0), h.grad)
+    assert torch.equal(fp8_mm(g.t(), h.detach(), torch.bfloat16, a_amax=1.0), head.weight.grad)
+    exact = g.float() @ w.float()
+    assert not torch.equal(h.grad.float(), exact)                           # FP8 did round
+    torch.testing.assert_close(h.grad.float(), exact, rtol=0.3, atol=0.3 * exact.abs().mean().item())
+
+
+def test_fused_ce_in_fp8_is_close_to_bf16():
+    """fp8_head with fused_ce: LinearCrossEntropy's matmuls in float8 (torchao's tensorwise scaling)
+    give the bf16 path's loss and gradients within FP8 rounding, not exactly (CPU float8 matmul)."""
+    pytest.importorskip("torchao")
+    torch.manual_seed(0)
+    h = torch.randn(300, 64, requires_grad=True)
+    w = torch.nn.Parameter(0.1 * torch.randn(512, 64))
+    y = torch.randint(0, 500, (300,))
+    y[::7] = -1
+    out = []
+    for fp8 in (False, True):
+        h.grad = w.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = LinearCrossEntropy.apply(h, w, y, 500, 128, fp8)
+        loss.backward()
+        out.append((loss.item(), h.grad.clone(), w.grad.clone()))
+    assert out[0][0] != out[1][0] and abs(out[0][0] - out[1][0]) < 2e-3 * out[0][0]
+    for a, b in zip(out[0][1:], out[1][1:]):
+        assert not torch.equal(a, b) and (a - b).norm() < 0.06 * a.norm()
 
 
 def test_fused_ce_in_bf16_autocast_is_close_to_the_plain_path():

@@ -2,6 +2,8 @@
 
 The varlen tests use FA3 (fa3.py's op) where flash_attn_interface imports (model.varlen_kernel), else
 PyTorch's FA2 varlen_attn."""
+import importlib.util
+
 import pytest
 import torch
 
@@ -202,9 +204,10 @@ def test_fused_ce_compiles_and_matches_the_plain_head():
     idx, tgt, doc_ids = doc_batch()
     tgt[:, ::7] = -1
     out = []
-    for chunk in (0, 384):
+    fp8 = torch.cuda.get_device_capability() >= (8, 9) and importlib.util.find_spec("torchao") is not None
+    for chunk, in_fp8 in ((0, False), (384, False)) + (((256, True),) if fp8 else ()):
         m = gpt("sdpa")
-        m.fused_ce_chunk = chunk
+        m.fused_ce_chunk, m.fused_ce_fp8 = chunk, in_fp8
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits, loss = torch.compile(m, fullgraph=True)(idx, tgt, doc_ids)
         loss.backward()
@@ -213,6 +216,10 @@ def test_fused_ce_compiles_and_matches_the_plain_head():
     assert abs(out[0][0] - out[1][0]) < 1e-2
     for a, b in zip(out[0][1:], out[1][1:]):
         torch.testing.assert_close(b, a, rtol=5e-2, atol=5e-3)
+    if fp8:                  # FP8 matmuls (fp8_head): close, as in the CPU test, not to bf16's tolerance
+        assert abs(out[0][0] - out[2][0]) < 2e-3 * out[0][0]
+        for a, b in zip(out[0][1:], out[2][1:]):
+            assert (a - b).norm() < 0.1 * a.norm()
     torch._dynamo.reset()
 
 
@@ -223,6 +230,11 @@ def test_fused_ce_trains_like_the_plain_head(short_data, tmp_path):
     assert len(plain) == len(fused) == 6 and fused[-1] < fused[0]
     for step, (a, b) in enumerate(zip(plain, fused)):
         assert abs(a - b) < 2e-2 * a, f"step {step}: plain head {a} vs fused_ce {b}"
+    if torch.cuda.get_device_capability() >= (8, 9) and importlib.util.find_spec("torchao") is not None:
+        fp8 = _gpu_run(short_data, tmp_path / "fp8", "--compile=True", "--fused_ce=True", "--fp8_head=True")
+        assert fp8 != fused and fp8[-1] < fp8[0]
+        for step, (a, b) in enumerate(zip(fused, fp8)):
+            assert abs(a - b) < 3e-2 * a, f"step {step}: fused_ce {a} vs fused_ce in FP8 {b}"
 
 
 def _torchrun(nproc, args):
