@@ -14,9 +14,11 @@ def check_fp8(device, key="fp8"):
     flag asking (fp8 or fp8_head)."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         where = "the CPU" if device.type != "cuda" else f"{torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))})"
-        raise ValueError(f"{key}=True needs a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on {where}")
+        raise ValueError(f"{key}=True needs a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on {where}"
+                         + (" (config/fast.py sets fp8_head=True: add --fp8_head=False)" if key == "fp8_head" else ""))
     if importlib.util.find_spec("torchao") is None:
-        raise ValueError(f"{key}=True needs torchao: pip install torchao")
+        raise ValueError(f"{key}=True needs torchao: pip install torchao"
+                         + (" (or add --fp8_head=False: config/fast.py sets fp8_head=True)" if key == "fp8_head" else ""))
 
 
 def apply_fp8(model, cfg, device):

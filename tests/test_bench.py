@@ -22,11 +22,11 @@ def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
     names = [r["rung"] for r in rows]
     fp8 = bench.fp8_supported()
     loo = ["all on - bf16 autocast", "all on - torch.compile", "all on - attention kernel", "all on - fused AdamW",
-           "all on - packing", "all on - fused cross-entropy"] + (["all on - FP8"] if fp8 else [])
+           "all on - packing", "all on - fused cross-entropy"] + (["all on - FP8 head"] if fp8 else [])
     assert names[:8] == ["baseline", "+ bf16 autocast", "+ torch.compile", "+ FlashAttention (sdpa)",
-                         "+ fused AdamW", "+ packing, document mask", "+ fused head + cross-entropy", "+ FP8"]
+                         "+ fused AdamW", "+ packing, document mask", "+ fused head + cross-entropy", "+ FP8 head"]
     assert names[8:] == loo
-    ran = [r for r in rows if r["rung"] != "+ FP8" or fp8]
+    ran = [r for r in rows if r["rung"] != "+ FP8 head" or fp8]
     assert all(r["ok"] and r["tokens_per_sec"] > 0 and r["timed_steps"] == 2 for r in ran), rows
     assert rows[7]["ok"] if fp8 else "skipped" in rows[7]["error"]        # no FP8 on a CPU
     assert rows[0]["pad_frac"] > 0.3 and rows[5]["pad_frac"] < 0.1         # the padded baseline pads

@@ -116,6 +116,7 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--attention=flex", "--device=cpu"], ValueError, "FlexAttention has no backward pass on the CPU"),
     (["--fp8=True", "--device=cpu"], ValueError, "compute capability 8.9"),
     (["--fp8_head=True", "--device=cpu"], ValueError, "fp8_head=True needs a GPU of compute capability 8.9"),
+    (["--config", "config/fast.py", "--device=cpu"], ValueError, r"this run is on the CPU \(config/fast.py sets fp8_head=True: add --fp8_head=False\)"),
     (["--fused_ce=True", "--dtype=float16"], ValueError, "fused_ce=True with dtype='float16' is not supported"),
     (["--fused_ce=True", "--fp8_head=True", "--fp8_recipe=rowwise"], ValueError, "tensorwise scaling only, not fp8_recipe='rowwise'"),
     (["--fp8_head=True", "--n_embd=40", "--n_head=4"], ValueError, r"n_embd \(40\) .* multiples of 16"),
