@@ -73,6 +73,9 @@ class Config:
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
     fp8_head: bool = False                 # float8 output head (weight tying kept), with or without fp8 or fused_ce
     fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward (fused_ce.py)
+    fused_ce_chunk: int = 16384            # its tokens per chunk. Uncompiled, a chunk holds ~4 float32 (chunk, vocab)
+                                           # temporaries (13 GB at GPT-2's vocab); compiled, fast.py peaks at 28 GB
+                                           # (37.5 GB and +1.5% tok/s at 65536 on the H200, BENCHMARKS.md)
     parallelism: str = "ddp"               # ddp | fsdp, under torchrun
 
 
@@ -146,7 +149,7 @@ def load_config(argv, with_explicit=False):
             value = raw
         values[key] = _typed(key, value, "command line")
     cfg = Config(**values)
-    positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval")
+    positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval", "fused_ce_chunk")
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}")
@@ -254,9 +257,10 @@ def check_for_device(cfg, device, world):
     if cfg.fused_ce and cfg.fp8_head and cfg.fp8_recipe != "tensorwise":
         raise ValueError(f"fp8_head=True with fused_ce=True runs the head's matmuls with tensorwise scaling only, not "
                          f"fp8_recipe={cfg.fp8_recipe!r}: add --fused_ce=False for a {cfg.fp8_recipe} FP8 head")
-    if cfg.fp8_head and (cfg.n_embd % 16 or cfg.batch_size * cfg.block_size % 16):
-        raise ValueError(f"fp8_head=True needs n_embd ({cfg.n_embd}) and batch_size * block_size "
-                         f"({cfg.batch_size * cfg.block_size}) to be multiples of 16 (float8 matmul shapes)")
+    if cfg.fp8_head and (cfg.n_embd % 16 or cfg.batch_size * cfg.block_size % 16 or cfg.fused_ce and cfg.fused_ce_chunk % 16):
+        raise ValueError(f"fp8_head=True needs n_embd ({cfg.n_embd}), batch_size * block_size "
+                         f"({cfg.batch_size * cfg.block_size})" + (f" and fused_ce_chunk ({cfg.fused_ce_chunk})" if cfg.fused_ce else "")
+                         + " to be multiples of 16 (float8 matmul shapes)")
     if cfg.fp8 or cfg.fp8_head:
         check_fp8(device, "fp8" if cfg.fp8 else "fp8_head")
     if cfg.cuda_graphs and (device.type != "cuda" or world > 1):

@@ -58,10 +58,6 @@ def fp8_mm(a, b, out_dtype, fast_accum=False, a_amax=None):
     return addmm_float8_unwrapped(a8, a_scale, b8, b_scale, out_dtype, use_fast_accum=fast_accum)
 
 
-FUSED_CE_CHUNK = 16384     # tokens per chunk in training. Uncompiled, a chunk holds about four float32 (chunk, V)
-                           # temporaries (~13 GB at V = 50,304); compiled, they fuse (fast.py's peak: 28 GB)
-
-
 class LinearCrossEntropy(torch.autograd.Function):
     """The summed cross-entropy of h @ w.T, both gradients computed in the forward, `chunk` tokens at a
     time: each chunk's logits are made, turned into softmax - one-hot and consumed by the two gradient

@@ -31,7 +31,6 @@ from data import DataError, Loader, load_meta, prepare
 from distributed import Proc, RunStopped, StopSignals, agree, leave, on_every_rank, plan_batch, print0, setup_processes
 from measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_profile
 from masks import check_attention_mask
-from fused_ce import FUSED_CE_CHUNK
 from model import GPT, GPTConfig
 from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism, select_sdpa_backend, stable_grads
 
@@ -112,8 +111,8 @@ def build_model(cfg, meta, proc, ckpt):
         print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}"
                + (", the output head among them" if "lm_head" in converted else "") + "); the rest stay bf16")
     if cfg.fused_ce:                   # with fp8_head, the fused head's own matmuls run in float8
-        raw_model.fused_ce_chunk, raw_model.fused_ce_fp8 = FUSED_CE_CHUNK, cfg.fp8_head
-        print0(f"fused_ce: head + cross-entropy in chunks of {FUSED_CE_CHUNK:,} tokens, matmuls in "
+        raw_model.fused_ce_chunk, raw_model.fused_ce_fp8 = cfg.fused_ce_chunk, cfg.fp8_head
+        print0(f"fused_ce: head + cross-entropy in chunks of {cfg.fused_ce_chunk:,} tokens, matmuls in "
                + ("float8 (tensorwise)" if cfg.fp8_head else cfg.dtype))
     if cfg.grad_checkpointing != "none":
         apply_activation_checkpointing(raw_model, cfg.grad_checkpointing)

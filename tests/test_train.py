@@ -94,6 +94,20 @@ def test_metrics_timing_and_checkpoint(byte_data, tmp_path):
     assert json.load(open(tmp_path / "config.json"))["n_embd"] == 32
 
 
+def test_fused_ce_chunk_is_used_and_gives_the_plain_losses(byte_data, tmp_path, capsys):
+    """fused_ce with fused_ce_chunk=40 (chunks that do not divide a micro-batch's 256 tokens) trains
+    step for step as the plain head does (float32), and the chunk is the one printed and set."""
+    plain = tiny_args(byte_data, tmp_path / "plain", "--max_iters=4")
+    fused = tiny_args(byte_data, tmp_path / "fused", "--max_iters=4", "--fused_ce=True", "--fused_ce_chunk=40")
+    train.main(plain)
+    train.main(fused)
+    assert "fused_ce: head + cross-entropy in chunks of 40 tokens, matmuls in float32" in capsys.readouterr().out
+    a, b = ([r["loss"] for r in read_metrics(tmp_path / d) if "loss" in r] for d in ("plain", "fused"))
+    assert len(a) == len(b) == 4
+    for step, (x, y) in enumerate(zip(a, b)):
+        assert abs(x - y) < 1e-5, f"step {step}: plain {x} vs fused_ce {y}"
+
+
 def test_resume_continues_exactly(byte_data, tmp_path):
     common = ["--max_iters=16", "--lr_decay_iters=16", "--eval_interval=8", "--dropout=0.1"]
     train.main(tiny_args(byte_data, tmp_path / "full", *common))
@@ -119,7 +133,9 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--config", "config/fast.py", "--device=cpu"], ValueError, r"this run is on the CPU \(config/fast.py sets fp8_head=True: add --fp8_head=False\)"),
     (["--fused_ce=True", "--dtype=float16"], ValueError, "fused_ce=True with dtype='float16' is not supported"),
     (["--fused_ce=True", "--fp8_head=True", "--fp8_recipe=rowwise"], ValueError, "tensorwise scaling only, not fp8_recipe='rowwise'"),
-    (["--fp8_head=True", "--n_embd=40", "--n_head=4"], ValueError, r"n_embd \(40\) .* multiples of 16"),
+    (["--fp8_head=True", "--n_embd=40", "--n_head=4"], ValueError, r"n_embd \(40\), .* multiples of 16"),
+    (["--fp8_head=True", "--fused_ce=True", "--fused_ce_chunk=1000"], ValueError, r"and fused_ce_chunk \(1000\) to be multiples of 16"),
+    (["--fused_ce_chunk=0"], ValueError, "'fused_ce_chunk' must be positive"),
     (["--attention=varlen"], ValueError, "attention='varlen' .* takes bfloat16 or float16"),
     (["--attention=varlen", "--dtype=bfloat16", "--device=cpu"], ValueError, "varlen kernels do not run on the CPU"),
     (["--cuda_graphs=True"], ValueError, "'cuda_graphs' needs compile=True"),
