@@ -227,6 +227,16 @@ def _print0(line):
         print(line, flush=True)
 
 
+def check_fp8_shapes(cfg):
+    """ValueError unless fp8_head's float8 matmuls get shapes torch._scaled_mm takes on the GPU: n_embd,
+    batch_size * block_size (and fused_ce_chunk with fused_ce) multiples of 16. Checked before any work,
+    and again on resume (the shape may come from the checkpoint)."""
+    if cfg.fp8_head and (cfg.n_embd % 16 or cfg.batch_size * cfg.block_size % 16 or cfg.fused_ce and cfg.fused_ce_chunk % 16):
+        raise ValueError(f"fp8_head=True needs n_embd ({cfg.n_embd}), batch_size * block_size "
+                         f"({cfg.batch_size * cfg.block_size})" + (f" and fused_ce_chunk ({cfg.fused_ce_chunk})" if cfg.fused_ce else "")
+                         + " to be multiples of 16 (float8 matmul shapes), or add --fp8_head=False")
+
+
 def check_for_device(cfg, device, world):
     """Refuse what cannot work on `device` (torch.device) with `world` processes, before any data or
     model work: ValueError naming the keys. Warns (printed by train.py) about packing without a mask.
@@ -254,15 +264,13 @@ def check_for_device(cfg, device, world):
         raise ValueError("fused_ce=True with dtype='float16' is not supported: it makes the head's gradients in the "
                          "forward, outside the GradScaler's loss scaling, and was validated in bfloat16 and float32 only "
                          "(config/fast.py sets fused_ce=True: add --fused_ce=False for float16)")
-    if cfg.fused_ce and cfg.fp8_head and cfg.fp8_recipe != "tensorwise":
-        raise ValueError(f"fp8_head=True with fused_ce=True runs the head's matmuls with tensorwise scaling only, not "
-                         f"fp8_recipe={cfg.fp8_recipe!r}: add --fused_ce=False for a {cfg.fp8_recipe} FP8 head")
-    if cfg.fp8_head and (cfg.n_embd % 16 or cfg.batch_size * cfg.block_size % 16 or cfg.fused_ce and cfg.fused_ce_chunk % 16):
-        raise ValueError(f"fp8_head=True needs n_embd ({cfg.n_embd}), batch_size * block_size "
-                         f"({cfg.batch_size * cfg.block_size})" + (f" and fused_ce_chunk ({cfg.fused_ce_chunk})" if cfg.fused_ce else "")
-                         + " to be multiples of 16 (float8 matmul shapes)")
+    if cfg.fused_ce and cfg.fp8_head and not cfg.fp8 and cfg.fp8_recipe != "tensorwise":
+        raise ValueError(f"fp8_recipe={cfg.fp8_recipe!r} would do nothing: with fused_ce=True the FP8 head is tensorwise "
+                         "only, and fp8=False converts no block. Add --fused_ce=False for a "
+                         f"{cfg.fp8_recipe} FP8 head, or --fp8=True for {cfg.fp8_recipe} blocks")
+    check_fp8_shapes(cfg)
     if cfg.fp8 or cfg.fp8_head:
-        check_fp8(device, "fp8" if cfg.fp8 else "fp8_head")
+        check_fp8(device, cfg)
     if cfg.cuda_graphs and (device.type != "cuda" or world > 1):
         raise ValueError("cuda_graphs=True is a one-GPU experiment: it needs a CUDA GPU and no torchrun")
     if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
@@ -292,6 +300,7 @@ def resume_config(cfg, explicit, saved):
         kept["lr_decay_iters"] = resolve_decay(Config(**{k: saved[k] for k in ("max_iters", "warmup_iters")})).lr_decay_iters
     cfg = resolve_decay(replace(cfg, **kept))
     check_schedule(cfg)
+    check_fp8_shapes(cfg)
     def why(k):
         return " (set explicitly)" if k in SCHEDULE_KEYS and k in explicit else \
             " (0 resolved: decay to the end of the run)" if k == "lr_decay_iters" else ""

@@ -4,7 +4,8 @@ the forward. The plain path (model.py: logits = lm_head(x), then F.cross_entropy
 (tokens, vocab) logits for the backward and passes over them twice, softmax in the forward and
 softmax - one-hot in the backward; here each chunk of tokens is turned into logits, loss and both
 gradients at once, and the backward only scales what the forward stored. On the H200 at
-config/fast.py's micro-batch: +3.0-3.2% tokens/s end to end and 44 -> 28 GB (BENCHMARKS.md).
+config/fast.py's micro-batch: +3.0-3.2% tokens/s end to end and 44 -> 28 GB; with fp8_head the three
+matmuls in float8 (fp8_mm), +6.3% more (BENCHMARKS.md).
 """
 import torch
 

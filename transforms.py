@@ -8,17 +8,19 @@ import importlib.util
 import torch
 
 
-def check_fp8(device, key="fp8"):
+def check_fp8(device, cfg):
     """Raise ValueError unless `device` can train in FP8: a GPU of compute capability 8.9 or newer,
-    with torchao installed. train.py calls it before any work (data, model) is done; `key` names the
-    flag asking (fp8 or fp8_head)."""
+    with torchao installed. train.py calls it before any work (data, model) is done; the message names
+    the flags asking (cfg.fp8, cfg.fp8_head) and how to turn them off."""
+    keys = [k for k in ("fp8", "fp8_head") if getattr(cfg, k)]
+    asking = " and ".join(f"{k}=True" for k in keys) + (" needs" if len(keys) == 1 else " need")
+    off = " ".join(f"--{k}=False" for k in keys) + (" (config/fast.py sets fp8_head=True)" if cfg.fp8_head else "")
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         where = "the CPU" if device.type != "cuda" else f"{torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))})"
-        raise ValueError(f"{key}=True needs a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on {where}"
-                         + (" (config/fast.py sets fp8_head=True: add --fp8_head=False)" if key == "fp8_head" else ""))
+        raise ValueError(f"{asking} a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on "
+                         f"{where}: add {off}")
     if importlib.util.find_spec("torchao") is None:
-        raise ValueError(f"{key}=True needs torchao: pip install torchao"
-                         + (" (or add --fp8_head=False: config/fast.py sets fp8_head=True)" if key == "fp8_head" else ""))
+        raise ValueError(f"{asking} torchao: pip install torchao, or add {off}")
 
 
 def apply_fp8(model, cfg, device):
@@ -28,7 +30,7 @@ def apply_fp8(model, cfg, device):
     its width (768 -> 50,304 on GPT-2: head + cross-entropy 30.7 -> 26.1 ms per 65,536 tokens, +3.1%
     tokens/s on config/fast.py, ../shared/GPU.md). Returns the converted names. Raises ValueError on a
     CPU or a GPU below compute capability 8.9, or without torchao."""
-    check_fp8(device, "fp8" if cfg.fp8 else "fp8_head")
+    check_fp8(device, cfg)
     return convert_fp8(model, cfg)
 
 

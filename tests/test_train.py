@@ -130,10 +130,12 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--attention=flex", "--device=cpu"], ValueError, "FlexAttention has no backward pass on the CPU"),
     (["--fp8=True", "--device=cpu"], ValueError, "compute capability 8.9"),
     (["--fp8_head=True", "--device=cpu"], ValueError, "fp8_head=True needs a GPU of compute capability 8.9"),
-    (["--config", "config/fast.py", "--device=cpu"], ValueError, r"this run is on the CPU \(config/fast.py sets fp8_head=True: add --fp8_head=False\)"),
+    (["--config", "config/fast.py", "--device=cpu"], ValueError, r"this run is on the CPU: add --fp8_head=False \(config/fast.py sets fp8_head=True\)"),
+    (["--config", "config/fast.py", "--fp8=True", "--device=cpu"], ValueError,
+     r"^fp8=True and fp8_head=True need a GPU .* add --fp8=False --fp8_head=False"),
     (["--fused_ce=True", "--dtype=float16"], ValueError, "fused_ce=True with dtype='float16' is not supported"),
-    (["--fused_ce=True", "--fp8_head=True", "--fp8_recipe=rowwise"], ValueError, "tensorwise scaling only, not fp8_recipe='rowwise'"),
-    (["--fp8_head=True", "--n_embd=40", "--n_head=4"], ValueError, r"n_embd \(40\), .* multiples of 16"),
+    (["--fused_ce=True", "--fp8_head=True", "--fp8_recipe=rowwise"], ValueError, "fp8_recipe='rowwise' would do nothing: .* --fused_ce=False .* --fp8=True"),
+    (["--fp8_head=True", "--n_embd=40", "--n_head=4"], ValueError, r"n_embd \(40\), .* multiples of 16 .*, or add --fp8_head=False"),
     (["--fp8_head=True", "--fused_ce=True", "--fused_ce_chunk=1000"], ValueError, r"and fused_ce_chunk \(1000\) to be multiples of 16"),
     (["--fused_ce_chunk=0"], ValueError, "'fused_ce_chunk' must be positive"),
     (["--attention=varlen"], ValueError, "attention='varlen' .* takes bfloat16 or float16"),
@@ -263,6 +265,17 @@ def test_resume_refuses_a_mismatched_or_corrupt_checkpoint(byte_data, short_data
     (tmp_path / "ckpt.pt").write_bytes(b"garbage")
     with pytest.raises(ValueError, match="cannot be read"):
         train.main(tiny_args(byte_data, tmp_path, "--init_from=resume"))
+
+
+def test_resume_checks_fp8_shapes_of_the_checkpoint():
+    """A resumed run takes n_embd from the checkpoint when it is not set: fp8_head's multiple-of-16 check
+    sees that shape, not the command's default."""
+    from dataclasses import asdict
+    saved = asdict(configurator.Config(n_embd=40, n_head=4, max_iters=8))
+    cfg = configurator.Config(fp8_head=True, fused_ce=True, max_iters=16)
+    with pytest.raises(ValueError, match=r"fp8_head=True needs n_embd \(40\)"):
+        configurator.resume_config(cfg, {"fp8_head", "fused_ce", "max_iters"}, saved)
+    assert configurator.resume_config(cfg, {"fp8_head", "fused_ce", "max_iters"}, {**saved, "n_embd": 48})[0].n_embd == 48
 
 
 def test_scratch_run_starts_a_fresh_metrics_file(byte_data, tmp_path):
