@@ -72,9 +72,9 @@ class LinearCrossEntropy(torch.autograd.Function):
     count as id 0), vocab_size <= V the real vocabulary (columns beyond it are padding, outside the
     softmax), chunk > 0 tokens per chunk. Matmuls in the autocast dtype when autocast is on, else h's;
     fp8=True (the fp8_head flag) runs the three in float8 instead (fp8_mm: torchao's tensorwise
-    scaling, torch._scaled_mm). Returns the 0-dim sum over targets != -1 of the cross-entropy in nats (float32; float64 for float64 inputs). The gradient
-    work is done even under torch.no_grad(): call it only when training. Raises what the matmuls raise
-    on mismatched shapes, and ValueError for chunk = 0."""
+    scaling, torch._scaled_mm). Returns the 0-dim sum over targets != -1 of the cross-entropy in nats
+    (float32; float64 for float64 inputs). The gradient work is done even under torch.no_grad(): call it
+    only when training. Raises what the matmuls raise on mismatched shapes, and ValueError for chunk = 0."""
 
     @staticmethod
     def forward(ctx, h, w, y, vocab_size, chunk, fp8=False):
