@@ -38,7 +38,8 @@ LADDER = [
 # leave-one-out from all-on: what each change is undone to
 UNDO = {"bf16 autocast": dict(dtype="float32", tf32=False), "torch.compile": dict(compile=False),
         "attention kernel": dict(attention="naive"), "fused AdamW": dict(fused_adamw=False),
-        "packing": dict(packing=False, attention="sdpa"), "fused cross-entropy": dict(fused_ce=False),
+        "packing": dict(packing=False, attention="sdpa"),
+        "fused cross-entropy": dict(fused_ce=False, fp8_head=False),     # the FP8 head is the fused head's
         "FP8 head": dict(fp8_head=False)}
 
 
@@ -117,8 +118,8 @@ def bench(args, extra):
     cuda = torch.cuda.is_available()
     # the document mask's fastest backend here: varlen where FA3 runs, else flex; sdpa on the CPU
     # (FlexAttention has no backward there)
-    from model import resolve_attention
-    masked = resolve_attention("auto", "cuda" if cuda else "cpu", masked=True)
+    from speedgpt.attention import resolve_attention
+    masked = resolve_attention("auto", "cuda" if cuda else "cpu", document_mask=True)
     done = finished_rungs(args, extra)
     if not args.resume and os.path.exists(os.path.join(args.out, "rows.jsonl")):
         os.remove(os.path.join(args.out, "rows.jsonl"))             # a new bench starts its rows afresh

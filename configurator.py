@@ -1,10 +1,12 @@
 """
-speedgpt's configuration: every flag of train.py with its type and default (Config), and the loader
-for config files and `--key=value` overrides (load_config), which refuses an unknown key, a wrong
-type, a bad choice or an impossible combination before any work is done.
+speedgpt's configuration: every flag of train.py with its type, default and one line of help (Config),
+and the loader for config files and `--key=value` overrides (load_config), which refuses an unknown key,
+a wrong type, a bad choice or an impossible schedule before any work is done. What a flag needs of the
+GPU, the packages and the shapes is checked by the feature's own module (train.py's check_flags).
 
     from configurator import load_config
     cfg = load_config(["--config", "config/fast.py", "--batch_size=32"])
+    python train.py --help                             # every flag: type, default, help (help_text)
 
 Config files (config/*.py) are plain Python assignments of these keys, as in nanoGPT.
 """
@@ -19,63 +21,61 @@ from dataclasses import asdict, dataclass, fields, replace
 @dataclass
 class Config:
     # I/O
-    out_dir: str = "out"
-    data_dir: str = "data/stdlib_byte"     # data/stdlib_byte and data/stdlib_gpt2 are prepared on first use
-    init_from: str = "scratch"             # scratch | resume (out_dir/ckpt.pt) | gpt2* | a Hugging Face GPT-2 folder (hf.py)
-    eval_interval: int = 100
-    eval_iters: int = 10                   # 0: no evaluation (benchmarks)
+    out_dir: str = "out"                   # the run's folder: ckpt.pt, metrics.jsonl, summary.json, config.json
+    data_dir: str = "data/stdlib_byte"     # prepared shards (data.py); data/stdlib_byte, data/stdlib_gpt2: made on first use
+    init_from: str = "scratch"             # scratch | resume (out_dir/ckpt.pt) | gpt2[-medium|-large|-xl] | a HF GPT-2 folder
+    eval_interval: int = 100               # validation (and a checkpoint) every this many steps, and at the end
+    eval_iters: int = 10                   # validation batches, the same each time; 0: no evaluation (benchmarks)
     save_checkpoints: bool = True          # write out_dir/ckpt.pt at each evaluation
-    log_interval: int = 10
+    log_interval: int = 10                 # a console line and a metrics record every this many steps
     timing_warmup: int = 3                 # steps after start/resume left out of tokens/s (compile, caches)
-    wandb_log: bool = False
-    wandb_project: str = "speedgpt"
-    wandb_run_name: str = ""
+    wandb_log: bool = False                # log to Weights & Biases (pip install wandb; offline: WANDB_MODE=offline)
+    wandb_project: str = "speedgpt"        # W&B project
+    wandb_run_name: str = ""               # W&B run name; empty: W&B picks one
     # data
-    batch_size: int = 16                   # micro-batch, sequences (per process)
-    block_size: int = 256
+    batch_size: int = 16                   # micro-batch, sequences per process
+    block_size: int = 256                  # sequence length, tokens
     total_batch_size: int = 0              # tokens per optimizer step, whole job; 0: one micro-batch per process
-    packing: bool = True                   # False: one document per row, padded (the baseline)
-    document_mask: bool = True             # with packing: no attention or loss across documents
-    check_mask: bool = False               # debug: assert each batch's attention mask is block-diagonal
-    profile: bool = False                  # torch.profiler over the last warm-up step: out_dir/profile.txt
+    packing: bool = True                   # documents fill every row; False: one document per row, padded (the baseline)
+    document_mask: bool = True             # with packing: no attention or position across documents
+    check_mask: bool = False               # debug: assert each batch's attention mask is block-diagonal and causal
+    profile: bool = False                  # torch.profiler over the last warm-up step: out_dir/profile.txt and a trace
     # model
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
-    bias: bool = False
+    n_layer: int = 4                       # transformer blocks
+    n_head: int = 4                        # attention heads
+    n_embd: int = 128                      # width
+    dropout: float = 0.0                   # dropout probability, in [0, 1)
+    bias: bool = False                     # biases in Linear layers and LayerNorms (GPT-2 had them)
     activation: str = "gelu"               # gelu (exact) | gelu_tanh (GPT-2's tanh approximation)
-    attention: str = "sdpa"                # naive | sdpa | flex | varlen | auto (fastest installed: model.resolve_attention)
+    attention: str = "sdpa"                # naive | sdpa | flex | varlen | auto (the fastest installed, resolved at start)
     sdpa_backend: str = "auto"             # auto | flash | cudnn: the only kernel attention='sdpa' may use (GPU)
     # optimizer: AdamW, linear warmup then cosine decay to min_lr
-    learning_rate: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_iters: int = 30
-    lr_decay_iters: int = 0                # 0: max_iters of the run that started (kept on resume)
-    max_iters: int = 500
-    weight_decay: float = 0.1              # matrices only
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0                 # 0: off
-    fused_adamw: bool = False
+    learning_rate: float = 3e-3            # peak learning rate
+    min_lr: float = 3e-4                   # learning rate after the decay
+    warmup_iters: int = 30                 # linear warmup steps
+    lr_decay_iters: int = 0                # cosine decay until this step; 0: max_iters of the run that started
+    max_iters: int = 500                   # optimizer steps
+    weight_decay: float = 0.1              # AdamW weight decay, matrices only
+    beta1: float = 0.9                     # AdamW beta1
+    beta2: float = 0.95                    # AdamW beta2
+    grad_clip: float = 1.0                 # clip the global gradient norm to this; 0: off
+    fused_adamw: bool = False              # the fused AdamW kernel
     max_skipped_steps: int = 0             # non-finite steps skipped (no update) before the run stops
     # system
     device: str = "auto"                   # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
     dtype: str = "float32"                 # float32 | bfloat16 | float16 (float16 adds a GradScaler)
     tf32: bool = False                     # TF32 matmuls in float32
-    compile: bool = False
-    cuda_graphs: bool = False              # compile mode "reduce-overhead": CUDA graphs for forward and backward (GPU)
-    seed: int = 1337
-    peak_flops: float = 0.0                # FLOP/s for MFU; 0: look the GPU up in PEAK_FLOPS
-    grad_checkpointing: str = "none"       # none | full | selective
-    fp8: bool = False                      # torchao float8 training of eligible Linear layers
-    fp8_recipe: str = "tensorwise"         # tensorwise | rowwise
+    compile: bool = False                  # torch.compile the model
+    cuda_graphs: bool = False              # experiment: compile mode reduce-overhead (CUDA graphs), one GPU
+    seed: int = 1337                       # initial weights, data order, dropout
+    peak_flops: float = 0.0                # FLOP/s for MFU; 0: the GPU's entry in speedgpt/measure.py's PEAK_FLOPS
+    grad_checkpointing: str = "none"       # none | full | selective: recompute blocks in the backward (less memory)
+    fp8: bool = False                      # torchao float8 training of the block Linears at least fp8_min_dim wide
+    fp8_recipe: str = "tensorwise"         # tensorwise | rowwise (fp8's scaling)
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
-    fp8_head: bool = False                 # float8 output head (weight tying kept), with or without fp8 or fused_ce
-    fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward (fused_ce.py)
-    fused_ce_chunk: int = 16384            # its tokens per chunk. Uncompiled, a chunk holds ~4 float32 (chunk, vocab)
-                                           # temporaries (13 GB at GPT-2's vocab); compiled, fast.py peaks at 28 GB
-                                           # (37.5 GB and +1.5% tok/s at 65536 on the H200, BENCHMARKS.md)
+    fp8_head: bool = False                 # the fused head's matmuls in float8 (needs fused_ce; Ada/Hopper, torchao)
+    fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward
+    fused_ce_chunk: int = 16384            # tokens per chunk of fused_ce (memory against speed: docs/flags.md)
     parallelism: str = "ddp"               # ddp | fsdp, under torchrun
 
 
@@ -88,6 +88,28 @@ SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters")   
 RENAMED = {"grad_accum_steps": "it is derived: set total_batch_size, the tokens per optimizer step for the whole job",
            "gradient_accumulation_steps": "it is derived: set total_batch_size, the tokens per optimizer step for the whole job"}
 HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: OpenAI's GPT-2 on the Hugging Face hub
+
+
+def help_text():
+    """Every flag of Config, one per line: `--key=default  type  help`, the help being the comment beside
+    the field in this file (its first line). Raises AssertionError for a field without one."""
+    import inspect
+    lines, notes = inspect.getsource(Config).splitlines(), {}
+    for line in lines:
+        m = re.match(r"\s+(\w+): \w+ = .*?#\s*(.*)$", line)
+        if m:
+            notes[m.group(1)] = m.group(2)
+    out = ["train.py's flags (--key=value; --config FILE applies a config file first). Defaults: the CPU quickstart."]
+    for f in fields(Config):
+        assert f.name in notes, f"Config.{f.name} has no help comment"
+        out.append(f"  --{f.name}={f.default}".ljust(32) + f" {f.type.__name__:5}  {notes[f.name]}")
+    return "\n".join(out)
+
+
+def non_defaults(cfg):
+    """{key: value} of `cfg`'s keys that differ from Config's defaults (what a run prints at start)."""
+    defaults = Config()
+    return {f.name: getattr(cfg, f.name) for f in fields(Config) if getattr(cfg, f.name) != getattr(defaults, f.name)}
 
 
 def _typed(key, value, where):
@@ -183,22 +205,6 @@ def load_config(argv, with_explicit=False):
     if cfg.profile and cfg.max_iters < cfg.timing_warmup:
         raise ValueError(f"profile=True profiles step timing_warmup - 1 = {cfg.timing_warmup - 1}: "
                          f"max_iters={cfg.max_iters} ends before it")
-    if cfg.sdpa_backend != "auto":
-        if cfg.device == "cpu":
-            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
-        if cfg.attention != "sdpa":
-            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} applies to attention='sdpa' only, not {cfg.attention!r}")
-        if cfg.dtype == "float32":
-            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} kernels take bfloat16 or float16: set dtype, or sdpa_backend='auto'")
-        if cfg.sdpa_backend == "flash" and cfg.packing and cfg.document_mask:
-            raise ValueError("sdpa_backend='flash' takes no attention mask: use it with packing=False or document_mask=False")
-    if cfg.attention == "varlen" and cfg.dtype == "float32":
-        raise ValueError("attention='varlen' (FlashAttention) takes bfloat16 or float16: set dtype, or use attention='sdpa'")
-    if cfg.cuda_graphs:
-        if not cfg.compile:
-            raise ValueError("config key 'cuda_graphs' needs compile=True: the CUDA graphs are torch.compile's (mode 'reduce-overhead')")
-        if cfg.device == "cpu":
-            raise ValueError("config key 'cuda_graphs' needs a CUDA GPU, not device='cpu'")
     return (cfg, set(values)) if with_explicit else cfg
 
 
@@ -222,71 +228,14 @@ def check_schedule(cfg):
                       f"learning_rate={cfg.learning_rate} and never decays (fine for a benchmark, not for training)", stacklevel=3)
 
 
-def _print0(line):
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(line, flush=True)
-
-
-def check_fp8_shapes(cfg):
-    """ValueError unless fp8_head's float8 matmuls get shapes torch._scaled_mm takes on the GPU: n_embd,
-    batch_size * block_size (and fused_ce_chunk with fused_ce) multiples of 16. Checked before any work,
-    and again on resume (the shape may come from the checkpoint)."""
-    if cfg.fp8_head and (cfg.n_embd % 16 or cfg.batch_size * cfg.block_size % 16 or cfg.fused_ce and cfg.fused_ce_chunk % 16):
-        raise ValueError(f"fp8_head=True needs n_embd ({cfg.n_embd}), batch_size * block_size "
-                         f"({cfg.batch_size * cfg.block_size})" + (f" and fused_ce_chunk ({cfg.fused_ce_chunk})" if cfg.fused_ce else "")
-                         + " to be multiples of 16 (float8 matmul shapes), or add --fp8_head=False")
-
-
-def check_for_device(cfg, device, world):
-    """Refuse what cannot work on `device` (torch.device) with `world` processes, before any data or
-    model work: ValueError naming the keys. Warns (printed by train.py) about packing without a mask.
-    Returns the config with attention='auto' resolved to the fastest backend installed."""
-    import torch
-    from model import resolve_attention, varlen_kernel
-    from transforms import check_fp8
-    if cfg.attention == "auto":
-        cfg = replace(cfg, attention=resolve_attention("auto", device, cfg.packing and cfg.document_mask, cfg.dtype))
-        _print0(f"attention: auto -> {cfg.attention}")
-    if cfg.attention == "varlen":      # FA3 or FA2, chosen once; a one-line error where neither runs
-        _print0(f"attention: varlen through {varlen_kernel(device)}")
-    if cfg.attention == "flex" and device.type != "cuda":
-        raise ValueError("attention='flex' needs a CUDA GPU: FlexAttention has no backward pass on the CPU. "
-                         "Use attention='sdpa' (a boolean document mask) or 'naive' on the CPU")
-    if cfg.parallelism == "fsdp" and world == 1:
-        raise ValueError("parallelism='fsdp' needs torchrun (several processes)")
-    if cfg.parallelism == "fsdp" and cfg.dtype == "float16":
-        raise ValueError("parallelism='fsdp' with dtype='float16' is not supported (it needs a sharded GradScaler); use bfloat16")
-    if cfg.dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(device)}; use float16")
-    if cfg.sdpa_backend != "auto" and device.type != "cuda":
-        raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
-    if cfg.fused_ce and cfg.dtype == "float16":
-        raise ValueError("fused_ce=True with dtype='float16' is not supported: it makes the head's gradients in the "
-                         "forward, outside the GradScaler's loss scaling, and was validated in bfloat16 and float32 only "
-                         "(config/fast.py sets fused_ce=True: add --fused_ce=False for float16)")
-    if cfg.fused_ce and cfg.fp8_head and not cfg.fp8 and cfg.fp8_recipe != "tensorwise":
-        raise ValueError(f"fp8_recipe={cfg.fp8_recipe!r} would do nothing: with fused_ce=True the FP8 head is tensorwise "
-                         "only, and fp8=False converts no block. Add --fused_ce=False for a "
-                         f"{cfg.fp8_recipe} FP8 head, or --fp8=True for {cfg.fp8_recipe} blocks")
-    check_fp8_shapes(cfg)
-    if cfg.fp8 or cfg.fp8_head:
-        check_fp8(device, cfg)
-    if cfg.cuda_graphs and (device.type != "cuda" or world > 1):
-        raise ValueError("cuda_graphs=True is a one-GPU experiment: it needs a CUDA GPU and no torchrun")
-    if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
-        raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a folder")
-    if cfg.packing and not cfg.document_mask:
-        warnings.warn("packing=True with document_mask=False: tokens attend across document boundaries")
-    return cfg
-
-
 def resume_config(cfg, explicit, saved):
     """The config a resumed run continues with. `cfg` is this command's config, `explicit` the keys its
     config files and overrides set, `saved` the checkpoint's config (a dict). The model's shape must
     match (ValueError naming the key; dropout and attention may change: the weights do not depend on
-    them; shape keys not set explicitly are taken from the checkpoint). The schedule (SCHEDULE_KEYS) is the saved one unless set explicitly, so extending max_iters
-    keeps the decay horizon the run started with; lr_decay_iters=0 set explicitly means the new
-    max_iters. Returns (config, lines describing each key that differs from the checkpoint's)."""
+    them; shape keys not set explicitly are taken from the checkpoint). The schedule (SCHEDULE_KEYS) is
+    the saved one unless set explicitly, so extending max_iters keeps the decay horizon the run
+    started with; lr_decay_iters=0 set explicitly means the new max_iters. resume_changes() describes
+    what differs, once the flags are resolved."""
     defaults = Config()          # a key a checkpoint predates has its default (activation: gelu)
     for k in MODEL_KEYS:
         old = saved.get(k, getattr(defaults, k))
@@ -300,13 +249,19 @@ def resume_config(cfg, explicit, saved):
         kept["lr_decay_iters"] = resolve_decay(Config(**{k: saved[k] for k in ("max_iters", "warmup_iters")})).lr_decay_iters
     cfg = resolve_decay(replace(cfg, **kept))
     check_schedule(cfg)
-    check_fp8_shapes(cfg)
+    return cfg
+
+
+def resume_changes(cfg, explicit, saved):
+    """Lines describing each key of the resumed run's `cfg` that differs from the checkpoint's config
+    `saved`, and where the learning rate goes from here."""
     def why(k):
         return " (set explicitly)" if k in SCHEDULE_KEYS and k in explicit else \
             " (0 resolved: decay to the end of the run)" if k == "lr_decay_iters" else ""
     changes = [f"{k} {saved[k]!r} -> {v!r}{why(k)}" for k, v in asdict(cfg).items()
                if k in saved and saved[k] != v and k != "init_from"]
     if 0 < cfg.lr_decay_iters < cfg.max_iters:       # 0: a run still in warm-up decays to its end
-        changes.append(f"the learning rate decays until lr_decay_iters={cfg.lr_decay_iters}, then stays at min_lr={cfg.min_lr} "
-                       f"up to max_iters={cfg.max_iters} (set --lr_decay_iters to decay over another horizon)")
-    return cfg, changes
+        changes.append(f"the learning rate decays until lr_decay_iters={cfg.lr_decay_iters}, then stays at "
+                       f"min_lr={cfg.min_lr} up to max_iters={cfg.max_iters} (set --lr_decay_iters to decay over "
+                       "another horizon)")
+    return changes

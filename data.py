@@ -6,7 +6,7 @@ Pre-tokenised, memory-mapped data for speedgpt: prepare a corpus once into binar
     python data.py --input corpus/ --out data/mine --tokenizer gpt2
     python data.py --input fineweb/ --out data/fineweb --tokenizer gpt2 --max_tokens 1000000000
 
-corpus.py reads the inputs lazily (folders, text, .jsonl(.gz/.zst), .parquet, Hugging Face datasets)
+speedgpt/corpus.py reads the inputs lazily (folders, text, .jsonl(.gz/.zst), .parquet, Hugging Face datasets)
 and tokenises them in worker processes; shards are written as they fill, in bounded memory.
 
 Convention (meta.json "format": 2): every document is stored as [EOT, its tokens...]: the end-of-text
@@ -17,7 +17,7 @@ model learns to end documents and learns nothing of the next one (a split's toke
 one virtual EOT, so its last document ends the same way). doc_ids start a new document at each BOS:
 under the document mask no attention or position crosses documents. sample.py starts from one BOS.
 
-Shard format (shards.py; llm.c / modded-nanogpt): a header of 256 int32, then uint16 or uint32
+Shard format (speedgpt/shards.py; llm.c / modded-nanogpt): a header of 256 int32, then uint16 or uint32
 tokens; beside each shard its index (token count, largest id, offset of each BOS), written at
 preparation so a loader starts without reading shards; meta.json, written last, lists the shards.
 Foreign shards (llm.c's fineweb_train_000001.bin: GPT-2 tokens with EOT before each document, which
@@ -37,9 +37,9 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
-import corpus
-from corpus import ByteTokenizer, GPT2Tokenizer, get_tokenizer   # noqa: F401 (data.get_tokenizer is public)
-from shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, OUR_FILE, SHARD_TOKENS, DataError,  # noqa: F401 (data.X is public)
+from speedgpt import corpus
+from speedgpt.corpus import ByteTokenizer, GPT2Tokenizer, get_tokenizer   # noqa: F401 (data.get_tokenizer is public)
+from speedgpt.shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, OUR_FILE, SHARD_TOKENS, DataError,  # noqa: F401 (data.X is public)
                     find_shards, index_path, index_tmp_path, load_meta, read_header, read_index, read_shard, write_index, write_shard)
 
 # -----------------------------------------------------------------------------
@@ -183,10 +183,10 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
 class Batch(NamedTuple):
     x: torch.Tensor        # (B, T) int64 input tokens
     y: torch.Tensor        # (B, T) int64 targets; -1 = no target (padding)
-    doc_ids: torch.Tensor  # (B, T) int64 index of each token's document within its row, from 0
     n_valid: int           # number of targets != -1: the real tokens of this batch
-    # with packing and the document mask only (else None), from varlen_metadata:
-    cu_seqlens: Optional[torch.Tensor] = None     # (L,) int32 document offsets in the flattened batch, padded
+    # with the document mask (packing and document_mask) only, else None: what the model's mask needs
+    doc_ids: Optional[torch.Tensor] = None        # (B, T) int64 index of each token's document in its row, from 0
+    cu_seqlens: Optional[torch.Tensor] = None     # (L,) int32 document offsets in the flattened batch (varlen)
     position_ids: Optional[torch.Tensor] = None   # (B, T) int64 position of each token within its document
 
 # -----------------------------------------------------------------------------
@@ -240,17 +240,20 @@ def doc_ids_from_tokens(x, eot):
 
 
 class Loader:
-    """(x, y, doc_ids) batches of shape (B, T) from the shards of one split: every row once per epoch.
+    """Batches (x, y and, with the document mask, doc_ids) of shape (B, T) from the shards of one split:
+    every row once per epoch.
 
     The split's shards end to end are one token stream, followed by one virtual EOT (the BOS of a next
     document). Its rows, with targets one token further on:
     packing=True: the consecutive block_size windows of the stream (the last < T tokens are never
     read). Documents run across rows; a row starting mid-document starts with that piece at position
     0. doc_ids start a new document at each BOS (doc_ids_from_tokens).
-    packing=False: each document cut into block_size pieces, one per row, padded with targets -1 and
-    doc_id 1: the baseline that wastes compute on padding.
-    No target is -1 but padding's (see the convention above), so `document_mask`, kept for train.py's
-    call, changes no batch: the trainer decides whether the model gets doc_ids.
+    packing=False: each document cut into block_size pieces, one per row, padded with targets -1: the
+    baseline that wastes compute on padding.
+    No target is -1 but padding's (see the convention above). The document mask is on with packing and
+    `document_mask` both: batches then carry doc_ids, and varlen_metadata's cu_seqlens and position_ids,
+    built here in the loader's thread rather than in the step; without it they are None and the model
+    attends causally across the whole row.
 
     Without replacement: epoch e visits every row once, in the order np.random.default_rng([seed, e])
     .permutation(n_rows), a fresh order each epoch. All ranks walk one global sequence of rows: each
@@ -261,7 +264,6 @@ class Loader:
     Start-up reads each shard's header and index, never its tokens (read_index). Shards are memory-mapped
     afresh for each batch (a long-lived np.memmap keeps every page it touched resident). The next
     `prefetch` batches are built in a background thread, in pinned memory, and copied non-blocking.
-    With packing and document_mask, batches carry varlen_metadata's cu_seqlens and position_ids;
     fixed_shapes=True pads cu_seqlens to a fixed length (CUDA graphs need it; it costs the kernels).
     Raises FileNotFoundError / ValueError for missing, corrupt, incomplete or too-short shards, and for
     a shard holding an id >= vocab_size (when given), naming the shard."""
@@ -273,7 +275,7 @@ class Loader:
         self.paths = find_shards(data_dir, split)
         self.eot = meta["eot_id"] if eot is None else eot
         self.B, self.T, self.device = batch_size, block_size, torch.device(device)
-        self.packing, self.document_mask, self.fixed_shapes = packing, document_mask, fixed_shapes
+        self.packing, self.document_mask, self.fixed_shapes = packing, packing and document_mask, fixed_shapes
         self.vocab_size, self.split, self.data_dir = vocab_size, split, data_dir
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
@@ -336,7 +338,6 @@ class Loader:
         B, T = self.B, self.T
         x = np.full((B, T), self.eot, dtype=np.int64)
         y = np.full((B, T), -1, dtype=np.int64)
-        doc_ids = np.zeros((B, T), dtype=np.int64)
         maps = {}
         epochs, rows = np.divmod(np.arange(first + self.rank * B, first + (self.rank + 1) * B), self.n_rows)
         for b, (e, i) in enumerate(zip(epochs, rows)):
@@ -347,7 +348,6 @@ class Loader:
                 d = int(np.searchsorted(self.piece_ends, r, side="right"))
                 start = int(self.doc_starts[d] + (r - self.piece_starts[d]) * T)
                 n = min(T, int(self.doc_ends[d]) - start)
-                doc_ids[b, n:] = 1                                   # padding: a document of its own
             row = self._read(start, start + n + 1, maps)
             x[b, :n], y[b, :n] = row[:-1], row[1:]
         del maps                                                     # unmap: nothing stays resident
@@ -355,11 +355,10 @@ class Loader:
         if self.vocab_size is not None and top >= self.vocab_size:
             raise DataError(f"a {self.split} batch of {self.data_dir} holds token id {top}, outside the vocabulary "
                              f"({self.vocab_size} ids): a shard changed after its index was written; prepare the data again")
-        if self.packing:
+        tensors = [torch.from_numpy(a) for a in (x, y)]
+        if self.document_mask:             # doc_ids, varlen cu_seqlens and positions: here, not in the step
             doc_ids = doc_ids_from_tokens(x, self.eot)
-        tensors = [torch.from_numpy(a) for a in (x, y, doc_ids)]
-        if self.packing and self.document_mask:   # varlen cu_seqlens and positions: here, not in the step
-            tensors += [torch.from_numpy(a) for a in varlen_metadata(doc_ids, padded=self.fixed_shapes)]
+            tensors += [torch.from_numpy(a) for a in (doc_ids, *varlen_metadata(doc_ids, padded=self.fixed_shapes))]
         if self._pin:
             tensors = [t.pin_memory() for t in tensors]
         return tensors, int((y != -1).sum())
@@ -372,8 +371,8 @@ class Loader:
         tensors, n_valid = self._futures.popleft().result()
         self._row += self.world_size * self.B      # the position of the batch after this one
         self._submit()
-        x, y, doc_ids, *varlen = (t.to(self.device, non_blocking=True) for t in tensors)
-        return Batch(x, y, doc_ids, n_valid, *varlen)
+        x, y, *mask = (t.to(self.device, non_blocking=True) for t in tensors)
+        return Batch(x, y, n_valid, *mask)
 
     def _submit(self):
         self._futures.append(self._pool.submit(self._produce, self.seed, self._ahead))

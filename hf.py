@@ -20,11 +20,14 @@ transformers (with safetensors, which it uses for the weights) is imported only 
 import argparse
 import json
 import os
+from dataclasses import replace
 
 import torch
 
-from configurator import HF_GPT2, MODEL_KEYS
+from configurator import HF_GPT2
 from model import GPT, GPTConfig
+from speedgpt.checkpoint import load_checkpoint, load_weights
+from speedgpt.distributed import print0
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")   # HF (in, out)
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -48,11 +51,6 @@ def import_transformers(why):
     except ImportError as e:
         raise ValueError(f"{why} needs the transformers package: pip install transformers") from e
     return transformers
-
-
-def _print0(msg):
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(msg, flush=True)
 
 
 def _from_hub_or_folder(load, name_or_path):
@@ -79,10 +77,10 @@ def _from_hub_or_folder(load, name_or_path):
 def gpt_config_from_hf(hf_config, name, config=None):
     """The GPTConfig of a Hugging Face GPT2Config `hf_config` (of model `name`, for messages).
     Shape (n_layer, n_head, n_embd, vocab_size; bias=True; activation) comes from hf_config. With
-    `config` (a GPTConfig: what the user asked for), dropout and attention come from it, block_size
-    too when it is at most hf_config.n_positions (the position table is cropped, as nanoGPT's
-    crop_block_size), and every shape key it sets differently is printed; without `config`, block_size
-    is n_positions, dropout 0 and attention sdpa (GPTConfig's defaults). Raises ValueError for a model
+    `config` (a GPTConfig: what the user asked for), the rest comes from it (dropout, attention, the
+    fused head), block_size too when it is at most hf_config.n_positions (the position table is
+    cropped, as nanoGPT's crop_block_size), and every shape key it sets differently is printed; without
+    `config`, block_size is n_positions and the rest GPTConfig's defaults (dropout 0, attention sdpa). Raises ValueError for a model
     model.py cannot express (another architecture, activation, MLP width, LayerNorm eps, attention
     scaling, untied head), a block_size beyond n_positions, or a vocabulary other than config's."""
     c = hf_config
@@ -109,11 +107,10 @@ def gpt_config_from_hf(hf_config, name, config=None):
         raise ValueError(f"block_size={config.block_size} exceeds the {c.n_positions} positions of {name}")
     taken = [f"{k}={v!r} (config: {getattr(config, k)!r})" for k, v in theirs.items() if getattr(config, k) != v]
     if taken:
-        _print0(f"init_from={name}: its shape replaces the config's: {', '.join(taken)}")
+        print0(f"init_from={name}: its shape replaces the config's: {', '.join(taken)}")
     if config.block_size < c.n_positions:
-        _print0(f"init_from={name}: block_size={config.block_size}, its first {config.block_size} of {c.n_positions} positions")
-    return GPTConfig(vocab_size=c.vocab_size, block_size=config.block_size, dropout=config.dropout,
-                     attention=config.attention, **theirs)
+        print0(f"init_from={name}: block_size={config.block_size}, its first {config.block_size} of {c.n_positions} positions")
+    return replace(config, **theirs)
 
 
 @torch.no_grad()
@@ -169,7 +166,7 @@ def load_hf_gpt2(name_or_path, config=None):
                          f"({len(info['missing_keys'])} tensors missing)")
     model = GPT(gpt_config)
     copy_hf_state(model, {k: v.float() for k, v in hf.state_dict().items()}, name_or_path)
-    _print0(f"init_from={name_or_path}: {sum(p.numel() for p in hf.parameters()):,} parameters loaded")
+    print0(f"init_from={name_or_path}: {sum(p.numel() for p in hf.parameters()):,} parameters loaded")
     return model
 
 # -----------------------------------------------------------------------------
@@ -204,7 +201,6 @@ def export_hf(ckpt_path, to):
     ours on a few tokens. Returns `to`. Raises FileNotFoundError (no checkpoint) or ValueError
     (transformers missing, `to` a file or the checkpoint's folder, untied weights, a parameter or
     setting GPT-2 cannot express), each in one line."""
-    from train import load_checkpoint, load_weights
     if os.path.isfile(to):
         raise ValueError(f"--to {to} is a file, not a folder")
     if os.path.abspath(to) == os.path.abspath(os.path.dirname(ckpt_path) or "."):
@@ -218,7 +214,7 @@ def export_hf(ckpt_path, to):
         raise ValueError(f"activation={cfg['activation']!r} has no Hugging Face GPT-2 equivalent")
     if "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["transformer.wte.weight"]):
         raise ValueError(f"{ckpt_path}: lm_head.weight differs from transformer.wte.weight, and HF's GPT-2 ties them")
-    model = GPT(GPTConfig(vocab_size=meta["vocab_size"], **{k: cfg[k] for k in MODEL_KEYS if k != "attention"})).eval()
+    model = GPT(GPTConfig.from_dict(cfg, meta["vocab_size"], attention="sdpa", fused_ce=False, fp8_head=False)).eval()
     load_weights(model, ckpt, ckpt_path)
     c = model.config
     hf_config = transformers.GPT2Config(
@@ -256,11 +252,11 @@ def export_hf(ckpt_path, to):
         for name in TOKENIZER_FILES:                       # never leave an earlier export's tokenizer beside this model
             if os.path.exists(os.path.join(to, name)):
                 os.remove(os.path.join(to, name))
-        _print0(f"note: {meta['tokenizer']!r} tokens have no Hugging Face tokenizer; "
+        print0(f"note: {meta['tokenizer']!r} tokens have no Hugging Face tokenizer; "
                 + ("ids 0-255 are UTF-8 bytes, 256 is end-of-text" if meta["tokenizer"] == "byte" else "encode them as data.py does"))
     with open(os.path.join(to, "speedgpt.json"), "w") as f:       # where it came from
         json.dump({"checkpoint": os.path.abspath(ckpt_path), "step": ckpt["step"], "config": cfg, "meta": meta}, f, indent=1)
-    _print0(f"wrote {to}: GPT-2 {c.n_layer} layers x {c.n_embd}, vocabulary {c.vocab_size}, step {ckpt['step']}"
+    print0(f"wrote {to}: GPT-2 {c.n_layer} layers x {c.n_embd}, vocabulary {c.vocab_size}, step {ckpt['step']}"
             + (" (bias=False written as zero biases)" if not c.bias else "") + f"; max |logit difference| "
             f"{(got - want).abs().max().item():.1e}")
     return to

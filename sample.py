@@ -16,7 +16,7 @@ import torch
 
 from data import get_tokenizer
 from model import GPT, GPTConfig
-from train import load_checkpoint, load_weights
+from speedgpt.checkpoint import load_checkpoint, load_weights
 
 
 def main():
@@ -49,9 +49,7 @@ def main():
     cfg, meta = ckpt["config"], ckpt["meta"]
     # generation has no document mask: varlen (bf16/fp16 kernels only) and flex on the CPU become sdpa, the same math
     attention = "sdpa" if cfg["attention"] == "varlen" or (cfg["attention"] == "flex" and not args.device.startswith("cuda")) else cfg["attention"]
-    model = GPT(GPTConfig(vocab_size=meta["vocab_size"], block_size=cfg["block_size"], n_layer=cfg["n_layer"],
-                          n_head=cfg["n_head"], n_embd=cfg["n_embd"], bias=cfg["bias"], attention=attention,
-                          activation=cfg.get("activation", "gelu")))   # checkpoints older than the key: gelu
+    model = GPT(GPTConfig.from_dict(cfg, meta["vocab_size"], attention=attention, dropout=0.0, fp8_head=False))
     try:
         load_weights(model, ckpt, path)
     except ValueError as e:

@@ -3,14 +3,16 @@ speedgpt's single-file trainer. The defaults are the CPU quickstart: a small byt
 Python's standard library sources (prepared on first use).
 
     python train.py                                          # CPU quickstart
+    python train.py --help                                   # every flag, its type, default and meaning
     python train.py --config config/fast.py                  # GPT-2 124M, every speed flag on, one GPU
     torchrun --standalone --nproc_per_node=8 train.py --config config/fast.py
 
-main() tells a run as a row of named stages (config, processes and device, checkpoint, data, the model
-and its transforms: FP8, activation checkpointing, compile, DDP/FSDP in that order, optimizer, logging),
-then train() runs the loop. Each flag is resolved once, in its stage (flags: configurator.py), so the
-loop reads the same with every flag off. Non-finite steps are never applied; SIGINT/SIGTERM save and
-exit non-zero; a resume continues exactly, with its schedule (README: runs you can trust).
+main() tells a run as a row of named stages: the config and its checks (each feature checks its own
+flags: speedgpt/<feature>.py), processes and device, checkpoint, data, the model and its transforms
+(FP8, activation checkpointing, compile, DDP/FSDP, in that order), optimizer, logging; then train()
+runs the loop. Each flag is resolved once, in its stage, so the loop reads the same with every flag
+off. Non-finite steps are never applied; SIGINT/SIGTERM save and exit non-zero; a resume continues
+exactly, with its schedule (docs/checkpoints.md).
 """
 import json
 import math
@@ -25,14 +27,17 @@ from dataclasses import asdict, dataclass, replace
 import torch
 import torch.distributed as dist
 
-from checkpoint import last_good, load_checkpoint, load_weights, model_state, remove_stale_tmp, save_checkpoint, state_is_finite
-from configurator import MODEL_KEYS, check_for_device, load_config, resolve_decay, resume_config
+from configurator import MODEL_KEYS, help_text, load_config, non_defaults, resolve_decay, resume_changes, resume_config
 from data import DataError, Loader, load_meta, prepare
-from distributed import Proc, RunStopped, StopSignals, agree, leave, on_every_rank, plan_batch, print0, setup_processes
-from measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_profile
-from masks import check_attention_mask
 from model import GPT, GPTConfig
-from transforms import apply_activation_checkpointing, apply_compile, apply_fp8, apply_parallelism, select_sdpa_backend, stable_grads
+from speedgpt import activation_checkpointing, attention, compilation, fp8, fused_ce
+from speedgpt.checkpoint import (check_out_dir, last_good, load_checkpoint, load_weights, model_state, remove_stale_tmp,
+                                 save_checkpoint, state_is_finite)
+from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, leave, on_every_rank, plan_batch,
+                                  print0, setup_processes)
+from speedgpt.distributed import check as check_parallelism
+from speedgpt.mask_check import check_attention_mask
+from speedgpt.measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_profile
 
 _setup_done = False        # errors after setup are bugs, not bad input: they keep their traceback
 PT_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -41,29 +46,53 @@ PT_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": tor
 # -----------------------------------------------------------------------------
 # the stages of a run, in the order main() calls them
 
-def read_checkpoint(cfg, explicit):
-    """For init_from='resume': the checkpoint, and the config continued from it (the saved schedule
-    unless a schedule key is set explicitly; every change printed; a different model shape refused).
-    For a new run: lr_decay_iters=0 resolved to max_iters (past warm-up), so a later resume keeps this
-    schedule; refused, when init_from is not given, if out_dir holds a checkpoint it would replace.
-    Raises FileNotFoundError / ValueError for a missing, corrupt or mismatched checkpoint."""
+def check_flags(cfg, proc):
+    """Each feature's own check of its flags for this device and launch, before any work: ValueError
+    naming the keys and the way out. Returns `cfg` with what the flags resolve to (attention='auto' ->
+    a backend, printed; document_mask False without packing), so every later stage reads one answer."""
+    resolved = attention.check(cfg, proc.device)
+    if cfg.attention == "auto":
+        print0(f"attention: auto -> {resolved.attention}")
+    if resolved.attention == "varlen":
+        print0(f"attention: varlen through {attention.varlen_kernel(proc.device)}")
+    if cfg.dtype == "bfloat16" and proc.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(proc.device)}; use float16")
+    fused_ce.check(resolved)
+    fp8.check(resolved, proc.device)
+    compilation.check(resolved, proc.device, proc.world)
+    check_parallelism(resolved, proc.world)
+    check_out_dir(resolved.out_dir)
+    return resolved
+
+
+def settle_config(cfg, explicit, proc):
+    """The run's config, checked (check_flags), and for init_from='resume' the checkpoint: the config
+    continues the checkpoint's (its shape, and its schedule unless a schedule key is set explicitly;
+    a different shape refused; every change printed). For a new run lr_decay_iters=0 is resolved to
+    max_iters (past warm-up), so a later resume keeps this schedule; a new run is refused, when
+    init_from is not given, if out_dir holds a checkpoint it would replace. Returns (cfg, checkpoint
+    or None). Raises FileNotFoundError / ValueError for a missing, corrupt or mismatched checkpoint."""
     path = os.path.join(cfg.out_dir, "ckpt.pt")
-    if remove_stale_tmp(path):
-        print0(f"removed {path}.tmp, left by a run stopped while saving")
     if cfg.init_from != "resume":
+        cfg = check_flags(cfg, proc)
+        if remove_stale_tmp(path):
+            print0(f"removed {path}.tmp, left by a run stopped while saving")
         if cfg.save_checkpoints and "init_from" not in explicit and os.path.isfile(path):
             raise ValueError(f"{path} holds a run: continue it with --init_from=resume, or start afresh with "
                              "--init_from=scratch (which replaces it) or another out_dir")
         return resolve_decay(cfg), None
+    if remove_stale_tmp(path):
+        print0(f"removed {path}.tmp, left by a run stopped while saving")
     ckpt = load_checkpoint(path)
-    cfg, changes = resume_config(cfg, explicit, ckpt["config"])
-    for line in changes:
-        print0(f"resume: {line}")
+    cfg = check_flags(resume_config(cfg, explicit, ckpt["config"]), proc)    # the shape may be the checkpoint's
     if ckpt["step"] > cfg.max_iters:
         raise ValueError(f"checkpoint {path} is at step {ckpt['step']}, past max_iters={cfg.max_iters}")
     if cfg.profile and ckpt["step"] + cfg.timing_warmup > cfg.max_iters:
         raise ValueError(f"profile=True profiles step {ckpt['step'] + cfg.timing_warmup - 1} of this resumed run: "
                          f"max_iters={cfg.max_iters} ends before it")
+    print0(f"resume: {path} at step {ckpt['step']:,} of max_iters={cfg.max_iters:,}")
+    for line in resume_changes(cfg, explicit, ckpt["config"]):
+        print0(f"resume: {line}")
     return cfg, ckpt
 
 
@@ -90,14 +119,15 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
 
 def build_model(cfg, meta, proc, ckpt):
     """The GPT (weights from `ckpt` when resuming, or GPT-2's through Hugging Face for init_from=gpt2* or
-    a folder, whose shape then replaces the config's), then the transforms in this fixed order: FP8
-    conversion, activation checkpointing, compile, DDP/FSDP wrapping. Returns (cfg, raw_model, model,
-    grad_sync): the raw module owns the weights; grad_sync(bool) turns gradient sync on or off."""
+    a folder, whose shape then replaces the config's), then the transforms in this fixed order, as
+    torchtitan applies them: FP8 conversion, activation checkpointing, compile, DDP/FSDP wrapping.
+    Returns (cfg, raw_model, model, grad_sync): the raw module owns the weights; grad_sync(bool) turns
+    gradient sync on or off (None in a single process)."""
     torch.manual_seed(cfg.seed)        # same initial weights on every rank
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
     if proc.device.type == "cuda":
-        select_sdpa_backend(cfg.sdpa_backend)
-    model_cfg = GPTConfig(vocab_size=meta["vocab_size"], **{k: getattr(cfg, k) for k in MODEL_KEYS})
+        attention.select_sdpa_backend(cfg.sdpa_backend)
+    model_cfg = GPTConfig.from_dict(asdict(cfg), meta["vocab_size"])
     if cfg.init_from in ("scratch", "resume"):
         raw_model = GPT(model_cfg).to(proc.device)
     else:
@@ -106,24 +136,20 @@ def build_model(cfg, meta, proc, ckpt):
         cfg = replace(cfg, **{k: getattr(raw_model.config, k) for k in MODEL_KEYS})     # saved in checkpoints
     if ckpt is not None:
         load_weights(raw_model, ckpt, os.path.join(cfg.out_dir, "ckpt.pt"))
-    if cfg.fp8 or (cfg.fp8_head and not cfg.fused_ce):
-        converted = apply_fp8(raw_model, cfg, proc.device)
-        print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}"
-               + (", the output head among them" if "lm_head" in converted else "") + "); the rest stay bf16")
-    if cfg.fused_ce:                   # with fp8_head, the fused head's own matmuls run in float8
-        raw_model.fused_ce_chunk, raw_model.fused_ce_fp8 = cfg.fused_ce_chunk, cfg.fp8_head
+    if cfg.fp8:
+        converted = fp8.convert(raw_model, cfg)
+        print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}); the rest stay {cfg.dtype}")
+    if cfg.fused_ce:
         print0(f"fused_ce: head + cross-entropy in chunks of {cfg.fused_ce_chunk:,} tokens, matmuls in "
                + ("float8 (tensorwise)" if cfg.fp8_head else cfg.dtype))
     if cfg.grad_checkpointing != "none":
-        apply_activation_checkpointing(raw_model, cfg.grad_checkpointing)
+        activation_checkpointing.apply(raw_model, cfg.grad_checkpointing)
     if cfg.compile:
-        apply_compile(raw_model, per_block=proc.world > 1 and cfg.parallelism == "fsdp", cuda_graphs=cfg.cuda_graphs)
+        compilation.apply(raw_model, per_block=proc.world > 1 and cfg.parallelism == "fsdp", cuda_graphs=cfg.cuda_graphs)
     if proc.world == 1:
         return cfg, raw_model, raw_model, None
-    model = apply_parallelism(raw_model, cfg.parallelism, PT_DTYPE[cfg.dtype], proc.device, proc.local_rank)
-    if cfg.parallelism == "ddp":       # sync gradients on the last micro-step only
-        return cfg, raw_model, model, lambda on: setattr(model, "require_backward_grad_sync", on)
-    return cfg, raw_model, model, model.set_requires_gradient_sync
+    model, grad_sync = apply_parallelism(raw_model, cfg.parallelism, PT_DTYPE[cfg.dtype], proc.device, proc.local_rank)
+    return cfg, raw_model, model, grad_sync
 
 
 def build_optimizer(cfg, raw_model, proc, ckpt, train_loader):
@@ -131,7 +157,7 @@ def build_optimizer(cfg, raw_model, proc, ckpt, train_loader):
     all of them, of the loader and of the RNGs. Returns (optimizer, ctx, scaler, start_step, best_val)."""
     optimizer = make_optimizer(raw_model, cfg, proc.device)
     if cfg.cuda_graphs:                # .grad buffers outside the CUDA graphs, zeroed in place each step
-        stable_grads(raw_model)
+        compilation.stable_grads(raw_model)
     ctx = nullcontext() if cfg.dtype == "float32" else torch.autocast(proc.device.type, dtype=PT_DTYPE[cfg.dtype])
     scaler = torch.amp.GradScaler(proc.device.type, enabled=cfg.dtype == "float16")
     if ckpt is None:
@@ -150,17 +176,17 @@ def build_optimizer(cfg, raw_model, proc, ckpt, train_loader):
 
 
 def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
-    """Print and save the resolved config; returns the metrics logger (console, metrics.jsonl, W&B;
-    tokens/s and MFU), which a resumed run continues."""
+    """Print the config's non-default keys and save it whole (out_dir/config.json); returns the metrics
+    logger (console, metrics.jsonl, W&B; tokens/s and MFU), which a resumed run continues."""
     os.makedirs(cfg.out_dir, exist_ok=True)
     if proc.master:
         for name in ("profile.txt", "profile_trace.json.gz") if cfg.profile else ():
             if os.path.exists(os.path.join(cfg.out_dir, name)):    # never leave an old profile looking current
                 os.remove(os.path.join(cfg.out_dir, name))
-        config_json = json.dumps(asdict(cfg), indent=1)
-        print0(config_json)
         with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
-            f.write(config_json)
+            json.dump(asdict(cfg), f, indent=1)
+    changed = ", ".join(f"{k}={v}" for k, v in non_defaults(cfg).items())
+    print0(f"config: {changed or 'the defaults'} (the rest are defaults; all in {cfg.out_dir}/config.json)")
     flops_per_token, peak = raw_model.flops_per_token(), peak_flops_for(proc.device, cfg)
     tokens = cfg.batch_size * cfg.block_size * grad_accum_steps * proc.world
     print0(f"{raw_model.num_params() / 1e6:.2f}M parameters | {flops_per_token / 1e6:.1f} MFLOP/token | "
@@ -193,14 +219,14 @@ def make_optimizer(model, cfg, device):
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), **extra)
 
 
-def model_inputs(b, use_doc_ids):
-    """The model's keyword arguments for data.Batch b: with the document mask its doc_ids and the
-    loader's cu_seqlens and position_ids (so the step computes neither); without it none (causal)."""
-    return dict(doc_ids=b.doc_ids, cu_seqlens=b.cu_seqlens, position_ids=b.position_ids) if use_doc_ids else {}
+def forward(model, b):
+    """The model on data.Batch b: (logits, mean loss). Without the document mask b's doc_ids, cu_seqlens
+    and position_ids are None (plain causal attention); with it they are the loader's."""
+    return model(b.x, b.y, b.doc_ids, b.cu_seqlens, b.position_ids)
 
 
 @torch.no_grad()
-def estimate_loss(model, loader, eval_iters, ctx, use_doc_ids):
+def estimate_loss(model, loader, eval_iters, ctx):
     """Mean loss per real token over the same eval_iters batches every time (all ranks together)."""
     model.eval()
     loader.reset()
@@ -208,7 +234,7 @@ def estimate_loss(model, loader, eval_iters, ctx, use_doc_ids):
     for _ in range(eval_iters):
         b = next(loader)
         with ctx:
-            _, loss = model(b.x, b.y, **model_inputs(b, use_doc_ids))
+            _, loss = forward(model, b)
         totals += torch.stack([loss.double() * b.n_valid, torch.tensor(float(b.n_valid), device=loader.device)])
     if dist.is_initialized():
         dist.all_reduce(totals)
@@ -216,7 +242,7 @@ def estimate_loss(model, loader, eval_iters, ctx, use_doc_ids):
     return (totals[0] / totals[1].clamp(min=1)).item()
 
 
-def forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sync=None):
+def forward_backward(model, batches, n_global, ctx, scaler, grad_sync=None):
     """Accumulate the gradient of one optimizer step over micro-`batches` (a list of data.Batch).
     Each micro-batch's mean loss is weighted by its real tokens over n_global (the step's real
     tokens, divided by the world size under data parallelism, which averages), so 4 micro-batches
@@ -228,7 +254,7 @@ def forward_backward(model, batches, n_global, ctx, scaler, use_doc_ids, grad_sy
         if grad_sync is not None:
             grad_sync(i == len(batches) - 1)
         with ctx:
-            _, loss = model(b.x, b.y, **model_inputs(b, use_doc_ids))
+            _, loss = forward(model, b)
             loss = loss * (b.n_valid / n_global)
         scaler.scale(loss).backward()
         loss_sum = loss_sum + loss.detach()
@@ -271,10 +297,10 @@ class Run:
 
     def evaluate(self, step):
         """Validation loss at `step`, logged; RunStopped when it is not finite (nothing is saved then)."""
-        use_doc_ids = self.cfg.packing and self.cfg.document_mask
-        self.val_loss = estimate_loss(self.model, self.val_loader, self.cfg.eval_iters, self.ctx, use_doc_ids)
+        self.val_loss = estimate_loss(self.model, self.val_loader, self.cfg.eval_iters, self.ctx)
         if not math.isfinite(self.val_loss):
-            raise RunStopped(f"error: step {step}: the validation loss is {self.val_loss}: the run diverged; {last_good(self.ckpt_path)}", 1)
+            raise RunStopped(f"error: step {step}: the validation loss is {self.val_loss}: the run diverged; "
+                             f"{last_good(self.ckpt_path)}", 1)
         self.best_val = self.val_loss if self.best_val is None else min(self.best_val, self.val_loss)
         print0(f"step {step}: val loss {self.val_loss:.4f}")
         self.logger.log({"step": step, "val_loss": self.val_loss})
@@ -284,7 +310,8 @@ class Run:
         Non-finite weights or optimizer moments raise RunStopped on every rank, and nothing is written."""
         device = self.proc.device
         if not on_every_rank(state_is_finite(self.raw_model, self.optimizer, device), self.proc):
-            raise RunStopped(f"error: step {step}: the weights are not finite: the run diverged; {last_good(self.ckpt_path)}", 1)
+            raise RunStopped(f"error: step {step}: the weights are not finite: the run diverged; "
+                             f"{last_good(self.ckpt_path)}", 1)
         sd, osd = model_state(self.raw_model, self.optimizer)
         if self.proc.master:
             cuda = device.type == "cuda"
@@ -300,8 +327,6 @@ def train(run, stop):
     eval_interval steps and at max_iters. Returns the summary; raises RunStopped on divergence
     (max_skipped_steps exceeded) or after a signal."""
     cfg, proc, device = run.cfg, run.proc, run.proc.device
-    use_doc_ids = cfg.packing and cfg.document_mask
-    check_mask = cfg.check_mask and use_doc_ids
     timer, skipped = Timer(device, cfg.timing_warmup), 0
     tokens_per_step = cfg.batch_size * cfg.block_size * run.grad_accum_steps     # per process, padding included
     for step in range(run.start_step, cfg.max_iters + 1):
@@ -330,8 +355,8 @@ def train(run, stop):
             step_tokens = torch.tensor(float(n_valid), device=device)
             dist.all_reduce(step_tokens)
             n_global = step_tokens / proc.world # DDP and FSDP average gradients over ranks
-        loss = forward_backward(run.model, batches, n_global, run.ctx, run.scaler, use_doc_ids, run.grad_sync)
-        if check_mask:                          # debug flag: off, this costs nothing
+        loss = forward_backward(run.model, batches, n_global, run.ctx, run.scaler, run.grad_sync)
+        if cfg.check_mask:                      # debug flag: off, this costs nothing
             for b in batches:
                 check_attention_mask(run.raw_model.attention_mask(b.doc_ids, cfg.block_size, device, b.cu_seqlens), b.doc_ids)
         grad_norm = grad_norm_and_clip(run.raw_model, run.optimizer, run.scaler, cfg.grad_clip)
@@ -352,7 +377,8 @@ def train(run, stop):
         if step % cfg.log_interval == 0 or step == cfg.max_iters - 1 or signum or nonfinite:
             run.logger.step(step, loss, lr, grad_norm, 1 - n_valid / tokens_per_step, timer.read())
         if skipped > cfg.max_skipped_steps:
-            raise RunStopped(f"error: step {step}: the loss or gradient norm is not finite: the run diverged; {last_good(run.ckpt_path)}", 1)
+            raise RunStopped(f"error: step {step}: the loss or gradient norm is not finite: the run diverged; "
+                             f"{last_good(run.ckpt_path)}", 1)
         if signum:
             name = signal.Signals(signum).name
             if not cfg.save_checkpoints:
@@ -365,19 +391,27 @@ def train(run, stop):
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
-    """Train per the command line `argv` (default sys.argv[1:]); returns the summary dict. Bad input
-    raises ValueError / TypeError / FileNotFoundError before any work; divergence and SIGINT/SIGTERM
-    raise RunStopped after saving what can be saved."""
+    """Train per the command line `argv` (default sys.argv[1:]); returns the summary dict (None for
+    --help). Bad input raises ValueError / TypeError / FileNotFoundError before any work; divergence and
+    SIGINT/SIGTERM raise RunStopped after saving what can be saved."""
     global _setup_done
+    argv = sys.argv[1:] if argv is None else argv
+    if "--help" in argv or "-h" in argv:
+        print(help_text())
+        return None
     with warnings.catch_warnings(record=True) as caught:     # printed once, on rank 0
         warnings.simplefilter("always")
-        cfg, explicit = load_config(sys.argv[1:] if argv is None else argv, with_explicit=True)
+        cfg, explicit = load_config(argv, with_explicit=True)
         proc = setup_processes(cfg)
+        cfg, ckpt = settle_config(cfg, explicit, proc)        # refuse what cannot work, before any work
         grad_accum_steps = plan_batch(cfg, proc.world)
-        cfg = check_for_device(cfg, proc.device, proc.world)  # refuse what cannot work, before any work
-    for w in caught:
-        print0(f"warning: {w.message}")
-    cfg, ckpt = read_checkpoint(cfg, explicit)
+    for message in dict.fromkeys(str(w.message) for w in caught):
+        print0(f"warning: {message}")
+    if ckpt is not None and ckpt["step"] == cfg.max_iters:
+        print0(f"this run is finished: {cfg.out_dir}/ckpt.pt is at step {ckpt['step']:,} = max_iters; "
+               "to train on, give a larger --max_iters")
+        leave(proc, True)
+        return {"finished": True, "step": ckpt["step"], "best_val_loss": ckpt["best_val_loss"]}
     meta, train_loader, val_loader = build_data(cfg, proc, grad_accum_steps, ckpt)
     cfg, raw_model, model, grad_sync = build_model(cfg, meta, proc, ckpt)
     optimizer, ctx, scaler, start_step, best_val = build_optimizer(cfg, raw_model, proc, ckpt, train_loader)
@@ -394,7 +428,7 @@ def main(argv=None):
         raise
     finally:
         stop.restore()
-        logger.close(summary, exit_code)           # writes summary.json
+        logger.close(summary, exit_code)           # writes summary.json and prints the run's last line
         leave(proc, clean)
 
 
@@ -415,9 +449,9 @@ if __name__ == "__main__":
     except (RuntimeError, MemoryError) as e:   # out of memory: CUDA's OutOfMemoryError, the CPU allocator's, numpy's
         if not isinstance(e, (torch.OutOfMemoryError, MemoryError)) and "can't allocate memory" not in str(e):
             raise
-        sys.exit(f"error: out of memory: {(str(e).splitlines() or [type(e).__name__])[0][:200]}\nlower --batch_size (total_batch_size keeps "
-                 "the step's tokens), or --block_size, or use --grad_checkpointing=full; sdpa and naive with the "
-                 "document mask build a batch_size x block_size^2 mask")
+        sys.exit(f"error: out of memory: {(str(e).splitlines() or [type(e).__name__])[0]}\nlower --batch_size "
+                 "(total_batch_size keeps the step's tokens), or --block_size, or use --grad_checkpointing=full; sdpa "
+                 "and naive with the document mask build a batch_size x block_size^2 mask")
     except KeyboardInterrupt:                  # before the loop's own handler (setup, data preparation)
         print("interrupted: stopped without saving", file=sys.stderr)
         sys.exit(130)

@@ -11,7 +11,7 @@ A variant that fails (a kernel that does not support the shape or the mask) prin
 varlen variants: q, k, v packed as (B*T, 3, H, D) (c_attn's layout) with cu_seqlens exactly as long as the
 batch's documents, as the loader pads it (data.varlen_capacity: a fixed length), and padded to 4x that, to
 price the empty sequences; PyTorch's FA2 (torch varlen_attn), then FA3 where flash_attn_interface imports
-(fa3.py: one split; then torch's own FA3 route, activate_flash_attention_impl, which also reroutes SDPA's
+(speedgpt/attention.py: one split; then torch's own FA3 route, activate_flash_attention_impl, which also reroutes SDPA's
 flash path, so those variants run last). --match keeps the variants whose name matches a regular expression.
 """
 import argparse
@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from data import Loader, varlen_metadata                   # noqa: E402
-from measure import cuda_time_ms as time_ms                 # noqa: E402
-from model import causal_varlen_attn, dense_attention_mask, flex_block_mask, varlen_kernel    # noqa: E402
+from speedgpt.measure import cuda_time_ms as time_ms        # noqa: E402
+from speedgpt.attention import causal_varlen_attn, dense_attention_mask, flex_block_mask, varlen_kernel  # noqa: E402
 
 
 
@@ -75,7 +75,7 @@ def main():
         ("flex document mask, ROWS_GUARANTEED_SAFE", flex(doc_bm, ROWS_GUARANTEED_SAFE=True)),
         ("flex document mask, USE_TMA", flex(doc_bm, USE_TMA=True)),
         ("flex document mask, BLOCK_N=64", flex(doc_bm, BLOCK_M=128, BLOCK_N=64)),
-        ("flex document mask, num_warps=8 (model.py)", flex(doc_bm, num_warps=8)),
+        ("flex document mask, num_warps=8 (attention.py)", flex(doc_bm, num_warps=8)),
         ("flex document mask, num_warps=8, bwd_num_stages=2", flex(doc_bm, num_warps=8, bwd_num_stages=2)),
         ("flex document mask, fwd_num_warps=8 only", flex(doc_bm, fwd_num_warps=8)),
         ("flex document mask, num_warps=8, num_stages=2", flex(doc_bm, num_warps=8, num_stages=2)),
@@ -116,8 +116,8 @@ def main():
     except ValueError as e:
         kernel = str(e)
     if kernel.startswith("FA3"):
-        fa3 = causal_varlen_attn()                 # model.py's: torch.ops.flash_attn_3 direct, one split
-        run([(f"varlen FA3 (fa3.py, one split), cu_seqlens {k}", varlen(cu, fa3)) for k, cu in cus.items()])
+        fa3 = causal_varlen_attn()                 # attention.py's: torch.ops.flash_attn_3 direct, one split
+        run([(f"varlen FA3 (attention.py, one split), cu_seqlens {k}", varlen(cu, fa3)) for k, cu in cus.items()])
         from torch.nn.attention import activate_flash_attention_impl
         activate_flash_attention_impl("FA3")       # last: reroutes SDPA's flash path too
         run([(f"varlen FA3 (torch route, splits chosen by FA3), cu_seqlens {k}", varlen(cu)) for k, cu in cus.items()]

@@ -35,7 +35,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import corpus  # noqa: E402
+from speedgpt import corpus  # noqa: E402
 import data    # noqa: E402
 
 

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from measure import cuda_time_ms as time_ms                 # noqa: E402
-from fused_ce import LinearCrossEntropy                     # noqa: E402
+from speedgpt.measure import cuda_time_ms as time_ms        # noqa: E402
+from speedgpt.fused_ce import LinearCrossEntropy            # noqa: E402
 
 
 def loss_baseline(h, w, y):

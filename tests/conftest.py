@@ -11,7 +11,7 @@ _shared_cache = os.path.join(ROOT, "..", "shared", "tiktoken_cache")
 if "TIKTOKEN_CACHE_DIR" not in os.environ and os.path.isdir(_shared_cache):
     os.environ["TIKTOKEN_CACHE_DIR"] = _shared_cache
 
-import corpus  # noqa: E402
+from speedgpt import corpus  # noqa: E402
 import data  # noqa: E402
 
 
@@ -62,3 +62,25 @@ def short_data(corpus_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("short_data")
     data.prepare(str(src), str(out), "byte", val_frac=0.1, seed=0, workers=2)
     return out
+
+
+def outputs_and_grads(model, *args, **kwargs):
+    """(logits or None, loss, {parameter name: gradient}) of one forward and backward of `model`: what
+    the backend-parity tests compare between two ways of computing the same thing."""
+    logits, loss = model(*args, **kwargs)
+    loss.backward()
+    return (None if logits is None else logits.detach()), loss.detach(), \
+        {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_outputs(got, want, rtol, atol, grad_rtol=None, grad_atol=None):
+    """outputs_and_grads results `got` and `want` agree: the loss, and the logits where both have them,
+    to rtol/atol; every gradient to grad_rtol/grad_atol (default the same), naming the parameter."""
+    import torch
+    if got[0] is not None and want[0] is not None:
+        torch.testing.assert_close(got[0], want[0], rtol=rtol, atol=atol)
+    torch.testing.assert_close(got[1], want[1], rtol=rtol, atol=atol)
+    assert got[2].keys() == want[2].keys()
+    for name, g in want[2].items():
+        torch.testing.assert_close(got[2][name], g, rtol=grad_rtol if grad_rtol is not None else rtol,
+                                   atol=grad_atol if grad_atol is not None else atol, msg=lambda m: f"{name}: {m}")

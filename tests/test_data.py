@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import corpus
+from speedgpt import corpus
 import data
 from conftest import ROOT, tiny_args
 
@@ -350,11 +350,10 @@ def test_padded_loader(byte_data):
     saw_padding = saw_end = saw_start = False
     for _ in range(4):
         b = next(loader)
-        assert b.n_valid == int((b.y != -1).sum())
-        for x, y, ids in zip(b.x, b.y, b.doc_ids):
+        assert b.n_valid == int((b.y != -1).sum()) and b.doc_ids is None      # no document mask: no doc_ids
+        for x, y in zip(b.x, b.y):
             n = int((y != -1).sum())
             assert (y[:n] != -1).all() and (y[n:] == -1).all()       # real tokens first, then padding
-            assert (ids[:n] == 0).all() and (ids[n:] == 1).all()
             assert not (x[1:n] == eot).any()                         # one document per row
             saw_start |= bool(x[0] == eot)                           # a document's first piece starts with its BOS
             saw_end |= bool(y[n - 1] == eot)                         # and its last one ends with the next BOS
@@ -400,7 +399,8 @@ def test_every_row_once_per_epoch(short_data, packing):
     resumed.load_state_dict(ranks[0].state_dict())
     multi += [next(resumed) for _ in range(calls - len(multi))]
     for a, b in zip(single, multi, strict=True):
-        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.doc_ids, b.doc_ids)
+        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+        assert (a.doc_ids is None) == (not packing) and (not packing or torch.equal(a.doc_ids, b.doc_ids))
     keys = _row_keys(single)
     expected = _epoch_rows(_stream(short_data, "train"), one.eot, T, packing)
     assert sum(expected.values()) == n

@@ -1,11 +1,13 @@
-"""Gradient checkpointing and FP8: the model transforms of train.py."""
+"""The model transforms and the fused head, on the CPU: activation checkpointing, FP8 (conversion and the
+fused head's float8 matmuls, which the CPU build of torch can run), fused_ce, CUDA graphs' gradients."""
 import pytest
 import torch
 
 import configurator
-import transforms
+from conftest import assert_same_outputs, outputs_and_grads
 from model import GPT, GPTConfig
-from fused_ce import LinearCrossEntropy
+from speedgpt import activation_checkpointing, compilation, fp8
+from speedgpt.fused_ce import LinearCrossEntropy
 
 
 def tiny(attention="sdpa", dropout=0.1, vocab_size=64, **kw):
@@ -25,23 +27,12 @@ def test_checkpointing_gradients_equal(attention, with_docs):
     for mode in ("none", "full", "selective"):
         m = tiny(attention).train()
         if mode != "none":
-            transforms.apply_activation_checkpointing(m, mode)
+            activation_checkpointing.apply(m, mode)
         torch.manual_seed(123)                           # the same dropout masks in every run
-        _, loss = m(idx, tgt, doc_ids)
-        loss.backward()
-        results[mode] = (loss.detach(), {n: p.grad for n, p in m.named_parameters()})
-    assert results["none"][0] != tiny(attention, dropout=0.0)(idx, tgt, doc_ids)[1]   # dropout really on
+        results[mode] = outputs_and_grads(m, idx, tgt, doc_ids)
+    assert results["none"][1] != tiny(attention, dropout=0.0)(idx, tgt, doc_ids)[1]   # dropout really on
     for mode in ("full", "selective"):
-        torch.testing.assert_close(results[mode][0], results["none"][0], rtol=0, atol=0)
-        for name, g in results["none"][1].items():
-            torch.testing.assert_close(results[mode][1][name], g, rtol=1e-12, atol=1e-14)
-
-
-def test_checkpointing_keeps_state_dict_names():
-    m = tiny()
-    keys = set(m.state_dict())
-    transforms.apply_activation_checkpointing(m, "full")
-    assert set(m.state_dict()) == keys
+        assert_same_outputs(results[mode], results["none"], rtol=0, atol=0, grad_rtol=1e-12, grad_atol=1e-14)
 
 
 @pytest.mark.parametrize("attention", ["naive", "sdpa", "flex"])
@@ -53,7 +44,7 @@ def test_checkpointed_blocks_stay_compiled(attention, mode):
     Parameters are frozen so FlexAttention may trace on the CPU (it has no backward there)."""
     import torch._dynamo as dynamo
     m = tiny(attention, dropout=0.0).float().requires_grad_(False)
-    transforms.apply_activation_checkpointing(m, mode)
+    activation_checkpointing.apply(m, mode)
     idx = torch.randint(0, 64, (2, 32))
     doc_ids = torch.cumsum(torch.rand(2, 32) < 0.15, dim=1)
     dynamo.reset()
@@ -80,7 +71,7 @@ def test_what_each_mode_recomputes():
     def backward_ops(mode):
         m = tiny(dropout=0.0)
         if mode != "none":
-            transforms.apply_activation_checkpointing(m, mode)
+            activation_checkpointing.apply(m, mode)
         _, loss = m(torch.randint(0, 64, (2, 32)), torch.randint(0, 64, (2, 32)))
         with Count() as c:
             loss.backward()
@@ -100,53 +91,15 @@ def test_fp8_converts_exactly_the_eligible_layers():
     m = GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=512))
     m.transformer.h[0].attn.c_proj = torch.nn.Linear(512, 256, bias=False)    # narrower than fp8_min_dim
     m.transformer.h[1].mlp.c_proj = torch.nn.Linear(2048, 504, bias=False)    # 504: not a multiple of 16
-    converted = transforms.convert_fp8(m, configurator.Config(fp8=True, fp8_min_dim=512))
+    converted = fp8.convert(m, configurator.Config(fp8=True, fp8_min_dim=512))
     expected = ["transformer.h.0.attn.c_attn", "transformer.h.0.mlp.c_fc", "transformer.h.0.mlp.c_proj",
                 "transformer.h.1.attn.c_attn", "transformer.h.1.attn.c_proj", "transformer.h.1.mlp.c_fc"]
     assert sorted(converted) == expected                                      # never the output head
     assert sorted(n for n, mod in m.named_modules() if isinstance(mod, Float8Linear)) == expected
-    with pytest.raises(ValueError, match="no Linear layer is eligible"):
-        transforms.convert_fp8(GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32)),
-                          configurator.Config(fp8=True))
-
-
-def test_fp8_refused_without_a_capable_gpu():
-    with pytest.raises(ValueError, match="compute capability 8.9"):
-        transforms.apply_fp8(tiny(), configurator.Config(fp8=True), torch.device("cpu"))
-
-
-def test_fp8_head_converts_the_head_and_keeps_it_tied():
-    """fp8_head converts exactly the output head, with or without fp8; the head's weight stays the
-    embedding's Parameter (tying), so there is no new parameter and the state dict keeps its keys."""
-    pytest.importorskip("torchao")
-    from torchao.float8.float8_linear import Float8Linear
-    torch.manual_seed(0)
-    m = GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=512))
-    ref = GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=512))
-    ref.load_state_dict(m.state_dict())
-    keys, n_params = set(m.state_dict()), len(list(m.parameters()))
-    assert transforms.convert_fp8(m, configurator.Config(fp8_head=True)) == ["lm_head"]
-    assert [n for n, mod in m.named_modules() if isinstance(mod, Float8Linear)] == ["lm_head"]
     assert m.lm_head.weight is m.transformer.wte.weight
-    assert set(m.state_dict()) == keys and len(list(m.parameters())) == n_params
-    idx = torch.randint(0, 1000, (2, 64))
-    _, loss = m(idx, idx)                                      # torchao emulates FP8 on the CPU
-    _, ref_loss = ref(idx, idx)
-    assert abs(loss.item() - ref_loss.item()) < 0.02 * ref_loss.item()
-    loss.backward()
-    assert m.transformer.wte.weight.grad[idx.unique()].abs().sum() > 0
-    both = GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=512))
-    converted = transforms.convert_fp8(both, configurator.Config(fp8=True, fp8_head=True, fp8_min_dim=512))
-    assert len(converted) == 2 * 4 + 1 and converted[-1] == "lm_head" and both.lm_head.weight is both.transformer.wte.weight
-
-
-def test_fp8_head_and_cuda_graphs_refused_where_they_cannot_run():
-    with pytest.raises(ValueError, match="fp8_head=True needs a GPU of compute capability 8.9"):
-        transforms.apply_fp8(tiny(), configurator.Config(fp8_head=True), torch.device("cpu"))
-    with pytest.raises(ValueError, match="'cuda_graphs' needs compile=True"):
-        configurator.load_config(["--cuda_graphs=True"])
-    with pytest.raises(ValueError, match="'cuda_graphs' needs a CUDA GPU"):
-        configurator.load_config(["--cuda_graphs=True", "--compile=True", "--device=cpu"])
+    with pytest.raises(ValueError, match="no Linear layer is eligible"):
+        fp8.convert(GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32)),
+                    configurator.Config(fp8=True))
 
 
 def test_fused_ce_gives_the_plain_loss_and_gradients():
@@ -160,30 +113,24 @@ def test_fused_ce_gives_the_plain_loss_and_gradients():
     doc_ids = torch.cumsum(torch.rand(2, 32) < 0.15, dim=1)
     out = {}
     for chunk in (0, 24, 64):
-        m = tiny(dropout=0.0, vocab_size=61)
-        m.fused_ce_chunk = chunk
-        logits, loss = m(idx, tgt, doc_ids)
-        loss.backward()
-        assert (logits is None) == (chunk > 0)
-        out[chunk] = loss.detach(), {n: p.grad for n, p in m.named_parameters()}
+        m = tiny(dropout=0.0, vocab_size=61, fused_ce=chunk > 0, fused_ce_chunk=chunk or 1)
+        out[chunk] = outputs_and_grads(m, idx, tgt, doc_ids)
+        assert (out[chunk][0] is None) == (chunk > 0)
         with torch.no_grad():
             logits, eval_loss = m(idx, tgt, doc_ids)
         assert logits.shape == (2, 32, 64) and torch.isinf(logits[..., 61:]).all()
-        torch.testing.assert_close(eval_loss, out[0][0], rtol=1e-12, atol=0)
+        torch.testing.assert_close(eval_loss, out[0][1], rtol=1e-12, atol=0)
     for chunk in (24, 64):
-        torch.testing.assert_close(out[chunk][0], out[0][0], rtol=1e-12, atol=0)
-        for name, g in out[0][1].items():
-            torch.testing.assert_close(out[chunk][1][name], g, rtol=1e-10, atol=1e-13)
+        assert_same_outputs(out[chunk], out[0], rtol=1e-12, atol=0, grad_rtol=1e-10, grad_atol=1e-13)
 
 
 def test_fp8_mm_is_torchao_float8_linear_tensorwise():
-    """fused_ce.fp8_mm follows torchao's tensorwise recipe bit for bit: the head's forward and
-    grad-input matmuls equal Float8Linear's (a gradient of amax 1, the bound fp8_mm assumes for
-    softmax - one-hot), the grad-weight one too in bf16 (fused_ce keeps it in float32). CPU float8 matmul."""
+    """fp8.fp8_mm follows torchao's tensorwise recipe bit for bit: the head's forward and grad-input
+    matmuls equal Float8Linear's (a gradient of amax 1, the bound fp8_mm assumes for softmax -
+    one-hot), the grad-weight one too in bf16 (fused_ce keeps it in float32). CPU float8 matmul."""
     pytest.importorskip("torchao")
     from torchao.float8 import Float8LinearConfig
     from torchao.float8.float8_linear import Float8Linear
-    from fused_ce import fp8_mm
     torch.manual_seed(0)
     h = torch.randn(256, 64, dtype=torch.bfloat16, requires_grad=True)
     lin = torch.nn.Linear(64, 512, bias=False).bfloat16()
@@ -193,9 +140,9 @@ def test_fp8_mm_is_torchao_float8_linear_tensorwise():
     g = g / g.abs().max()
     out.backward(g)
     w = lin.weight.detach()
-    assert torch.equal(fp8_mm(h.detach(), w.t(), torch.bfloat16, fast_accum=True), out)
-    assert torch.equal(fp8_mm(g, w, torch.bfloat16, a_amax=1.0), h.grad)
-    assert torch.equal(fp8_mm(g.t(), h.detach(), torch.bfloat16, a_amax=1.0), head.weight.grad)
+    assert torch.equal(fp8.fp8_mm(h.detach(), w.t(), torch.bfloat16, fast_accum=True), out)
+    assert torch.equal(fp8.fp8_mm(g, w, torch.bfloat16, a_amax=1.0), h.grad)
+    assert torch.equal(fp8.fp8_mm(g.t(), h.detach(), torch.bfloat16, a_amax=1.0), head.weight.grad)
     exact = g.float() @ w.float()
     assert not torch.equal(h.grad.float(), exact)                           # FP8 did round
     torch.testing.assert_close(h.grad.float(), exact, rtol=0.3, atol=0.3 * exact.abs().mean().item())
@@ -211,10 +158,10 @@ def test_fused_ce_in_fp8_is_close_to_bf16():
     y = torch.randint(0, 500, (300,))
     y[::7] = -1
     out = []
-    for fp8 in (False, True):
+    for in_fp8 in (False, True):
         h.grad = w.grad = None
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = LinearCrossEntropy.apply(h, w, y, 500, 128, fp8)
+            loss = LinearCrossEntropy.apply(h, w, y, 500, 128, in_fp8)
         loss.backward()
         out.append((loss.item(), h.grad.clone(), w.grad.clone()))
     assert out[0][0] != out[1][0] and abs(out[0][0] - out[1][0]) < 2e-3 * out[0][0]
@@ -222,26 +169,11 @@ def test_fused_ce_in_fp8_is_close_to_bf16():
         assert not torch.equal(a, b) and (a - b).norm() < 0.06 * a.norm()
 
 
-def test_fused_ce_in_bf16_autocast_is_close_to_the_plain_path():
-    """Under autocast the fused path's matmuls run in bf16, as the plain head's do (CPU autocast here)."""
-    idx, tgt = torch.randint(0, 64, (4, 32)), torch.randint(0, 64, (4, 32))
-    out = []
-    for chunk in (0, 48):
-        m = tiny(dropout=0.0).float()
-        m.fused_ce_chunk = chunk
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            _, loss = m(idx, tgt)
-        loss.backward()
-        out.append((loss.item(), m.lm_head.weight.grad.clone()))
-    assert abs(out[0][0] - out[1][0]) < 1e-2
-    torch.testing.assert_close(out[1][1], out[0][1], rtol=0.05, atol=5e-3)
-
-
 def test_stable_grads_accumulate_in_place():
     """cuda_graphs=True: each parameter's .grad is one zeroed buffer, allocated before any graph runs,
     that backward passes add into and zero_grad(set_to_none=False) clears in place."""
     m = tiny(dropout=0.0)
-    transforms.stable_grads(m)
+    compilation.stable_grads(m)
     buffers = {n: p.grad for n, p in m.named_parameters()}
     assert all(g is not None and not g.any() and g.shape == p.shape for (_, p), g in zip(m.named_parameters(), buffers.values()))
     idx = torch.randint(0, 64, (2, 32))

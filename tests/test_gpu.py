@@ -1,32 +1,32 @@
 """Checks that need a CUDA GPU (run on the lent H200; skipped in CI).
 
-The varlen tests use FA3 (fa3.py's op) where flash_attn_interface imports (model.varlen_kernel), else
-PyTorch's FA2 varlen_attn."""
+The varlen tests use FA3 (speedgpt/attention.py's op) where flash_attn_interface imports
+(attention.varlen_kernel), else PyTorch's FA2 varlen_attn."""
 import importlib.util
 
 import pytest
 import torch
 
 import data
-import model as model_lib
+from speedgpt import attention as attn
 import train
 from conftest import read_metrics, tiny_args
-from masks import check_attention_mask
+from speedgpt.mask_check import check_attention_mask
 from model import GPT, GPTConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def gpt(attention, T=256, dtype=torch.float32):
+def gpt(attention, T=256, dtype=torch.float32, **kw):
     torch.manual_seed(0)            # head size 64: GPT-2's, and one every FlashAttention build has
-    cfg = GPTConfig(block_size=T, vocab_size=512, n_layer=2, n_head=2, n_embd=128, attention=attention)
+    cfg = GPTConfig(block_size=T, vocab_size=512, n_layer=2, n_head=2, n_embd=128, attention=attention, **kw)
     return GPT(cfg).cuda().to(dtype)
 
 
 def varlen_or_skip():
     """The name of the kernel behind attention='varlen' here, or a skip with the reason there is none."""
     try:
-        return model_lib.varlen_kernel(torch.device("cuda"))
+        return attn.varlen_kernel(torch.device("cuda"))
     except ValueError as e:
         pytest.skip(str(e))
 
@@ -118,24 +118,23 @@ def test_varlen_matches_flex_and_sdpa_with_mask_bf16():
 
 
 def test_fa3_op_passes_opcheck_and_matches_the_reference():
-    """fa3.py's packed-qkv op where FA3 loads: torch.library.opcheck (the fake implementation's shapes,
+    """attention.py's FA3 packed-qkv op where FA3 loads: torch.library.opcheck (the fake implementation's shapes,
     the autograd registration, tracing) and outputs and gradients against the per-sequence SDPA
     reference in float32, with a one-token sequence, a row of one long sequence and empty sequences
     (the loader's padding) in cu_seqlens."""
     kernel = varlen_or_skip()
     if not kernel.startswith("FA3"):
         pytest.skip(f"FA3 not loaded here: {kernel}")
-    import fa3
     torch.manual_seed(0)
     N, H, D = 512, 4, 64
     cu = torch.tensor([0, 1, 100, 101, 300, 512, 512, 512], dtype=torch.int32, device="cuda")
     qkv = torch.randn(N, 3, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    torch.library.opcheck(fa3.fa3_varlen_qkvpacked, (qkv, cu, 256))
+    torch.library.opcheck(attn.fa3_varlen_qkvpacked, (qkv, cu, 256))
     g = torch.randn(N, H, D, device="cuda", dtype=torch.bfloat16)
-    out = fa3.fa3_varlen_attn(qkv, cu, 256)
+    out = attn.fa3_varlen_attn(qkv, cu, 256)
     out.backward(g)
     ref_qkv = qkv.detach().float().cpu().requires_grad_(True)
-    ref = model_lib.varlen_attention(ref_qkv, cu.cpu(), 256, None)
+    ref = attn.varlen_attention(ref_qkv, cu.cpu(), 256, None)
     ref.backward(g.float().cpu())
     torch.testing.assert_close(out.float().cpu(), ref, rtol=0, atol=2e-2)
     torch.testing.assert_close(qkv.grad.float().cpu(), ref_qkv.grad, rtol=0, atol=5e-2)
@@ -175,7 +174,7 @@ def test_cuda_graphs_train_like_plain_compile(short_data, tmp_path):
     losses of plain compile, step for step, with 2 micro-steps of gradient accumulation: a gradient
     overwritten by the next replay would change them from step 1 on."""
     try:                                     # the combination speed.sh times: varlen (FA3 or FA2)
-        model_lib.varlen_kernel(torch.device("cuda"))
+        attn.varlen_kernel(torch.device("cuda"))
         attention = "varlen"
     except ValueError:
         attention = "sdpa"
@@ -184,17 +183,6 @@ def test_cuda_graphs_train_like_plain_compile(short_data, tmp_path):
     assert len(plain) == len(graphs) == 6 and plain[-1] < plain[0]
     for step, (a, b) in enumerate(zip(plain, graphs)):
         assert abs(a - b) < 2e-3, f"step {step}: plain compile {a} vs cuda_graphs {b} ({attention})"
-
-
-def test_fp8_head_trains(short_data, tmp_path):
-    """fp8_head=True converts the tied head and trains: finite losses that fall, close to bf16's."""
-    pytest.importorskip("torchao")
-    if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("FP8 needs compute capability 8.9+")
-    bf16 = _gpu_run(short_data, tmp_path / "bf16")
-    fp8 = _gpu_run(short_data, tmp_path / "fp8", "--fp8_head=True")
-    assert all(torch.isfinite(torch.tensor(fp8))) and fp8[-1] < fp8[0]
-    assert abs(fp8[-1] - bf16[-1]) < 0.05 * bf16[-1]
 
 
 def test_fused_ce_compiles_and_matches_the_plain_head():
@@ -206,8 +194,7 @@ def test_fused_ce_compiles_and_matches_the_plain_head():
     out = []
     fp8 = torch.cuda.get_device_capability() >= (8, 9) and importlib.util.find_spec("torchao") is not None
     for chunk, in_fp8 in ((0, False), (384, False)) + (((256, True),) if fp8 else ()):
-        m = gpt("sdpa")
-        m.fused_ce_chunk, m.fused_ce_fp8 = chunk, in_fp8
+        m = gpt("sdpa", fused_ce=chunk > 0, fused_ce_chunk=chunk or 1, fp8_head=in_fp8)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits, loss = torch.compile(m, fullgraph=True)(idx, tgt, doc_ids)
         loss.backward()

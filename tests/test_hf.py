@@ -18,6 +18,7 @@ import hf
 import train
 from conftest import ROOT, tiny_args
 from model import GPT, GPTConfig
+from speedgpt.checkpoint import load_checkpoint, load_weights
 
 CPU = torch.device("cpu")   # every test here runs on the CPU
 
@@ -46,11 +47,9 @@ def hf_dir(tmp_path_factory):
 
 
 def model_from_ckpt(path, attention="sdpa"):
-    ckpt = train.load_checkpoint(str(path))
-    cfg = ckpt["config"]
-    m = GPT(GPTConfig(vocab_size=ckpt["meta"]["vocab_size"], attention=attention,
-                      **{k: cfg[k] for k in configurator.MODEL_KEYS if k != "attention"}))
-    train.load_weights(m, ckpt, str(path))
+    ckpt = load_checkpoint(str(path))
+    m = GPT(GPTConfig.from_dict(ckpt["config"], ckpt["meta"]["vocab_size"], attention=attention))
+    load_weights(m, ckpt, str(path))
     return m.eval()
 
 
@@ -62,7 +61,8 @@ def test_load_matches_hf_logits_and_loss(tmp_path, activation, attention):
     The loss also checks that the padded vocabulary (zero rows: logit 0) stays out of the softmax."""
     path = save_tiny_gpt2(tmp_path / "m", activation=activation)
     ref = hf_model(path)
-    m = hf.load_hf_gpt2(path, GPTConfig(vocab_size=257, block_size=64, attention=attention)).eval()
+    asked = GPTConfig(vocab_size=257, block_size=64, n_layer=4, n_head=4, n_embd=128, attention=attention)
+    m = hf.load_hf_gpt2(path, asked).eval()             # the shape is the HF model's
     assert m.config.activation == {"gelu_new": "gelu_tanh", "gelu": "gelu"}[activation] and m.config.bias
     assert (m.config.n_layer, m.config.n_head, m.config.n_embd, m.config.padded_vocab_size) == (2, 2, 32, 320)
     assert m.lm_head.weight is m.transformer.wte.weight and m.lm_head.weight[257:].abs().sum() == 0
@@ -101,7 +101,7 @@ def test_train_main_loads_the_hf_model(byte_data, hf_dir, tmp_path, attention):
     checkpoint), and the step-0 validation loss is the HF model's on the same batches."""
     summary = train.main(tiny_args(byte_data, tmp_path, f"--init_from={hf_dir}", f"--attention={attention}",
                                    "--max_iters=0", "--document_mask=False"))
-    ckpt = train.load_checkpoint(str(tmp_path / "ckpt.pt"))
+    ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
     assert (ckpt["config"]["bias"], ckpt["config"]["activation"], ckpt["step"]) == (True, "gelu_tanh", 0)
     assert json.load(open(tmp_path / "config.json"))["activation"] == "gelu_tanh"
     ref = hf_model(hf_dir)

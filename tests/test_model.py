@@ -4,7 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, position_ids
+from conftest import assert_same_outputs, outputs_and_grads
+from model import GPT, GPTConfig
+from speedgpt.attention import position_ids
 
 
 def tiny(attention="sdpa", **kw):
@@ -14,25 +16,14 @@ def tiny(attention="sdpa", **kw):
     return GPT(GPTConfig(**cfg)).double()
 
 
-def grads(model):
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
 @pytest.mark.parametrize("with_docs", [False, True])
 def test_naive_sdpa_parity(with_docs):
     """Same weights, same input: naive (materialised T x T) and sdpa give the same logits and grads."""
     idx = torch.randint(0, 100, (3, 64))
     tgt = torch.randint(0, 100, (3, 64))
     doc_ids = torch.cumsum(torch.rand(3, 64) < 0.1, dim=1) if with_docs else None
-    out = {}
-    for attention in ("naive", "sdpa"):
-        m = tiny(attention)
-        logits, loss = m(idx, tgt, doc_ids)
-        loss.backward()
-        out[attention] = (logits, grads(m))
-    torch.testing.assert_close(out["naive"][0], out["sdpa"][0], rtol=1e-9, atol=1e-9)
-    for name, g in out["naive"][1].items():
-        torch.testing.assert_close(g, out["sdpa"][1][name], rtol=1e-8, atol=1e-10)
+    naive, sdpa = (outputs_and_grads(tiny(attention), idx, tgt, doc_ids) for attention in ("naive", "sdpa"))
+    assert_same_outputs(naive, sdpa, rtol=1e-9, atol=1e-9, grad_rtol=1e-8, grad_atol=1e-10)
 
 
 def test_ignored_targets():

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 import data
-import model as model_lib
+from speedgpt import attention as attn
 import train
-from conftest import ROOT, read_metrics, tiny_args
-from masks import check_attention_mask
-from model import GPT, GPTConfig, position_ids
+from conftest import ROOT, assert_same_outputs, outputs_and_grads, read_metrics, tiny_args
+from model import GPT, GPTConfig
+from speedgpt.attention import position_ids
+from speedgpt.mask_check import check_attention_mask
 
 BACKENDS = ["naive", "sdpa", "flex", "varlen"]   # flex runs forward-only on the CPU (no backward there);
                                                   # varlen runs its reference (SDPA per sequence) on the CPU
@@ -49,19 +50,23 @@ def test_mask_block_diagonal_loader_batches(short_data, byte_data, attention):
     m = tiny(attention, T=256)
     for folder in (short_data, byte_data):
         loader = data.Loader(str(folder), "train", batch_size=8, block_size=256, seed=1)
-        for _ in range(3):
-            b = next(loader)
+        batches = [next(loader) for _ in range(3)]
+        for b in batches:
             check_attention_mask(m.attention_mask(b.doc_ids, 256, "cpu", b.cu_seqlens), b.doc_ids)
             assert torch.equal(b.position_ids, position_ids(b.doc_ids))
-    assert b.doc_ids.max() == 0 or folder == short_data
+        x = torch.cat([b.x for b in batches])
+        if folder == short_data:                              # rows of several documents
+            assert (torch.cat([b.doc_ids for b in batches]).amax(1) >= 2).float().mean() > 0.5
+        else:                                                 # rows that start inside a document
+            assert (x[:, 0] != loader.eot).any()
 
 
 def test_mask_check_can_fail():
     doc_ids = torch.tensor([[0] * 6 + [1] * 10])
-    causal_only = model_lib.dense_attention_mask(torch.zeros_like(doc_ids))
+    causal_only = attn.dense_attention_mask(torch.zeros_like(doc_ids))
     with pytest.raises(AssertionError, match="attends across a document boundary"):
         check_attention_mask(causal_only, doc_ids)
-    too_strict = model_lib.dense_attention_mask(torch.arange(16)[None])
+    too_strict = attn.dense_attention_mask(torch.arange(16)[None])
     with pytest.raises(AssertionError, match="blocks its own document"):
         check_attention_mask(too_strict, doc_ids)
     with pytest.raises(AssertionError, match="attends across"):
@@ -71,7 +76,7 @@ def test_mask_check_can_fail():
     doc_ids = torch.tensor([[0] * 200 + [1] * 56])
     check_attention_mask(tiny("flex").attention_mask(doc_ids, 256, "cpu"), doc_ids)
     leaky = create_block_mask(lambda b, h, q, kv: q >= 0, 1, None, 256, 256, device="cpu")
-    leaky.mask_mod = lambda b, h, q, kv: model_lib.document_causal_mask(doc_ids, q, kv, b)
+    leaky.mask_mod = lambda b, h, q, kv: attn.document_causal_mask(doc_ids, q, kv, b)
     with pytest.raises(AssertionError, match="attends across"):
         check_attention_mask(leaky, doc_ids)
     # varlen: a missing boundary, a sequence across two rows, offsets that do not reach B*T
@@ -163,12 +168,12 @@ def test_trainer_passes_doc_ids_only_with_the_mask(short_data, tmp_path, monkeyp
     seen = []
     forward = GPT.forward
 
-    def spy(self, idx, targets=None, doc_ids=None, **kw):
+    def spy(self, idx, targets=None, doc_ids=None, cu_seqlens=None, position_ids=None):
         seen.append(doc_ids is not None)
         if doc_ids is not None:      # the loader's metadata comes along: the step computes neither
-            assert torch.equal(kw["position_ids"], position_ids(doc_ids))
-            check_attention_mask(torch.as_tensor(kw["cu_seqlens"]), doc_ids)
-        return forward(self, idx, targets, doc_ids, **kw)
+            assert torch.equal(position_ids, attn.position_ids(doc_ids))
+            check_attention_mask(cu_seqlens, doc_ids)
+        return forward(self, idx, targets, doc_ids, cu_seqlens, position_ids)
     monkeypatch.setattr(GPT, "forward", spy)
     train.main(tiny_args(short_data, tmp_path / "a", "--max_iters=2", "--check_mask=True", "--attention=auto", "--device=cpu"))
     assert seen and all(seen)
@@ -197,7 +202,7 @@ def test_flex_block_mask_exact_on_random_doc_ids(seed):
     T = 512
     rate = [0.001, 0.01, 0.3, 0.05][seed]
     doc_ids = torch.cumsum(torch.rand(4, T, generator=g) < rate, dim=1)
-    mask = model_lib.flex_block_mask(doc_ids)
+    mask = attn.flex_block_mask(doc_ids)
     check_attention_mask(mask, doc_ids)
     if seed == 0:
         assert mask.full_kv_num_blocks.sum() > 0     # long documents do produce full blocks
@@ -220,7 +225,7 @@ def test_varlen_metadata_hand_built():
     assert torch.equal(torch.from_numpy(pos), position_ids(torch.from_numpy(doc_ids)))
     assert pos[2].tolist() == list(range(16)) and pos[1, :4].tolist() == [0, 0, 0, 1]
     # the model's torch twin gives the same sequences, at its own (worst-case) length
-    twin = model_lib.varlen_cu_seqlens(torch.from_numpy(doc_ids))
+    twin = attn.varlen_cu_seqlens(torch.from_numpy(doc_ids))
     assert len(twin) == 4 * 16 + 1 and twin[:len(want)].tolist() == want and (twin[len(want):] == 64).all()
 
 
@@ -256,13 +261,9 @@ def test_varlen_paths_agree_with_sdpa_forward_and_grads(short_data):
                                 ("varlen, padded", "varlen", dict(cu_seqlens=bp.cu_seqlens, position_ids=bp.position_ids))]:
         torch.manual_seed(0)
         m = GPT(GPTConfig(block_size=64, vocab_size=257, n_layer=2, n_head=2, n_embd=16, attention=attention)).double()
-        logits, loss = m(b.x, b.y, b.doc_ids, **kw)
-        loss.backward()
-        out[name] = (logits, {n: p.grad for n, p in m.named_parameters()})
+        out[name] = outputs_and_grads(m, b.x, b.y, b.doc_ids, **kw)
     for name in ("varlen, doc_ids only", "varlen, loader", "varlen, padded"):
-        torch.testing.assert_close(out[name][0], out["sdpa"][0], rtol=1e-10, atol=1e-10)
-        for n, g in out["sdpa"][1].items():
-            torch.testing.assert_close(out[name][1][n], g, rtol=1e-9, atol=1e-12)
+        assert_same_outputs(out[name], out["sdpa"], rtol=1e-10, atol=1e-10, grad_rtol=1e-9, grad_atol=1e-12)
 
 
 @pytest.mark.parametrize("kernel", ["FA2", "FA3"])
@@ -272,8 +273,8 @@ def test_varlen_kernel_path_traces_as_one_graph(kernel, monkeypatch):
     (fullgraph=True raises on one). The meta device runs the ops' fake implementations, so this checks
     the GPU paths' tracing, and the shapes the fakes give, on the CPU."""
     import warnings
-    monkeypatch.setattr(model_lib, "_varlen_kernel_name", "FA3 (as if found)" if kernel == "FA3" else None)
-    if kernel == "FA2" and model_lib.causal_varlen_attn() is None:
+    monkeypatch.setattr(attn, "_varlen_kernel_name", "FA3 (as if found)" if kernel == "FA3" else None)
+    if kernel == "FA2" and attn.causal_varlen_attn() is None:
         pytest.skip(f"torch {torch.__version__} has no torch.nn.attention.varlen")
     with torch.device("meta"):
         m = tiny("varlen", T=32).train()

@@ -35,7 +35,7 @@ def test_grad_accumulation_equivalence(short_data, packing):
     grads = []
     for batches in ([big], small):
         model = tiny_model().double()
-        loss = train.forward_backward(model, batches, sum(b.n_valid for b in batches), nullcontext(), scaler, True)
+        loss = train.forward_backward(model, batches, sum(b.n_valid for b in batches), nullcontext(), scaler)
         grads.append((loss, {n: p.grad for n, p in model.named_parameters()}))
     torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-12, atol=1e-12)
     for name, g in grads[0][1].items():
@@ -129,19 +129,21 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["n_layer=4"], ValueError, "cannot parse argument"),
     (["--attention=flex", "--device=cpu"], ValueError, "FlexAttention has no backward pass on the CPU"),
     (["--fp8=True", "--device=cpu"], ValueError, "compute capability 8.9"),
-    (["--fp8_head=True", "--device=cpu"], ValueError, "fp8_head=True needs a GPU of compute capability 8.9"),
+    (["--fp8_head=True", "--fused_ce=True", "--device=cpu"], ValueError, "fp8_head=True needs a GPU of compute capability 8.9"),
+    (["--fp8_head=True"], ValueError, "fp8_head=True runs the fused head's matmuls in float8: it needs fused_ce=True"),
+    (["--check_mask=True", "--packing=False"], ValueError, "check_mask=True checks the document mask: it needs packing"),
     (["--config", "config/fast.py", "--device=cpu"], ValueError, r"this run is on the CPU: add --fp8_head=False \(config/fast.py sets fp8_head=True\)"),
     (["--config", "config/fast.py", "--fp8=True", "--device=cpu"], ValueError,
      r"^fp8=True and fp8_head=True need a GPU .* add --fp8=False --fp8_head=False"),
     (["--fused_ce=True", "--dtype=float16"], ValueError, "fused_ce=True with dtype='float16' is not supported"),
-    (["--fused_ce=True", "--fp8_head=True", "--fp8_recipe=rowwise"], ValueError, "fp8_recipe='rowwise' would do nothing: .* --fused_ce=False .* --fp8=True"),
-    (["--fp8_head=True", "--n_embd=40", "--n_head=4"], ValueError, r"n_embd \(40\), .* multiples of 16 .*, or add --fp8_head=False"),
+    (["--fused_ce=True", "--fp8_head=True", "--fp8_recipe=rowwise"], ValueError, "fp8_recipe='rowwise' would do nothing: .* --fp8=True"),
+    (["--fp8_head=True", "--fused_ce=True", "--n_embd=40", "--n_head=4"], ValueError, r"n_embd \(40\), .* multiples of 16 .*, or add --fp8_head=False"),
     (["--fp8_head=True", "--fused_ce=True", "--fused_ce_chunk=1000"], ValueError, r"and fused_ce_chunk \(1000\) to be multiples of 16"),
     (["--fused_ce_chunk=0"], ValueError, "'fused_ce_chunk' must be positive"),
     (["--attention=varlen"], ValueError, "attention='varlen' .* takes bfloat16 or float16"),
     (["--attention=varlen", "--dtype=bfloat16", "--device=cpu"], ValueError, "varlen kernels do not run on the CPU"),
     (["--cuda_graphs=True"], ValueError, "'cuda_graphs' needs compile=True"),
-    (["--cuda_graphs=True", "--compile=True", "--device=cpu"], ValueError, "'cuda_graphs' needs a CUDA GPU"),
+    (["--cuda_graphs=True", "--compile=True", "--device=cpu"], ValueError, "cuda_graphs=True is a one-GPU experiment: it needs a CUDA GPU"),
     (["--parallelism=fsdp"], ValueError, "torchrun"),
     (["--init_from=resume"], FileNotFoundError, "ckpt.pt"),
     (["--batch_size=0"], ValueError, "'batch_size' must be positive"),
@@ -155,7 +157,7 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--sdpa_backend=cudnn", "--attention=naive"], ValueError, "applies to attention='sdpa' only"),
     (["--sdpa_backend=flash", "--dtype=bfloat16"], ValueError, "takes no attention mask"),
     (["--sdpa_backend=cudnn", "--dtype=bfloat16", "--device=cpu"], ValueError, "use sdpa_backend='auto' on the CPU"),
-    (["--sdpa_backend=flash", "--device=cpu"], ValueError, "use sdpa_backend='auto' on the CPU"),
+    (["--sdpa_backend=flash", "--dtype=bfloat16", "--packing=False", "--device=cpu"], ValueError, "use sdpa_backend='auto' on the CPU"),
     (["--sdpa_backend=cudnn"], ValueError, "take bfloat16 or float16"),
     (["--profile=True", "--timing_warmup=3", "--max_iters=2"], ValueError, "max_iters=2 ends before it"),
     (["--beta2=1.0"], ValueError, r"'beta2' \(AdamW\) must be in \[0, 1\)"),
@@ -267,15 +269,13 @@ def test_resume_refuses_a_mismatched_or_corrupt_checkpoint(byte_data, short_data
         train.main(tiny_args(byte_data, tmp_path, "--init_from=resume"))
 
 
-def test_resume_checks_fp8_shapes_of_the_checkpoint():
+def test_resume_checks_fp8_shapes_of_the_checkpoint(byte_data, tmp_path):
     """A resumed run takes n_embd from the checkpoint when it is not set: fp8_head's multiple-of-16 check
-    sees that shape, not the command's default."""
-    from dataclasses import asdict
-    saved = asdict(configurator.Config(n_embd=40, n_head=4, max_iters=8))
-    cfg = configurator.Config(fp8_head=True, fused_ce=True, max_iters=16)
+    sees that shape (40), not the command's default (128), and refuses before any work."""
+    train.main(tiny_args(byte_data, tmp_path, "--n_embd=40", "--n_head=4", "--max_iters=2"))
+    shapeless = [a for a in tiny_args(byte_data, tmp_path, "--max_iters=4") if not a.startswith(("--n_embd", "--n_head"))]
     with pytest.raises(ValueError, match=r"fp8_head=True needs n_embd \(40\)"):
-        configurator.resume_config(cfg, {"fp8_head", "fused_ce", "max_iters"}, saved)
-    assert configurator.resume_config(cfg, {"fp8_head", "fused_ce", "max_iters"}, {**saved, "n_embd": 48})[0].n_embd == 48
+        train.main(shapeless + ["--init_from=resume", "--fp8_head=True", "--fused_ce=True"])
 
 
 def test_scratch_run_starts_a_fresh_metrics_file(byte_data, tmp_path):

@@ -17,7 +17,7 @@ import torch
 import configurator
 import train
 from conftest import ROOT, read_metrics, tiny_args
-from distributed import plan_batch, setup_processes
+from speedgpt.distributed import plan_batch, setup_processes
 
 
 def strict_json(path):
@@ -107,7 +107,7 @@ def test_signal_saves_a_checkpoint_and_resume_matches(byte_data, tmp_path, signu
 
 
 def test_stale_or_interrupted_save_leaves_no_tmp(byte_data, tmp_path, monkeypatch):
-    import checkpoint
+    from speedgpt import checkpoint
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
     (tmp_path / "ckpt.pt.tmp").write_bytes(b"half a checkpoint")          # a run killed while saving
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=8", "--init_from=resume"))
@@ -125,7 +125,7 @@ def test_stale_or_interrupted_save_leaves_no_tmp(byte_data, tmp_path, monkeypatc
 
 
 def test_checkpoint_with_non_finite_weights_is_refused(tmp_path):
-    import checkpoint
+    from speedgpt import checkpoint
     ckpt = {"model": {"w": torch.tensor([1.0, float("nan")])}, "optimizer": {}, "step": 3}
     with pytest.raises(ValueError, match="step 3: the weights or optimizer state are not finite"):
         checkpoint.save_checkpoint(str(tmp_path / "ckpt.pt"), ckpt)

@@ -12,6 +12,8 @@ import time
 
 import torch
 
+from speedgpt.distributed import print0
+
 PEAK_FLOPS = {   # dense FLOP/s by device-name substring (first match wins) and precision; NVIDIA datasheets
     "H100 PCIe": dict(bf16=756e12, tf32=378e12, fp32=51e12),
     "H100 NVL": dict(bf16=835e12, tf32=418e12, fp32=60e12),
@@ -38,8 +40,7 @@ def peak_flops_for(device, cfg):
     for key, table in PEAK_FLOPS.items():
         if key in name:
             return table[precision]
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"warning: no peak FLOP/s known for {name!r}; MFU is null (set --peak_flops=...)", flush=True)
+    print0(f"warning: no peak FLOP/s known for {name!r}; MFU is null (set --peak_flops=...)")
     return None
 
 
@@ -90,7 +91,7 @@ def write_profile(prof, device, out_dir):
         with open(os.path.join(out_dir, "profile.txt"), "w") as f:
             f.write(prof.key_averages().table(sort_by=key, row_limit=60))
         prof.export_chrome_trace(os.path.join(out_dir, "profile_trace.json.gz"))
-        print(f"profile of one step written to {out_dir}/profile.txt and profile_trace.json.gz", flush=True)
+        print0(f"profile of one step written to {out_dir}/profile.txt and profile_trace.json.gz")
 
 
 class Timer:

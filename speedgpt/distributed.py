@@ -1,7 +1,8 @@
 """
 The job around the training loop: this process's rank, world size and device (torchrun or a single
-process), the batch plan (micro-steps per process from a batch size in tokens), SIGINT/SIGTERM
-handling, and the per-step agreement between ranks (loss, divergence, signals).
+process), the batch plan (micro-steps per process from a batch size in tokens), data parallelism
+(parallelism = ddp | fsdp: its check and its wrapping of the model), SIGINT/SIGTERM handling, and the
+per-step agreement between ranks (loss, divergence, signals).
 """
 import os
 import signal
@@ -82,6 +83,34 @@ def plan_batch(cfg, world):
         raise ValueError(f"total_batch_size={total:,} tokens is not a multiple of batch_size x block_size x processes "
                          f"= {cfg.batch_size} x {cfg.block_size} x {world} = {micro:,}: change batch_size or total_batch_size")
     return total // micro
+
+
+def check(cfg, world):
+    """Raise ValueError naming the keys for a parallelism that cannot run: FSDP needs torchrun (several
+    processes) and bfloat16 or float32 (float16 would need a sharded GradScaler)."""
+    if cfg.parallelism == "fsdp" and world == 1:
+        raise ValueError("parallelism='fsdp' needs torchrun (several processes)")
+    if cfg.parallelism == "fsdp" and cfg.dtype == "float16":
+        raise ValueError("parallelism='fsdp' with dtype='float16' is not supported (it needs a sharded GradScaler); use bfloat16")
+
+
+def apply_parallelism(model, parallelism, param_dtype, device, local_rank):
+    """Wrap `model` (a GPT) for data parallelism. Returns (model, grad_sync): DDP (one all-reduce per
+    optimizer step) or FSDP2 (fully_shard per block then the root, parameters in param_dtype and fp32
+    gradient reduction); grad_sync(bool) turns gradient sync on or off, so it runs on the last
+    micro-step only."""
+    if parallelism == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        return model, lambda on: setattr(model, "require_backward_grad_sync", on)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))   # the run's device (gloo on a CPU, even beside a GPU)
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model, model.set_requires_gradient_sync
 
 
 class StopSignals:

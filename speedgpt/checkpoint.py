@@ -4,11 +4,36 @@ Checkpoints of a speedgpt run: out_dir/ckpt.pt holds everything a resume needs t
 config, the tokenizer metadata, the W&B run id). Written atomically and never with non-finite
 weights; read with torch.load(weights_only=True).
 """
+import errno
 import os
+import tempfile
 
 import torch
 
 CKPT_KEYS = ("model", "optimizer", "scaler", "step", "best_val_loss", "config", "meta", "loader", "rng")
+
+
+def check_out_dir(out_dir):
+    """Make `out_dir` if needed and check that this process can write there, before any work. Raises
+    ValueError naming the folder and the cause: a file in its place, a read-only filesystem, no
+    permission, no space left."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"out_dir={out_dir!r} is a file, not a folder")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir) as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise ValueError(f"out_dir={out_dir!r} is not writable: {describe_os_error(e)}") from None
+
+
+def describe_os_error(e):
+    """One phrase for an OSError from writing a file: the cause a user can act on."""
+    causes = {errno.EROFS: "read-only filesystem", errno.ENOSPC: "no space left on the device",
+              errno.EACCES: "permission denied", errno.EDQUOT: "disk quota exceeded"}
+    return causes.get(e.errno, e.strerror or str(e))
 
 
 def model_state(model, optimizer=None):

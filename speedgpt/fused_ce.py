@@ -1,13 +1,22 @@
 """
-fused_ce: GPT's output head and its cross-entropy as one autograd Function, the gradients made in
-the forward. The plain path (model.py: logits = lm_head(x), then F.cross_entropy) keeps the
+The fused head (fused_ce=True): GPT's output head and its cross-entropy as one autograd Function, the
+gradients made in the forward. The plain path (model.py: logits = lm_head(x), then F.cross_entropy) keeps the
 (tokens, vocab) logits for the backward and passes over them twice, softmax in the forward and
 softmax - one-hot in the backward; here each chunk of tokens is turned into logits, loss and both
 gradients at once, and the backward only scales what the forward stored. On the H200 at
 config/fast.py's micro-batch: +3.0-3.2% tokens/s end to end and 44 -> 28 GB; with fp8_head the three
-matmuls in float8 (fp8_mm), +6.3% more (BENCHMARKS.md).
+matmuls in float8 (speedgpt/fp8.py's fp8_mm), +6.3% more (BENCHMARKS.md).
 """
 import torch
+
+
+def check(cfg):
+    """Raise ValueError for fused_ce=True with dtype='float16': the head's gradients are made in the
+    forward, outside the GradScaler's loss scaling (validated in bfloat16 and float32 only)."""
+    if cfg.fused_ce and cfg.dtype == "float16":
+        raise ValueError("fused_ce=True with dtype='float16' is not supported: it makes the head's gradients in the "
+                         "forward, outside the GradScaler's loss scaling, and was validated in bfloat16 and float32 only "
+                         "(config/fast.py sets fused_ce=True: add --fused_ce=False for float16)")
 
 
 def head_ce_chunk(h, w, y, vocab_size, fp8=False):
@@ -15,11 +24,12 @@ def head_ce_chunk(h, w, y, vocab_size, fp8=False):
     h (n, C) and w (V, C) in the compute dtype, y (n,) int64 with -1 ignored; the softmax runs in
     float32 (float64 for float64 inputs) over the first vocab_size columns (the padded ids are no
     tokens). The gradient of the logits is softmax - one-hot (zero rows for ignored targets).
-    fp8=True: the three matmuls in float8 (fp8_mm; h and w in e4m3, the logits' gradient in e5m2).
+    fp8=True: the three matmuls in float8 (speedgpt.fp8.fp8_mm; h and w in e4m3, the logits' gradient in e5m2).
     Returns (loss: 0-dim, grad_h (n, C) in h's dtype, grad_w (V, C)), the gradients of the sum
     itself; loss and grad_w in float32 (float64)."""
     acc = torch.promote_types(h.dtype, torch.float32)
     if fp8:
+        from speedgpt.fp8 import fp8_mm
         logits = fp8_mm(h, w.t(), out_dtype=h.dtype, fast_accum=True).to(acc)      # (n, V)
     else:
         logits = (h @ w.t()).to(acc)                                               # (n, V)
@@ -36,29 +46,6 @@ def head_ce_chunk(h, w, y, vocab_size, fp8=False):
     return loss, g @ w, (g.t() @ h).to(acc)
 
 
-def fp8_mm(a, b, out_dtype, fast_accum=False, a_amax=None):
-    """a (m, k) @ b (k, n) in float8 with torchao's tensorwise dynamic scaling, the recipe of its
-    Float8Linear: each operand scaled by fp8_max / amax (torchao.float8.float8_utils.tensor_to_scale)
-    and cast with saturation; e4m3 for operands without a known bound (activations, weights), e5m2 for
-    a gradient (a_amax given: |a| <= a_amax, so no amax pass over it). The product runs in
-    torch._scaled_mm (torchao's addmm_float8_unwrapped), which wants `a` row-major and `b` column-major:
-    both are laid out so here. fast_accum: Hopper's fast FP8 accumulation (torchao uses it for the
-    forward GEMM only). Returns (m, n) in out_dtype (bfloat16 or float32). Needs torchao, and a GPU of
-    compute capability 8.9+ or a CPU build of torch with float8 _scaled_mm; raises what
-    torch._scaled_mm raises otherwise (k and n must be multiples of 16 on the GPU)."""
-    from torchao.float8.float8_ops import addmm_float8_unwrapped
-    from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
-    if a_amax is None:
-        a_dtype, a_scale = torch.float8_e4m3fn, tensor_to_scale(a, torch.float8_e4m3fn)
-    else:
-        a_dtype = torch.float8_e5m2
-        a_scale = torch.full((), torch.finfo(a_dtype).max / a_amax, dtype=torch.float32, device=a.device)
-    b_scale = tensor_to_scale(b, torch.float8_e4m3fn)
-    a8 = to_fp8_saturated(a.float() * a_scale, a_dtype).contiguous()                         # row-major
-    b8 = to_fp8_saturated(b.float() * b_scale, torch.float8_e4m3fn).t().contiguous().t()     # column-major
-    return addmm_float8_unwrapped(a8, a_scale, b8, b_scale, out_dtype, use_fast_accum=fast_accum)
-
-
 class LinearCrossEntropy(torch.autograd.Function):
     """The summed cross-entropy of h @ w.T, both gradients computed in the forward, `chunk` tokens at a
     time: each chunk's logits are made, turned into softmax - one-hot and consumed by the two gradient
@@ -71,7 +58,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     y (N,) int64 targets in [0, vocab_size) or -1 (ignored; other negative values are not checked and
     count as id 0), vocab_size <= V the real vocabulary (columns beyond it are padding, outside the
     softmax), chunk > 0 tokens per chunk. Matmuls in the autocast dtype when autocast is on, else h's;
-    fp8=True (the fp8_head flag) runs the three in float8 instead (fp8_mm: torchao's tensorwise
+    fp8=True (the fp8_head flag) runs the three in float8 instead (speedgpt.fp8.fp8_mm: torchao's tensorwise
     scaling, torch._scaled_mm). Returns the 0-dim sum over targets != -1 of the cross-entropy in nats
     (float32; float64 for float64 inputs). The gradient work is done even under torch.no_grad(): call it
     only when training. Raises what the matmuls raise on mismatched shapes, and ValueError for chunk = 0."""

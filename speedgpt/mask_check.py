@@ -1,5 +1,5 @@
 """
-The packing guarantee, checked: the (B, T, T) attention mask a backend really applies (a dense bool
+The packing guarantee, checked (tests, and check_mask=True): the (B, T, T) attention mask a backend really applies (a dense bool
 mask, a FlexAttention BlockMask including which blocks it skips, or varlen's cu_seqlens), compared with
 a mask built independently from doc_ids (a causal block per run of equal ids). Tests run it on
 hand-built and loader batches for every backend; train.py runs it on every batch with check_mask=True.
@@ -7,7 +7,7 @@ hand-built and loader batches for every backend; train.py runs it on every batch
 import torch
 
 def reference_mask(doc_ids):
-    """(B, T, T) bool mask built independently of document_causal_mask: a lower-triangular block for
+    """(B, T, T) bool mask built independently of attention.document_causal_mask: a lower-triangular block for
     each run of equal doc_ids, nothing else. The truth the backends are checked against."""
     B, T = doc_ids.shape
     ref = torch.zeros(B, T, T, dtype=torch.bool)
@@ -63,7 +63,7 @@ def varlen_effective_mask(cu_seqlens, B, T):
 
 def check_attention_mask(mask, doc_ids):
     """Assert that `mask` (None, a (B, 1, T, T) bool tensor, a BlockMask or cu_seqlens, as from
-    GPT.attention_mask) lets each token attend exactly to itself and the earlier tokens of its own
+    attention.attention_mask) lets each token attend exactly to itself and the earlier tokens of its own
     document. Raises AssertionError naming the first wrong (row, query, key)."""
     got, want = effective_mask(mask, doc_ids), reference_mask(doc_ids.cpu())
     bad = (got != want).nonzero()

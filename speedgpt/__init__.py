@@ -1,0 +1,18 @@
+"""
+speedgpt's helpers: what train.py, model.py and data.py lean on, one feature or one job per module.
+
+  attention.py                 the attention kernels (flex, varlen, FA3) and the document mask: masks, positions, checks
+  mask_check.py                the packing guarantee, checked against an independent reference (tests, check_mask)
+  fused_ce.py                  the output head and cross-entropy as one function (fused_ce)
+  fp8.py                       FP8 training: block Linears (fp8) and the fused head's matmuls (fp8_head)
+  activation_checkpointing.py  recompute blocks in the backward (grad_checkpointing)
+  compilation.py               torch.compile, whole model or per block, and CUDA graphs (compile, cuda_graphs)
+  distributed.py               processes and devices (torchrun), the batch plan, DDP / FSDP, signals, agreement
+  checkpoint.py                out_dir/ckpt.pt: written atomically, read safely
+  measure.py                   MFU and its peak-FLOPs table, the training clock, the metrics logger, the profiler
+  corpus.py                    data.py's input readers, tokenizers and parallel tokenisation
+  shards.py                    the token shard format (llm.c's), its index and meta.json
+
+A feature module holds its flag's check (what GPU, package or shape it needs) and its apply: dropping a
+feature is deleting its module, its config keys and the one line of train.py that calls it.
+"""

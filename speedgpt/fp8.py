@@ -1,0 +1,93 @@
+"""
+FP8 training, one feature in one module (torchtitan's float8 converter: check, then convert):
+
+  fp8=True       the block Linears at least fp8_min_dim wide become torchao Float8Linear (dynamic scaling,
+                 fp8_recipe tensorwise or rowwise); never the output head. On the H200 FP8 lost to bf16 at
+                 GPT-2 124M's widths (768/3072: 0.81x) and won from 2048 (BENCHMARKS.md).
+  fp8_head=True  the fused head's three matmuls (speedgpt/fused_ce.py, so fused_ce=True) run in float8
+                 through fp8_mm below: torchao's tensorwise scaling, e4m3 for the hidden states and the
+                 weight, e5m2 for softmax - one-hot. Evaluation keeps the bf16 head.
+
+check() refuses what cannot work, before any work: a CPU or a GPU below compute capability 8.9, no
+torchao, shapes torch._scaled_mm cannot take, combinations that would do nothing.
+"""
+import importlib.util
+
+import torch
+
+
+def check(cfg, device):
+    """Raise ValueError naming the flags and the way out unless the run's FP8 settings can work on
+    `device` (a torch.device): fp8_head needs fused_ce; fp8_recipe='rowwise' needs fp8 (the head is
+    tensorwise only); the head's matmul shapes (n_embd, batch_size * block_size, fused_ce_chunk) must be
+    multiples of 16; FP8 needs a GPU of compute capability 8.9+ (Ada, Hopper) and torchao. Called again
+    on resume, where the shape may come from the checkpoint."""
+    if not (cfg.fp8 or cfg.fp8_head):
+        return
+    if cfg.fp8_head and not cfg.fused_ce:
+        raise ValueError("fp8_head=True runs the fused head's matmuls in float8: it needs fused_ce=True "
+                         "(config/fast.py sets both), or add --fp8_head=False")
+    if cfg.fp8_head and not cfg.fp8 and cfg.fp8_recipe != "tensorwise":
+        raise ValueError(f"fp8_recipe={cfg.fp8_recipe!r} would do nothing: the FP8 head is tensorwise only, and "
+                         f"fp8=False converts no block. Add --fp8=True for {cfg.fp8_recipe} blocks, or leave fp8_recipe out")
+    if cfg.fp8_head and (cfg.n_embd % 16 or cfg.batch_size * cfg.block_size % 16 or cfg.fused_ce_chunk % 16):
+        raise ValueError(f"fp8_head=True needs n_embd ({cfg.n_embd}), batch_size * block_size "
+                         f"({cfg.batch_size * cfg.block_size}) and fused_ce_chunk ({cfg.fused_ce_chunk}) to be multiples "
+                         "of 16 (float8 matmul shapes), or add --fp8_head=False")
+    keys = [k for k in ("fp8", "fp8_head") if getattr(cfg, k)]
+    asking = " and ".join(f"{k}=True" for k in keys) + (" needs" if len(keys) == 1 else " need")
+    off = " ".join(f"--{k}=False" for k in keys) + (" (config/fast.py sets fp8_head=True)" if cfg.fp8_head else "")
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        where = "the CPU" if device.type != "cuda" else \
+            f"{torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))})"
+        raise ValueError(f"{asking} a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on "
+                         f"{where}: add {off}")
+    if importlib.util.find_spec("torchao") is None:
+        raise ValueError(f"{asking} torchao: pip install torchao, or add {off}")
+
+
+def convert(model, cfg):
+    """Swap the block Linears of `model` (a GPT) with both dimensions divisible by 16 and at least
+    cfg.fp8_min_dim wide for torchao Float8Linear (cfg.fp8_recipe); never the output head (the fused
+    head has its own float8 matmuls). Returns the converted names. Raises ValueError without torchao or
+    when no layer is eligible. No device check: check() does that (tests convert on the CPU)."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        raise ValueError("fp8=True needs torchao: pip install torchao") from e
+    converted = []
+
+    def eligible(module, fqn):
+        ok = (fqn != "lm_head" and module.in_features % 16 == 0 and module.out_features % 16 == 0
+              and min(module.in_features, module.out_features) >= cfg.fp8_min_dim)
+        if ok:
+            converted.append(fqn)
+        return ok
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(cfg.fp8_recipe), module_filter_fn=eligible)
+    if not converted:
+        raise ValueError(f"fp8=True but no Linear layer is eligible: all are narrower than fp8_min_dim={cfg.fp8_min_dim} "
+                         "(FP8 loses to bf16 on narrow layers); lower fp8_min_dim to convert them anyway")
+    return converted
+
+
+def fp8_mm(a, b, out_dtype, fast_accum=False, a_amax=None):
+    """a (m, k) @ b (k, n) in float8 with torchao's tensorwise dynamic scaling, the recipe of its
+    Float8Linear: each operand scaled by fp8_max / amax (torchao.float8.float8_utils.tensor_to_scale)
+    and cast with saturation; e4m3 for operands without a known bound (activations, weights), e5m2 for
+    a gradient (a_amax given: |a| <= a_amax, so no amax pass over it). The product runs in
+    torch._scaled_mm (torchao's addmm_float8_unwrapped), which wants `a` row-major and `b` column-major:
+    both are laid out so here. fast_accum: Hopper's fast FP8 accumulation (torchao uses it for the
+    forward GEMM only). Returns (m, n) in out_dtype (bfloat16 or float32). Needs torchao, and a GPU of
+    compute capability 8.9+ or a CPU build of torch with float8 _scaled_mm; raises what
+    torch._scaled_mm raises otherwise (k and n must be multiples of 16 on the GPU)."""
+    from torchao.float8.float8_ops import addmm_float8_unwrapped
+    from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
+    if a_amax is None:
+        a_dtype, a_scale = torch.float8_e4m3fn, tensor_to_scale(a, torch.float8_e4m3fn)
+    else:
+        a_dtype = torch.float8_e5m2
+        a_scale = torch.full((), torch.finfo(a_dtype).max / a_amax, dtype=torch.float32, device=a.device)
+    b_scale = tensor_to_scale(b, torch.float8_e4m3fn)
+    a8 = to_fp8_saturated(a.float() * a_scale, a_dtype).contiguous()                         # row-major
+    b8 = to_fp8_saturated(b.float() * b_scale, torch.float8_e4m3fn).t().contiguous().t()     # column-major
+    return addmm_float8_unwrapped(a8, a_scale, b8, b_scale, out_dtype, use_fast_accum=fast_accum)
