@@ -20,6 +20,7 @@ transformers (with safetensors, which it uses for the weights) is imported only 
 import argparse
 import json
 import os
+import sys
 from dataclasses import replace
 
 import torch
@@ -45,11 +46,21 @@ GPT2_BPE_FILES = {
 
 
 def import_transformers(why):
-    """The transformers module; ValueError naming the package (and `why` it is needed) when missing."""
+    """The transformers module; ValueError naming the package (and `why` it is needed) when missing.
+    transformers imports torchao where it is installed (for its quantizers, unused here), which prints
+    warnings about torchao's own extensions: torchao is hidden from it unless this process uses it."""
+    hide = "torchao" not in sys.modules
+    if hide:
+        sys.modules["torchao"] = None
     try:
         import transformers
+        getattr(transformers.utils.import_utils, "is_torchao_available", lambda: None)()   # cached as False
     except ImportError as e:
         raise ValueError(f"{why} needs the transformers package: pip install transformers") from e
+    finally:
+        if hide:
+            del sys.modules["torchao"]
+    transformers.utils.logging.disable_progress_bar()
     return transformers
 
 
@@ -246,6 +257,9 @@ def export_hf(ckpt_path, to):
                          "the model has a setting this exporter does not map")
     os.makedirs(to, exist_ok=True)
     hf.save_pretrained(to)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(os.path.join(to, "model.safetensors"), 0o666 & ~umask)     # safetensors writes it 0600
     if meta["tokenizer"] == "gpt2":
         write_gpt2_tokenizer(to, transformers)
     else:

@@ -290,6 +290,7 @@ class Run:
     start_step: int
     best_val: float = None
     val_loss: float = None
+    step: int = 0                       # optimizer steps done so far
 
     @property
     def ckpt_path(self):
@@ -371,6 +372,7 @@ def train(run, stop):
             run.scaler.step(run.optimizer)
             run.scaler.update()
         run.optimizer.zero_grad(set_to_none=not cfg.cuda_graphs)
+        run.step = step + 1
         if prof is not None:
             write_profile(prof, device, cfg.out_dir)
         timer.step_ends(step_tokens)
@@ -386,7 +388,7 @@ def train(run, stop):
             run.save(step + 1)
             raise RunStopped(f"{name}: stopped after step {step} with a checkpoint in {run.ckpt_path}; "
                              "continue with the same command and --init_from=resume", 128 + signum)
-    return run.logger.summary(run.val_loss, run.best_val)
+    return run.logger.summary(run.step, run.val_loss, run.best_val)
 
 # -----------------------------------------------------------------------------
 
@@ -417,14 +419,14 @@ def main(argv=None):
     optimizer, ctx, scaler, start_step, best_val = build_optimizer(cfg, raw_model, proc, ckpt, train_loader)
     logger = start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt)
     run = Run(cfg, proc, meta, raw_model, model, grad_sync, optimizer, ctx, scaler, train_loader, val_loader,
-              logger, grad_accum_steps, start_step, best_val)
+              logger, grad_accum_steps, start_step, best_val, step=start_step)
     del ckpt                           # its memory is not needed for training
     _setup_done, stop, summary, exit_code, clean = True, StopSignals(proc.world > 1), None, 1, False
     try:
         summary, exit_code, clean = train(run, stop), 0, True
         return summary
     except RunStopped as e:            # every rank stops at the same step
-        summary, exit_code, clean = {**logger.summary(run.val_loss, run.best_val), "stopped": str(e)}, e.exit_code, True
+        summary, exit_code, clean = {**logger.summary(run.step, run.val_loss, run.best_val), "stopped": str(e)}, e.exit_code, True
         raise
     finally:
         stop.restore()

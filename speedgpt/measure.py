@@ -139,6 +139,25 @@ class Timer:
         return result
 
 
+def duration(seconds):
+    """'1h02m', '3m05s' or '12s': a time left or taken, for people."""
+    seconds = max(0, int(round(seconds)))
+    h, m, s = seconds // 3600, seconds // 60 % 60, seconds % 60
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def summary_line(summary):
+    """The run's last line: steps, median tokens/s and MFU, best validation loss, where things went."""
+    tps, mfu_ = summary.get("median_tokens_per_sec"), summary.get("median_mfu")
+    parts = [f"{'stopped' if summary.get('stopped') else 'done'}: {summary['steps']:,} steps",
+             f"median {tps:,.0f} tok/s" if tps else "no timed steps",
+             f"mfu {100 * mfu_:.1f}%" if mfu_ else "mfu n/a",
+             f"best val loss {summary['best_val_loss']:.4f}" if summary.get("best_val_loss") is not None else "no validation",
+             f"checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else "no checkpoint",
+             f"metrics {summary['metrics']}"]
+    return " | ".join(parts)
+
+
 def strict(record):
     """`record` with every non-finite float replaced by None, so json.dumps writes strict JSON (null, not NaN)."""
     if isinstance(record, dict):
@@ -205,33 +224,41 @@ class MetricsLogger:
             record["mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
         self.log_step(record)
 
-    def summary(self, val_loss, best_val_loss):
-        """The run's summary: last and best validation loss, median tokens/s and MFU over the timed intervals."""
+    def summary(self, steps, val_loss, best_val_loss):
+        """The run's summary: optimizer steps done, last and best validation loss, median tokens/s and MFU
+        over the timed intervals, peak GPU memory, and where the checkpoint and the metrics are."""
         def median(xs):
             xs = [x for x in xs if x is not None]
             return statistics.median(xs) if xs else None
-        cuda = self.device.type == "cuda"
-        return {"val_loss": val_loss, "best_val_loss": best_val_loss, "median_tokens_per_sec": median(t for t, _ in self.timed),
-                "median_mfu": median(m for _, m in self.timed), "timed_intervals": len(self.timed),
-                "mem_gb": torch.cuda.max_memory_allocated(self.device) / 1e9 if cuda else None}
+        cuda, ckpt = self.device.type == "cuda", os.path.join(self.cfg.out_dir, "ckpt.pt")
+        return {"steps": steps, "val_loss": val_loss, "best_val_loss": best_val_loss,
+                "median_tokens_per_sec": median(t for t, _ in self.timed), "median_mfu": median(m for _, m in self.timed),
+                "timed_intervals": len(self.timed), "mem_gb": torch.cuda.max_memory_allocated(self.device) / 1e9 if cuda else None,
+                "checkpoint": ckpt if os.path.isfile(ckpt) else None, "metrics": self.path}
 
     def log_step(self, record):
-        """A training step's record: to the console as one line, then to the file and W&B."""
-        r = record
-        timing = (f"{r['step_ms']:.1f} ms | {r['tokens_per_sec']:,.0f} tok/s | mfu "
-                  + (f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a")) if r["tokens_per_sec"] else "warm-up (untimed)"
+        """A training step's record: to the console as one line (with the time left at this pace, not
+        counting evaluations), then to the file and W&B."""
+        r, total = record, self.cfg.max_iters
+        timing = "warm-up (untimed)"
+        if r["tokens_per_sec"]:
+            timing = (f"{r['step_ms']:.1f} ms | {r['tokens_per_sec']:,.0f} tok/s | mfu "
+                      + (f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a")
+                      + f" | eta {duration((total - r['step'] - 1) * r['step_ms'] / 1000)}")
         if self.master:
-            print(f"step {r['step']} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | {timing} | pad {r['pad_frac']:.3f}"
+            print(f"step {r['step']}/{total} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | {timing} | pad {r['pad_frac']:.3f}"
                   + (f" | mem {r['mem_gb']:.1f} GB" if r["mem_gb"] else ""), flush=True)
         self.log(record)
 
     def close(self, summary=None, exit_code=0):
-        """Write out_dir/summary.json (strict JSON) when there is a summary, close the file and the W&B run."""
+        """Write out_dir/summary.json (strict JSON) and print the run's summary line when there is a
+        summary; close the file and the W&B run."""
         if not self.master:
             return
         if summary is not None:
             with open(os.path.join(self.cfg.out_dir, "summary.json"), "w") as f:
                 json.dump(strict(summary), f, indent=1, allow_nan=False)
+            print(summary_line(summary), flush=True)
         self.file.close()
         if self.wandb is not None:
             if summary:

@@ -15,6 +15,13 @@ from speedgpt import corpus  # noqa: E402
 import data  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a minute or more on a 2-core CPU (torchrun, signals, compile, bench.py's "
+                                       "ladder); make test-fast leaves them out")
+    # torchao's own use of a deprecated torch API, not the project's
+    config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory):
     """A folder of 80 real documents of varied length: the first stdlib .py files."""

@@ -6,12 +6,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+import bench
 from conftest import ROOT
 
-sys.path.insert(0, ROOT)
-import bench  # noqa: E402
 
-
+@pytest.mark.slow
 def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
     out = tmp_path / "bench"
     cmd = [sys.executable, "bench.py", "--steps", "2", "--warmup", "1", "--batch_size", "4", "--out", str(out), "--",
@@ -49,6 +50,16 @@ def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
     assert part.returncode == 0 and part.stdout.count("reused from") == 6 + fp8, part.stdout[-2000:]
     assert "=== + fused AdamW\n" in part.stdout                            # the one missing rung ran
     assert sum('"+ fused AdamW"' in l for l in open(out / "rows.jsonl")) == 1
+
+
+def test_bench_stops_at_the_first_failed_rung_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "bench.py", "--steps", "1", "--out", str(tmp_path / "b"), "--",
+                           f"--data_dir={tmp_path / 'no_data'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [f"error: rung 'baseline' failed: error: data folder '{tmp_path / 'no_data'}' "
+                                                f"does not exist: prepare it with `python data.py --input CORPUS --out "
+                                                f"{tmp_path / 'no_data'}` (log: {tmp_path / 'b' / 'runs' / 'baseline' / 'stdout.log'})"]
+    assert "=== + bf16 autocast" not in proc.stdout
 
 
 def test_bench_refuses_overrides_it_sets_itself(tmp_path):

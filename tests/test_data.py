@@ -200,6 +200,7 @@ def test_interrupted_preparation_is_refused_then_redone(tmp_path):
         assert np.array_equal(_stream(out, split), _stream(tmp_path / "clean", split))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT])
 def test_killed_preparation_is_refused(tmp_path, signum):
     """data.py killed (SIGKILL) or stopped by Ctrl-C (SIGINT: one line, status 130, no temp files left)

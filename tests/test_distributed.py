@@ -9,6 +9,8 @@ import torch
 import train
 from conftest import ROOT, read_metrics, tiny_args
 
+pytestmark = pytest.mark.slow      # torchrun with gloo: each test starts several processes
+
 
 def torchrun(args, nproc=2):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py", *map(str, args)]

@@ -35,6 +35,7 @@ def test_checkpointing_gradients_equal(attention, with_docs):
         assert_same_outputs(results[mode], results["none"], rtol=0, atol=0, grad_rtol=1e-12, grad_atol=1e-14)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["naive", "sdpa", "flex"])
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_checkpointed_blocks_stay_compiled(attention, mode):

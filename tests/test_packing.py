@@ -99,6 +99,7 @@ def _b_logits(m, a, b, document_mask=True):
     return logits[0, len(a):]
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")   # eager flex: the CPU's only
 @pytest.mark.parametrize("attention", BACKENDS)
 def test_no_contamination_across_documents(attention):
     m = tiny(attention, T=32).double()

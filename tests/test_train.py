@@ -69,6 +69,7 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     assert bool(ckpt["scaler"]) == (dtype == "float16")             # a GradScaler for float16 only
 
 
+@pytest.mark.slow
 def test_compile_run(byte_data, tmp_path):
     summary = train.main(tiny_args(byte_data, tmp_path, "--compile=True", "--max_iters=6"))
     assert summary["median_tokens_per_sec"] > 0

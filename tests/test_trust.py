@@ -81,6 +81,7 @@ def test_skipped_steps_are_bounded(byte_data, tmp_path):
 # signals
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_saves_a_checkpoint_and_resume_matches(byte_data, tmp_path, signum):
     common = ["--max_iters=300", "--eval_interval=100", "--lr_decay_iters=300", "--dropout=0.1"]
@@ -170,6 +171,7 @@ def test_resume_refuses_another_shape_but_not_another_dropout(byte_data, tmp_pat
     train.main(tiny_args(byte_data, tmp_path, "--dropout=0.1", "--init_from=resume"))
 
 
+@pytest.mark.slow
 def test_metrics_and_wandb_continue_across_a_resume(byte_data, tmp_path, monkeypatch):
     """Killed after step 6 with a checkpoint at step 4, then resumed: each step once in metrics.jsonl,
     one W&B run id, no step sent to W&B twice."""
@@ -222,8 +224,9 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
 
 
 def readme_commands():
-    """(world size, train.py arguments) of every train.py command in the README's bash blocks."""
-    text = open(os.path.join(ROOT, "README.md")).read()
+    """(world size, train.py arguments) of every train.py command in the bash blocks of the README and docs/."""
+    import glob
+    text = "".join(open(p).read() for p in [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))])
     cmds = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
