@@ -72,7 +72,7 @@ def run_rung(name, overrides, args, extra, done=None):
         return dict(done[name])
     out_dir = os.path.join(args.out, "runs", name.strip("+ ").replace(" ", "_").replace(",", "").replace("(", "").replace(")", ""))
     flags = {**overrides, "max_iters": args.steps + args.warmup, "timing_warmup": args.warmup, "log_interval": 1,
-             "eval_iters": 0, "save_checkpoints": False, "out_dir": out_dir}
+             "eval_tokens": 0, "save_checkpoints": False, "out_dir": out_dir}
     cmd = [sys.executable, "train.py", "--config", args.config, *extra] + [f"--{k}={v}" for k, v in flags.items()]
     print(f"\n=== {name}\n{' '.join(cmd)}", flush=True)
     os.makedirs(out_dir, exist_ok=True)
@@ -213,7 +213,7 @@ def find_max_batch(args, extra):
 
     def fits(b):
         argv = ["--config", args.config, *extra, f"--batch_size={b}", "--total_batch_size=0", "--max_iters=3",
-                "--timing_warmup=2", "--eval_iters=0", "--save_checkpoints=False", f"--out_dir={args.out}/max_batch"]
+                "--timing_warmup=2", "--eval_tokens=0", "--save_checkpoints=False", f"--out_dir={args.out}/max_batch"]
         try:
             summary = train.main(argv)
             print(f"batch {b}: fits, {summary['mem_gb']:.1f} GB, {summary['median_tokens_per_sec'] or 0:,.0f} tok/s "
@@ -263,7 +263,7 @@ def main():
     if not 1 <= args.batch_size <= args.max_batch:
         parser.error(f"need 1 <= --batch_size <= --max_batch, got {args.batch_size} and {args.max_batch}")
     # keys bench.py sets itself on every run: an override after -- would silently undo the measurement
-    runs = {"batch_size", "total_batch_size", "max_iters", "timing_warmup", "eval_iters", "save_checkpoints", "out_dir"}
+    runs = {"batch_size", "total_batch_size", "max_iters", "timing_warmup", "eval_tokens", "save_checkpoints", "out_dir"}
     owned = runs if args.find_max_batch else runs | {"log_interval"} | {k for _, c in LADDER for k in c} | {k for c in UNDO.values() for k in c}
     clash = sorted({a[2:].split("=", 1)[0] for a in args.extra if a.startswith("--")} & (owned | {"config"}))
     if clash:

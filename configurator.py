@@ -25,7 +25,7 @@ class Config:
     data_dir: str = "data/stdlib_byte"     # prepared shards (data.py); data/stdlib_byte, data/stdlib_gpt2: made on first use
     init_from: str = "scratch"             # scratch | resume (out_dir/ckpt.pt) | gpt2[-medium|-large|-xl] | a HF GPT-2 folder
     eval_interval: int = 100               # validation (and a checkpoint) every this many steps, and at the end
-    eval_iters: int = 10                   # validation batches, the same each time; 0: no evaluation (benchmarks)
+    eval_tokens: int = 40960               # validation tokens: the val split's first rows, the same for any launch; 0: none
     save_checkpoints: bool = True          # write out_dir/ckpt.pt at each evaluation
     log_interval: int = 10                 # a console line and a metrics record every this many steps
     timing_warmup: int = 3                 # steps after start/resume left out of tokens/s (compile, caches)
@@ -85,7 +85,11 @@ CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backe
 MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention", "activation")   # GPTConfig's
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
 SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters")   # kept on resume unless set
-RENAMED = {"grad_accum_steps": "it is derived: set total_batch_size, the tokens per optimizer step for the whole job",
+LEGACY_EVAL_ITERS = ("it is replaced by eval_tokens, the validation tokens of each evaluation, the same whatever the "
+                     "batch_size and number of processes (eval_iters x batch_size x block_size x processes before); "
+                     "eval_iters=0 still means no evaluation")
+RENAMED = {"eval_iters": LEGACY_EVAL_ITERS,
+           "grad_accum_steps": "it is derived: set total_batch_size, the tokens per optimizer step for the whole job",
            "gradient_accumulation_steps": "it is derived: set total_batch_size, the tokens per optimizer step for the whole job"}
 HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: OpenAI's GPT-2 on the Hugging Face hub
 
@@ -110,6 +114,12 @@ def non_defaults(cfg):
     """{key: value} of `cfg`'s keys that differ from Config's defaults (what a run prints at start)."""
     defaults = Config()
     return {f.name: getattr(cfg, f.name) for f in fields(Config) if getattr(cfg, f.name) != getattr(defaults, f.name)}
+
+
+def _legacy(key, value, where):
+    """{key: value} for a key older configs and scripts still set, where it still has a meaning
+    (eval_iters=0: eval_tokens=0, no evaluation); None for every other key."""
+    return {"eval_tokens": 0} if key == "eval_iters" and value in (0, "0") else None
 
 
 def _typed(key, value, where):
@@ -162,20 +172,20 @@ def load_config(argv, with_explicit=False):
             raise ValueError(f"config file {path!r} does not run: {type(e).__name__}: {e}") from e
         for k, v in ns.items():
             if not k.startswith("_") and not isinstance(v, types.ModuleType):   # `import math` is no key
-                values[k] = _typed(k, v, path)
+                values.update(_legacy(k, v, path) or {k: _typed(k, v, path)})
     for key, raw in overrides:
         want = {f.name: f.type for f in fields(Config)}.get(key)
         try:
             value = raw if want is str else ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             value = raw
-        values[key] = _typed(key, value, "command line")
+        values.update(_legacy(key, value, "command line") or {key: _typed(key, value, "command line")})
     cfg = Config(**values)
     positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval", "fused_ce_chunk")
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}")
-    for key in ("max_iters", "eval_iters", "timing_warmup", "warmup_iters", "lr_decay_iters", "fp8_min_dim",
+    for key in ("max_iters", "eval_tokens", "timing_warmup", "warmup_iters", "lr_decay_iters", "fp8_min_dim",
                 "total_batch_size", "max_skipped_steps"):
         if getattr(cfg, key) < 0:
             raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")

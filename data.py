@@ -24,6 +24,8 @@ Foreign shards (llm.c's fineweb_train_000001.bin: GPT-2 tokens with EOT before e
 is this convention) load as they are, without meta.json: each is scanned once, on first use, and its
 index saved beside it when the folder is writable.
 """
+from __future__ import annotations   # torch.Tensor annotations without importing torch
+
 import argparse
 import itertools
 import json
@@ -35,20 +37,20 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, Optional
 
 import numpy as np
-import torch
 
 from speedgpt import corpus
 from speedgpt.corpus import ByteTokenizer, GPT2Tokenizer, get_tokenizer   # noqa: F401 (data.get_tokenizer is public)
-from speedgpt.shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, OUR_FILE, SHARD_TOKENS, DataError,  # noqa: F401 (data.X is public)
-                    find_shards, index_path, index_tmp_path, load_meta, read_header, read_index, read_shard, write_index, write_shard)
+from speedgpt.shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, SHARD_TOKENS, DataError,  # noqa: F401 (data.X is public)
+                             describe_os_error, find_shards, index_path, index_tmp_path, load_meta, prepared_folder, read_header, read_index,
+                             read_shard, write_index, write_shard)
 
 # -----------------------------------------------------------------------------
 # preparation
 
 class ShardWriter:
     """Streams the documents of one split into shards of `shard_tokens` tokens, a document running on
-    into the next shard as in llm.c. A shard is written under a temp name; when it is full (or at
-    close) its header and index are written and it is renamed: nothing half-written looks complete."""
+    into the next shard as in llm.c. A shard's header and index are written when it is full (or at
+    close); prepare() writes into a folder of its own until the whole preparation is done."""
 
     def __init__(self, out_dir, split, shard_tokens, dtype, eot):
         self.out_dir, self.split, self.shard_tokens, self.dtype, self.eot = out_dir, split, shard_tokens, dtype, eot
@@ -60,7 +62,7 @@ class ShardWriter:
         while len(ids):
             if self.f is None:
                 self.path = os.path.join(self.out_dir, f"{self.split}_{len(self.names):06d}.bin")
-                self.f = open(self.path + ".tmp", "wb")
+                self.f = open(self.path, "wb")
                 self.f.write(bytes(HEADER_BYTES))          # filled in when the shard is complete
                 self.n, self.max_id, self.starts = 0, -1, []
             if ids[0] == self.eot:
@@ -79,31 +81,24 @@ class ShardWriter:
             self.f.seek(0)
             self.f.write(header.tobytes())
             self.f.close()
+            self.f = None
             write_index(self.path, self.n, self.max_id, self.starts, self.eot)
-            os.replace(self.path + ".tmp", self.path)
-            self.f = None                                  # only now: abort() cleans up after any step above
             self.names.append(os.path.basename(self.path))
-
-    def abort(self):
-        """Remove the temp files of the shard being written (an interrupt may come inside close())."""
-        if self.f is not None:
-            self.f.close()
-            for tmp in (self.path + ".tmp", index_tmp_path(self.path)):
-                if os.path.exists(tmp):
-                    os.remove(tmp)
 
 
 def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, workers=None,
             shard_tokens=SHARD_TOKENS, text_field="text", max_tokens=None):
-    """Tokenise the documents of `input_path` (corpus.iter_texts: a folder, a text, .jsonl[.gz|.zst] or
-    .parquet file, a Hugging Face dataset, None for this Python's stdlib) in `workers` processes (default:
+    """Tokenise the documents of `input_path` (corpus.iter_texts: a folder, a text, JSON lines, JSON or
+    parquet file, a Hugging Face dataset, None for this Python's stdlib) in `workers` processes (default:
     one per CPU) and write them to `out_dir` in shards of `shard_tokens` tokens as they fill, then
-    meta.json. Each document goes to val with probability `val_frac` drawn from `seed` in input order
-    (each split gets one at least): the same shards for a given input and seed, with any number of
-    workers. Memory is bounded whatever the corpus size (a few chunks of text in flight; one document is
-    held whole). Stops after the document that reaches `max_tokens`; skips empty documents. Returns the
-    meta dict. Raises FileNotFoundError / ValueError for a missing or unusable input. An interrupted
-    preparation leaves no meta.json: loaders refuse the folder until it is prepared again."""
+    meta.json. The folder is prepared beside out_dir and replaces it only when whole (shards.prepared_folder):
+    a failure or Ctrl-C leaves an existing out_dir as it was. Each document goes to val with probability
+    `val_frac` drawn from `seed` in input order (each split gets one at least), unless the corpus has its
+    own validation split: the same shards for a given input and seed, with any number of workers. Memory
+    is bounded whatever the corpus size (a few chunks of text in flight; one document is held whole).
+    Stops after the document that reaches `max_tokens`; skips empty documents, and binary files in a
+    folder (named). Returns the meta dict. Raises FileNotFoundError / ValueError for a missing or unusable
+    input or output, OSError for a disk that cannot be written."""
     from tqdm import tqdm
     tok = get_tokenizer(tokenizer)   # fail here, not inside a worker, when it is unavailable
     if not 0 <= val_frac < 1:
@@ -114,67 +109,67 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
         raise ValueError(f"shard_tokens and max_tokens must be positive, got {shard_tokens} and {max_tokens}")
     input_path, out_dir, workers = None if input_path is None else str(input_path), str(out_dir), workers or os.cpu_count()
     source = input_path or f"python stdlib ({corpus.stdlib_path()})"
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ValueError(f"output {out_dir} exists and is not a folder")
     if input_path is not None and os.path.realpath(input_path) == os.path.realpath(out_dir):
         raise ValueError(f"--out {out_dir} is the input folder: write the shards elsewhere (a prepared folder "
                          "inside an input folder is skipped, never read as documents)")
-    docs = corpus.iter_texts(input_path, text_field)
+    report = corpus.Report()
+    docs = corpus.iter_texts(input_path, text_field, report)
     first = next(docs, None)         # a bad input fails here, before out_dir is touched
     if first is None:
-        raise ValueError(f"input {source} holds no document")
-    os.makedirs(out_dir, exist_ok=True)
-    for name in ["meta.json"] + sorted(os.listdir(out_dir)):    # meta.json first: never mix two preparations
-        if OUR_FILE.fullmatch(name) and os.path.exists(os.path.join(out_dir, name)):
-            os.remove(os.path.join(out_dir, name))
+        raise ValueError(f"input {source} holds no document" + (f" ({len(report.binary)} binary files skipped)"
+                                                                  if report.binary else ""))
     dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
-    writers = {s: ShardWriter(out_dir, s, shard_tokens, dtype, tok.eot) for s in ("train", "val")}
     rng, held, total, empty = random.Random(seed), None, 0, 0
-    bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc=f"tokenizing ({tokenizer}, {workers} workers)")
-    chunks = corpus.tokenized_chunks(itertools.chain([first], docs), tokenizer, dtype, workers)
-    try:
-        for tokens, lengths, n_empty in chunks:
-            empty += n_empty
-            ends = np.cumsum(lengths)
-            for start, end in zip(ends - lengths, ends):
-                if held is not None:        # one document held back: the last one makes sure of a val split
-                    writers["val" if rng.random() < val_frac else "train"].add(held)
-                held = tokens[start:end]
-                total += len(held)
+    with prepared_folder(out_dir) as tmp, corpus.TokenizerPool(tokenizer, dtype, workers) as pool:
+        writers = {s: ShardWriter(tmp, s, shard_tokens, dtype, tok.eot) for s in ("train", "val")}
+        with tqdm(total=max_tokens, unit="tok", unit_scale=True, desc=f"tokenizing ({tokenizer}, {workers} workers)") as bar:
+            for tokens, lengths, n_empty, splits in pool.tokenize(itertools.chain([first], docs)):
+                empty += n_empty
+                ends = np.cumsum(lengths)
+                for start, end, split in zip(ends - lengths, ends, splits):
+                    total += end - start
+                    if split is not None:       # the corpus's own split
+                        writers[split].add(tokens[start:end])
+                    else:                       # one document held back: the last one makes sure of a val split
+                        if held is not None:
+                            writers["val" if rng.random() < val_frac else "train"].add(held)
+                        held = tokens[start:end]
+                    if max_tokens is not None and total >= max_tokens:
+                        break
+                bar.update(total - bar.n)
+                bar.set_postfix(docs=writers["train"].docs + writers["val"].docs + (held is not None), refresh=False)
                 if max_tokens is not None and total >= max_tokens:
                     break
-            bar.update(total - bar.n)
-            bar.set_postfix(docs=writers["train"].docs + writers["val"].docs + 1, refresh=False)
-            if max_tokens is not None and total >= max_tokens:
-                break
-        if held is None:
+        if held is None and writers["train"].docs == 0:
             raise ValueError(f"input {source} holds only empty documents")
-        if val_frac > 0 and writers["train"].docs + writers["val"].docs == 0:
-            raise ValueError(f"input {source} has 1 document: a train/val split needs at least 2")
-        is_val = rng.random() < val_frac         # the last document: each split gets one at least
-        if val_frac > 0 and writers["val"].docs == 0:
-            is_val = True
-        elif writers["train"].docs == 0:
-            is_val = False
-        writers["val" if is_val else "train"].add(held)
+        if held is not None:
+            if val_frac > 0 and writers["train"].docs + writers["val"].docs == 0:
+                raise ValueError(f"input {source} has 1 document: a train/val split needs at least 2")
+            is_val = rng.random() < val_frac         # the last document: each split gets one at least
+            if val_frac > 0 and writers["val"].docs == 0:
+                is_val = True
+            elif writers["train"].docs == 0:
+                is_val = False
+            writers["val" if is_val else "train"].add(held)
         for w in writers.values():
             w.close()
-    except BaseException:
-        for w in writers.values():
-            w.abort()
-        raise
-    finally:
-        chunks.close()                      # stops the workers
-        bar.close()
-    meta = {"tokenizer": tok.name, "vocab_size": tok.vocab_size, "eot_id": tok.eot, "format": FORMAT,
-            "input": source, "text_field": text_field, "val_frac": val_frac, "seed": seed, "max_tokens": max_tokens,
-            "shards": {s: w.names for s, w in writers.items()}, "empty_docs_skipped": empty,
-            **{f"{s}_{k}": getattr(w, k) for s, w in writers.items() for k in ("tokens", "docs")}}
-    with open(os.path.join(out_dir, "meta.json.tmp"), "w") as f:
-        json.dump(meta, f, indent=2)
-    os.replace(os.path.join(out_dir, "meta.json.tmp"), os.path.join(out_dir, "meta.json"))   # last: the folder is complete
+        meta = {"tokenizer": tok.name, "vocab_size": tok.vocab_size, "eot_id": tok.eot, "format": FORMAT,
+                "input": source, "text_field": text_field, "val_frac": val_frac, "seed": seed, "max_tokens": max_tokens,
+                "shards": {s: w.names for s, w in writers.items()}, "empty_docs_skipped": empty,
+                "binary_files_skipped": len(report.binary),
+                **{f"{s}_{k}": getattr(w, k) for s, w in writers.items() for k in ("tokens", "docs")}}
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump(meta, f, indent=2)
+    for note in report.notes:
+        print(f"note: {note}")
+    if report.binary:
+        print(f"skipped {len(report.binary)} binary files (a NUL byte in their first bytes: not text): "
+              + ", ".join(report.binary[:5]) + (", ..." if len(report.binary) > 5 else ""))
     print(f"wrote {out_dir}: train {meta['train_tokens']:,} tokens in {meta['train_docs']} docs, "
           f"val {meta['val_tokens']:,} tokens in {meta['val_docs']} docs" + (f" ({empty} empty documents skipped)" if empty else ""))
+    if meta["val_docs"] == 1:
+        print(f"note: the val split is one document ({meta['val_tokens']:,} tokens): its loss measures that document "
+              "alone; a larger --val_frac (or more documents) makes it a sample of the corpus")
     return meta
 
 # -----------------------------------------------------------------------------
@@ -274,6 +269,7 @@ class Loader:
         meta = load_meta(data_dir, verbose=eot is None)
         self.paths = find_shards(data_dir, split)
         self.eot = meta["eot_id"] if eot is None else eot
+        import torch      # here, not at the top: data.py prepares a corpus without loading torch (2 s)
         self.B, self.T, self.device = batch_size, block_size, torch.device(device)
         self.packing, self.document_mask, self.fixed_shapes = packing, packing and document_mask, fixed_shapes
         self.vocab_size, self.split, self.data_dir = vocab_size, split, data_dir
@@ -355,6 +351,7 @@ class Loader:
         if self.vocab_size is not None and top >= self.vocab_size:
             raise DataError(f"a {self.split} batch of {self.data_dir} holds token id {top}, outside the vocabulary "
                              f"({self.vocab_size} ids): a shard changed after its index was written; prepare the data again")
+        import torch
         tensors = [torch.from_numpy(a) for a in (x, y)]
         if self.document_mask:             # doc_ids, varlen cu_seqlens and positions: here, not in the step
             doc_ids = doc_ids_from_tokens(x, self.eot)
@@ -406,11 +403,12 @@ class Loader:
 
 def main():
     parser = argparse.ArgumentParser(description="Tokenise a corpus into llm.c-format shards.")
-    parser.add_argument("--input", default=None, help="a folder (recursive), a text, .jsonl[.gz|.zst] or .parquet "
-                        "file, a datasets save_to_disk folder or hf:NAME[:CONFIG]; default: this Python's stdlib sources")
+    parser.add_argument("--input", default=None, help="a folder (recursive), a text, JSON lines, JSON or parquet file "
+                        "(gzip or zstd too), a datasets save_to_disk folder or hf:NAME[:CONFIG]; default: this "
+                        "Python's stdlib sources")
     parser.add_argument("--out", default=None, help="output folder (default: data/stdlib_<tokenizer>)")
     parser.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"])
-    parser.add_argument("--text_field", default="text", help="the document's field (.jsonl) or column (parquet, datasets)")
+    parser.add_argument("--text_field", default="text", help="the document's field (JSON) or column (parquet, datasets)")
     parser.add_argument("--val_frac", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: one per CPU)")
@@ -426,11 +424,13 @@ def main():
                 args.shard_tokens, args.text_field, args.max_tokens)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}")
+    except OSError as e:                           # a full or read-only disk
+        raise SystemExit(f"error: cannot write {e.filename or args.out}: {describe_os_error(e)}; "
+                         f"{args.out} is as it was before")
     except KeyboardInterrupt:
-        print(f"interrupted: {args.out} has no meta.json, so no loader takes it for complete; run the command again",
-              file=sys.stderr)
+        print(f"interrupted: {args.out} is as it was before (a preparation replaces it only when whole); "
+              "run the command again", file=sys.stderr)
         sys.exit(130)
-
 
 if __name__ == "__main__":
     main()

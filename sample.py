@@ -11,6 +11,7 @@ does) and stops where the model ends it (its next end-of-text), or after max_new
 import argparse
 import os
 import re
+import sys
 
 import torch
 
@@ -59,11 +60,20 @@ def main():
         tok = get_tokenizer(meta["tokenizer"])
     except (ValueError, FileNotFoundError) as e:         # offline without the GPT-2 files
         raise SystemExit(f"error: {e}")
-    start = open(args.start[5:]).read() if args.start.startswith("FILE:") else args.start
+    start = args.start
+    if start.startswith("FILE:"):
+        try:
+            start = open(start[5:], encoding="utf-8").read()
+        except UnicodeDecodeError as e:
+            raise SystemExit(f"error: prompt file {start[5:]} is not UTF-8 text (byte {e.object[e.start]:#04x} at "
+                             f"offset {e.start}): convert it to UTF-8 first")
     # every training document starts with end-of-text (data.py's convention), so the prompt does too:
     # an empty prompt is that one token. A sample ends where the model ends the document.
     eot, prompt = meta["eot_id"], tok.encode(start)
     idx = torch.tensor([[eot] + prompt], device=args.device)
+    if idx.size(1) > cfg["block_size"]:
+        print(f"note: the prompt is {idx.size(1):,} tokens (with its end-of-text), longer than block_size="
+              f"{cfg['block_size']}: the model sees only its last {cfg['block_size']} tokens", file=sys.stderr)
     for _ in range(args.num_samples):
         new = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k or None)[0, idx.size(1):].tolist()
         print(tok.decode(prompt + (new[:new.index(eot)] if eot in new else new)))

@@ -31,10 +31,10 @@ from configurator import MODEL_KEYS, help_text, load_config, non_defaults, resol
 from data import DataError, Loader, load_meta, prepare
 from model import GPT, GPTConfig
 from speedgpt import activation_checkpointing, attention, compilation, fp8, fused_ce
-from speedgpt.checkpoint import (check_out_dir, last_good, load_checkpoint, load_weights, model_state, remove_stale_tmp,
-                                 save_checkpoint, state_is_finite)
+from speedgpt.checkpoint import (CheckpointNotWritten, check_out_dir, last_good, load_checkpoint, load_weights, model_state,
+                                 remove_stale_tmp, save_checkpoint, state_is_finite)
 from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, leave, on_every_rank, plan_batch,
-                                  print0, setup_processes)
+                                  print0, restore_rng_states, rng_states, seed_rank_stream, setup_processes)
 from speedgpt.distributed import check as check_parallelism
 from speedgpt.mask_check import check_attention_mask
 from speedgpt.measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_profile
@@ -85,6 +85,15 @@ def settle_config(cfg, explicit, proc):
         print0(f"removed {path}.tmp, left by a run stopped while saving")
     ckpt = load_checkpoint(path)
     cfg = check_flags(resume_config(cfg, explicit, ckpt["config"]), proc)    # the shape may be the checkpoint's
+    saved_tokens, here = ckpt.get("tokens_per_step"), cfg.batch_size * cfg.block_size * proc.world
+    if cfg.total_batch_size == 0 and saved_tokens not in (None, here):    # one micro-batch per process: another step
+        if "total_batch_size" in explicit:
+            print0(f"resume: total_batch_size=0 makes a step {here:,} tokens here; the checkpoint's steps were "
+                   f"{saved_tokens:,}")
+        else:
+            cfg = replace(cfg, total_batch_size=saved_tokens)
+            print0(f"resume: total_batch_size=0 keeps the checkpoint's step of {saved_tokens:,} tokens (one "
+                   f"micro-batch per process is {here:,} here); set --total_batch_size to change it")
     if ckpt["step"] > cfg.max_iters:
         raise ValueError(f"checkpoint {path} is at step {ckpt['step']}, past max_iters={cfg.max_iters}")
     if cfg.profile and ckpt["step"] + cfg.timing_warmup > cfg.max_iters:
@@ -97,7 +106,7 @@ def settle_config(cfg, explicit, proc):
 
 
 def build_data(cfg, proc, grad_accum_steps, ckpt):
-    """Tokenizer metadata and the train / val loaders (val only with eval_iters > 0). The stdlib corpora
+    """Tokenizer metadata and the train / val loaders (val only with eval_tokens > 0). The stdlib corpora
     are prepared on first use. Each rank keeps its own rows of one shared stream."""
     name = os.path.basename(cfg.data_dir.rstrip("/"))
     if proc.master and not os.path.isfile(os.path.join(cfg.data_dir, "meta.json")) and name in ("stdlib_byte", "stdlib_gpt2"):
@@ -113,8 +122,17 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
                 document_mask=cfg.document_mask, eot=meta["eot_id"], rank=proc.rank, world_size=proc.world,
                 vocab_size=meta["vocab_size"], fixed_shapes=cfg.cuda_graphs)
     train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, prefetch=grad_accum_steps, **args)
-    val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **args) if cfg.eval_iters > 0 else None
+    val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **args) if cfg.eval_tokens > 0 else None
+    if val_loader is not None and eval_rows(cfg, val_loader) * cfg.block_size < cfg.eval_tokens:
+        print0(f"note: eval_tokens={cfg.eval_tokens:,} but the val split of {cfg.data_dir} holds {val_loader.n_rows:,} "
+               f"rows of block_size={cfg.block_size} ({val_loader.n_rows * cfg.block_size:,} tokens): each evaluation is "
+               "all of them")
     return meta, train_loader, val_loader
+
+
+def eval_rows(cfg, val_loader):
+    """Rows of each evaluation: eval_tokens in whole rows, at most the val split's."""
+    return min(-(-cfg.eval_tokens // cfg.block_size), val_loader.n_rows)
 
 
 def build_model(cfg, meta, proc, ckpt):
@@ -136,6 +154,7 @@ def build_model(cfg, meta, proc, ckpt):
         cfg = replace(cfg, **{k: getattr(raw_model.config, k) for k in MODEL_KEYS})     # saved in checkpoints
     if ckpt is not None:
         load_weights(raw_model, ckpt, os.path.join(cfg.out_dir, "ckpt.pt"))
+    seed_rank_stream(cfg.seed, proc.rank)  # the same weights, but each rank's own dropout
     if cfg.fp8:
         converted = fp8.convert(raw_model, cfg)
         print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}); the rest stay {cfg.dtype}")
@@ -169,9 +188,9 @@ def build_optimizer(cfg, raw_model, proc, ckpt, train_loader):
     elif scaler.is_enabled():          # the checkpoint was not float16: its loss scale starts afresh
         print0("resume: a fresh GradScaler for float16 (the checkpoint was trained without one)")
     train_loader.load_state_dict(ckpt["loader"])
-    torch.set_rng_state(ckpt["rng"]["cpu"])
-    if proc.device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
-        torch.cuda.set_rng_state(ckpt["rng"]["cuda"], proc.device)
+    if not restore_rng_states(ckpt["rng"], proc, cfg.seed, ckpt["step"]) and cfg.dropout > 0:
+        print0(f"resume: {proc.world} processes where the checkpoint had {len(ckpt['rng'].get('ranks') or [0])}: "
+               "the dropout streams of the ranks it did not have start afresh (the data order is unchanged)")
     return optimizer, ctx, scaler, ckpt["step"], ckpt["best_val_loss"]
 
 
@@ -226,16 +245,24 @@ def forward(model, b):
 
 
 @torch.no_grad()
-def estimate_loss(model, loader, eval_iters, ctx):
-    """Mean loss per real token over the same eval_iters batches every time (all ranks together)."""
+def estimate_loss(model, loader, rows, ctx):
+    """Mean loss per real token over the first `rows` rows of the val loader's fixed order, all ranks
+    together: the same tokens every time, whatever the world size and micro-batch. Every rank runs the
+    same number of forwards (FSDP gathers weights in each); rows past `rows` get no targets."""
     model.eval()
     loader.reset()
     totals = torch.zeros(2, dtype=torch.float64, device=loader.device)      # (loss sum, real tokens)
-    for _ in range(eval_iters):
+    per_call = loader.world_size * loader.B
+    for call in range(-(-rows // per_call)):
         b = next(loader)
+        inside = rows - (call * per_call + loader.rank * loader.B)           # this batch's rows in the set
+        if inside < loader.B:
+            b = b._replace(y=b.y.clone())
+            b.y[max(inside, 0):] = -1
         with ctx:
             _, loss = forward(model, b)
-        totals += torch.stack([loss.double() * b.n_valid, torch.tensor(float(b.n_valid), device=loader.device)])
+        n = (b.y != -1).sum()
+        totals += torch.stack([loss.double() * n, n.double()])
     if dist.is_initialized():
         dist.all_reduce(totals)
     model.train()
@@ -298,7 +325,7 @@ class Run:
 
     def evaluate(self, step):
         """Validation loss at `step`, logged; RunStopped when it is not finite (nothing is saved then)."""
-        self.val_loss = estimate_loss(self.model, self.val_loader, self.cfg.eval_iters, self.ctx)
+        self.val_loss = estimate_loss(self.model, self.val_loader, eval_rows(self.cfg, self.val_loader), self.ctx)
         if not math.isfinite(self.val_loss):
             raise RunStopped(f"error: step {step}: the validation loss is {self.val_loss}: the run diverged; "
                              f"{last_good(self.ckpt_path)}", 1)
@@ -314,13 +341,20 @@ class Run:
             raise RunStopped(f"error: step {step}: the weights are not finite: the run diverged; "
                              f"{last_good(self.ckpt_path)}", 1)
         sd, osd = model_state(self.raw_model, self.optimizer)
+        rng, error = rng_states(self.proc), None
         if self.proc.master:
-            cuda = device.type == "cuda"
-            save_checkpoint(self.ckpt_path, {
-                "model": sd, "optimizer": osd, "scaler": self.scaler.state_dict(), "step": step,
-                "best_val_loss": self.best_val, "config": asdict(self.cfg), "meta": self.meta,
-                "loader": self.train_loader.state_dict(), "wandb_run_id": self.logger.wandb_run_id,
-                "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if cuda else None}})
+            tokens_per_step = self.cfg.batch_size * self.cfg.block_size * self.grad_accum_steps * self.proc.world
+            try:
+                save_checkpoint(self.ckpt_path, {
+                    "model": sd, "optimizer": osd, "scaler": self.scaler.state_dict(), "step": step,
+                    "best_val_loss": self.best_val, "config": asdict(self.cfg), "meta": self.meta,
+                    "loader": self.train_loader.state_dict(), "wandb_run_id": self.logger.wandb_run_id,
+                    "tokens_per_step": tokens_per_step, "rng": {"cpu": rng[0][0], "cuda": rng[0][1], "ranks": rng}})
+            except CheckpointNotWritten as e:
+                error = e
+        if not on_every_rank(torch.tensor(error is None, device=device), self.proc):   # every rank stops together
+            raise RunStopped(f"error: step {step}: {error or 'rank 0 could not write the checkpoint'}; "
+                             f"{last_good(self.ckpt_path, 'once the disk has room')}", 1)
 
 
 def train(run, stop):
@@ -334,7 +368,7 @@ def train(run, stop):
         last_step = step == cfg.max_iters
         if step % cfg.eval_interval == 0 or last_step:
             timer.pause()                       # evaluation and checkpoints are not training time
-            if cfg.eval_iters > 0:
+            if cfg.eval_tokens > 0:
                 run.evaluate(step)
             if cfg.save_checkpoints and (step > run.start_step or last_step):
                 run.save(step)

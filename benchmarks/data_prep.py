@@ -43,7 +43,7 @@ def make_corpus(workdir, gb, stories):
     """Write corpus_{gb}gb.jsonl and .parquet of about gb * 1e9 bytes of text; return their paths."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    texts = [t for _, t in corpus.iter_texts(None) if t] + [t for _, t in corpus.iter_texts(stories)]
+    texts = [d.text for d in corpus.iter_texts(None) if d.text] + [d.text for d in corpus.iter_texts(stories)]
     stem = os.path.join(workdir, f"corpus_{gb:g}gb")
     writer = pq.ParquetWriter(stem + ".parquet", pa.schema([("text", pa.string())]))
     written, copy, batch = 0, 0, []
@@ -72,7 +72,7 @@ def tiktoken_rate(jsonl, mb=32):
     """One process's GPT-2 tokens per second (wall, CPU) on the first `mb` MB of documents."""
     enc = data.get_tokenizer("gpt2").enc
     texts, size = [], 0
-    for _, text in corpus.iter_texts(jsonl):
+    for _, text, _ in corpus.iter_texts(jsonl):
         texts.append(text)
         size += len(text)
         if size >= mb * 1e6:
@@ -86,7 +86,7 @@ def reader_rate(path, mb=256):
     """MB/s of text that corpus.iter_texts alone delivers from `path` (one process, no tokenizer): the
     rate at which the preparing process can feed its workers."""
     start, size = time.perf_counter(), 0
-    for _, text in corpus.iter_texts(path):
+    for _, text, _ in corpus.iter_texts(path):
         size += len(text)
         if size >= mb * 1e6:
             break
@@ -214,7 +214,7 @@ def main():
     if "train" in args.only and os.path.isdir(parquet_out):
         cmd = [sys.executable, "train.py", "--config", "config/fast.py", "--fp8_head=False", "--n_layer=2", "--n_embd=64", "--n_head=2",
                "--block_size=128", "--batch_size=4", "--total_batch_size=0", "--compile=False", "--attention=sdpa",
-               "--dtype=float32", "--max_iters=5", "--eval_iters=2", f"--data_dir={parquet_out}",
+               "--dtype=float32", "--max_iters=5", "--eval_tokens=512", f"--data_dir={parquet_out}",
                f"--out_dir={os.path.join(args.workdir, 'train_out')}"]
         log = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         lines = [l for l in log.stdout.splitlines() if l.startswith(("step", "median", "note", "error"))]

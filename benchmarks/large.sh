@@ -4,7 +4,7 @@
 set -uo pipefail
 out=${1:-bench_out/large}; steps=${2:-200}; batch=${3:-4}
 mkdir -p "$out"
-common="--config config/large.py --batch_size=$batch --total_batch_size=0 --max_iters=$steps --timing_warmup=5 --eval_iters=0 --save_checkpoints=False --warmup_iters=20"
+common="--config config/large.py --batch_size=$batch --total_batch_size=0 --max_iters=$steps --timing_warmup=5 --eval_tokens=0 --save_checkpoints=False --warmup_iters=20"
 for variant in "bf16:--fp8=False" "fp8_tensorwise:--fp8=True --fp8_recipe=tensorwise" "fp8_rowwise:--fp8=True --fp8_recipe=rowwise"; do
   name=${variant%%:*}
   [ -n "${VARIANTS:-}" ] && [[ " $VARIANTS " != *" $name "* ]] && continue

@@ -12,7 +12,7 @@ if [ -f "$stories" ]; then
   [ -d data/stories_gpt2 ] || python data.py --input "$stories" --out data/stories_gpt2 --tokenizer gpt2
   corpora="$corpora data/stories_gpt2"
 fi
-common="--config config/fast.py --batch_size=$batch --total_batch_size=0 --max_iters=$((steps + 5)) --timing_warmup=5 --eval_iters=0 --save_checkpoints=False"
+common="--config config/fast.py --batch_size=$batch --total_batch_size=0 --max_iters=$((steps + 5)) --timing_warmup=5 --eval_tokens=0 --save_checkpoints=False"
 for d in $corpora; do
   for variant in "padded:--packing=False --attention=sdpa" "packed_mask_flex:--packing=True --document_mask=True --attention=flex" \
                  "packed_nomask:--packing=True --document_mask=False --attention=sdpa"; do

@@ -68,7 +68,7 @@ train() {  # name, flags...: config/fast.py for ITERS steps; PADDED=1 pads cu_se
   local launch=(python3 train.py)
   [ -n "${PADDED:-}" ] && launch=(python3 -c "import runpy, sys, data; f = data.varlen_metadata; data.varlen_metadata = lambda d, padded=False: f(d, True); sys.argv[0] = 'train.py'; runpy.run_path('train.py', run_name='__main__')")
   echo "=== $name: $*${PADDED:+ (cu_seqlens padded)}"
-  timeout 420 "${launch[@]}" --config config/fast.py --fp8_head=False --max_iters=$((${ITERS:-25} + 5)) --timing_warmup=5 --eval_iters=0 \
+  timeout 420 "${launch[@]}" --config config/fast.py --fp8_head=False --max_iters=$((${ITERS:-25} + 5)) --timing_warmup=5 --eval_tokens=0 \
       --save_checkpoints=False --out_dir="$runs/$name" "$@" ${ARGS:-} > "$runs/$name.log" 2>&1
   echo "rc=$? $(grep -E 'attention:|fp8:|median over' "$runs/$name.log" | tr '\n' ' ')"
   { echo "=== $name: $*"; grep -v '^ *$' "$runs/$name.log" | grep -v '^step [0-9]' | tail -n 12; grep '^step ' "$runs/$name.log" | tail -n 2; } >> "$out/speed_logs.txt"
@@ -88,7 +88,7 @@ loss() {  # name, flags...: 200 steps at an eighth of fast.py's batch, every ste
   local name=$1; shift
   echo "=== $name: $*"
   timeout 400 python3 train.py --config config/fast.py --fp8_head=False --max_iters=200 --total_batch_size=65536 --eval_interval=200 \
-      --eval_iters=20 --save_checkpoints=False --out_dir="$runs/$name" "$@" > "$runs/$name.log" 2>&1
+      --eval_tokens=524288 --save_checkpoints=False --out_dir="$runs/$name" "$@" > "$runs/$name.log" 2>&1
   echo "rc=$? $(grep -E 'fp8:|val loss' "$runs/$name.log" | tail -n 2 | tr '\n' ' ')"
 }
 

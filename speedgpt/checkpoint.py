@@ -4,11 +4,13 @@ Checkpoints of a speedgpt run: out_dir/ckpt.pt holds everything a resume needs t
 config, the tokenizer metadata, the W&B run id). Written atomically and never with non-finite
 weights; read with torch.load(weights_only=True).
 """
-import errno
 import os
+import shutil
 import tempfile
 
 import torch
+
+from speedgpt.shards import describe_os_error
 
 CKPT_KEYS = ("model", "optimizer", "scaler", "step", "best_val_loss", "config", "meta", "loader", "rng")
 
@@ -27,13 +29,6 @@ def check_out_dir(out_dir):
             os.fsync(f.fileno())
     except OSError as e:
         raise ValueError(f"out_dir={out_dir!r} is not writable: {describe_os_error(e)}") from None
-
-
-def describe_os_error(e):
-    """One phrase for an OSError from writing a file: the cause a user can act on."""
-    causes = {errno.EROFS: "read-only filesystem", errno.ENOSPC: "no space left on the device",
-              errno.EACCES: "permission denied", errno.EDQUOT: "disk quota exceeded"}
-    return causes.get(e.errno, e.strerror or str(e))
 
 
 def model_state(model, optimizer=None):
@@ -80,16 +75,29 @@ def all_finite(state_dict):
     return True
 
 
+class CheckpointNotWritten(OSError):
+    """save_checkpoint could not write the file (a full or read-only disk); the previous one is intact."""
+
+
 def save_checkpoint(path, ckpt):
     """Write `ckpt` atomically: a temp file, then a rename, so a crash never leaves half a checkpoint and
     the previous one survives until the new one is whole. Refuses (ValueError) weights or optimizer
-    moments that are not finite: a diverged run never replaces the last good checkpoint."""
+    moments that are not finite: a diverged run never replaces the last good checkpoint. Raises
+    CheckpointNotWritten, naming the path and the cause (no space left, read-only), when it cannot write."""
     if not all_finite(ckpt["model"]) or not all_finite(ckpt["optimizer"]):
         raise ValueError(f"step {ckpt['step']}: the weights or optimizer state are not finite; "
                          f"{path} is not replaced (it holds the last good checkpoint)")
     try:
         torch.save(ckpt, path + ".tmp")
         os.replace(path + ".tmp", path)
+    except (OSError, RuntimeError) as e:      # a full disk reaches torch.save as "basic_ios::clear: iostream error"
+        if isinstance(e, OSError):
+            cause = describe_os_error(e)
+        else:
+            usage = shutil.disk_usage(os.path.dirname(os.path.abspath(path)))
+            cause = (f"no space left on the device ({usage.free / 1e6:,.0f} MB free)" if usage.free < 0.01 * usage.total
+                     or usage.free < 256e6 else f"{type(e).__name__}: {str(e).splitlines()[0]}")
+        raise CheckpointNotWritten(f"could not write {path}: {cause}") from e
     finally:
         if os.path.exists(path + ".tmp"):      # a failed or interrupted write leaves no stale temp file
             os.remove(path + ".tmp")
@@ -111,9 +119,12 @@ def state_is_finite(model, optimizer, device):
     return torch.stack([torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all().to(device) for t in state]).all()
 
 
-def last_good(path):
-    """What a diverged run says about `path`: the step it still holds, and how to go on."""
+DIVERGED = "with a lower learning_rate, or skip such steps (--max_skipped_steps=N)"
+
+
+def last_good(path, then=DIVERGED):
+    """What a stopped run says about `path`: the step it still holds, and how to go on (`then`: after a
+    resume from it; the default is for a run that diverged)."""
     if not os.path.exists(path):
         return "no checkpoint was written"
-    return (f"{path} still holds step {load_checkpoint(path)['step']}: resume from it (--init_from=resume) with a "
-            "lower learning_rate, or skip such steps (--max_skipped_steps=N)")
+    return f"{path} still holds step {load_checkpoint(path)['step']}: resume from it (--init_from=resume) {then}"

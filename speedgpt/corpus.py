@@ -3,59 +3,92 @@ From a corpus to token arrays, for data.py's preparation: the input readers (eve
 lazily, so a corpus of any size is never held in memory), the tokenizers, and the parallel,
 order-keeping tokenisation.
 
-    for where, text in corpus.iter_texts("dump.jsonl.gz"):     # where: "dump.jsonl.gz:17", for errors
-        ...
+    for doc in corpus.iter_texts("dump.jsonl.gz"):     # doc.where: "dump.jsonl.gz:17", for errors
+        ...                                            # doc.text; doc.split: None, or the corpus's own
 
-The kind of input is chosen by its path (`text_field` names the field or column of the document):
-  a folder                           each file under it (recursive, sorted, hidden files skipped), read
-                                     by its own kind below; a Hugging Face `save_to_disk` folder is a dataset
-  *.jsonl, *.jsonl.gz, *.jsonl.zst   one JSON object per line (.zst needs the zstandard package)
-  *.parquet                          the text_field column, one row group at a time (pyarrow)
-  hf:NAME or hf:NAME:CONFIG          the train split of a Hugging Face hub dataset, streamed (`datasets`, online)
-  any other file                     one document (UTF-8; undecodable bytes become U+FFFD)
-  None                               this Python's standard library: each .py file one document
-
-A UTF-8 byte-order mark at the start of a file is dropped. An unpaired UTF-16 surrogate (JSON allows
-"\\ud800") becomes U+FFFD in both tokenizers, as tiktoken does it. Errors name the file and line
+Each file is read for what it is (`text_field` names the field or column of the document):
+  a folder                      each file under it (recursive, sorted, hidden ones skipped), read by its
+                                own kind below; a Hugging Face `save_to_disk` folder in it is a dataset;
+                                binary files (a NUL byte in their first 8 KB: images, .pyc, .arrow) are
+                                skipped and listed in `report`
+  JSON lines                    names ending .jsonl or .ndjson (any case): one JSON object per line
+  JSON                          names ending .json: an array of records (or of strings), or JSON lines
+  parquet                       names ending .parquet, or the PAR1 magic: the text column, one row group
+                                at a time (pyarrow)
+  a save_to_disk folder         a Hugging Face dataset (`datasets`); a DatasetDict gives its train split,
+                                and its validation split (validation, valid or val), when it has one, as
+                                the val documents
+  hf:NAME or hf:NAME:CONFIG     the train split of a Hugging Face hub dataset, streamed (online)
+  any other file                one document of UTF-8 text (undecodable bytes become U+FFFD)
+  None                          this Python's standard library: each .py file one document
+Compression is read from the content, not the name: gzip and zstandard (zstandard package) streams are
+decompressed, and their .gz / .zst suffix is dropped before the name says the kind (corpus.json.gz is
+JSON). A UTF-8 byte-order mark at the start of a file is dropped. An unpaired UTF-16 surrogate (JSON
+allows "\\ud800") becomes U+FFFD in both tokenizers, as tiktoken does it. Errors name the file and line
 (or row) and the problem.
 """
 import gzip
 import io
 import json
 import os
+import queue
 import signal
+import sys
 import sysconfig
 from collections import deque
-from multiprocessing import Pool
+from dataclasses import dataclass, field
+from typing import NamedTuple, Optional
 
 import numpy as np
 
-JSONL = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+GZIP_MAGIC, ZSTD_MAGIC, PARQUET_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"PAR1"
+VALIDATION_SPLITS = ("validation", "valid", "val")     # a DatasetDict's own validation split, by these names
+BINARY_PROBE = 8192                                     # bytes looked at for a NUL: text never has one
 
 # -----------------------------------------------------------------------------
 # input readers
+
+
+class Document(NamedTuple):
+    where: str                       # names the document in errors: "file:line", "file row N"
+    text: str
+    split: Optional[str] = None      # "train" or "val" when the corpus has its own split, else None
+
+
+@dataclass
+class Report:
+    """What a reading skipped or decided, for data.py to tell: binary files skipped, notes."""
+    binary: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
 
 def stdlib_path():
     return sysconfig.get_paths()["stdlib"]
 
 
-def iter_texts(path, text_field="text"):
-    """Return an iterator of (where, text) over the documents of `path` (see the module docstring):
-    `where` ("file:line", "file row N") names a document in error messages, `text` is a str.
-    Raises FileNotFoundError at once for a missing path; ValueError, while iterating, for a record
-    without a string `text_field` (naming the file and line or row) or when the optional package a
-    kind needs (pyarrow, zstandard, datasets) is missing (naming the package)."""
+def iter_texts(path, text_field="text", report=None):
+    """Return an iterator of Documents over `path` (see the module docstring). `report` (a Report)
+    collects the binary files a folder skips and notes such as a dataset's own validation split.
+    Raises FileNotFoundError at once for a missing path, ValueError at once for a single input file that
+    is binary; ValueError, while iterating, for a record without a string `text_field` (naming the file
+    and line or row) or when the optional package a kind needs (pyarrow, zstandard, datasets) is missing
+    (naming the package)."""
+    report = report if report is not None else Report()
     if path is None:
         return _stdlib()
     if path.startswith("hf:"):
-        return _hf_dataset(path[3:], text_field)
+        return _hf_dataset(path[3:], text_field, report)
     if not os.path.exists(path):
         raise FileNotFoundError(f"input {path} does not exist")
     if os.path.isdir(path) and _is_saved_dataset(path):
-        return _hf_dataset(path, text_field)
+        return _hf_dataset(path, text_field, report)
     if os.path.isdir(path):
-        return _folder(path, text_field)
-    return _file(path, text_field)
+        return _folder(path, text_field, report)
+    kind, _ = file_kind(path)
+    if kind == "binary":
+        raise ValueError(f"input {path} is a binary file (a NUL byte in its first {BINARY_PROBE // 1024} KB), "
+                         "not text, JSON or parquet")
+    return _file(path, text_field, report)
 
 
 def _stdlib():
@@ -63,7 +96,7 @@ def _stdlib():
         dirs[:] = sorted(d for d in dirs if d != "site-packages")   # walk in a fixed order
         for name in sorted(files):
             if name.endswith(".py"):
-                yield from _text_file(os.path.join(root, name))
+                yield from _text_file(os.path.join(root, name), None)
 
 
 def _prepared(folder):
@@ -71,25 +104,66 @@ def _prepared(folder):
     return os.path.isfile(os.path.join(folder, "meta.json")) and any(n.endswith(".bin") for n in os.listdir(folder))
 
 
-def _folder(path, text_field):
+def _folder(path, text_field, report):
     for root, dirs, files in os.walk(path):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not _prepared(os.path.join(root, d)))
+        datasets = [d for d in dirs if _is_saved_dataset(os.path.join(root, d))]
+        dirs[:] = [d for d in dirs if d not in datasets]
         for name in sorted(files):
             if not name.startswith("."):
-                yield from _file(os.path.join(root, name), text_field)
+                yield from _file(os.path.join(root, name), text_field, report)
+        for d in datasets:                          # after the files beside them, in sorted order
+            yield from _hf_dataset(os.path.join(root, d), text_field, report)
 
 
-def _file(path, text_field):
-    if path.endswith(JSONL):
-        return _jsonl(path, text_field)
-    if path.endswith(".parquet"):
+def compression(path):
+    """'gzip', 'zstd' or None for the file at `path`, from its first bytes."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return "gzip" if head[:2] == GZIP_MAGIC else "zstd" if head == ZSTD_MAGIC else None
+
+
+def file_kind(path):
+    """(kind, compression) of the file at `path`: kind one of 'jsonl', 'json', 'parquet', 'text',
+    'binary', by its name without a compression suffix (case-insensitive) and its content."""
+    packed = compression(path)
+    name = path.lower()
+    if packed:
+        for suffix in (".gz", ".gzip", ".zst", ".zstd"):
+            name = name.removesuffix(suffix)
+    else:
+        with open(path, "rb") as f:
+            if f.read(4) == PARQUET_MAGIC:
+                return "parquet", None
+    if name.endswith(".parquet") and not packed:
+        return "parquet", None
+    if name.endswith((".jsonl", ".ndjson")):
+        return "jsonl", packed
+    if name.endswith(".json"):
+        return "json", packed
+    with _open_stream(path, packed) as f:
+        head = f.read(BINARY_PROBE)
+    return ("binary" if b"\0" in head else "text"), packed
+
+
+def _file(path, text_field, report):
+    kind, packed = file_kind(path)
+    if kind == "jsonl":
+        return _jsonl(path, packed, text_field)
+    if kind == "json":
+        return _json(path, packed, text_field)
+    if kind == "parquet":
         return _parquet(path, text_field)
-    return _text_file(path)
+    if kind == "binary":
+        report.binary.append(path)
+        return iter(())
+    return _text_file(path, packed)
 
 
-def _text_file(path):
-    with open(path, encoding="utf-8-sig", errors="replace") as f:   # utf-8-sig: drops a BOM
-        yield path, f.read()
+def _text_file(path, packed):
+    with _open_stream(path, packed) as f:
+        raw = f.read()
+    yield Document(path, raw.decode("utf-8-sig", errors="replace"))   # utf-8-sig: drops a BOM
 
 
 def _require(package, why):
@@ -99,46 +173,93 @@ def _require(package, why):
         raise ValueError(f"{why} needs the {package} package: pip install {package}") from None
 
 
-def _open_lines(path):
-    """The file at `path` as a binary stream, decompressed by its suffix."""
-    if path.endswith(".gz"):
+def _open_stream(path, packed):
+    """The file at `path` as a binary stream, decompressed (`packed`: 'gzip', 'zstd' or None)."""
+    if packed == "gzip":
         return gzip.open(path, "rb")
-    if path.endswith(".zst"):
+    if packed == "zstd":
         zstandard = _require("zstandard", f"reading {path}")
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
     return open(path, "rb")
 
 
-def _lines(path):
+def _unreadable(path, e, after):
+    """ValueError naming `path` for a truncated or corrupt compressed stream (`after`: where it broke)."""
+    if isinstance(e, (EOFError, OSError, RuntimeError)) or type(e).__module__.startswith("zstandard"):
+        return ValueError(f"{path}: not readable {after} ({type(e).__name__}: {e}); is it truncated?")
+    return None
+
+
+def _read_all(path, packed):
+    with _open_stream(path, packed) as f:
+        try:
+            return f.read()
+        except Exception as e:                    # gzip.BadGzipFile is an OSError; zstandard.ZstdError
+            raise (_unreadable(path, e, "") or e) from None
+
+
+def _text_file(path, packed):
+    yield Document(path, _read_all(path, packed).decode("utf-8-sig", errors="replace"))   # utf-8-sig: drops a BOM
+
+
+def _lines(path, packed):
     """(line number, bytes) of the file at `path`, decompressed; ValueError naming the file and line
     where a .gz or .zst stream is truncated or corrupt."""
     lineno = 0
-    with _open_lines(path) as f:
+    with _open_stream(path, packed) as f:
         try:
             for lineno, line in enumerate(f, 1):
                 yield lineno, line
-        except (EOFError, OSError, RuntimeError) as e:           # gzip.BadGzipFile is an OSError
-            raise ValueError(f"{path}: not readable after line {lineno} ({type(e).__name__}: {e}); is it truncated?") from None
-        except Exception as e:                                    # zstandard.ZstdError
-            if type(e).__module__.startswith("zstandard"):
-                raise ValueError(f"{path}: not readable after line {lineno} ({type(e).__name__}: {e})") from None
-            raise
+        except Exception as e:
+            error = _unreadable(path, e, f"after line {lineno}")
+            if error is None:
+                raise
+            raise error from None
 
 
-def _jsonl(path, text_field):
-    for lineno, line in _lines(path):
+def _record_text(record, text_field, where):
+    """The document of one JSON record: its string `text_field` (or the record itself, a string)."""
+    if isinstance(record, str):
+        return record
+    if not isinstance(record, dict) or text_field not in record:
+        raise ValueError(f"{where}: expected a JSON object with a {text_field!r} field, got "
+                         + (f"fields {', '.join(record)}" if isinstance(record, dict) else type(record).__name__))
+    if not isinstance(record[text_field], str):
+        raise ValueError(f"{where}: {text_field!r} must be a string, got {type(record[text_field]).__name__}")
+    return record[text_field]
+
+
+def _jsonl(path, packed, text_field):
+    for lineno, line in _lines(path, packed):
         line = line.decode("utf-8", errors="replace")
         if lineno == 1:
             line = line.removeprefix("\ufeff")            # a BOM would make line 1 invalid JSON
         if not line.strip():
             continue
         try:
-            text = json.loads(line)[text_field]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{lineno}: expected a JSON object with a {text_field!r} field ({e!r})") from None
-        if not isinstance(text, str):
-            raise ValueError(f"{path}:{lineno}: {text_field!r} must be a string, got {type(text).__name__}")
-        yield f"{path}:{lineno}", text
+        yield Document(f"{path}:{lineno}", _record_text(record, text_field, f"{path}:{lineno}"))
+
+
+def _json(path, packed, text_field):
+    """A .json file: an array of records (held whole: JSON has no streaming form), or JSON lines."""
+    raw = _read_all(path, packed).decode("utf-8-sig", errors="replace")
+    if raw.lstrip().startswith("["):
+        try:
+            records = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        for i, record in enumerate(records):
+            yield Document(f"{path} record {i}", _record_text(record, text_field, f"{path} record {i}"))
+        return
+    try:                                          # one object, perhaps pretty-printed over many lines
+        yield Document(path, _record_text(json.loads(raw), text_field, path))
+        return
+    except json.JSONDecodeError:
+        pass
+    yield from _jsonl(path, packed, text_field)   # JSON lines named .json
 
 
 def _parquet(path, text_field):
@@ -156,7 +277,7 @@ def _parquet(path, text_field):
         for text in pf.read_row_group(g, columns=[text_field]).column(0).to_pylist():
             if not isinstance(text, str):
                 raise ValueError(f"{path} row {row}: {text_field!r} must be a string, got {type(text).__name__}")
-            yield f"{path} row {row}", text
+            yield Document(f"{path} row {row}", text)
             row += 1
 
 
@@ -165,33 +286,52 @@ def _is_saved_dataset(path):
         os.path.isfile(os.path.join(path, "state.json")) and os.path.isfile(os.path.join(path, "dataset_info.json")))
 
 
-def _hf_dataset(name, text_field):
-    """A local save_to_disk folder (memory-mapped Arrow, iterated as a stream) or `NAME[:CONFIG]` on
-    the hub (streaming=True: nothing is downloaded ahead). A DatasetDict gives its 'train' split."""
+def _hf_dataset(name, text_field, report):
+    """A local save_to_disk folder (memory-mapped Arrow, iterated as a stream) or `NAME[:CONFIG]` on the
+    hub (streaming=True: nothing is downloaded ahead; its train split). A saved DatasetDict gives its
+    'train' split, and its own validation split (VALIDATION_SPLITS) as the val documents when it has one
+    (noted in `report`)."""
     datasets = _require("datasets", f"reading the Hugging Face dataset {name}")
     if os.path.isdir(name):
-        ds = datasets.load_from_disk(name)
+        ds, splits = datasets.load_from_disk(name), [(None, None)]
         if isinstance(ds, datasets.DatasetDict):
             if "train" not in ds:
                 raise ValueError(f"{name}: the saved DatasetDict has no 'train' split (splits: {', '.join(ds)})")
-            ds = ds["train"]
-        if text_field not in ds.column_names:
-            raise ValueError(f"{name}: no column {text_field!r} (columns: {', '.join(ds.column_names)}); choose one with --text_field")
-        ds = ds.select_columns([text_field]).to_iterable_dataset()
-    else:
-        repo, _, config = name.partition(":")
-        try:
-            ds = datasets.load_dataset(repo, config or None, split="train", streaming=True)
-        except Exception as e:       # offline, a typo in the name, a gated dataset...
-            raise ValueError(f"cannot open the Hugging Face dataset hf:{name}: {type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
+            val = next((s for s in VALIDATION_SPLITS if s in ds), None)
+            if val:
+                report.notes.append(f"{name}: the dataset's own {val!r} split ({len(ds[val]):,} documents) is the val "
+                                    "split; its 'train' split is train (val_frac does not apply to them)")
+                splits = [("train", ds["train"]), ("val", ds[val])]
+            else:
+                report.notes.append(f"{name}: a DatasetDict without a validation split (splits: {', '.join(ds)}): "
+                                    "its 'train' split is read, and val is drawn from it by val_frac")
+                splits = [(None, ds["train"])]
+        else:
+            splits = [(None, ds)]
+        for split, part in splits:
+            if text_field not in part.column_names:
+                raise ValueError(f"{name}: no column {text_field!r} (columns: {', '.join(part.column_names)}); "
+                                 "choose one with --text_field")
+            where = name if split is None else f"{name} {split}"
+            yield from _records(part.select_columns([text_field]).to_iterable_dataset(), text_field, where, split)
+        return
+    repo, _, config = name.partition(":")
+    try:
+        ds = datasets.load_dataset(repo, config or None, split="train", streaming=True)
+    except Exception as e:       # offline, a typo in the name, a gated dataset...
+        raise ValueError(f"cannot open the Hugging Face dataset hf:{name}: {type(e).__name__}: {e}") from None
+    yield from _records(ds, text_field, name, None)
+
+
+def _records(ds, text_field, where, split):
     for row, record in enumerate(ds):
         if text_field not in record:
-            raise ValueError(f"{name} row {row}: no field {text_field!r} (fields: {', '.join(record)}); choose one with --text_field")
+            raise ValueError(f"{where} row {row}: no field {text_field!r} (fields: {', '.join(record)}); "
+                             "choose one with --text_field")
         text = record[text_field]
         if not isinstance(text, str):
-            raise ValueError(f"{name} row {row}: {text_field!r} must be a string, got {type(text).__name__}")
-        yield f"{name} row {row}", text
+            raise ValueError(f"{where} row {row}: {text_field!r} must be a string, got {type(text).__name__}")
+        yield Document(f"{where} row {row}", text, split)
 
 # -----------------------------------------------------------------------------
 # tokenizers
@@ -263,49 +403,129 @@ def get_tokenizer(name):
 # -----------------------------------------------------------------------------
 # parallel tokenisation
 
-_worker = None   # (tokenizer, token dtype) of a tokenisation worker process
-
-def _init_worker(name, dtype):
-    global _worker
-    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's: it stops the pool (a worker
-    _worker = (get_tokenizer(name), dtype)            # killed mid-task can hang Pool.terminate)
-
-
-def _tokenize_chunk(chunk):
-    """[(where, text), ...] -> (tokens, lengths, n_empty): each non-empty document as [EOT, ids...],
-    all concatenated (one array pickles back to the parent much faster than many)."""
-    tok, dtype = _worker
-    parts, lengths = [], []
-    for where, text in chunk:
+def _tokenize_chunk(tok, dtype, chunk):
+    """[Document, ...] -> (tokens, lengths, n_empty, splits): each non-empty document as [EOT, ids...],
+    all concatenated (one array pickles back to the parent much faster than many), with each one's
+    length and split (None: for data.py to draw)."""
+    parts, lengths, splits = [], [], []
+    for doc in chunk:
         try:
-            ids = tok.encode_array(text)
+            ids = tok.encode_array(doc.text)
         except Exception as e:
-            raise ValueError(f"{where}: cannot tokenise this document ({type(e).__name__}: {e})") from None
+            raise ValueError(f"{doc.where}: cannot tokenise this document ({type(e).__name__}: {e})") from None
         if len(ids):
             parts += [np.array([tok.eot], dtype=dtype), ids.astype(dtype, copy=False)]
             lengths.append(len(ids) + 1)
+            splits.append(doc.split)
     tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-    return tokens, np.array(lengths, dtype=np.int64), len(chunk) - len(lengths)
+    return tokens, np.array(lengths, dtype=np.int64), len(chunk) - len(lengths), splits
+
+
+def _worker_main(tasks, results, tokenizer, dtype):
+    """A tokenisation worker: chunks from `tasks` (None: stop), ("ok", result) or ("error", message) to
+    `results`. Ctrl-C is the parent's: it came blocked from the parent and is ignored here."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        tok = get_tokenizer(tokenizer)
+    except Exception as e:
+        results.put(("error", f"{type(e).__name__}: {e}"))
+        return
+    while (chunk := tasks.get()) is not None:
+        try:
+            results.put(("ok", _tokenize_chunk(tok, dtype, chunk)))
+        except ValueError as e:
+            results.put(("error", str(e)))
+
+
+class TokenizerPool:
+    """`workers` processes tokenising chunks of documents with the tokenizer called `tokenizer`, in input
+    order. Each worker has a queue of its own in and out, and chunks go round-robin, so the parent never
+    takes a lock a worker may hold: stopping (an error, Ctrl-C) kills the workers and returns at once,
+    where multiprocessing.Pool's terminate can wait forever on a lock held by a worker killed mid-task.
+    The workers start (fork, on Linux) when the pool is made, before the caller starts threads of its own
+    (a progress bar's). Use as a context manager; tokenize() yields the results."""
+
+    def __init__(self, tokenizer, dtype, workers):
+        import multiprocessing
+        ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+        mask = hasattr(signal, "pthread_sigmask")
+        if mask:                                  # workers start with Ctrl-C blocked, then ignore it
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            self.workers = []
+            for _ in range(workers):
+                tasks, results = ctx.Queue(), ctx.Queue()
+                proc = ctx.Process(target=_worker_main, args=(tasks, results, tokenizer, dtype), daemon=True)
+                proc.start()
+                self.workers.append((proc, tasks, results))
+        finally:
+            if mask:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        self.pending = deque()               # the worker of each chunk in flight, in input order
+
+    def _result(self, w):
+        proc, _, results = self.workers[w]
+        while True:
+            try:
+                status, value = results.get(timeout=1)
+                break
+            except queue.Empty:
+                if not proc.is_alive():
+                    raise RuntimeError(f"a tokenisation worker died (exit code {proc.exitcode}): out of memory?") from None
+        if status == "error":
+            raise ValueError(value)
+        return value
+
+    def tokenize(self, docs, chunk_chars=1 << 20):
+        """Tokenise `docs` (an iterator of Documents). Yields (tokens, lengths, n_empty, splits) for
+        consecutive chunks of about chunk_chars characters, in input order whatever the number of workers:
+        `tokens` (1-D) holds each non-empty document as [EOT, ids...] end to end, `lengths` (int64) their
+        lengths in tokens, n_empty the empty documents left out, `splits` each document's own split or
+        None. At most 2 chunks per worker are read ahead, so memory stays bounded. Raises ValueError
+        naming a document that cannot be tokenised."""
+        self.pending = pending = deque()
+        chunk, size, n = [], 0, 0
+        for doc in docs:
+            chunk.append(doc)
+            size += len(doc.text)
+            if size >= chunk_chars:
+                self.workers[n % len(self.workers)][1].put(chunk)
+                pending.append(n % len(self.workers))
+                chunk, size, n = [], 0, n + 1
+                if len(pending) >= 2 * len(self.workers):
+                    yield self._result(pending.popleft())
+        if chunk:
+            self.workers[n % len(self.workers)][1].put(chunk)
+            pending.append(n % len(self.workers))
+        while pending:
+            yield self._result(pending.popleft())
+
+    def close(self, clean=False):
+        """Stop the workers: asked to finish when `clean` and no chunk is in flight (a worker with a result
+        nobody reads would not finish), killed otherwise; never waits on a queue."""
+        clean = clean and not self.pending
+        for proc, tasks, _ in self.workers:
+            if clean and proc.is_alive():
+                tasks.put(None)
+        for proc, tasks, results in self.workers:
+            proc.join(timeout=10 if clean else 0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+            tasks.cancel_join_thread()            # a chunk still in its pipe is not waited for
+            tasks.close()
+            results.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        self.close(clean=kind is None)
 
 
 def tokenized_chunks(docs, tokenizer, dtype, workers, chunk_chars=1 << 20):
-    """Tokenise `docs` (an iterator of (where, text)) with the tokenizer called `tokenizer` in `workers`
-    processes. Yields (tokens, lengths, n_empty) for consecutive chunks of about chunk_chars characters,
-    in input order whatever the number of workers: `tokens` (1-D, `dtype`) holds each non-empty document
-    as [EOT, ids...] end to end, `lengths` (int64) their lengths in tokens, n_empty the empty documents
-    left out. At most 2 * workers chunks are read ahead, so memory stays bounded (Pool.imap would read
-    the whole input ahead). Raises ValueError naming a document that cannot be tokenised."""
-    with Pool(workers, initializer=_init_worker, initargs=(tokenizer, dtype)) as pool:
-        pending, chunk, size = deque(), [], 0
-        for doc in docs:
-            chunk.append(doc)
-            size += len(doc[1])
-            if size >= chunk_chars:
-                pending.append(pool.apply_async(_tokenize_chunk, (chunk,)))
-                chunk, size = [], 0
-                if len(pending) >= 2 * workers:
-                    yield pending.popleft().get()
-        if chunk:
-            pending.append(pool.apply_async(_tokenize_chunk, (chunk,)))
-        while pending:
-            yield pending.popleft().get()
+    """TokenizerPool(tokenizer, dtype, workers).tokenize(docs, chunk_chars), the pool closed after."""
+    with TokenizerPool(tokenizer, dtype, workers) as pool:
+        yield from pool.tokenize(docs, chunk_chars)

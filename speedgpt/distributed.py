@@ -85,6 +85,40 @@ def plan_batch(cfg, world):
     return total // micro
 
 
+def seed_rank_stream(seed, rank):
+    """Give rank `rank` a random stream of its own (dropout), after the initial weights were made the same on
+    every rank from `seed`: rank 0 keeps the seed's stream, so a single process is unchanged; rank r > 0
+    reseeds from (seed, r). The data order does not use these streams (the loader has its own)."""
+    if rank:
+        torch.manual_seed(seed * 1_000_003 + rank)
+
+
+def rng_states(proc):
+    """[(cpu, cuda) RNG states] of every rank, rank 0's first (a collective: every rank calls it)."""
+    mine = (torch.get_rng_state(), torch.cuda.get_rng_state(proc.device) if proc.device.type == "cuda" else None)
+    if proc.world == 1:
+        return [mine]
+    states = [None] * proc.world
+    dist.all_gather_object(states, mine)
+    return states
+
+
+def restore_rng_states(rng, proc, seed, step):
+    """Set this rank's RNG states from a checkpoint's `rng` ({"ranks": rng_states()}; older checkpoints
+    hold rank 0's only). At the world size it was saved with, each rank continues its own stream exactly;
+    a rank it did not have gets a fresh stream from (seed, rank, step). Returns whether every rank's
+    stream is the saved one."""
+    ranks = rng.get("ranks") or [(rng["cpu"], rng["cuda"])]
+    if proc.rank < len(ranks):
+        cpu, cuda = ranks[proc.rank]
+        torch.set_rng_state(cpu)
+        if proc.device.type == "cuda" and cuda is not None:
+            torch.cuda.set_rng_state(cuda, proc.device)
+    else:
+        seed_rank_stream(seed + step, proc.rank)
+    return len(ranks) == proc.world
+
+
 def check(cfg, world):
     """Raise ValueError naming the keys for a parallelism that cannot run: FSDP needs torchrun (several
     processes) and bfloat16 or float32 (float16 would need a sharded GradScaler)."""

@@ -5,10 +5,14 @@ NAME.bin its index NAME.idx.npz (token count, largest id, offset of each BOS), w
 that a loader starts without reading shards; meta.json, written last, lists the shards. data.py writes
 and reads through these functions (and re-exports them: data.read_shard etc.).
 """
+import errno
 import glob
 import json
 import os
 import re
+import shutil
+import signal
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -120,6 +124,59 @@ def read_index(shard, n_tokens, eot, foreign, with_starts=True):
     return max_id, starts
 
 
+def describe_os_error(e):
+    """One phrase for an OSError from writing a file: the cause a user can act on."""
+    causes = {errno.EROFS: "read-only filesystem", errno.ENOSPC: "no space left on the device",
+              errno.EACCES: "permission denied", errno.EDQUOT: "disk quota exceeded"}
+    return causes.get(e.errno, e.strerror or str(e))
+
+
+@contextmanager
+def prepared_folder(out_dir):
+    """Yield a new, empty folder beside `out_dir` (.NAME.preparing) to prepare into. When the block ends
+    without an error it replaces out_dir, as checkpoints are written: two renames, with Ctrl-C held off
+    between them; a failure or an interrupt removes it and leaves out_dir exactly as it was. A folder left
+    by a process killed mid-way is cleaned up (or, between the two renames, put back) first. Raises
+    ValueError for an out_dir that is a file or holds anything data.py does not write, and OSError when
+    the parent folder cannot be written (read-only, no space)."""
+    out_dir = os.path.normpath(out_dir)
+    parent, name = os.path.split(os.path.abspath(out_dir))
+    tmp, old = os.path.join(parent, f".{name}.preparing"), os.path.join(parent, f".{name}.old")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"output {out_dir} exists and is not a folder")
+    if os.path.isdir(out_dir):
+        foreign = sorted(n for n in os.listdir(out_dir) if not OUR_FILE.fullmatch(n))
+        if foreign:
+            raise ValueError(f"output {out_dir} holds files data.py did not write ({', '.join(foreign[:3])}"
+                             f"{', ...' if len(foreign) > 3 else ''}): prepare into a new folder, or empty this one")
+    elif os.path.isdir(old):                 # killed between the two renames: the old folder goes back
+        os.rename(old, out_dir)
+    for stale in (tmp, old):
+        shutil.rmtree(stale, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    mask = hasattr(signal, "pthread_sigmask")
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if mask else None
+    try:
+        if os.path.isdir(out_dir):
+            os.rename(out_dir, old)
+        try:
+            os.rename(tmp, out_dir)
+        except OSError:
+            if os.path.isdir(old):
+                os.rename(old, out_dir)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    finally:
+        if mask:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def find_shards(data_dir, split):
     """Sorted shard paths of `split` ("train" or "val") in `data_dir`: ours are train_000000.bin,
     llm.c's fineweb_train_000000.bin. Raises FileNotFoundError when there are none (for a corpus file
@@ -137,7 +194,7 @@ def find_shards(data_dir, split):
                                 f"`python data.py --input CORPUS --out {data_dir}`")
     paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*{split}_*.bin")))
     if not paths:
-        hint = " (prepared with --val_frac=0? then train with --eval_iters=0)" if split == "val" else \
+        hint = " (prepared with --val_frac=0? then train with --eval_tokens=0)" if split == "val" else \
             f": prepare it with `python data.py --input CORPUS --out {data_dir}` (an interrupted preparation leaves none)"
         raise FileNotFoundError(f"no {split}_*.bin shards in {data_dir}{hint}")
     return paths

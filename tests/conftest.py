@@ -26,7 +26,7 @@ def pytest_configure(config):
 def corpus_dir(tmp_path_factory):
     """A folder of 80 real documents of varied length: the first stdlib .py files."""
     src = tmp_path_factory.mktemp("corpus")
-    for i, (path, _) in enumerate(corpus.iter_texts(None)):
+    for i, (path, _, _) in enumerate(corpus.iter_texts(None)):
         if i >= 80:
             break
         shutil.copy(path, src / f"{i:03d}_{os.path.basename(path)}")
@@ -44,7 +44,7 @@ def byte_data(corpus_dir, tmp_path_factory):
 def tiny_args(data_dir, out_dir, *extra):
     """Command line for a small, fast CPU run of train.main."""
     return [f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--n_layer=2", "--n_head=2", "--n_embd=32",
-            "--block_size=64", "--batch_size=4", "--max_iters=8", "--eval_interval=4", "--eval_iters=2",
+            "--block_size=64", "--batch_size=4", "--max_iters=8", "--eval_interval=4", "--eval_tokens=512",
             "--log_interval=1", "--timing_warmup=1", "--warmup_iters=2", *extra]
 
 

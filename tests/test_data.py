@@ -122,7 +122,7 @@ def test_text_edge_cases(tmp_path):
     (tmp_path / "s.jsonl").write_text('{"text": "x \\ud800 y"}\n{"text": "fine"}\n')
     (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "first"}\n{"text": "second"}\n')
     (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfhello")
-    texts = [t for _, t in corpus.iter_texts(str(tmp_path / "s.jsonl"))]
+    texts = [d.text for d in corpus.iter_texts(str(tmp_path / "s.jsonl"))]
     assert texts[0] == "x \ud800 y"
     tokenizers = [data.get_tokenizer("byte")]
     try:
@@ -133,8 +133,8 @@ def test_text_edge_cases(tmp_path):
         assert tok.encode(texts[0]) == tok.encode_array(texts[0]).tolist() == tok.encode("x \ufffd y"), tok.name
     data.prepare(str(tmp_path / "s.jsonl"), str(tmp_path / "s"), "byte", val_frac=0, workers=1)
     assert _split_docs(_stream(tmp_path / "s", "train"), 256)[0] == list("x \ufffd y".encode())
-    assert [t for _, t in corpus.iter_texts(str(tmp_path / "bom.jsonl"))] == ["first", "second"]
-    assert [t for _, t in corpus.iter_texts(str(tmp_path / "bom.txt"))] == ["hello"]
+    assert [d.text for d in corpus.iter_texts(str(tmp_path / "bom.jsonl"))] == ["first", "second"]
+    assert [d.text for d in corpus.iter_texts(str(tmp_path / "bom.txt"))] == ["hello"]
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n\n{"text": "unterminated\n')
     with pytest.raises(ValueError, match="bad.jsonl:3: expected a JSON object"):
         data.prepare(str(tmp_path / "bad.jsonl"), str(tmp_path / "x"), "byte", workers=1)
@@ -167,18 +167,23 @@ def test_reading_stays_bounded():
     def docs():
         for i in range(1000):
             read.append(i)
-            yield f"doc{i}", "0123456789"
+            yield corpus.Document(f"doc{i}", "0123456789")
     chunks = corpus.tokenized_chunks(docs(), "byte", np.uint16, workers=1, chunk_chars=10)
-    tokens, lengths, _ = next(chunks)
-    assert tokens.tolist() == [256] + list(b"0123456789") and lengths.tolist() == [11]
+    tokens, lengths, _, splits = next(chunks)
+    assert tokens.tolist() == [256] + list(b"0123456789") and lengths.tolist() == [11] and splits == [None]
     assert len(read) <= 3
     chunks.close()
 
 
-def test_interrupted_preparation_is_refused_then_redone(tmp_path):
-    """A preparation that fails half-way (here a bad last line, after shards were written) leaves no
-    meta.json and no half-written shard: loaders refuse the folder; preparing again gives the same
-    shards as a clean run."""
+def _folder_state(folder):
+    """{file name: bytes} of a folder: what "exactly as it was" compares."""
+    return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder))}
+
+
+def test_a_failed_preparation_leaves_the_old_folder_as_it_was(tmp_path):
+    """Preparing over a good folder from an input that fails part way (a bad line after shards were
+    written; a parquet whose text is null at row 30) leaves the good folder byte for byte, and no temp
+    folder beside it; it still loads. A preparation that succeeds replaces it whole."""
     good = [f"document {i} " * 15 for i in range(40_000)]                # 8 MB: several 1 MB chunks
     _write_jsonl(tmp_path / "good.jsonl", good)
     _write_jsonl(tmp_path / "bad.jsonl", good)
@@ -186,47 +191,116 @@ def test_interrupted_preparation_is_refused_then_redone(tmp_path):
         f.write("not json\n")
     out, kw = tmp_path / "out", dict(val_frac=0.1, workers=2, shard_tokens=500_000)
     data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **kw)
+    before = _folder_state(out)
     with pytest.raises(ValueError, match="bad.jsonl:40001"):
         data.prepare(str(tmp_path / "bad.jsonl"), str(out), "byte", **kw)
-    assert len(data.find_shards(out, "train")) > 3 and not (out / "meta.json").exists()
-    assert not [p for p in os.listdir(out) if p.endswith(".tmp")]
-    for load in (lambda: data.load_meta(out), lambda: data.Loader(str(out), "train", 2, 16, eot=256)):
-        with pytest.raises(ValueError, match="no meta.json: their preparation did not finish"):
-            load()
-    data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **kw)
-    data.prepare(str(tmp_path / "good.jsonl"), str(tmp_path / "clean"), "byte", **{**kw, "workers": 1})
-    assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "clean"))
-    for split in ("train", "val"):
-        assert np.array_equal(_stream(out, split), _stream(tmp_path / "clean", split))
+    assert _folder_state(out) == before and sorted(os.listdir(tmp_path)) == ["bad.jsonl", "good.jsonl", "out"]
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"text": good[:30] + [None] + good[:10]}), tmp_path / "n.parquet", row_group_size=8)
+    with pytest.raises(ValueError, match="n.parquet row 30: 'text' must be a string, got NoneType"):
+        data.prepare(str(tmp_path / "n.parquet"), str(out), "byte", **kw)
+    assert _folder_state(out) == before and next(data.Loader(str(out), "train", 2, 16)).x.shape == (2, 16)
+    data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **{**kw, "max_tokens": 1000})
+    assert json.load(open(out / "meta.json"))["max_tokens"] == 1000 and _folder_state(out) != before
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds files data.py did not write .notes.txt."):
+        data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **kw)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT])
-def test_killed_preparation_is_refused(tmp_path, signum):
-    """data.py killed (SIGKILL) or stopped by Ctrl-C (SIGINT: one line, status 130, no temp files left)
-    while it writes shards over an earlier preparation: no meta.json survives, the shards it left are
-    refused, and the temp file of the shard it was writing is ignored."""
-    _write_jsonl(tmp_path / "big.jsonl", [f"line {i} " * 50 for i in range(100_000)])   # ~30 MB
+@pytest.mark.parametrize("attempt", range(8))
+def test_ctrl_c_under_load_leaves_the_old_folder_and_ends_at_once(tmp_path, attempt):
+    """Ctrl-C (SIGINT to data.py's whole process group, as a terminal sends it, so the workers get it too)
+    at a random moment of a preparation over a good folder, with two busy processes beside it: data.py
+    ends within seconds, with status 130 and one line; the good folder is byte for byte as it was, and
+    nothing else is left beside it. A SIGKILL leaves a temp folder, which the next preparation removes."""
+    import random
+    _write_jsonl(tmp_path / "big.jsonl", [f"line {i} " * 50 for i in range(60_000)])   # ~20 MB
     out = tmp_path / "out"
     data.prepare(str(tmp_path / "big.jsonl"), str(out), "byte", workers=1, max_tokens=10_000)
-    cmd = [sys.executable, "data.py", "--input", str(tmp_path / "big.jsonl"), "--out", str(out),
-           "--workers=1", "--shard_tokens=100000"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # as a terminal's
-    deadline = time.time() + 60
-    while len([n for n in os.listdir(out) if n.startswith("train_") and n.endswith(".bin")]) < 3 and time.time() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signum)
-    err = proc.communicate(timeout=60)[1]
+    before = _folder_state(out)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        cmd = [sys.executable, "data.py", "--input", str(tmp_path / "big.jsonl"), "--out", str(out),
+               "--workers=2", "--shard_tokens=100000"]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)           # its own process group, like a terminal's job
+        deadline = time.time() + 60
+        while not (tmp_path / ".out.preparing").is_dir() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(random.Random(attempt).uniform(0, 1.5))        # a random moment: starting, tokenising, writing
+        sent = time.time()
+        signum = signal.SIGKILL if attempt == 7 else signal.SIGINT
+        os.killpg(proc.pid, signum)
+        err = proc.communicate(timeout=30)[1]
+        took = time.time() - sent
+    finally:
+        for b in busy:
+            b.kill()
     if signum == signal.SIGKILL:
-        assert proc.returncode == -signal.SIGKILL, "data.py finished before it could be killed"
+        assert proc.returncode == -signal.SIGKILL
+        data.prepare(str(tmp_path / "big.jsonl"), str(out), "byte", workers=1, max_tokens=10_000)   # cleans up
     else:
+        if proc.returncode == 0:
+            pytest.skip("data.py finished before the signal")
         assert proc.returncode == 130, err[-2000:]
         assert err.strip().splitlines()[-1].startswith("interrupted: ") and "Traceback" not in err, err[-2000:]
-        assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
-    assert not (out / "meta.json").exists()
-    with pytest.raises(ValueError, match="no meta.json: their preparation did not finish"):
-        data.Loader(str(out), "train", 2, 16)
+        assert took < 10, f"data.py took {took:.1f} s to stop"
+    assert _folder_state(out) == before
+    assert sorted(os.listdir(tmp_path)) == ["big.jsonl", "out"]
+
+
+def test_files_are_read_for_what_they_are(tmp_path):
+    """Compression by content, kinds by name in any case: corpus.json.gz is a JSON array, UPPER.JSONL and
+    x.ndjson JSON lines, data.json JSON lines; binary files in a folder (a saved dataset's .arrow, an image,
+    a .pyc) are skipped and named, a save_to_disk folder inside the folder is read as a dataset."""
+    docs = ["first doc", "second doc", "third doc"]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    with gzip.open(folder / "corpus.json.gz", "wt") as f:
+        json.dump([{"text": d} for d in docs], f)
+    _write_jsonl(folder / "UPPER.JSONL", docs)
+    _write_jsonl(folder / "data.json", docs)
+    (folder / "plain.txt.gz").write_bytes(gzip.compress(b"a gzipped text file"))
+    (folder / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" + bytes(100))
+    (folder / "mod.pyc").write_bytes(b"\xa7\r\r\n\0\0\0\0" + bytes(50))
+    texts = [d.text for d in corpus.iter_texts(str(folder / "corpus.json.gz"))]
+    assert texts == docs
+    report = corpus.Report()
+    got = [d.text for d in corpus.iter_texts(str(folder), report=report)]
+    assert got == docs * 3 + ["a gzipped text file"]             # in sorted order: UPPER, corpus, data, plain
+    assert sorted(os.path.basename(p) for p in report.binary) == ["image.png", "mod.pyc"]
+    with pytest.raises(ValueError, match="image.png is a binary file"):
+        corpus.iter_texts(str(folder / "image.png"))
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"text": ["from the dataset"]}).save_to_disk(str(folder / "saved"))
+    meta = data.prepare(str(folder), str(tmp_path / "o"), "byte", val_frac=0.2, workers=1)
+    assert meta["train_docs"] + meta["val_docs"] == 3 * 3 + 1 + 1 and meta["binary_files_skipped"] == 2
+    decoded = [bytes(d).decode() for s in ("train", "val") for d in _split_docs(_stream(tmp_path / "o", s), 256)]
+    assert "from the dataset" in decoded and not any("\0" in d for d in decoded)
+
+
+def test_a_dataset_dict_uses_its_own_validation_split(tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": [f"train {i}" for i in range(20)]}),
+                               "validation": datasets.Dataset.from_dict({"text": ["val a", "val b"]})})
+    dd.save_to_disk(str(tmp_path / "dd"))
+    meta = data.prepare(str(tmp_path / "dd"), str(tmp_path / "o"), "byte", val_frac=0.5, workers=1)
+    assert (meta["train_docs"], meta["val_docs"]) == (20, 2)
+    val = [bytes(d).decode() for d in _split_docs(_stream(tmp_path / "o", "val"), 256)]
+    assert val == ["val a", "val b"]
+    assert "the dataset's own 'validation' split (2 documents) is the val split" in capsys.readouterr().out
+    datasets.DatasetDict({"train": dd["train"], "test": dd["validation"]}).save_to_disk(str(tmp_path / "tt"))
+    meta = data.prepare(str(tmp_path / "tt"), str(tmp_path / "o2"), "byte", val_frac=0.2, workers=1)
+    assert meta["train_docs"] + meta["val_docs"] == 20
+    assert "without a validation split (splits: train, test)" in capsys.readouterr().out
+
+
+def test_a_one_document_val_split_is_noted(tmp_path, capsys):
+    _write_docs(tmp_path / "in", ["one", "two", "three"])
+    meta = data.prepare(str(tmp_path / "in"), str(tmp_path / "o"), "byte", val_frac=0.01, workers=1)
+    assert meta["val_docs"] == 1
+    assert "note: the val split is one document" in capsys.readouterr().out
 
 
 def test_uint32_shards_never_wrap(tmp_path):
@@ -424,7 +498,7 @@ def test_a_shard_changed_after_its_index_is_refused_by_name(byte_data, tmp_path)
     with pytest.raises(data.DataError, match="holds token id 300, outside the vocabulary .257 ids.: a shard changed after its index"):
         next(loader)
     # train.py meets it in training, after setup: one line, exit 1
-    proc = subprocess.run([sys.executable, "train.py", *tiny_args(folder, tmp_path / "o", "--device=cpu", "--eval_iters=0")],
+    proc = subprocess.run([sys.executable, "train.py", *tiny_args(folder, tmp_path / "o", "--device=cpu", "--eval_tokens=0")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: a train batch of"), proc.stderr[-2000:]
@@ -482,3 +556,18 @@ def test_bad_streams_prepared_folders_and_out_equal_to_input(tmp_path):
     assert again["train_tokens"] + again["val_tokens"] == first["train_tokens"] + first["val_tokens"]
     with pytest.raises(ValueError, match="is the input folder"):
         data.prepare(str(texts), str(texts), "byte", workers=1)
+
+
+def test_a_disk_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys):
+    """data.py onto a read-only filesystem: one line naming the cause, the output folder as it was."""
+    import errno
+    from speedgpt import shards
+    _write_docs(tmp_path / "in", DOCS)
+
+    def read_only(path, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", path)
+    monkeypatch.setattr(shards.os, "makedirs", read_only)
+    monkeypatch.setattr(sys, "argv", ["data.py", "--input", str(tmp_path / "in"), "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit, match=r"^error: cannot write .*\.o\.preparing: read-only filesystem; .*o is as it was"):
+        data.main()
+    assert not (tmp_path / "o").exists()

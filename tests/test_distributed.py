@@ -1,5 +1,7 @@
 """torchrun with 2 CPU processes (gloo): DDP and FSDP2 give the single-process result."""
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -86,3 +88,45 @@ def test_sigterm_under_torchrun_stops_every_rank_at_one_step(short_data, tmp_pat
     cut, full = ({r["step"]: r["loss"] for r in read_metrics(d) if "loss" in r} for d in (tmp_path / "cut", tmp_path / "full"))
     assert sorted(cut) == list(range(60)) and 0 < step < 60
     assert cut == pytest.approx(full, rel=1e-6)
+
+
+def test_validation_is_the_same_for_any_launch(short_data, tmp_path):
+    """The same weights give the same validation loss on 1 or 2 processes and at any micro-batch: the same
+    val rows are evaluated (eval_tokens: 1,000 tokens are 16 rows of 64, which no batch here divides),
+    split between the ranks. Before, the rows evaluated were eval_iters x batch_size x processes."""
+    base = ["--max_iters=0", "--eval_tokens=1000", "--device=cpu"]
+    one = train.main(tiny_args(short_data, tmp_path / "a", *base, "--batch_size=4"))["val_loss"]
+    small = train.main(tiny_args(short_data, tmp_path / "b", *base, "--batch_size=3"))["val_loss"]
+    torchrun(tiny_args(short_data, tmp_path / "c", *base, "--batch_size=3"))
+    two = json.load(open(tmp_path / "c" / "summary.json"))["val_loss"]
+    assert small == pytest.approx(one, rel=1e-6) and two == pytest.approx(one, rel=1e-6)
+
+
+def test_ranks_drop_different_units_and_resume_exactly(short_data, tmp_path):
+    """With dropout, each rank has a random stream of its own (the same initial weights, other dropout
+    masks); the checkpoint keeps every rank's stream, so a resume at the same world size is exact."""
+    args = ["--max_iters=4", "--lr_decay_iters=4", "--eval_interval=2", "--dropout=0.1"]
+    torchrun(common(short_data, tmp_path / "full", *args))
+    torchrun(common(short_data, tmp_path / "part", *args, "--max_iters=2"))
+    rng = torch.load(tmp_path / "part" / "ckpt.pt", weights_only=True)["rng"]["ranks"]
+    assert len(rng) == 2 and not torch.equal(rng[0][0], rng[1][0])
+    torchrun(common(short_data, tmp_path / "part", *args, "--init_from=resume"))
+    full, part = ({r["step"]: r["loss"] for r in read_metrics(tmp_path / d) if "loss" in r} for d in ("full", "part"))
+    assert sorted(part) == [0, 1, 2, 3] and all(part[s] == full[s] for s in (2, 3))
+
+
+def test_a_resume_on_fewer_processes_keeps_the_step(short_data, tmp_path, capsys):
+    """total_batch_size=0 (one micro-batch per process) on 2 processes, resumed on 1: the step keeps the
+    checkpoint's 2 x 2 x 64 tokens (2 micro-steps here), so the run goes on as it would have on 2."""
+    args = ["--batch_size=2", "--max_iters=4", "--lr_decay_iters=4", "--eval_interval=2", "--dropout=0.0",
+            "--device=cpu", "--packing=False"]                    # total_batch_size: the default, 0
+    torchrun(tiny_args(short_data, tmp_path / "two", *args))
+    torchrun(tiny_args(short_data, tmp_path / "cut", *args, "--max_iters=2"))
+    shutil.copytree(tmp_path / "cut", tmp_path / "asked")
+    capsys.readouterr()
+    train.main(tiny_args(short_data, tmp_path / "cut", *args, "--init_from=resume"))
+    assert "total_batch_size=0 keeps the checkpoint's step of 256 tokens" in capsys.readouterr().out
+    train.main(tiny_args(short_data, tmp_path / "asked", *args, "--init_from=resume", "--total_batch_size=0"))
+    assert "total_batch_size=0 makes a step 128 tokens here; the checkpoint's steps were 256" in capsys.readouterr().out
+    two, cut = ({r["step"]: r["loss"] for r in read_metrics(tmp_path / d) if "loss" in r} for d in ("two", "cut"))
+    assert sorted(cut) == [0, 1, 2, 3] and [cut[s] for s in (2, 3)] == pytest.approx([two[s] for s in (2, 3)], rel=1e-5)

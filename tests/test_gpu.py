@@ -163,7 +163,7 @@ def test_varlen_compiles_without_graph_breaks():
 def _gpu_run(data_dir, out_dir, *extra):
     torch._dynamo.reset()                    # each run compiles afresh (no recompile limit across runs)
     args = tiny_args(data_dir, out_dir, "--device=cuda", "--dtype=bfloat16", "--n_embd=128", "--block_size=256",
-                     "--total_batch_size=2048", "--max_iters=6", "--eval_iters=0", "--save_checkpoints=False",
+                     "--total_batch_size=2048", "--max_iters=6", "--eval_tokens=0", "--save_checkpoints=False",
                      "--learning_rate=1e-2", *extra)
     train.main(args)
     return [r["loss"] for r in read_metrics(out_dir) if "loss" in r]

@@ -108,7 +108,7 @@ def test_train_main_loads_the_hf_model(byte_data, hf_dir, tmp_path, attention):
     loader = data.Loader(str(byte_data), "val", batch_size=4, block_size=64, seed=configurator.Config().seed + 1,
                          eot=256, vocab_size=257, document_mask=False)
     total, n = 0.0, 0
-    for _ in range(2):                                         # tiny_args: eval_iters=2
+    for _ in range(2):                                         # tiny_args: eval_tokens=512, 2 batches of 4 x 64
         b = next(loader)
         total += F.cross_entropy(ref(b.x).logits.flatten(0, 1), b.y.flatten(), ignore_index=-1, reduction="sum").item()
         n += b.n_valid

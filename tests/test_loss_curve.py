@@ -22,7 +22,7 @@ import train
 from conftest import ROOT, read_metrics
 
 STORED = os.path.join(ROOT, "tests", "loss_curve.json")
-ARGS = ["--max_iters=30", "--lr_decay_iters=500", "--eval_interval=10", "--eval_iters=4", "--log_interval=1",
+ARGS = ["--max_iters=30", "--lr_decay_iters=500", "--eval_interval=10", "--eval_tokens=16384", "--log_interval=1",
         "--device=cpu"]        # with lr_decay_iters=500 the schedule is the 500-step quickstart's
 
 

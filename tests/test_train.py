@@ -231,7 +231,7 @@ def test_foreign_or_mismatched_checkpoint(byte_data, tmp_path):
 
 def test_data_without_val_split_trains_without_evaluation(corpus_dir, tmp_path):
     data.prepare(str(corpus_dir), str(tmp_path / "d"), tokenizer="byte", val_frac=0)
-    summary = train.main(tiny_args(tmp_path / "d", tmp_path / "o", "--eval_iters=0", "--save_checkpoints=False"))
+    summary = train.main(tiny_args(tmp_path / "d", tmp_path / "o", "--eval_tokens=0", "--save_checkpoints=False"))
     assert summary["median_tokens_per_sec"] > 0
 
 
@@ -327,7 +327,7 @@ def test_out_of_memory_is_one_line_naming_the_knobs(byte_data, tmp_path, error):
               "model.GPT.forward = oom\n"
               "sys.argv = ['train.py'] + sys.argv[1:]\n"
               "runpy.run_path('train.py', run_name='__main__')")
-    cmd = [sys.executable, "-c", launch, *tiny_args(byte_data, tmp_path / "o", "--device=cpu", "--eval_iters=0")]
+    cmd = [sys.executable, "-c", launch, *tiny_args(byte_data, tmp_path / "o", "--device=cpu", "--eval_tokens=0")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: out of memory"), proc.stderr[-2000:]
@@ -340,5 +340,21 @@ def test_an_unfinished_stdlib_folder_is_prepared_again(tmp_path):
     folder = tmp_path / "stdlib_byte"
     folder.mkdir()
     (folder / "train_000000.bin.tmp").write_bytes(b"half")     # what an interrupted preparation leaves
-    train.main(tiny_args(folder, tmp_path / "o", "--device=cpu", "--max_iters=1", "--eval_iters=0"))
+    train.main(tiny_args(folder, tmp_path / "o", "--device=cpu", "--max_iters=1", "--eval_tokens=0"))
     assert (folder / "meta.json").is_file() and not (folder / "train_000000.bin.tmp").exists()
+
+
+def test_sample_says_what_it_does_with_odd_prompts(byte_data, tmp_path):
+    """sample.py: a prompt longer than block_size is cropped with a note; a prompt file that is not UTF-8
+    is one line, not a traceback."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=1"))
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    run = lambda start: subprocess.run([sys.executable, "sample.py", f"--out_dir={tmp_path}", f"--start={start}",
+                                        "--num_samples=1", "--max_new_tokens=2", "--device=cpu"],
+                                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = run(f"FILE:{tmp_path / 'latin1.txt'}")
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"error: prompt file {tmp_path / 'latin1.txt'} is not UTF-8 text (byte 0xe9 at offset 3): convert it to UTF-8 first"]
+    proc = run("x" * 100)
+    assert proc.returncode == 0 and "note: the prompt is 101 tokens (with its end-of-text), longer than block_size=64" \
+        in proc.stderr

@@ -141,7 +141,7 @@ def lrs(out_dir):
 
 
 def test_resume_keeps_the_schedule_unless_a_schedule_key_is_set(byte_data, tmp_path, capsys):
-    args = ["--max_iters=20", "--eval_interval=10", "--warmup_iters=2", "--eval_iters=1"]
+    args = ["--max_iters=20", "--eval_interval=10", "--warmup_iters=2", "--eval_tokens=256"]
     train.main(tiny_args(byte_data, tmp_path / "a", *args))
     train.main(tiny_args(byte_data, tmp_path / "a", *args, "--max_iters=40", "--init_from=resume"))
     lr = lrs(tmp_path / "a")
@@ -305,3 +305,44 @@ def test_resume_messages_name_only_what_applies(byte_data, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "resume: warmup_iters 30 -> 1 (set explicitly)" in out
     assert "resume: lr_decay_iters 0 -> 8 (0 resolved: decay to the end of the run)" in out
+
+
+# -----------------------------------------------------------------------------
+# the disk
+
+
+def test_a_full_disk_while_saving_stops_in_one_line_and_keeps_the_checkpoint(byte_data, tmp_path, monkeypatch):
+    """torch.save on a full disk fails with "basic_ios::clear: iostream error": the run stops with one line
+    naming the path and the cause, and the previous checkpoint survives, with no temp file beside it."""
+    from speedgpt import checkpoint
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    before = (tmp_path / "ckpt.pt").read_bytes()
+
+    def full_disk(obj, path):
+        open(path, "wb").write(b"part of a checkpoint")
+        raise RuntimeError("basic_ios::clear: iostream error")
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 10**12, 0))
+    with pytest.raises(train.RunStopped, match=r"^error: step 8: could not write .*ckpt.pt: no space left on the device "
+                                               r"\(0 MB free\); .*ckpt.pt still holds step 4: resume from it") as e:
+        train.main(tiny_args(byte_data, tmp_path, "--max_iters=8", "--init_from=resume"))
+    assert e.value.exit_code == 1 and "\n" not in str(e.value)
+    assert (tmp_path / "ckpt.pt").read_bytes() == before and not (tmp_path / "ckpt.pt.tmp").exists()
+
+
+def test_an_out_dir_that_cannot_be_written_is_refused_before_any_work(byte_data, tmp_path, monkeypatch):
+    import errno
+    import tempfile
+    from speedgpt import checkpoint
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(checkpoint.tempfile, "TemporaryFile", read_only)
+    never = tmp_path / "never" / "stdlib_byte"          # would be prepared on first use
+    with pytest.raises(ValueError, match=r"out_dir='.*/o' is not writable: read-only filesystem"):
+        train.main(tiny_args(never, tmp_path / "o"))
+    assert not never.exists()
+    monkeypatch.setattr(checkpoint.tempfile, "TemporaryFile", tempfile.TemporaryFile)
+    monkeypatch.setattr(checkpoint.os, "makedirs", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space")))
+    with pytest.raises(ValueError, match="is not writable: no space left on the device"):
+        train.main(tiny_args(byte_data, tmp_path / "o2"))
