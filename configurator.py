@@ -238,14 +238,16 @@ def check_schedule(cfg):
                       f"learning_rate={cfg.learning_rate} and never decays (fine for a benchmark, not for training)", stacklevel=3)
 
 
-def resume_config(cfg, explicit, saved):
+def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
     """The config a resumed run continues with. `cfg` is this command's config, `explicit` the keys its
     config files and overrides set, `saved` the checkpoint's config (a dict). The model's shape must
     match (ValueError naming the key; dropout and attention may change: the weights do not depend on
     them; shape keys not set explicitly are taken from the checkpoint). The schedule (SCHEDULE_KEYS) is
     the saved one unless set explicitly, so extending max_iters keeps the decay horizon the run
-    started with; lr_decay_iters=0 set explicitly means the new max_iters. resume_changes() describes
-    what differs, once the flags are resolved."""
+    started with; lr_decay_iters=0 set explicitly means the new max_iters. With total_batch_size=0 (one
+    micro-batch per process) a resume on `world` processes keeps the checkpoint's `saved_tokens` per step
+    unless total_batch_size is set explicitly. Returns (config, lines to print); resume_changes()
+    describes what differs, once the flags are resolved."""
     defaults = Config()          # a key a checkpoint predates has its default (activation: gelu)
     for k in MODEL_KEYS:
         old = saved.get(k, getattr(defaults, k))
@@ -257,9 +259,17 @@ def resume_config(cfg, explicit, saved):
     kept = {k: saved[k] for k in SCHEDULE_KEYS if k not in explicit and k in saved}
     if kept.get("lr_decay_iters") == 0:          # unresolved: an older checkpoint, or a run that ended in warm-up
         kept["lr_decay_iters"] = resolve_decay(Config(**{k: saved[k] for k in ("max_iters", "warmup_iters")})).lr_decay_iters
-    cfg = resolve_decay(replace(cfg, **kept))
+    cfg, notes = resolve_decay(replace(cfg, **kept)), []
     check_schedule(cfg)
-    return cfg
+    here = cfg.batch_size * cfg.block_size * world
+    if cfg.total_batch_size == 0 and saved_tokens not in (None, here):    # one micro-batch per process: another step
+        if "total_batch_size" in explicit:
+            notes.append(f"total_batch_size=0 makes a step {here:,} tokens here; the checkpoint's steps were {saved_tokens:,}")
+        else:
+            cfg = replace(cfg, total_batch_size=saved_tokens)
+            notes.append(f"total_batch_size=0 keeps the checkpoint's step of {saved_tokens:,} tokens (one micro-batch "
+                         f"per process is {here:,} here); set --total_batch_size to change it")
+    return cfg, notes
 
 
 def resume_changes(cfg, explicit, saved):

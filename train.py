@@ -32,9 +32,9 @@ from data import DataError, Loader, load_meta, prepare
 from model import GPT, GPTConfig
 from speedgpt import activation_checkpointing, attention, compilation, fp8, fused_ce
 from speedgpt.checkpoint import (CheckpointNotWritten, check_out_dir, last_good, load_checkpoint, load_weights, model_state,
-                                 remove_stale_tmp, save_checkpoint, state_is_finite)
+                                 remove_stale_tmp, restore_state, save_checkpoint, state_is_finite)
 from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, leave, on_every_rank, plan_batch,
-                                  print0, restore_rng_states, rng_states, seed_rank_stream, setup_processes)
+                                  print0, rng_states, seed_rank_stream, setup_processes)
 from speedgpt.distributed import check as check_parallelism
 from speedgpt.mask_check import check_attention_mask
 from speedgpt.measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_profile
@@ -73,34 +73,24 @@ def settle_config(cfg, explicit, proc):
     init_from is not given, if out_dir holds a checkpoint it would replace. Returns (cfg, checkpoint
     or None). Raises FileNotFoundError / ValueError for a missing, corrupt or mismatched checkpoint."""
     path = os.path.join(cfg.out_dir, "ckpt.pt")
+    if remove_stale_tmp(path):
+        print0(f"removed {path}.tmp, left by a run stopped while saving")
     if cfg.init_from != "resume":
         cfg = check_flags(cfg, proc)
-        if remove_stale_tmp(path):
-            print0(f"removed {path}.tmp, left by a run stopped while saving")
         if cfg.save_checkpoints and "init_from" not in explicit and os.path.isfile(path):
             raise ValueError(f"{path} holds a run: continue it with --init_from=resume, or start afresh with "
                              "--init_from=scratch (which replaces it) or another out_dir")
         return resolve_decay(cfg), None
-    if remove_stale_tmp(path):
-        print0(f"removed {path}.tmp, left by a run stopped while saving")
     ckpt = load_checkpoint(path)
-    cfg = check_flags(resume_config(cfg, explicit, ckpt["config"]), proc)    # the shape may be the checkpoint's
-    saved_tokens, here = ckpt.get("tokens_per_step"), cfg.batch_size * cfg.block_size * proc.world
-    if cfg.total_batch_size == 0 and saved_tokens not in (None, here):    # one micro-batch per process: another step
-        if "total_batch_size" in explicit:
-            print0(f"resume: total_batch_size=0 makes a step {here:,} tokens here; the checkpoint's steps were "
-                   f"{saved_tokens:,}")
-        else:
-            cfg = replace(cfg, total_batch_size=saved_tokens)
-            print0(f"resume: total_batch_size=0 keeps the checkpoint's step of {saved_tokens:,} tokens (one "
-                   f"micro-batch per process is {here:,} here); set --total_batch_size to change it")
+    cfg, notes = resume_config(cfg, explicit, ckpt["config"], ckpt.get("tokens_per_step"), proc.world)
+    cfg = check_flags(cfg, proc)                                        # the shape may be the checkpoint's
     if ckpt["step"] > cfg.max_iters:
         raise ValueError(f"checkpoint {path} is at step {ckpt['step']}, past max_iters={cfg.max_iters}")
     if cfg.profile and ckpt["step"] + cfg.timing_warmup > cfg.max_iters:
         raise ValueError(f"profile=True profiles step {ckpt['step'] + cfg.timing_warmup - 1} of this resumed run: "
                          f"max_iters={cfg.max_iters} ends before it")
     print0(f"resume: {path} at step {ckpt['step']:,} of max_iters={cfg.max_iters:,}")
-    for line in resume_changes(cfg, explicit, ckpt["config"]):
+    for line in notes + resume_changes(cfg, explicit, ckpt["config"]):
         print0(f"resume: {line}")
     return cfg, ckpt
 
@@ -181,16 +171,8 @@ def build_optimizer(cfg, raw_model, proc, ckpt, train_loader):
     scaler = torch.amp.GradScaler(proc.device.type, enabled=cfg.dtype == "float16")
     if ckpt is None:
         return optimizer, ctx, scaler, 0, None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-    set_optimizer_state_dict(raw_model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
-    if ckpt["scaler"] and scaler.is_enabled():
-        scaler.load_state_dict(ckpt["scaler"])
-    elif scaler.is_enabled():          # the checkpoint was not float16: its loss scale starts afresh
-        print0("resume: a fresh GradScaler for float16 (the checkpoint was trained without one)")
-    train_loader.load_state_dict(ckpt["loader"])
-    if not restore_rng_states(ckpt["rng"], proc, cfg.seed, ckpt["step"]) and cfg.dropout > 0:
-        print0(f"resume: {proc.world} processes where the checkpoint had {len(ckpt['rng'].get('ranks') or [0])}: "
-               "the dropout streams of the ranks it did not have start afresh (the data order is unchanged)")
+    for line in restore_state(ckpt, raw_model, optimizer, scaler, train_loader, proc, cfg):
+        print0(f"resume: {line}")
     return optimizer, ctx, scaler, ckpt["step"], ckpt["best_val_loss"]
 
 

@@ -64,6 +64,25 @@ def load_weights(model, ckpt, path):
         raise ValueError(f"checkpoint {path} does not fit the model: {str(e).splitlines()[0]}") from e
 
 
+def restore_state(ckpt, model, optimizer, scaler, loader, proc, cfg):
+    """Set what a resume continues from the checkpoint `ckpt`: the optimizer's state (unsharded under
+    FSDP), the GradScaler's (float16), the loader's position and each rank's random streams. Returns
+    lines describing what could not continue as it was (a fresh GradScaler; fresh dropout streams)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    from speedgpt.distributed import restore_rng_states
+    set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
+    notes = []
+    if ckpt["scaler"] and scaler.is_enabled():
+        scaler.load_state_dict(ckpt["scaler"])
+    elif scaler.is_enabled():          # the checkpoint was not float16: its loss scale starts afresh
+        notes.append("a fresh GradScaler for float16 (the checkpoint was trained without one)")
+    loader.load_state_dict(ckpt["loader"])
+    if not restore_rng_states(ckpt["rng"], proc, cfg.seed, ckpt["step"]) and cfg.dropout > 0:
+        notes.append(f"{proc.world} processes where the checkpoint had {len(ckpt['rng'].get('ranks') or [0])}: the "
+                     "dropout streams of the ranks it did not have start afresh (the data order is unchanged)")
+    return notes
+
+
 def all_finite(state_dict):
     """True when every floating-point tensor of `state_dict` (nested dicts and lists too) is finite."""
     if isinstance(state_dict, dict):
