@@ -3,7 +3,8 @@ The itemised speedup: train.py's real tokens/s after each change, one fresh proc
 
     python bench.py                                    # config/fast.py's model on this GPU
     python bench.py --config config/large.py --start 2 --steps 30 --batch_size 4
-    python bench.py --steps 2 --no_loo --batch_size 4 --out bench_cpu -- --n_layer=2 --n_head=2 --n_embd=64 --block_size=64  # CPU
+    python bench.py --steps 2 --no_loo --batch_size 4 --out bench_cpu \\
+        -- --n_layer=2 --n_head=2 --n_embd=64 --block_size=64  # CPU
     python bench.py --resume --out bench_out                # continue a bench that was cut short
     python bench.py --find_max_batch --config config/large.py --batch_size 4 -- --grad_checkpointing=full
 
@@ -33,7 +34,8 @@ LADDER = [
     ("+ fused AdamW", dict(fused_adamw=True)),
     ("+ packing, document mask", dict(packing=True, document_mask=True, attention="MASKED")),
     ("+ fused head + cross-entropy", dict(fused_ce=True)),
-    ("+ FP8 head", dict(fp8_head=True)),          # the fused head's matmuls in float8 (FP8 loses on the 768-wide blocks)
+    # the fused head's matmuls in float8 (FP8 loses on the 768-wide blocks)
+    ("+ FP8 head", dict(fp8_head=True)),
 ]
 # leave-one-out from all-on: what each change is undone to
 UNDO = {"bf16 autocast": dict(dtype="float32", tf32=False), "torch.compile": dict(compile=False),
@@ -68,9 +70,11 @@ def run_rung(name, overrides, args, extra, done=None):
     """One fresh train.py process; returns its medians (tokens/s, step ms, MFU), peak memory and padding.
     A rung already in `done` (from --resume) is not run again."""
     if done and name in done:
-        print(f"\n=== {name}: reused from {args.out}/rows.jsonl ({done[name]['tokens_per_sec']:,.0f} tok/s)", flush=True)
+        print(f"\n=== {name}: reused from {args.out}/rows.jsonl ({done[name]['tokens_per_sec']:,.0f} tok/s)",
+              flush=True)
         return dict(done[name])
-    out_dir = os.path.join(args.out, "runs", name.strip("+ ").replace(" ", "_").replace(",", "").replace("(", "").replace(")", ""))
+    out_dir = os.path.join(args.out, "runs",
+                           name.strip("+ ").replace(" ", "_").replace(",", "").replace("(", "").replace(")", ""))
     flags = {**overrides, "max_iters": args.steps + args.warmup, "timing_warmup": args.warmup, "log_interval": 1,
              "eval_tokens": 0, "save_checkpoints": False, "out_dir": out_dir}
     cmd = [sys.executable, "train.py", "--config", args.config, *extra] + [f"--{k}={v}" for k, v in flags.items()]
@@ -102,13 +106,15 @@ def fmt(x, spec):
 
 
 def table(rows, title, ratio_name):
-    lines = [f"### {title}", "", f"| rung | real tok/s | step ms | MFU | mem GB | pad frac | {ratio_name} | x vs baseline |",
+    lines = [f"### {title}", "",
+             f"| rung | real tok/s | step ms | MFU | mem GB | pad frac | {ratio_name} | x vs baseline |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if not r["ok"]:
             lines.append(f"| {r['rung']} | {r.get('error', 'skipped')} | | | | | | |")
             continue
-        lines.append(f"| {r['rung']} | {r['tokens_per_sec']:,.0f} | {r['step_ms']:.1f} | {fmt(r['mfu'] and 100 * r['mfu'], '.1f')}"
+        lines.append(f"| {r['rung']} | {r['tokens_per_sec']:,.0f} | {r['step_ms']:.1f} | "
+                     f"{fmt(r['mfu'] and 100 * r['mfu'], '.1f')}"
                      f"{'%' if r['mfu'] else ''} | {fmt(r['mem_gb'], '.1f')} | {r['pad_frac']:.3f} | "
                      f"{fmt(r.get('x_prev'), '.2f')} | {fmt(r.get('x_base'), '.2f')} |")
     return "\n".join(lines)
@@ -129,7 +135,8 @@ def bench(args, extra):
         if i < args.start:
             continue
         if name == "+ FP8 head" and not fp8_supported():
-            rungs.append({"rung": name, "ok": False, "error": "skipped: FP8 needs a GPU of compute capability 8.9+ and torchao"})
+            rungs.append({"rung": name, "ok": False,
+                          "error": "skipped: FP8 needs a GPU of compute capability 8.9+ and torchao"})
             continue
         rungs.append(run_rung(name, dict(config), args, extra, done))
         if not rungs[-1]["ok"]:                     # every later rung builds on this one: stop here
@@ -181,7 +188,8 @@ def bench(args, extra):
     rows = rungs + loo
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    keys = ["rung", "ok", "tokens_per_sec", "step_ms", "mfu", "mem_gb", "pad_frac", "x_prev", "x_base", "timed_steps", "error", "command"]
+    keys = ["rung", "ok", "tokens_per_sec", "step_ms", "mfu", "mem_gb", "pad_frac", "x_prev", "x_base", "timed_steps",
+            "error", "command"]
     with open(os.path.join(args.out, "bench.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
@@ -263,8 +271,10 @@ def main():
     if not 1 <= args.batch_size <= args.max_batch:
         parser.error(f"need 1 <= --batch_size <= --max_batch, got {args.batch_size} and {args.max_batch}")
     # keys bench.py sets itself on every run: an override after -- would silently undo the measurement
-    runs = {"batch_size", "total_batch_size", "max_iters", "timing_warmup", "eval_tokens", "save_checkpoints", "out_dir"}
-    owned = runs if args.find_max_batch else runs | {"log_interval"} | {k for _, c in LADDER for k in c} | {k for c in UNDO.values() for k in c}
+    runs = {"batch_size", "total_batch_size", "max_iters", "timing_warmup", "eval_tokens", "save_checkpoints",
+            "out_dir"}
+    owned = runs if args.find_max_batch else runs | {"log_interval"} | {k for _, c in LADDER for k in c} | \
+        {k for c in UNDO.values() for k in c}
     clash = sorted({a[2:].split("=", 1)[0] for a in args.extra if a.startswith("--")} & (owned | {"config"}))
     if clash:
         parser.error(f"bench.py sets {', '.join(clash)} itself on every run; use its own options "

@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, fields, replace
 class Config:
     # I/O
     out_dir: str = "out"                   # the run's folder: ckpt.pt, metrics.jsonl, summary.json, config.json
-    data_dir: str = "data/stdlib_byte"     # prepared shards (data.py); data/stdlib_byte, data/stdlib_gpt2: made on first use
-    init_from: str = "scratch"             # scratch | resume (out_dir/ckpt.pt) | gpt2[-medium|-large|-xl] | a HF GPT-2 folder
+    data_dir: str = "data/stdlib_byte"     # prepared shards (data.py); stdlib_byte, stdlib_gpt2: made on first use
+    init_from: str = "scratch"             # scratch | resume (out_dir/ckpt.pt) | gpt2[-medium|-large|-xl] | a HF folder
     eval_interval: int = 100               # validation (and a checkpoint) every this many steps, and at the end
-    eval_tokens: int = 40960               # validation tokens: the val split's first rows, the same for any launch; 0: none
+    eval_tokens: int = 40960               # validation tokens: the val split's first rows, for any launch; 0: none
     save_checkpoints: bool = True          # write out_dir/ckpt.pt at each evaluation
     log_interval: int = 10                 # a console line and a metrics record every this many steps
     timing_warmup: int = 3                 # steps after start/resume left out of tokens/s (compile, caches)
@@ -36,7 +36,7 @@ class Config:
     batch_size: int = 16                   # micro-batch, sequences per process
     block_size: int = 256                  # sequence length, tokens
     total_batch_size: int = 0              # tokens per optimizer step, whole job; 0: one micro-batch per process
-    packing: bool = True                   # documents fill every row; False: one document per row, padded (the baseline)
+    packing: bool = True                   # documents fill every row; False: one document per row, padded
     document_mask: bool = True             # with packing: no attention or position across documents
     check_mask: bool = False               # debug: assert each batch's attention mask is block-diagonal and causal
     profile: bool = False                  # torch.profiler over the last warm-up step: out_dir/profile.txt and a trace
@@ -47,7 +47,7 @@ class Config:
     dropout: float = 0.0                   # dropout probability, in [0, 1)
     bias: bool = False                     # biases in Linear layers and LayerNorms (GPT-2 had them)
     activation: str = "gelu"               # gelu (exact) | gelu_tanh (GPT-2's tanh approximation)
-    attention: str = "sdpa"                # naive | sdpa | flex | varlen | auto (the fastest installed, resolved at start)
+    attention: str = "sdpa"                # naive | sdpa | flex | varlen | auto (the fastest installed, at start)
     sdpa_backend: str = "auto"             # auto | flash | cudnn: the only kernel attention='sdpa' may use (GPU)
     # optimizer: AdamW, linear warmup then cosine decay to min_lr
     learning_rate: float = 3e-3            # peak learning rate
@@ -66,6 +66,7 @@ class Config:
     dtype: str = "float32"                 # float32 | bfloat16 | float16 (float16 adds a GradScaler)
     tf32: bool = False                     # TF32 matmuls in float32
     compile: bool = False                  # torch.compile the model
+    compile_regional: bool = False         # compile one block, reused by all (and the head): compile time flat in depth
     cuda_graphs: bool = False              # experiment: compile mode reduce-overhead (CUDA graphs), one GPU
     seed: int = 1337                       # initial weights, data order, dropout
     peak_flops: float = 0.0                # FLOP/s for MFU; 0: the GPU's entry in speedgpt/measure.py's PEAK_FLOPS
@@ -88,9 +89,8 @@ SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters")   
 LEGACY_EVAL_ITERS = ("it is replaced by eval_tokens, the validation tokens of each evaluation, the same whatever the "
                      "batch_size and number of processes (eval_iters x batch_size x block_size x processes before); "
                      "eval_iters=0 still means no evaluation")
-RENAMED = {"eval_iters": LEGACY_EVAL_ITERS,
-           "grad_accum_steps": "it is derived: set total_batch_size, the tokens per optimizer step for the whole job",
-           "gradient_accumulation_steps": "it is derived: set total_batch_size, the tokens per optimizer step for the whole job"}
+DERIVED = "it is derived: set total_batch_size, the tokens per optimizer step for the whole job"
+RENAMED = {"eval_iters": LEGACY_EVAL_ITERS, "grad_accum_steps": DERIVED, "gradient_accumulation_steps": DERIVED}
 HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: OpenAI's GPT-2 on the Hugging Face hub
 
 
@@ -163,7 +163,8 @@ def load_config(argv, with_explicit=False):
     values = {}
     for path in files:
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"config file {path!r} " + ("is a folder, not a file" if os.path.isdir(path) else "not found"))
+            raise FileNotFoundError(f"config file {path!r} "
+                                    + ("is a folder, not a file" if os.path.isdir(path) else "not found"))
         ns = {}
         try:
             with open(path) as f:
@@ -181,7 +182,8 @@ def load_config(argv, with_explicit=False):
             value = raw
         values.update(_legacy(key, value, "command line") or {key: _typed(key, value, "command line")})
     cfg = Config(**values)
-    positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval", "fused_ce_chunk")
+    positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval",
+                "fused_ce_chunk")
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}")
@@ -205,9 +207,10 @@ def load_config(argv, with_explicit=False):
         raise ValueError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if not cfg.out_dir:
         raise ValueError("config key 'out_dir' must not be empty")
-    if cfg.init_from not in ("scratch", "resume", *HF_GPT2) and not os.path.isfile(os.path.join(cfg.init_from, "config.json")):
-        raise ValueError(f"config key 'init_from' must be scratch, resume, {', '.join(HF_GPT2)} or a Hugging Face GPT-2 "
-                         f"folder (with config.json), got {cfg.init_from!r}"
+    hf_folder = os.path.isfile(os.path.join(cfg.init_from, "config.json"))
+    if cfg.init_from not in ("scratch", "resume", *HF_GPT2) and not hf_folder:
+        raise ValueError(f"config key 'init_from' must be scratch, resume, {', '.join(HF_GPT2)} or a Hugging Face "
+                         f"GPT-2 folder (with config.json), got {cfg.init_from!r}"
                          + (" (a folder without config.json)" if os.path.isdir(cfg.init_from) else ""))
     if cfg.profile and cfg.timing_warmup < 2:
         raise ValueError("profile=True profiles the last warm-up step: it needs timing_warmup >= 2 "
@@ -229,13 +232,15 @@ def check_schedule(cfg):
     a short run (a benchmark) could mean. lr_decay_iters=0 stands for max_iters."""
     decay = cfg.lr_decay_iters or cfg.max_iters
     if cfg.min_lr > cfg.learning_rate:
-        raise ValueError(f"min_lr={cfg.min_lr} is above learning_rate={cfg.learning_rate}: the schedule decays to min_lr")
+        raise ValueError(f"min_lr={cfg.min_lr} is above learning_rate={cfg.learning_rate}: the schedule decays to "
+                         "min_lr")
     if cfg.lr_decay_iters and cfg.lr_decay_iters <= cfg.warmup_iters < cfg.max_iters:
         raise ValueError(f"lr_decay_iters={cfg.lr_decay_iters} must exceed warmup_iters={cfg.warmup_iters}: "
                          "the rate would fall from its peak to min_lr in one step")
     if cfg.max_iters and decay <= cfg.warmup_iters:
         warnings.warn(f"warmup_iters={cfg.warmup_iters} >= max_iters={cfg.max_iters}: the learning rate never reaches "
-                      f"learning_rate={cfg.learning_rate} and never decays (fine for a benchmark, not for training)", stacklevel=3)
+                      f"learning_rate={cfg.learning_rate} and never decays (fine for a benchmark, not for training)",
+                      stacklevel=3)
 
 
 def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
@@ -258,13 +263,15 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
                              "the model's shape cannot change on resume")
     kept = {k: saved[k] for k in SCHEDULE_KEYS if k not in explicit and k in saved}
     if kept.get("lr_decay_iters") == 0:          # unresolved: an older checkpoint, or a run that ended in warm-up
-        kept["lr_decay_iters"] = resolve_decay(Config(**{k: saved[k] for k in ("max_iters", "warmup_iters")})).lr_decay_iters
+        started = Config(**{k: saved[k] for k in ("max_iters", "warmup_iters")})
+        kept["lr_decay_iters"] = resolve_decay(started).lr_decay_iters
     cfg, notes = resolve_decay(replace(cfg, **kept)), []
     check_schedule(cfg)
     here = cfg.batch_size * cfg.block_size * world
     if cfg.total_batch_size == 0 and saved_tokens not in (None, here):    # one micro-batch per process: another step
         if "total_batch_size" in explicit:
-            notes.append(f"total_batch_size=0 makes a step {here:,} tokens here; the checkpoint's steps were {saved_tokens:,}")
+            notes.append(f"total_batch_size=0 makes a step {here:,} tokens here; the checkpoint's steps were "
+                         f"{saved_tokens:,}")
         else:
             cfg = replace(cfg, total_batch_size=saved_tokens)
             notes.append(f"total_batch_size=0 keeps the checkpoint's step of {saved_tokens:,} tokens (one micro-batch "

@@ -40,9 +40,9 @@ import numpy as np
 
 from speedgpt import corpus
 from speedgpt.corpus import ByteTokenizer, GPT2Tokenizer, get_tokenizer   # noqa: F401 (data.get_tokenizer is public)
-from speedgpt.shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, SHARD_TOKENS, DataError,  # noqa: F401 (data.X is public)
-                             describe_os_error, find_shards, index_path, index_tmp_path, load_meta, prepared_folder, read_header, read_index,
-                             read_shard, write_index, write_shard)
+from speedgpt.shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, SHARD_TOKENS,  # noqa: F401 (data.X is public)
+                             DataError, describe_os_error, find_shards, index_path, index_tmp_path, load_meta,
+                             prepared_folder, read_header, read_index, read_shard, write_index, write_shard)
 
 # -----------------------------------------------------------------------------
 # preparation
@@ -107,7 +107,8 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
         raise ValueError(f"workers must be at least 1, got {workers}")
     if shard_tokens < 1 or (max_tokens is not None and max_tokens < 1):
         raise ValueError(f"shard_tokens and max_tokens must be positive, got {shard_tokens} and {max_tokens}")
-    input_path, out_dir, workers = None if input_path is None else str(input_path), str(out_dir), workers or os.cpu_count()
+    input_path, out_dir, workers = (None if input_path is None else str(input_path), str(out_dir),
+                                    workers or os.cpu_count())
     source = input_path or f"python stdlib ({corpus.stdlib_path()})"
     if input_path is not None and os.path.realpath(input_path) == os.path.realpath(out_dir):
         raise ValueError(f"--out {out_dir} is the input folder: write the shards elsewhere (a prepared folder "
@@ -122,7 +123,8 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
     rng, held, total, empty = random.Random(seed), None, 0, 0
     with prepared_folder(out_dir) as tmp, corpus.TokenizerPool(tokenizer, dtype, workers) as pool:
         writers = {s: ShardWriter(tmp, s, shard_tokens, dtype, tok.eot) for s in ("train", "val")}
-        with tqdm(total=max_tokens, unit="tok", unit_scale=True, desc=f"tokenizing ({tokenizer}, {workers} workers)") as bar:
+        with tqdm(total=max_tokens, unit="tok", unit_scale=True,
+                  desc=f"tokenizing ({tokenizer}, {workers} workers)") as bar:
             for tokens, lengths, n_empty, splits in pool.tokenize(itertools.chain([first], docs)):
                 empty += n_empty
                 ends = np.cumsum(lengths)
@@ -166,7 +168,8 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
         print(f"skipped {len(report.binary)} binary files (a NUL byte in their first bytes: not text): "
               + ", ".join(report.binary[:5]) + (", ..." if len(report.binary) > 5 else ""))
     print(f"wrote {out_dir}: train {meta['train_tokens']:,} tokens in {meta['train_docs']} docs, "
-          f"val {meta['val_tokens']:,} tokens in {meta['val_docs']} docs" + (f" ({empty} empty documents skipped)" if empty else ""))
+          f"val {meta['val_tokens']:,} tokens in {meta['val_docs']} docs"
+          + (f" ({empty} empty documents skipped)" if empty else ""))
     if meta["val_docs"] == 1:
         print(f"note: the val split is one document ({meta['val_tokens']:,} tokens): its loss measures that document "
               "alone; a larger --val_frac (or more documents) makes it a sample of the corpus")
@@ -279,12 +282,15 @@ class Loader:
             raise ValueError(f"seed must be an int >= 0, got {seed!r}")
         if type(prefetch) is not int or prefetch < 1:
             raise ValueError(f"prefetch must be an int >= 1 (batches built ahead), got {prefetch!r}")
-        self.rank, self.world_size, self.seed, self._initial_seed, self._prefetch = rank, world_size, seed, seed, prefetch
+        self.rank, self.world_size, self.seed, self._initial_seed, self._prefetch = \
+            rank, world_size, seed, seed, prefetch
         sizes = [read_header(p)[0] for p in self.paths]
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)   # where each shard starts in the stream
+        # where each shard starts in the stream
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         if meta["foreign"] and not all(os.path.isfile(index_path(p)) for p in self.paths):
             print(f"note: indexing the foreign {split} shards of {data_dir} (once: the index is saved beside them)")
-        index = [read_index(p, n, self.eot, meta["foreign"], with_starts=not packing) for p, n in zip(self.paths, sizes)]
+        index = [read_index(p, n, self.eot, meta["foreign"], with_starts=not packing)
+                 for p, n in zip(self.paths, sizes)]
         for p, (max_id, _) in zip(self.paths, index):
             if vocab_size is not None and max_id >= vocab_size:
                 raise ValueError(f"shard {p} holds token id {max_id}, outside the vocabulary ({vocab_size} ids "
@@ -303,7 +309,8 @@ class Loader:
             self.piece_starts = self.piece_ends - pieces
             self.n_rows = int(self.piece_ends[-1])
         if self.n_rows == 0:
-            raise ValueError(f"{split} shards in {data_dir} hold {n} tokens: too few for one row of block_size {block_size}")
+            raise ValueError(f"{split} shards in {data_dir} hold {n} tokens: too few for one row of "
+                             f"block_size {block_size}")
         self._orders = {}
         self._pool = ThreadPoolExecutor(1)     # one worker: batches are built in order
         self._pin = self.device.type == "cuda"
@@ -350,7 +357,8 @@ class Loader:
         top = max(int(x.max()), int(y.max()))             # the index said no id >= vocab_size: a changed shard
         if self.vocab_size is not None and top >= self.vocab_size:
             raise DataError(f"a {self.split} batch of {self.data_dir} holds token id {top}, outside the vocabulary "
-                             f"({self.vocab_size} ids): a shard changed after its index was written; prepare the data again")
+                             f"({self.vocab_size} ids): a shard changed after its index was written; "
+                             "prepare the data again")
         import torch
         tensors = [torch.from_numpy(a) for a in (x, y)]
         if self.document_mask:             # doc_ids, varlen cu_seqlens and positions: here, not in the step
@@ -408,12 +416,14 @@ def main():
                         "Python's stdlib sources")
     parser.add_argument("--out", default=None, help="output folder (default: data/stdlib_<tokenizer>)")
     parser.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"])
-    parser.add_argument("--text_field", default="text", help="the document's field (JSON) or column (parquet, datasets)")
+    parser.add_argument("--text_field", default="text",
+                        help="the document's field (JSON) or column (parquet, datasets)")
     parser.add_argument("--val_frac", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: one per CPU)")
     parser.add_argument("--shard_tokens", type=int, default=SHARD_TOKENS)
-    parser.add_argument("--max_tokens", type=int, default=None, help="stop after the document that reaches this many tokens")
+    parser.add_argument("--max_tokens", type=int, default=None,
+                        help="stop after the document that reaches this many tokens")
     args = parser.parse_args()
     if args.out is None:
         if args.input is not None:

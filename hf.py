@@ -91,13 +91,15 @@ def gpt_config_from_hf(hf_config, name, config=None):
     `config` (a GPTConfig: what the user asked for), the rest comes from it (dropout, attention, the
     fused head), block_size too when it is at most hf_config.n_positions (the position table is
     cropped, as nanoGPT's crop_block_size), and every shape key it sets differently is printed; without
-    `config`, block_size is n_positions and the rest GPTConfig's defaults (dropout 0, attention sdpa). Raises ValueError for a model
-    model.py cannot express (another architecture, activation, MLP width, LayerNorm eps, attention
-    scaling, untied head), a block_size beyond n_positions, or a vocabulary other than config's."""
+    `config`, block_size is n_positions and the rest GPTConfig's defaults (dropout 0, attention sdpa).
+    Raises ValueError for a model model.py cannot express (another architecture, activation, MLP width,
+    LayerNorm eps, attention scaling, untied head), a block_size beyond n_positions, or a vocabulary
+    other than config's."""
     c = hf_config
     if c.model_type != "gpt2":
         raise ValueError(f"{name} is a {c.model_type!r} model, not GPT-2")
-    unsupported = {"activation_function": (c.activation_function not in ACTIVATION_FROM_HF, "gelu_new, gelu_pytorch_tanh or gelu"),
+    unsupported = {"activation_function": (c.activation_function not in ACTIVATION_FROM_HF,
+                                           "gelu_new, gelu_pytorch_tanh or gelu"),
                    "n_inner": (c.n_inner not in (None, 4 * c.n_embd), f"None or 4 * n_embd = {4 * c.n_embd}"),
                    "layer_norm_epsilon": (c.layer_norm_epsilon != 1e-5, "1e-05 (nn.LayerNorm's)"),
                    "scale_attn_weights": (not c.scale_attn_weights, "True"),
@@ -120,7 +122,8 @@ def gpt_config_from_hf(hf_config, name, config=None):
     if taken:
         print0(f"init_from={name}: its shape replaces the config's: {', '.join(taken)}")
     if config.block_size < c.n_positions:
-        print0(f"init_from={name}: block_size={config.block_size}, its first {config.block_size} of {c.n_positions} positions")
+        print0(f"init_from={name}: block_size={config.block_size}, its first {config.block_size} of "
+               f"{c.n_positions} positions")
     return replace(config, **theirs)
 
 
@@ -140,7 +143,8 @@ def copy_hf_state(model, hf_state, name):
         t = t[:T] if key == "transformer.wpe.weight" else t
         want = (V, p.shape[1]) if key == "transformer.wte.weight" else tuple(p.shape)
         if tuple(t.shape) != want:
-            raise ValueError(f"{name}: {key} has shape {tuple(t.shape)}" + (" (Conv1D, transposed)" if key.endswith(CONV1D) else "")
+            raise ValueError(f"{name}: {key} has shape {tuple(t.shape)}"
+                             + (" (Conv1D, transposed)" if key.endswith(CONV1D) else "")
                              + f" but the model needs {want}")
         if key == "transformer.wte.weight":
             p[V:].zero_()                                  # padded ids: never produced, masked in the loss
@@ -194,7 +198,8 @@ def write_gpt2_tokenizer(to, transformers):
         try:
             blob = tiktoken.load.read_file_cached(url, sha256)
         except Exception as e:                             # no network and no cache
-            raise FileNotFoundError(f"could not read tiktoken's GPT-2 file {url.rsplit('/', 1)[1]} ({str(e).splitlines()[0][:200]}): "
+            raise FileNotFoundError(f"could not read tiktoken's GPT-2 file {url.rsplit('/', 1)[1]} "
+                                    f"({str(e).splitlines()[0][:200]}): "
                                     "offline, point TIKTOKEN_CACHE_DIR at a folder holding it") from e
         with open(os.path.join(to, filename), "wb") as f:
             f.write(blob)
@@ -248,7 +253,8 @@ def export_hf(ckpt_path, to):
             raise ValueError(f"{ckpt_path}: {key} has shape {tuple(t.shape)} but HF GPT-2 needs {tuple(p.shape)}")
         p.copy_(t)
     if set(ours) - used:
-        raise ValueError(f"{ckpt_path} cannot be expressed as HF GPT-2: it has no place for {', '.join(sorted(set(ours) - used))}")
+        raise ValueError(f"{ckpt_path} cannot be expressed as HF GPT-2: it has no place for "
+                         f"{', '.join(sorted(set(ours) - used))}")
     # the check: a setting of model.py that this mapping does not know would show here
     idx = torch.randint(0, c.vocab_size, (1, min(16, c.block_size)), generator=torch.Generator().manual_seed(0))
     want, got = model(idx)[0][..., :c.vocab_size], hf(idx).logits
@@ -267,9 +273,11 @@ def export_hf(ckpt_path, to):
             if os.path.exists(os.path.join(to, name)):
                 os.remove(os.path.join(to, name))
         print0(f"note: {meta['tokenizer']!r} tokens have no Hugging Face tokenizer; "
-                + ("ids 0-255 are UTF-8 bytes, 256 is end-of-text" if meta["tokenizer"] == "byte" else "encode them as data.py does"))
+                + ("ids 0-255 are UTF-8 bytes, 256 is end-of-text" if meta["tokenizer"] == "byte"
+                   else "encode them as data.py does"))
     with open(os.path.join(to, "speedgpt.json"), "w") as f:       # where it came from
-        json.dump({"checkpoint": os.path.abspath(ckpt_path), "step": ckpt["step"], "config": cfg, "meta": meta}, f, indent=1)
+        json.dump({"checkpoint": os.path.abspath(ckpt_path), "step": ckpt["step"], "config": cfg, "meta": meta}, f,
+                  indent=1)
     print0(f"wrote {to}: GPT-2 {c.n_layer} layers x {c.n_embd}, vocabulary {c.vocab_size}, step {ckpt['step']}"
             + (" (bias=False written as zero biases)" if not c.bias else "") + f"; max |logit difference| "
             f"{(got - want).abs().max().item():.1e}")

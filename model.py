@@ -131,7 +131,8 @@ class GPT(nn.Module):
         if config.activation not in ACTIVATIONS:
             raise ValueError(f"activation={config.activation!r}: expected one of {tuple(ACTIVATIONS)}")
         if config.attention in ("flex", "varlen") and config.dropout > 0:
-            raise ValueError(f"attention={config.attention!r} has no attention dropout: set dropout=0 or use attention='sdpa'")
+            raise ValueError(f"attention={config.attention!r} has no attention dropout: set dropout=0 or use "
+                             "attention='sdpa'")
         if config.fp8_head and not config.fused_ce:
             raise ValueError("fp8_head=True runs the fused head's matmuls in float8: it needs fused_ce=True")
         self.config = config
@@ -196,6 +197,12 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(position_ids))
         for block in self.transformer.h:
             x = block(x, mask)
+        return self.head(x, targets)
+
+    def head(self, x, targets=None):
+        """The final LayerNorm, the output head and the loss of hidden states x (B, T, C): see forward().
+        A method of its own so that regional compilation (speedgpt/compilation.py) compiles it apart."""
+        B, T, _ = x.size()
         x = self.transformer.ln_f(x)
         c = self.config
         if targets is not None and c.fused_ce and torch.is_grad_enabled():      # no (B, T, V) logits

@@ -49,7 +49,8 @@ def main():
         raise SystemExit(f"error: {e}")
     cfg, meta = ckpt["config"], ckpt["meta"]
     # generation has no document mask: varlen (bf16/fp16 kernels only) and flex on the CPU become sdpa, the same math
-    attention = "sdpa" if cfg["attention"] == "varlen" or (cfg["attention"] == "flex" and not args.device.startswith("cuda")) else cfg["attention"]
+    attention = "sdpa" if cfg["attention"] == "varlen" or \
+        (cfg["attention"] == "flex" and not args.device.startswith("cuda")) else cfg["attention"]
     model = GPT(GPTConfig.from_dict(cfg, meta["vocab_size"], attention=attention, dropout=0.0, fp8_head=False))
     try:
         load_weights(model, ckpt, path)

@@ -31,10 +31,10 @@ from configurator import MODEL_KEYS, help_text, load_config, non_defaults, resol
 from data import DataError, Loader, load_meta, prepare
 from model import GPT, GPTConfig
 from speedgpt import activation_checkpointing, attention, compilation, fp8, fused_ce
-from speedgpt.checkpoint import (CheckpointNotWritten, check_out_dir, last_good, load_checkpoint, load_weights, model_state,
-                                 remove_stale_tmp, restore_state, save_checkpoint, state_is_finite)
-from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, leave, on_every_rank, plan_batch,
-                                  print0, rng_states, seed_rank_stream, setup_processes)
+from speedgpt.checkpoint import (CheckpointNotWritten, check_out_dir, last_good, load_checkpoint, load_weights,
+                                 model_state, remove_stale_tmp, restore_state, save_checkpoint, state_is_finite)
+from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, leave, on_every_rank,
+                                  plan_batch, print0, rng_states, seed_rank_stream, setup_processes)
 from speedgpt.distributed import check as check_parallelism
 from speedgpt.mask_check import check_attention_mask
 from speedgpt.measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_profile
@@ -99,7 +99,8 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
     """Tokenizer metadata and the train / val loaders (val only with eval_tokens > 0). The stdlib corpora
     are prepared on first use. Each rank keeps its own rows of one shared stream."""
     name = os.path.basename(cfg.data_dir.rstrip("/"))
-    if proc.master and not os.path.isfile(os.path.join(cfg.data_dir, "meta.json")) and name in ("stdlib_byte", "stdlib_gpt2"):
+    unfinished = not os.path.isfile(os.path.join(cfg.data_dir, "meta.json"))
+    if proc.master and unfinished and name in ("stdlib_byte", "stdlib_gpt2"):
         print0(f"{cfg.data_dir} is missing or unfinished (no meta.json): preparing the Python stdlib corpus there")
         prepare(None, cfg.data_dir, tokenizer=name.split("_")[1])
     if proc.world > 1:
@@ -115,8 +116,8 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
     val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **args) if cfg.eval_tokens > 0 else None
     if val_loader is not None and eval_rows(cfg, val_loader) * cfg.block_size < cfg.eval_tokens:
         print0(f"note: eval_tokens={cfg.eval_tokens:,} but the val split of {cfg.data_dir} holds {val_loader.n_rows:,} "
-               f"rows of block_size={cfg.block_size} ({val_loader.n_rows * cfg.block_size:,} tokens): each evaluation is "
-               "all of them")
+               f"rows of block_size={cfg.block_size} ({val_loader.n_rows * cfg.block_size:,} tokens): each "
+               "evaluation is all of them")
     return meta, train_loader, val_loader
 
 
@@ -154,7 +155,8 @@ def build_model(cfg, meta, proc, ckpt):
     if cfg.grad_checkpointing != "none":
         activation_checkpointing.apply(raw_model, cfg.grad_checkpointing)
     if cfg.compile:
-        compilation.apply(raw_model, per_block=proc.world > 1 and cfg.parallelism == "fsdp", cuda_graphs=cfg.cuda_graphs)
+        fsdp = proc.world > 1 and cfg.parallelism == "fsdp"         # FSDP's hooks stay outside the compiled graphs
+        compilation.apply(raw_model, regional=cfg.compile_regional or fsdp, cuda_graphs=cfg.cuda_graphs)
     if proc.world == 1:
         return cfg, raw_model, raw_model, None
     model, grad_sync = apply_parallelism(raw_model, cfg.parallelism, PT_DTYPE[cfg.dtype], proc.device, proc.local_rank)
@@ -193,8 +195,8 @@ def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
     print0(f"{raw_model.num_params() / 1e6:.2f}M parameters | {flops_per_token / 1e6:.1f} MFLOP/token | "
            f"device {proc.device} x {proc.world} | grad_accum_steps {grad_accum_steps} per process | "
            f"{tokens:,} tokens per step | peak " + (f"{peak / 1e12:.1f} TFLOP/s" if peak else "n/a (no MFU)"))
-    return MetricsLogger(cfg, proc.master, ckpt and ckpt["step"], ckpt and ckpt.get("wandb_run_id"), flops_per_token, peak,
-                         proc.world, proc.device)
+    return MetricsLogger(cfg, proc.master, ckpt and ckpt["step"], ckpt and ckpt.get("wandb_run_id"), flops_per_token,
+                         peak, proc.world, proc.device)
 
 # -----------------------------------------------------------------------------
 # what a step is made of
@@ -344,7 +346,7 @@ def train(run, stop):
     eval_interval steps and at max_iters. Returns the summary; raises RunStopped on divergence
     (max_skipped_steps exceeded) or after a signal."""
     cfg, proc, device = run.cfg, run.proc, run.proc.device
-    timer, skipped = Timer(device, cfg.timing_warmup), 0
+    timer, skipped, started = Timer(device, cfg.timing_warmup), 0, time.perf_counter()
     tokens_per_step = cfg.batch_size * cfg.block_size * run.grad_accum_steps     # per process, padding included
     for step in range(run.start_step, cfg.max_iters + 1):
         last_step = step == cfg.max_iters
@@ -375,14 +377,17 @@ def train(run, stop):
         loss = forward_backward(run.model, batches, n_global, run.ctx, run.scaler, run.grad_sync)
         if cfg.check_mask:                      # debug flag: off, this costs nothing
             for b in batches:
-                check_attention_mask(run.raw_model.attention_mask(b.doc_ids, cfg.block_size, device, b.cu_seqlens), b.doc_ids)
+                mask = run.raw_model.attention_mask(b.doc_ids, cfg.block_size, device, b.cu_seqlens)
+                check_attention_mask(mask, b.doc_ids)
         grad_norm = grad_norm_and_clip(run.raw_model, run.optimizer, run.scaler, cfg.grad_clip)
         loss, nonfinite, signum = agree(loss, grad_norm, stop.signum, proc, cfg.dtype == "float16")
+        if step == run.start_step:              # agree() synced: the first step's wall time, compile included
+            run.logger.first_step_s = time.perf_counter() - started
         if nonfinite:                           # never applied to the weights
             skipped += 1
             if skipped <= cfg.max_skipped_steps:        # else the run stops below, in one line
-                print0(f"step {step}: loss {loss:.4g}, gradient norm {float(grad_norm):.4g}: not finite, update skipped "
-                       f"({skipped} of at most {cfg.max_skipped_steps})")
+                print0(f"step {step}: loss {loss:.4g}, gradient norm {float(grad_norm):.4g}: not finite, update "
+                       f"skipped ({skipped} of at most {cfg.max_skipped_steps})")
             run.scaler.update()
         else:
             run.scaler.step(run.optimizer)
@@ -400,7 +405,8 @@ def train(run, stop):
         if signum:
             name = signal.Signals(signum).name
             if not cfg.save_checkpoints:
-                raise RunStopped(f"{name}: stopped after step {step}; no checkpoint (save_checkpoints=False)", 128 + signum)
+                raise RunStopped(f"{name}: stopped after step {step}; no checkpoint (save_checkpoints=False)",
+                                 128 + signum)
             run.save(step + 1)
             raise RunStopped(f"{name}: stopped after step {step} with a checkpoint in {run.ckpt_path}; "
                              "continue with the same command and --init_from=resume", 128 + signum)
@@ -442,7 +448,8 @@ def main(argv=None):
         summary, exit_code, clean = train(run, stop), 0, True
         return summary
     except RunStopped as e:            # every rank stops at the same step
-        summary, exit_code, clean = {**logger.summary(run.step, run.val_loss, run.best_val), "stopped": str(e)}, e.exit_code, True
+        summary = {**logger.summary(run.step, run.val_loss, run.best_val), "stopped": str(e)}
+        exit_code, clean = e.exit_code, True
         raise
     finally:
         stop.restore()

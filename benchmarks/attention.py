@@ -6,7 +6,8 @@ batches: what each attention choice costs per layer, and what the FlexAttention 
     python benchmarks/attention.py --data_dir data/stdlib_gpt2 --batch_size 64 --match 'causal \(auto|model.py|varlen'
 
 The max-autotune variant lets Inductor time its own list of flex kernel configurations; its choices
-(AUTOTUNE tables) go to stderr. Each variant: 5 warm-up calls, then the median of 20 timed forward + backward calls (CUDA events).
+(AUTOTUNE tables) go to stderr. Each variant: 5 warm-up calls, then the median of 20 timed forward +
+backward calls (CUDA events).
 A variant that fails (a kernel that does not support the shape or the mask) prints its error.
 varlen variants: q, k, v packed as (B*T, 3, H, D) (c_attn's layout) with cu_seqlens exactly as long as the
 batch's documents, as the loader pads it (data.varlen_capacity: a fixed length), and padded to 4x that, to
@@ -127,7 +128,8 @@ def main():
     t0 = time.perf_counter()
     for _ in range(20):
         varlen_metadata(doc_ids.cpu().numpy())
-    print(f"\nvarlen metadata per batch, numpy in the loader's thread (no GPU work): {(time.perf_counter() - t0) / 20 * 1e3:.2f} ms")
+    print(f"\nvarlen metadata per batch, numpy in the loader's thread (no GPU work): "
+          f"{(time.perf_counter() - t0) / 20 * 1e3:.2f} ms")
     compiled_cbm = lambda: create_block_mask(lambda b, h, qi, ki: (qi >= ki) & (doc_ids[b, qi] == doc_ids[b, ki]),
                                              B, None, T, T, device="cuda", _compile=True)
     print(f"\nBlockMask build per batch: flex_block_mask {time_ms(lambda: flex_block_mask(doc_ids)):.3f} ms, "

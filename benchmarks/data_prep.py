@@ -128,9 +128,9 @@ def prep_row(name, cmd, out, workdir, workers, jsonl):
     meta = json.load(open(os.path.join(out, "meta.json")))
     tokens = meta["train_tokens"] + meta["val_tokens"]
     return (f"| {name} | {tokens / 1e6:,.0f}M | {wall:,.0f} s | {tokens / wall / 1e6:.2f}M | "
-            f"{tokens / wall / (workers * rate_wall):.2f} | {tokens / tree_cpu / rate_cpu:.2f} | {pss / 2**30:.2f} GiB | "
-            f"{rss / 2**30:.2f} GiB | {most} | {tree_cpu / wall:.2f} | {(machine_cpu - tree_cpu) / wall:.2f} | "
-            f"{rate_wall / 1e6:.2f}M | {load:.1f} |")
+            f"{tokens / wall / (workers * rate_wall):.2f} | {tokens / tree_cpu / rate_cpu:.2f} | "
+            f"{pss / 2**30:.2f} GiB | {rss / 2**30:.2f} GiB | {most} | {tree_cpu / wall:.2f} | "
+            f"{(machine_cpu - tree_cpu) / wall:.2f} | {rate_wall / 1e6:.2f}M | {load:.1f} |")
 
 
 def startup_rows(workdir, old_data):
@@ -153,10 +153,12 @@ def startup_rows(workdir, old_data):
     rows = []
     for which, module in (("new", ROOT), ("old", os.path.dirname(old_data))):
         for packing in (True, False):
-            code = (f"import sys, time; sys.path.insert(0, {module!r}); import {'data' if which == 'new' else 'old_data'} as d; "
+            code = (f"import sys, time; sys.path.insert(0, {module!r}); "
+                    f"import {'data' if which == 'new' else 'old_data'} as d; "
                     f"t = time.perf_counter(); l = d.Loader({folder!r}, 'train', 16, 1024, packing={packing}); "
                     f"a = time.perf_counter(); next(l); print(a - t, time.perf_counter() - t)")
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                 check=True).stdout.split()
             rows.append(f"| {which} | {packing} | {float(out[0]):.2f} s | {float(out[1]):.2f} s |")
     shutil.rmtree(folder)
     return rows
@@ -181,23 +183,28 @@ def main():
     old_data = os.path.join(args.workdir, "old", "old_data.py")
     os.makedirs(os.path.dirname(old_data), exist_ok=True)
     with open(old_data, "w") as f:
-        f.write(subprocess.run(["git", "show", "efb5d1b:data.py"], cwd=ROOT, capture_output=True, text=True, check=True).stdout)
+        f.write(subprocess.run(["git", "show", "efb5d1b:data.py"], cwd=ROOT, capture_output=True, text=True,
+                               check=True).stdout)
     report = [f"CPU: {os.cpu_count()} cores; {args.workers} workers; {time.strftime('%Y-%m-%d %H:%M')}", ""]
     parquet_out = os.path.join(args.workdir, "shards_parquet")
     readers = []
     if "prep" in args.only:
         report += ["| run | tokens | wall | tokens/s | / (workers x 1-process rate) | tokens per CPU-s / 1-process's | "
                    "peak memory (PSS, tree) | largest RSS | processes | our CPUs busy | others' CPUs busy | "
-                   "1-process rate | load before |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                   "1-process rate | load before |",
+                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for gb in args.gb:
             jsonl, parquet = make_corpus(args.workdir, gb, args.stories)
             common = ["--tokenizer", "gpt2", "--workers", str(args.workers)]
             readers.append(f"| {gb:g} GB | {reader_rate(jsonl):.0f} | {reader_rate(parquet):.0f} |")
-            runs = [(f"new jsonl {gb:g} GB", [sys.executable, "data.py", "--input", jsonl, "--out", os.path.join(args.workdir, "s"), *common])]
+            runs = [(f"new jsonl {gb:g} GB", [sys.executable, "data.py", "--input", jsonl,
+                                              "--out", os.path.join(args.workdir, "s"), *common])]
             if gb <= args.old_max_gb:
-                runs.append((f"old jsonl {gb:g} GB", [sys.executable, old_data, "--input", jsonl, "--out", os.path.join(args.workdir, "s"), *common]))
+                runs.append((f"old jsonl {gb:g} GB", [sys.executable, old_data, "--input", jsonl,
+                                                      "--out", os.path.join(args.workdir, "s"), *common]))
             if gb == args.gb[-1]:
-                runs.append((f"new parquet {gb:g} GB", [sys.executable, "data.py", "--input", parquet, "--out", parquet_out, *common]))
+                runs.append((f"new parquet {gb:g} GB", [sys.executable, "data.py", "--input", parquet,
+                                                        "--out", parquet_out, *common]))
             for name, cmd in runs:
                 out = cmd[cmd.index("--out") + 1]
                 report.append(prep_row(name, cmd, out, args.workdir, args.workers, jsonl))
@@ -212,10 +219,10 @@ def main():
         report += startup_rows(args.workdir, old_data)
         print("\n".join(report[-4:]), flush=True)
     if "train" in args.only and os.path.isdir(parquet_out):
-        cmd = [sys.executable, "train.py", "--config", "config/fast.py", "--fp8_head=False", "--n_layer=2", "--n_embd=64", "--n_head=2",
-               "--block_size=128", "--batch_size=4", "--total_batch_size=0", "--compile=False", "--attention=sdpa",
-               "--dtype=float32", "--max_iters=5", "--eval_tokens=512", f"--data_dir={parquet_out}",
-               f"--out_dir={os.path.join(args.workdir, 'train_out')}"]
+        cmd = [sys.executable, "train.py", "--config", "config/fast.py", "--fp8_head=False", "--n_layer=2",
+               "--n_embd=64", "--n_head=2", "--block_size=128", "--batch_size=4", "--total_batch_size=0",
+               "--compile=False", "--attention=sdpa", "--dtype=float32", "--max_iters=5", "--eval_tokens=512",
+               f"--data_dir={parquet_out}", f"--out_dir={os.path.join(args.workdir, 'train_out')}"]
         log = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         lines = [l for l in log.stdout.splitlines() if l.startswith(("step", "median", "note", "error"))]
         report += ["", "```", "$ " + " ".join(cmd[1:]), *lines, *log.stderr.splitlines()[-3:], "```"]

@@ -98,20 +98,24 @@ def main():
     variants = [("GEMMs only (floor)", gemms, None),
                 ("compiled baseline (model.py)", None, torch.compile(loss_baseline))]
     for chunk in (8192, 16384, 32768, 65536):
-        variants.append((f"fused_ce, chunk {chunk} (fused_ce.LinearCrossEntropy)", None, torch.compile(fused_loss(chunk, V))))
+        variants.append((f"fused_ce, chunk {chunk} (fused_ce.LinearCrossEntropy)", None,
+                         torch.compile(fused_loss(chunk, V))))
     try:
         from torchao.float8 import Float8LinearConfig
         for chunk in (16384, 65536):
-            variants.append((f"fused_ce in FP8 (fp8_head), chunk {chunk}", None, torch.compile(fused_loss(chunk, V, fp8=True))))
+            variants.append((f"fused_ce in FP8 (fp8_head), chunk {chunk}", None,
+                             torch.compile(fused_loss(chunk, V, fp8=True))))
         from torchao.float8.float8_linear import Float8Linear
         for recipe in ("tensorwise", "rowwise"):
             lin = torch.nn.Linear(C, V, bias=False, device="cuda")
             lin.weight = w                                                   # the same Parameter, as tying keeps it
             fp8 = Float8Linear.from_float(lin, config=Float8LinearConfig.from_recipe_name(recipe))
-            ce = lambda h, w, y, fp8=fp8: F.cross_entropy(fp8(h), y, ignore_index=-1, reduction="sum") / (y != -1).sum().clamp(min=1)
+            ce = lambda h, w, y, fp8=fp8: (F.cross_entropy(fp8(h), y, ignore_index=-1, reduction="sum")
+                                           / (y != -1).sum().clamp(min=1))
             variants.append((f"FP8 {recipe} head + compiled CE (torchao)", None, torch.compile(ce)))
             if recipe == "tensorwise":
-                ce_fwd = lambda h, w, y, fp8=fp8: CrossEntropyGradInForward.apply(fp8(h), y, V) / (y != -1).sum().clamp(min=1)
+                ce_fwd = lambda h, w, y, fp8=fp8: (CrossEntropyGradInForward.apply(fp8(h), y, V)
+                                                   / (y != -1).sum().clamp(min=1))
                 variants.append(("FP8 tensorwise head + CE gradient in the forward", None, torch.compile(ce_fwd)))
     except ImportError as e:
         print(f"FP8 variants not run: {e}")

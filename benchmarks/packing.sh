@@ -12,9 +12,11 @@ if [ -f "$stories" ]; then
   [ -d data/stories_gpt2 ] || python data.py --input "$stories" --out data/stories_gpt2 --tokenizer gpt2
   corpora="$corpora data/stories_gpt2"
 fi
-common="--config config/fast.py --batch_size=$batch --total_batch_size=0 --max_iters=$((steps + 5)) --timing_warmup=5 --eval_tokens=0 --save_checkpoints=False"
+common="--config config/fast.py --batch_size=$batch --total_batch_size=0 --max_iters=$((steps + 5)) --timing_warmup=5"
+common="$common --eval_tokens=0 --save_checkpoints=False"
 for d in $corpora; do
-  for variant in "padded:--packing=False --attention=sdpa" "packed_mask_flex:--packing=True --document_mask=True --attention=flex" \
+  for variant in "padded:--packing=False --attention=sdpa" \
+                 "packed_mask_flex:--packing=True --document_mask=True --attention=flex" \
                  "packed_nomask:--packing=True --document_mask=False --attention=sdpa"; do
     name=$(basename $d)_${variant%%:*}
     python train.py $common --data_dir=$d ${variant#*:} --out_dir=$out/$name > $out/$name.log 2>&1
@@ -28,5 +30,6 @@ print("|---|---:|---:|---:|")
 for s in sorted(glob.glob(f"{sys.argv[1]}/*/summary.json")):
     m = json.load(open(s)); rows = [json.loads(l) for l in open(os.path.dirname(s) + "/metrics.jsonl")]
     pad = sum(r["pad_frac"] for r in rows if "pad_frac" in r) / max(1, sum("pad_frac" in r for r in rows))
-    print(f"| {os.path.basename(os.path.dirname(s))} | {m['median_tokens_per_sec']:,.0f} | {100*m['median_mfu']:.1f}% | {pad:.3f} |")
+    print(f"| {os.path.basename(os.path.dirname(s))} | {m['median_tokens_per_sec']:,.0f} | "
+          f"{100*m['median_mfu']:.1f}% | {pad:.3f} |")
 PY

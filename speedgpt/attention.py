@@ -43,18 +43,22 @@ def check(cfg, device, world=1):
     cfg = replace(cfg, document_mask=cfg.packing and cfg.document_mask)
     if cfg.sdpa_backend != "auto":
         if cfg.attention != "sdpa":
-            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} applies to attention='sdpa' only, not {cfg.attention!r}")
+            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} applies to attention='sdpa' only, "
+                             f"not {cfg.attention!r}")
         if cfg.dtype == "float32":
             raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} kernels take bfloat16 or float16: set dtype, or "
                              "sdpa_backend='auto'")
         if cfg.sdpa_backend == "flash" and cfg.document_mask:
-            raise ValueError("sdpa_backend='flash' takes no attention mask: use it with packing=False or document_mask=False")
+            raise ValueError("sdpa_backend='flash' takes no attention mask: use it with packing=False or "
+                             "document_mask=False")
         if device.type != "cuda":
-            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: use sdpa_backend='auto' on the CPU")
+            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: "
+                             "use sdpa_backend='auto' on the CPU")
     if cfg.check_mask and not cfg.document_mask:
         raise ValueError("check_mask=True checks the document mask: it needs packing=True and document_mask=True")
     if cfg.attention == "varlen" and cfg.dtype == "float32":
-        raise ValueError("attention='varlen' (FlashAttention) takes bfloat16 or float16: set dtype, or use attention='sdpa'")
+        raise ValueError("attention='varlen' (FlashAttention) takes bfloat16 or float16: set dtype, or "
+                         "use attention='sdpa'")
     if cfg.attention == "auto":
         cfg = replace(cfg, attention=resolve_attention("auto", device, cfg.document_mask, cfg.dtype))
     if cfg.attention == "flex" and device.type != "cuda":
@@ -183,7 +187,8 @@ def flex_block_mask(doc_ids):
     kv_num, kv_idx = ordered(partial)
     full_num, full_idx = ordered(full)
     return BlockMask.from_kv_blocks(kv_num_blocks=kv_num, kv_indices=kv_idx, full_kv_num_blocks=full_num,
-                                    full_kv_indices=full_idx, BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod, seq_lengths=(T, T))
+                                    full_kv_indices=full_idx, BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod,
+                                    seq_lengths=(T, T))
 
 
 _compiled_flex = None
@@ -272,7 +277,8 @@ def causal_varlen_attn():
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
-    causal = dict(window_size=(-1, 0)) if "window_size" in inspect.signature(varlen_attn).parameters else dict(is_causal=True)
+    causal = dict(window_size=(-1, 0)) if "window_size" in inspect.signature(varlen_attn).parameters else \
+        dict(is_causal=True)
     return lambda qkv, cu, max_seqlen: varlen_attn(*qkv.unbind(1), cu, cu, max_seqlen, max_seqlen, **causal)
 
 

@@ -135,7 +135,8 @@ def state_is_finite(model, optimizer, device):
     this rank (its shards under FSDP) is finite. AdamW keeps its step counts on the CPU."""
     state = list(model.parameters()) + [t for s in optimizer.state.values() for t in s.values()
                                         if torch.is_tensor(t) and t.is_floating_point()]
-    return torch.stack([torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all().to(device) for t in state]).all()
+    return torch.stack([torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all().to(device)
+                        for t in state]).all()
 
 
 DIVERGED = "with a lower learning_rate, or skip such steps (--max_skipped_steps=N)"

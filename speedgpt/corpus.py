@@ -271,7 +271,8 @@ def _parquet(path, text_field):
         raise ValueError(f"{path}: not a readable parquet file ({e})") from None
     names = pf.schema_arrow.names
     if text_field not in names:
-        raise ValueError(f"{path}: no column {text_field!r} (columns: {', '.join(names)}); choose one with --text_field")
+        raise ValueError(f"{path}: no column {text_field!r} (columns: {', '.join(names)}); "
+                         "choose one with --text_field")
     row = 0
     for g in range(pf.num_row_groups):            # one row group in memory at a time
         for text in pf.read_row_group(g, columns=[text_field]).column(0).to_pylist():
@@ -473,7 +474,8 @@ class TokenizerPool:
                 break
             except queue.Empty:
                 if not proc.is_alive():
-                    raise RuntimeError(f"a tokenisation worker died (exit code {proc.exitcode}): out of memory?") from None
+                    raise RuntimeError(f"a tokenisation worker died (exit code {proc.exitcode}): "
+                                       "out of memory?") from None
         if status == "error":
             raise ValueError(value)
         return value

@@ -81,7 +81,8 @@ def plan_batch(cfg, world):
     total = cfg.total_batch_size or micro
     if total % micro:
         raise ValueError(f"total_batch_size={total:,} tokens is not a multiple of batch_size x block_size x processes "
-                         f"= {cfg.batch_size} x {cfg.block_size} x {world} = {micro:,}: change batch_size or total_batch_size")
+                         f"= {cfg.batch_size} x {cfg.block_size} x {world} = {micro:,}: "
+                         "change batch_size or total_batch_size")
     return total // micro
 
 
@@ -125,7 +126,8 @@ def check(cfg, world):
     if cfg.parallelism == "fsdp" and world == 1:
         raise ValueError("parallelism='fsdp' needs torchrun (several processes)")
     if cfg.parallelism == "fsdp" and cfg.dtype == "float16":
-        raise ValueError("parallelism='fsdp' with dtype='float16' is not supported (it needs a sharded GradScaler); use bfloat16")
+        raise ValueError("parallelism='fsdp' with dtype='float16' is not supported (it needs a sharded GradScaler); "
+                         "use bfloat16")
 
 
 def apply_parallelism(model, parallelism, param_dtype, device, local_rank):
@@ -140,7 +142,8 @@ def apply_parallelism(model, parallelism, param_dtype, device, local_rank):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))   # the run's device (gloo on a CPU, even beside a GPU)
+    # the run's device (gloo on a CPU, even beside a GPU)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for block in model.transformer.h:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)

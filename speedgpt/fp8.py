@@ -29,11 +29,12 @@ def check(cfg, device):
                          "(config/fast.py sets both), or add --fp8_head=False")
     if cfg.fp8_head and not cfg.fp8 and cfg.fp8_recipe != "tensorwise":
         raise ValueError(f"fp8_recipe={cfg.fp8_recipe!r} would do nothing: the FP8 head is tensorwise only, and "
-                         f"fp8=False converts no block. Add --fp8=True for {cfg.fp8_recipe} blocks, or leave fp8_recipe out")
+                         f"fp8=False converts no block. Add --fp8=True for {cfg.fp8_recipe} blocks, "
+                         "or leave fp8_recipe out")
     if cfg.fp8_head and (cfg.n_embd % 16 or cfg.batch_size * cfg.block_size % 16 or cfg.fused_ce_chunk % 16):
         raise ValueError(f"fp8_head=True needs n_embd ({cfg.n_embd}), batch_size * block_size "
-                         f"({cfg.batch_size * cfg.block_size}) and fused_ce_chunk ({cfg.fused_ce_chunk}) to be multiples "
-                         "of 16 (float8 matmul shapes), or add --fp8_head=False")
+                         f"({cfg.batch_size * cfg.block_size}) and fused_ce_chunk ({cfg.fused_ce_chunk}) "
+                         "to be multiples of 16 (float8 matmul shapes), or add --fp8_head=False")
     keys = [k for k in ("fp8", "fp8_head") if getattr(cfg, k)]
     asking = " and ".join(f"{k}=True" for k in keys) + (" needs" if len(keys) == 1 else " need")
     off = " ".join(f"--{k}=False" for k in keys) + (" (config/fast.py sets fp8_head=True)" if cfg.fp8_head else "")
@@ -63,9 +64,11 @@ def convert(model, cfg):
         if ok:
             converted.append(fqn)
         return ok
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(cfg.fp8_recipe), module_filter_fn=eligible)
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(cfg.fp8_recipe),
+                               module_filter_fn=eligible)
     if not converted:
-        raise ValueError(f"fp8=True but no Linear layer is eligible: all are narrower than fp8_min_dim={cfg.fp8_min_dim} "
+        raise ValueError(f"fp8=True but no Linear layer is eligible: all are narrower than "
+                         f"fp8_min_dim={cfg.fp8_min_dim} "
                          "(FP8 loses to bf16 on narrow layers); lower fp8_min_dim to convert them anyway")
     return converted
 

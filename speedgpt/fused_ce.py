@@ -15,8 +15,8 @@ def check(cfg):
     forward, outside the GradScaler's loss scaling (validated in bfloat16 and float32 only)."""
     if cfg.fused_ce and cfg.dtype == "float16":
         raise ValueError("fused_ce=True with dtype='float16' is not supported: it makes the head's gradients in the "
-                         "forward, outside the GradScaler's loss scaling, and was validated in bfloat16 and float32 only "
-                         "(config/fast.py sets fused_ce=True: add --fused_ce=False for float16)")
+                         "forward, outside the GradScaler's loss scaling, and was validated in bfloat16 and "
+                         "float32 only (config/fast.py sets fused_ce=True: add --fused_ce=False for float16)")
 
 
 def head_ce_chunk(h, w, y, vocab_size, fp8=False):

@@ -1,8 +1,9 @@
 """
-The packing guarantee, checked (tests, and check_mask=True): the (B, T, T) attention mask a backend really applies (a dense bool
-mask, a FlexAttention BlockMask including which blocks it skips, or varlen's cu_seqlens), compared with
-a mask built independently from doc_ids (a causal block per run of equal ids). Tests run it on
-hand-built and loader batches for every backend; train.py runs it on every batch with check_mask=True.
+The packing guarantee, checked (tests, and check_mask=True): the (B, T, T) attention mask a backend
+really applies (a dense bool mask, a FlexAttention BlockMask including which blocks it skips, or
+varlen's cu_seqlens), compared with a mask built independently from doc_ids (a causal block per run
+of equal ids). Tests run it on hand-built and loader batches for every backend; train.py runs it on
+every batch with check_mask=True.
 """
 import torch
 

@@ -74,7 +74,8 @@ def cuda_time_ms(fn, warmup=5, iters=20):
 
 def start_profile(device):
     """A started torch.profiler over the CPU and, on a GPU, CUDA; write_profile stops and writes it."""
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
+                                                          if device.type == "cuda" else [])
     prof = torch.profiler.profile(activities=activities)
     prof.start()
     return prof
@@ -152,7 +153,9 @@ def summary_line(summary):
     parts = [f"{'stopped' if summary.get('stopped') else 'done'}: {summary['steps']:,} steps",
              f"median {tps:,.0f} tok/s" if tps else "no timed steps",
              f"mfu {100 * mfu_:.1f}%" if mfu_ else "mfu n/a",
-             f"best val loss {summary['best_val_loss']:.4f}" if summary.get("best_val_loss") is not None else "no validation",
+             f"first step {summary['first_step_s']:.1f} s" if summary.get("first_step_s") else "no step",
+             f"best val loss {summary['best_val_loss']:.4f}" if summary.get("best_val_loss") is not None
+             else "no validation",
              f"checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else "no checkpoint",
              f"metrics {summary['metrics']}"]
     return " | ".join(parts)
@@ -177,6 +180,7 @@ class MetricsLogger:
         self.master, self.wandb, self.wandb_done = master, None, -1
         self.cfg, self.flops_per_token, self.peak, self.world, self.device = cfg, flops_per_token, peak, world, device
         self.timed = []                                   # (tokens_per_sec, mfu) of each timed interval
+        self.first_step_s = None                          # the first step's wall time, compilation included
         self.path = os.path.join(cfg.out_dir, "metrics.jsonl")
         if not master:
             return
@@ -194,7 +198,8 @@ class MetricsLogger:
             import wandb
             from dataclasses import asdict
             self.wandb = wandb
-            same_run = {"id": wandb_run_id, "resume": "allow"} if wandb_run_id else {}    # the run id is in the checkpoint
+            # the run id is in the checkpoint
+            same_run = {"id": wandb_run_id, "resume": "allow"} if wandb_run_id else {}
             wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None, config=asdict(cfg), **same_run)
 
     @property
@@ -232,9 +237,11 @@ class MetricsLogger:
             return statistics.median(xs) if xs else None
         cuda, ckpt = self.device.type == "cuda", os.path.join(self.cfg.out_dir, "ckpt.pt")
         return {"steps": steps, "val_loss": val_loss, "best_val_loss": best_val_loss,
-                "median_tokens_per_sec": median(t for t, _ in self.timed), "median_mfu": median(m for _, m in self.timed),
-                "timed_intervals": len(self.timed), "mem_gb": torch.cuda.max_memory_allocated(self.device) / 1e9 if cuda else None,
-                "checkpoint": ckpt if os.path.isfile(ckpt) else None, "metrics": self.path}
+                "median_tokens_per_sec": median(t for t, _ in self.timed),
+                "median_mfu": median(m for _, m in self.timed), "timed_intervals": len(self.timed),
+                "mem_gb": torch.cuda.max_memory_allocated(self.device) / 1e9 if cuda else None,
+                "checkpoint": ckpt if os.path.isfile(ckpt) else None, "metrics": self.path,
+                "first_step_s": self.first_step_s}
 
     def log_step(self, record):
         """A training step's record: to the console as one line (with the time left at this pace, not
@@ -246,7 +253,8 @@ class MetricsLogger:
                       + (f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a")
                       + f" | eta {duration((total - r['step'] - 1) * r['step_ms'] / 1000)}")
         if self.master:
-            print(f"step {r['step']}/{total} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | {timing} | pad {r['pad_frac']:.3f}"
+            print(f"step {r['step']}/{total} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | {timing} | "
+                  f"pad {r['pad_frac']:.3f}"
                   + (f" | mem {r['mem_gb']:.1f} GB" if r["mem_gb"] else ""), flush=True)
         self.log(record)
 

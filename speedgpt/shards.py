@@ -111,7 +111,8 @@ def read_index(shard, n_tokens, eot, foreign, with_starts=True):
                 if int(z["n_tokens"]) == n_tokens and int(z["eot"]) == eot:
                     return int(z["max_id"]), (z["doc_starts"] if with_starts else None)
         except (ValueError, KeyError, OSError, EOFError) as e:      # np.load of a damaged .npz
-            raise ValueError(f"index {path} is corrupt ({type(e).__name__}); prepare the folder again with data.py") from None
+            raise ValueError(f"index {path} is corrupt ({type(e).__name__}); "
+                             "prepare the folder again with data.py") from None
     if not foreign:
         raise ValueError(f"shard {shard} has no index matching it ({os.path.basename(path)}): an interrupted or "
                          f"mixed preparation? Prepare the folder again with data.py")
@@ -195,7 +196,8 @@ def find_shards(data_dir, split):
     paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*{split}_*.bin")))
     if not paths:
         hint = " (prepared with --val_frac=0? then train with --eval_tokens=0)" if split == "val" else \
-            f": prepare it with `python data.py --input CORPUS --out {data_dir}` (an interrupted preparation leaves none)"
+            (f": prepare it with `python data.py --input CORPUS --out {data_dir}` "
+             "(an interrupted preparation leaves none)")
         raise FileNotFoundError(f"no {split}_*.bin shards in {data_dir}{hint}")
     return paths
 
@@ -223,7 +225,8 @@ def load_meta(data_dir, verbose=True):
             meta = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e}); {again}") from e
-    missing = [k for k in ("tokenizer", "vocab_size", "eot_id") if k not in meta] if isinstance(meta, dict) else ["all keys"]
+    missing = [k for k in ("tokenizer", "vocab_size", "eot_id") if k not in meta] if isinstance(meta, dict) else \
+        ["all keys"]
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}; {again}")
     if meta["tokenizer"] not in ("byte", "gpt2") or type(meta["vocab_size"]) is not int \
@@ -237,10 +240,12 @@ def load_meta(data_dir, verbose=True):
     if ours:
         if meta.get("format") != FORMAT:
             raise ValueError(f"{path} is format {meta.get('format', 1)} (1: end-of-text after each document, from an "
-                             f"older data.py); this one reads format {FORMAT} (end-of-text before each document): {again}")
+                             f"older data.py); this one reads format {FORMAT} (end-of-text before each document): "
+                             f"{again}")
         listed = meta.get("shards")
         listed = sorted(listed.get("train", []) + listed.get("val", [])) if isinstance(listed, dict) else None
         if listed != shards:
             odd = sorted(set(listed or []) ^ set(shards))
-            raise ValueError(f"{path} does not list the shards in the folder ({', '.join(odd[:3]) or 'no shard list'}); {again}")
+            raise ValueError(f"{path} does not list the shards in the folder "
+                             f"({', '.join(odd[:3]) or 'no shard list'}); {again}")
     return meta

@@ -43,10 +43,12 @@ def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
     # --resume: a bench cut short continues; finished rungs with the same settings are not run again
     again = subprocess.run(cmd[:2] + ["--resume"] + cmd[2:], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count("reused from") == len(ran), again.stdout[-2000:]
-    assert [r.get("tokens_per_sec") for r in json.load(open(out / "bench.json"))] == [r.get("tokens_per_sec") for r in rows]
+    assert [r.get("tokens_per_sec") for r in json.load(open(out / "bench.json"))] == \
+        [r.get("tokens_per_sec") for r in rows]
     kept = [l for l in open(out / "rows.jsonl") if '"+ fused AdamW"' not in l]
     open(out / "rows.jsonl", "w").writelines(kept)
-    part = subprocess.run(cmd[:2] + ["--resume", "--no_loo"] + cmd[2:], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    part = subprocess.run(cmd[:2] + ["--resume", "--no_loo"] + cmd[2:], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
     assert part.returncode == 0 and part.stdout.count("reused from") == 6 + fp8, part.stdout[-2000:]
     assert "=== + fused AdamW\n" in part.stdout                            # the one missing rung ran
     assert sum('"+ fused AdamW"' in l for l in open(out / "rows.jsonl")) == 1
@@ -56,9 +58,10 @@ def test_bench_stops_at_the_first_failed_rung_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "bench.py", "--steps", "1", "--out", str(tmp_path / "b"), "--",
                            f"--data_dir={tmp_path / 'no_data'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines() == [f"error: rung 'baseline' failed: error: data folder '{tmp_path / 'no_data'}' "
-                                                f"does not exist: prepare it with `python data.py --input CORPUS --out "
-                                                f"{tmp_path / 'no_data'}` (log: {tmp_path / 'b' / 'runs' / 'baseline' / 'stdout.log'})"]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: rung 'baseline' failed: error: data folder '{tmp_path / 'no_data'}' "
+        f"does not exist: prepare it with `python data.py --input CORPUS --out "
+        f"{tmp_path / 'no_data'}` (log: {tmp_path / 'b' / 'runs' / 'baseline' / 'stdout.log'})"]
     assert "=== + bf16 autocast" not in proc.stdout
 
 

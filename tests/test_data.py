@@ -61,7 +61,8 @@ def test_round_trip_and_index(tmp_path, tokenizer):
     assert sorted(decoded) == sorted(DOCS)
     assert meta["val_docs"] >= 1 and meta["train_docs"] >= 1
     saved = json.load(open(tmp_path / "out" / "meta.json"))
-    assert saved["train_tokens"] + saved["val_tokens"] == sum(len(_stream(tmp_path / "out", s)) for s in ("train", "val"))
+    assert saved["train_tokens"] + saved["val_tokens"] == sum(len(_stream(tmp_path / "out", s))
+                                                              for s in ("train", "val"))
     for path in data.find_shards(tmp_path / "out", "train"):   # the index written at preparation
         toks = np.asarray(data.read_shard(path))
         max_id, starts = data.read_index(path, len(toks), tok.eot, foreign=False)
@@ -70,11 +71,13 @@ def test_round_trip_and_index(tmp_path, tokenizer):
 
 def test_split_is_deterministic_and_by_document(tmp_path):
     _write_docs(tmp_path / "in", [f"document number {i}\n" * (i + 1) for i in range(40)])
-    a = data.prepare(str(tmp_path / "in"), str(tmp_path / "a"), "byte", val_frac=0.25, seed=7, workers=2, shard_tokens=1000)
+    a = data.prepare(str(tmp_path / "in"), str(tmp_path / "a"), "byte", val_frac=0.25, seed=7, workers=2,
+                     shard_tokens=1000)
     data.prepare(str(tmp_path / "in"), str(tmp_path / "b"), "byte", val_frac=0.25, seed=7, workers=1, shard_tokens=1000)
     assert len(a["shards"]["train"]) > 3                  # documents run on across shards
     for split in ("train", "val"):
-        for pa, pb in zip(data.find_shards(tmp_path / "a", split), data.find_shards(tmp_path / "b", split), strict=True):
+        for pa, pb in zip(data.find_shards(tmp_path / "a", split), data.find_shards(tmp_path / "b", split),
+                          strict=True):
             assert np.array_equal(data.read_shard(pa), data.read_shard(pb))
     assert 0 < a["val_docs"] < 40
 
@@ -96,7 +99,8 @@ def test_every_input_kind_gives_the_same_shards(tmp_path):
     datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(tmp_path / "hf"))
     inputs = ["folder", "d.jsonl", "d.jsonl.gz", "d.jsonl.zst", "d.parquet", "pq", "hf"]
     for name in inputs:
-        data.prepare(str(tmp_path / name), str(tmp_path / f"out_{name}"), "byte", val_frac=0.2, seed=3, workers=2, shard_tokens=300)
+        data.prepare(str(tmp_path / name), str(tmp_path / f"out_{name}"), "byte", val_frac=0.2, seed=3, workers=2,
+                     shard_tokens=300)
     for split in ("train", "val"):
         ref = _stream(tmp_path / "out_folder", split)
         for name in inputs[1:]:
@@ -153,8 +157,10 @@ def test_text_edge_cases(tmp_path):
 def test_hub_dataset_unreachable_is_a_one_line_error(tmp_path):
     """hf:NAME streams from the Hugging Face hub; offline (as in CI) that is one line naming the dataset."""
     pytest.importorskip("datasets")
-    proc = subprocess.run([sys.executable, "data.py", "--input", "hf:nobody/no_such_dataset", "--out", str(tmp_path / "o")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run([sys.executable, "data.py", "--input", "hf:nobody/no_such_dataset",
+                           "--out", str(tmp_path / "o")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode != 0 and not (tmp_path / "o").exists()
     assert proc.stderr.strip().startswith("error: cannot open the Hugging Face dataset hf:nobody/no_such_dataset")
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -340,7 +346,8 @@ def test_older_or_incomplete_meta_json_is_refused(byte_data, tmp_path):
     shutil.copytree(byte_data, folder)
     meta = json.load(open(folder / "meta.json"))
     json.dump({**meta, "format": 1}, open(folder / "meta.json", "w"))
-    with pytest.raises(ValueError, match=f"format 1 .* older data.py.*python data.py --input {meta['input']} --out {folder} --tokenizer byte"):
+    with pytest.raises(ValueError, match=f"format 1 .* older data.py.*python data.py --input {meta['input']} "
+                                         f"--out {folder} --tokenizer byte"):
         data.Loader(str(folder), "train", 2, 16)
     json.dump({**meta, "shards": {"train": [], "val": []}}, open(folder / "meta.json", "w"))
     with pytest.raises(ValueError, match="does not list the shards in the folder .*train_000000.bin"):
@@ -384,7 +391,8 @@ def test_llmc_fineweb_shard_loads_as_is(tmp_path):
 def test_loader_batches_doc_ids_and_state(short_data):
     kw = dict(batch_size=4, block_size=128, seed=3)
     # the prefetch depth changes when batches are built, never which batches come
-    a, b = data.Loader(str(short_data), "train", prefetch=5, **kw), data.Loader(str(short_data), "train", prefetch=1, **kw)
+    a, b = (data.Loader(str(short_data), "train", prefetch=5, **kw),
+            data.Loader(str(short_data), "train", prefetch=1, **kw))
     eot = a.eot
     batches = [next(a) for _ in range(3)]
     for x in batches:
@@ -466,7 +474,8 @@ def test_every_row_once_per_epoch(short_data, packing):
     n, calls = one.n_rows, 2 * (one.n_rows // B + 2)           # two epochs and a bit, an even number of calls
     assert n % (2 * B), "an epoch should end inside a batch"
     single = [next(one) for _ in range(calls)]
-    ranks = [data.Loader(str(short_data), "train", B, T, seed=4, packing=packing, rank=r, world_size=2) for r in range(2)]
+    ranks = [data.Loader(str(short_data), "train", B, T, seed=4, packing=packing, rank=r, world_size=2)
+             for r in range(2)]
     multi = []
     for _ in range(calls // 4):
         multi += [next(ranks[0]), next(ranks[1])]             # one call per rank: 2 * B global rows
@@ -495,10 +504,12 @@ def test_a_shard_changed_after_its_index_is_refused_by_name(byte_data, tmp_path)
         f.seek(data.HEADER_BYTES)
         f.write(np.full(n, 300, dtype=dtype).tobytes())
     loader = data.Loader(str(folder), "train", 2, 16, vocab_size=257)
-    with pytest.raises(data.DataError, match="holds token id 300, outside the vocabulary .257 ids.: a shard changed after its index"):
+    with pytest.raises(data.DataError, match="holds token id 300, outside the vocabulary .257 ids.: "
+                                             "a shard changed after its index"):
         next(loader)
     # train.py meets it in training, after setup: one line, exit 1
-    proc = subprocess.run([sys.executable, "train.py", *tiny_args(folder, tmp_path / "o", "--device=cpu", "--eval_tokens=0")],
+    proc = subprocess.run([sys.executable, "train.py",
+                           *tiny_args(folder, tmp_path / "o", "--device=cpu", "--eval_tokens=0")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: a train batch of"), proc.stderr[-2000:]
@@ -517,12 +528,14 @@ def test_ids_outside_the_vocabulary_are_refused_at_construction(byte_data, tmp_p
     toks[::50], toks[500] = 50256, 60000
     (tmp_path / "foreign").mkdir()
     _foreign_shards(tmp_path / "foreign", toks)
-    proc = subprocess.run([sys.executable, "train.py", f"--data_dir={tmp_path / 'foreign'}", f"--out_dir={tmp_path / 'o'}",
+    proc = subprocess.run([sys.executable, "train.py", f"--data_dir={tmp_path / 'foreign'}",
+                           f"--out_dir={tmp_path / 'o'}",
                            "--n_layer=1", "--n_head=1", "--n_embd=8", "--block_size=16", "--max_iters=1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
-    assert proc.stderr.strip().splitlines() == [f"error: shard {tmp_path}/foreign/fineweb_train_000000.bin holds token id 60000, "
-                                                f"outside the vocabulary (50257 ids in meta.json): shards and meta.json disagree"]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: shard {tmp_path}/foreign/fineweb_train_000000.bin holds token id 60000, "
+        f"outside the vocabulary (50257 ids in meta.json): shards and meta.json disagree"]
 
 
 def test_data_dir_given_a_corpus_file_suggests_a_command_that_works(tmp_path, monkeypatch):
@@ -532,7 +545,8 @@ def test_data_dir_given_a_corpus_file_suggests_a_command_that_works(tmp_path, mo
         data.Loader("corpus.jsonl", "train", 2, 16)
     command, data_dir = str(e.value).split("`")[1], str(e.value).rsplit("--data_dir=", 1)[1]
     assert command.startswith("python data.py ")
-    subprocess.run([sys.executable, os.path.join(ROOT, "data.py"), *command.split()[2:]], check=True, capture_output=True)
+    subprocess.run([sys.executable, os.path.join(ROOT, "data.py"), *command.split()[2:]], check=True,
+                   capture_output=True)
     assert next(data.Loader(data_dir, "train", 2, 16)).x.shape == (2, 16)
     data.write_shard(str(tmp_path / "train_000000.bin"), np.arange(10))
     with pytest.raises(FileNotFoundError, match=r"pass the folder that holds this shard: --data_dir=\."):
@@ -568,6 +582,7 @@ def test_a_disk_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys
         raise OSError(errno.EROFS, "Read-only file system", path)
     monkeypatch.setattr(shards.os, "makedirs", read_only)
     monkeypatch.setattr(sys, "argv", ["data.py", "--input", str(tmp_path / "in"), "--out", str(tmp_path / "o")])
-    with pytest.raises(SystemExit, match=r"^error: cannot write .*\.o\.preparing: read-only filesystem; .*o is as it was"):
+    with pytest.raises(SystemExit, match=r"^error: cannot write .*\.o\.preparing: read-only filesystem; "
+                                         r".*o is as it was"):
         data.main()
     assert not (tmp_path / "o").exists()

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow      # torchrun with gloo: each test starts severa
 
 
 def torchrun(args, nproc=2):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py", *map(str, args)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py",
+           *map(str, args)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -23,8 +24,9 @@ def torchrun(args, nproc=2):
 
 
 def common(data_dir, out_dir, *extra):
-    return tiny_args(data_dir, out_dir, "--batch_size=2", "--total_batch_size=512", "--max_iters=2", "--eval_interval=2",
-                     "--dropout=0.0", "--device=cpu", *extra)      # 512 tokens = 4 micro-batches of 2 x 64
+    # 512 tokens = 4 micro-batches of 2 x 64
+    return tiny_args(data_dir, out_dir, "--batch_size=2", "--total_batch_size=512", "--max_iters=2",
+                     "--eval_interval=2", "--dropout=0.0", "--device=cpu", *extra)
 
 
 @pytest.mark.parametrize("parallelism, nproc, extra", [("ddp", 1, ()), ("ddp", 2, ()), ("ddp", 4, ()), ("fsdp", 2, ()),
@@ -34,7 +36,8 @@ def test_one_optimizer_step_equals_single_process(short_data, tmp_path, parallel
     rows make the micro-batches' real-token counts differ, so the loss weighting is exercised. With
     fused_ce the sharded run's head gradient comes from LinearCrossEntropy, the single run's from autograd."""
     train.main(common(short_data, tmp_path / "single", "--packing=False"))
-    out = torchrun(common(short_data, tmp_path / "multi", "--packing=False", f"--parallelism={parallelism}", *extra), nproc)
+    out = torchrun(common(short_data, tmp_path / "multi", "--packing=False", f"--parallelism={parallelism}", *extra),
+                   nproc)
     assert f"grad_accum_steps {4 // nproc} per process" in out and f"x {nproc} |" in out
     single = torch.load(tmp_path / "single" / "ckpt.pt", weights_only=True)
     multi = torch.load(tmp_path / "multi" / "ckpt.pt", weights_only=True)
@@ -64,9 +67,10 @@ def test_world_size_must_divide_the_batch(short_data, tmp_path):
            *common(short_data, tmp_path, "--total_batch_size=384")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "total_batch_size=384 tokens is not a multiple of batch_size x block_size x processes" \
-        " = 2 x 64 x 2 = 256" in out, out
-    assert out.count("error: total_batch_size") == 1 and "Traceback (most recent call last)" not in out.split("error:")[0]
+    assert proc.returncode != 0 and "total_batch_size=384 tokens is not a multiple of batch_size x block_size" \
+        " x processes = 2 x 64 x 2 = 256" in out, out
+    assert out.count("error: total_batch_size") == 1 and \
+        "Traceback (most recent call last)" not in out.split("error:")[0]
 
 
 def test_sigterm_under_torchrun_stops_every_rank_at_one_step(short_data, tmp_path):
@@ -89,7 +93,8 @@ def test_sigterm_under_torchrun_stops_every_rank_at_one_step(short_data, tmp_pat
     step = torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=True)["step"]
     torchrun(common(short_data, tmp_path / "cut", *args, "--init_from=resume"))
     torchrun(common(short_data, tmp_path / "full", *args))
-    cut, full = ({r["step"]: r["loss"] for r in read_metrics(d) if "loss" in r} for d in (tmp_path / "cut", tmp_path / "full"))
+    cut, full = ({r["step"]: r["loss"] for r in read_metrics(d) if "loss" in r}
+                 for d in (tmp_path / "cut", tmp_path / "full"))
     assert sorted(cut) == list(range(60)) and 0 < step < 60
     assert cut == pytest.approx(full, rel=1e-6)
 

@@ -176,7 +176,8 @@ def test_stable_grads_accumulate_in_place():
     m = tiny(dropout=0.0)
     compilation.stable_grads(m)
     buffers = {n: p.grad for n, p in m.named_parameters()}
-    assert all(g is not None and not g.any() and g.shape == p.shape for (_, p), g in zip(m.named_parameters(), buffers.values()))
+    assert all(g is not None and not g.any() and g.shape == p.shape
+               for (_, p), g in zip(m.named_parameters(), buffers.values()))
     idx = torch.randint(0, 64, (2, 32))
     for _ in range(2):
         m(idx, idx)[1].backward()

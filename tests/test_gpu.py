@@ -86,9 +86,9 @@ def test_flex_block_mask_is_block_diagonal_on_loader_batches(tmp_path):
 
 def test_varlen_matches_flex_and_sdpa_with_mask_bf16():
     """Forward and gradients of varlen (with the loader's cu_seqlens and positions, exact and padded to
-    a fixed length, and from doc_ids alone), flex and SDPA with the boolean document mask, all in bf16, against SDPA with the
-    mask in float32: varlen must be as close to the truth as flex is (bf16 attention outputs differ
-    from the dense-mask reference by 8e-3..1.6e-2 on the H200, ../shared/GPU.md)."""
+    a fixed length, and from doc_ids alone), flex and SDPA with the boolean document mask, all in bf16,
+    against SDPA with the mask in float32: varlen must be as close to the truth as flex is (bf16
+    attention outputs differ from the dense-mask reference by 8e-3..1.6e-2 on the H200, ../shared/GPU.md)."""
     kernel = varlen_or_skip()
     torch.backends.cuda.matmul.allow_tf32 = False
     idx, tgt, doc_ids = doc_batch()
@@ -107,7 +107,8 @@ def test_varlen_matches_flex_and_sdpa_with_mask_bf16():
             "varlen, padded": run("varlen", torch.bfloat16, cu_seqlens=cu_padded, position_ids=pos),
             "varlen, doc_ids only": run("varlen", torch.bfloat16)}
     err = {name: ((logits - truth[0]).abs().max().item(),
-                  max(((g - truth[1][n]).norm() / truth[1][n].norm().clamp(min=1e-12)).item() for n, g in grads.items()))
+                  max(((g - truth[1][n]).norm() / truth[1][n].norm().clamp(min=1e-12)).item()
+                      for n, g in grads.items()))
            for name, (logits, grads) in runs.items()}
     print(f"varlen kernel: {kernel}; (max abs logit error, max relative gradient error) vs float32:", err)
     for name in ("varlen", "varlen, padded", "varlen, doc_ids only"):
@@ -179,10 +180,23 @@ def test_cuda_graphs_train_like_plain_compile(short_data, tmp_path):
     except ValueError:
         attention = "sdpa"
     plain = _gpu_run(short_data, tmp_path / "plain", "--compile=True", f"--attention={attention}")
-    graphs = _gpu_run(short_data, tmp_path / "graphs", "--compile=True", "--cuda_graphs=True", f"--attention={attention}")
+    graphs = _gpu_run(short_data, tmp_path / "graphs", "--compile=True", "--cuda_graphs=True",
+                      f"--attention={attention}")
     assert len(plain) == len(graphs) == 6 and plain[-1] < plain[0]
     for step, (a, b) in enumerate(zip(plain, graphs)):
         assert abs(a - b) < 2e-3, f"step {step}: plain compile {a} vs cuda_graphs {b} ({attention})"
+
+
+def test_regional_compile_trains_like_whole_model_compile(short_data, tmp_path):
+    """compile_regional=True (each block compiled on its own, one compiled block's code reused by all, and
+    the head with its loss apart) gives the losses of whole-model compile, step for step, with the fused
+    head and the document mask."""
+    args = ("--compile=True", "--fused_ce=True", "--n_layer=4")
+    whole = _gpu_run(short_data, tmp_path / "whole", *args)
+    regional = _gpu_run(short_data, tmp_path / "regional", *args, "--compile_regional=True")
+    assert len(whole) == len(regional) == 6 and regional[-1] < regional[0]
+    for step, (a, b) in enumerate(zip(whole, regional)):
+        assert abs(a - b) < 2e-2 * a, f"step {step}: whole-model compile {a} vs regional {b}"
 
 
 def test_fused_ce_compiles_and_matches_the_plain_head():
@@ -229,8 +243,10 @@ def _torchrun(nproc, args):
     import subprocess
     import sys
     from conftest import ROOT
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py", *map(str, args)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py",
+           *map(str, args)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
@@ -252,5 +268,6 @@ def test_more_processes_than_gpus_is_refused(short_data, tmp_path):
     proc = _torchrun(n + 1, tiny_args(short_data, tmp_path, "--device=cuda"))
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert out.count(f"error: {n + 1} processes per node but {n} visible GPU(s): use torchrun --nproc_per_node={n}") == 1, out[-3000:]
+    assert out.count(f"error: {n + 1} processes per node but {n} visible GPU(s): "
+                     f"use torchrun --nproc_per_node={n}") == 1, out[-3000:]
     assert not (tmp_path / "ckpt.pt").exists()

@@ -28,7 +28,8 @@ def save_tiny_gpt2(path, vocab_size=257, n_positions=64, activation="gelu_new", 
     LayerNorm weights are not their trivial init (0 and 1) and a transposition or a dropped bias shows."""
     torch.manual_seed(seed)
     config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=32, n_layer=2, n_head=2,
-                                     activation_function=activation, bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1)
+                                     activation_function=activation, bos_token_id=vocab_size - 1,
+                                     eos_token_id=vocab_size - 1)
     model = transformers.GPT2LMHeadModel(config)
     with torch.no_grad():
         for p in model.parameters():
@@ -120,7 +121,8 @@ def test_fine_tune_export_and_back(byte_data, hf_dir, tmp_path, monkeypatch, cap
     logits, the head stays tied to the embedding, and loading the export again gives the same model."""
     out = tmp_path / "out"
     train.main(tiny_args(byte_data, out, f"--init_from={hf_dir}", "--max_iters=4"))
-    assert "its shape replaces the config's: bias=True (config: False), activation='gelu_tanh'" in capsys.readouterr().out
+    assert ("its shape replaces the config's: bias=True (config: False), activation='gelu_tanh'"
+            in capsys.readouterr().out)
     with pytest.raises(ValueError, match="'bias'=False differs from the checkpoint's True"):
         train.main(tiny_args(byte_data, out, "--init_from=resume", "--max_iters=6", "--bias=False"))
     train.main(tiny_args(byte_data, out, "--init_from=resume", "--max_iters=6"))     # the shape is the checkpoint's
@@ -166,7 +168,8 @@ def test_export_with_bias_false_through_the_cli(byte_data, tmp_path):
     with torch.no_grad():
         got = exported(idx).logits
         for attention in ("naive", "sdpa"):
-            torch.testing.assert_close(got, model_from_ckpt(tmp_path / "ckpt.pt", attention)(idx)[0][..., :257], rtol=0, atol=1e-5)
+            torch.testing.assert_close(got, model_from_ckpt(tmp_path / "ckpt.pt", attention)(idx)[0][..., :257],
+                                       rtol=0, atol=1e-5)
 
 
 def fake_checkpoint(path, model, meta, **config):
@@ -219,7 +222,8 @@ def test_errors_are_one_line(byte_data, hf_dir, tmp_path, monkeypatch):
             fn(*args)
         errors.append(str(e.value))
 
-    check(ValueError, "'init_from' must be scratch, resume, gpt2, gpt2-medium", configurator.load_config, ["--init_from=gpt3"])
+    check(ValueError, "'init_from' must be scratch, resume, gpt2, gpt2-medium", configurator.load_config,
+          ["--init_from=gpt3"])
     check(ValueError, r"a folder without config.json", configurator.load_config, [f"--init_from={tmp_path}"])
     check(ValueError, "block_size=128 exceeds the 64 positions of", train.main,
           tiny_args(byte_data, tmp_path / "o", f"--init_from={hf_dir}", "--block_size=128"))
@@ -240,8 +244,10 @@ def test_errors_are_one_line(byte_data, hf_dir, tmp_path, monkeypatch):
     check(FileNotFoundError, "could not load .* no file named model.safetensors", hf.load_hf_gpt2, str(bad))
     state = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).state_dict()
     state["transformer.h.1.mlp.c_fc.weight"] = state["transformer.h.1.mlp.c_fc.weight"][:, :100]
-    check(ValueError, r"h.1.mlp.c_fc.weight has shape \(100, 32\) \(Conv1D, transposed\) but the model needs \(128, 32\)",
-          hf.copy_hf_state, GPT(GPTConfig(vocab_size=257, block_size=64, n_layer=2, n_head=2, n_embd=32, bias=True)), state, "m")
+    check(ValueError, r"h.1.mlp.c_fc.weight has shape \(100, 32\) \(Conv1D, transposed\) "
+                      r"but the model needs \(128, 32\)",
+          hf.copy_hf_state, GPT(GPTConfig(vocab_size=257, block_size=64, n_layer=2, n_head=2, n_embd=32, bias=True)),
+          state, "m")
 
     train.main(tiny_args(byte_data, tmp_path / "run", "--max_iters=2"))
     ckpt_path = str(tmp_path / "run" / "ckpt.pt")
@@ -263,7 +269,8 @@ def test_errors_are_one_line(byte_data, hf_dir, tmp_path, monkeypatch):
     ckpt = torch.load(ckpt_path, weights_only=True)
     ckpt["model"]["gate"] = torch.ones(1)
     torch.save(ckpt, tmp_path / "extra.pt")
-    check(ValueError, "cannot be expressed as HF GPT-2: it has no place for gate", hf.export_hf, str(tmp_path / "extra.pt"), str(tmp_path / "x"))
+    check(ValueError, "cannot be expressed as HF GPT-2: it has no place for gate", hf.export_hf,
+          str(tmp_path / "extra.pt"), str(tmp_path / "x"))
     monkeypatch.undo()
     monkeypatch.setitem(hf.ACTIVATION_TO_HF, "gelu", "relu")    # a mapping that is wrong: the check catches it
     check(ValueError, "exported logits differ from the checkpoint's", hf.export_hf, ckpt_path, str(tmp_path / "x"))
@@ -292,7 +299,8 @@ def test_resume_refuses_a_changed_activation_and_reads_old_checkpoints(byte_data
 def test_gelu_tanh_is_the_tanh_approximation():
     x = torch.linspace(-6, 6, 1001, dtype=torch.float64)
     m = GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=1, n_embd=8, activation="gelu_tanh")).double()
-    want = 0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x ** 3)))   # GPT-2's gelu (Hendrycks & Gimpel 2016)
+    # GPT-2's gelu (Hendrycks & Gimpel 2016)
+    want = 0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x ** 3)))
     torch.testing.assert_close(m.transformer.h[0].mlp.gelu(x), want)
     assert (F.gelu(x) - want).abs().max() > 1e-4                # the exact gelu is another function
 
@@ -301,9 +309,12 @@ def test_finetune_shakespeare_config_and_data(tmp_path):
     """config/finetune_shakespeare.py states GPT-2 124M's shape (so --init_from=resume matches it), and
     the README's data command makes a train/val split of the committed text."""
     cfg = configurator.load_config(["--config", "config/finetune_shakespeare.py"])
-    assert (cfg.init_from, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.bias, cfg.activation) == ("gpt2", 12, 12, 768, True, "gelu_tanh")
-    assert configurator.load_config(["--config", "config/finetune_shakespeare.py", "--init_from=resume"]).init_from == "resume"
-    meta = data.prepare(os.path.join(ROOT, "data_sources", "shakespeare"), str(tmp_path), "byte", val_frac=0.1, workers=2)
+    assert (cfg.init_from, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.bias, cfg.activation) == \
+        ("gpt2", 12, 12, 768, True, "gelu_tanh")
+    assert configurator.load_config(["--config", "config/finetune_shakespeare.py",
+                                     "--init_from=resume"]).init_from == "resume"
+    meta = data.prepare(os.path.join(ROOT, "data_sources", "shakespeare"), str(tmp_path), "byte", val_frac=0.1,
+                        workers=2)
     assert meta["train_docs"] + meta["val_docs"] == 40 and meta["val_docs"] >= 2
     folder = os.path.join(ROOT, "data_sources", "shakespeare")
     size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))

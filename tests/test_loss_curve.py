@@ -42,7 +42,8 @@ def test_quickstart_losses_match_the_stored_run(tmp_path, one_thread):
     data.prepare(os.path.join(ROOT, "data_sources", "shakespeare"), str(tmp_path / "data"), "byte", workers=1)
     train.main([f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}", *ARGS])
     rows = read_metrics(tmp_path / "out")
-    got = {"loss": [r["loss"] for r in rows if "loss" in r], "val_loss": [r["val_loss"] for r in rows if "val_loss" in r]}
+    got = {"loss": [r["loss"] for r in rows if "loss" in r],
+           "val_loss": [r["val_loss"] for r in rows if "val_loss" in r]}
     assert len(got["loss"]) == 30 and len(got["val_loss"]) == 4
     if os.environ.get("UPDATE_LOSS_CURVE"):
         with open(STORED, "w") as f:

@@ -176,12 +176,14 @@ def test_trainer_passes_doc_ids_only_with_the_mask(short_data, tmp_path, monkeyp
             check_attention_mask(cu_seqlens, doc_ids)
         return forward(self, idx, targets, doc_ids, cu_seqlens, position_ids)
     monkeypatch.setattr(GPT, "forward", spy)
-    train.main(tiny_args(short_data, tmp_path / "a", "--max_iters=2", "--check_mask=True", "--attention=auto", "--device=cpu"))
+    train.main(tiny_args(short_data, tmp_path / "a", "--max_iters=2", "--check_mask=True", "--attention=auto",
+                         "--device=cpu"))
     assert seen and all(seen)
     assert json.load(open(tmp_path / "a" / "config.json"))["attention"] == "sdpa"    # auto on the CPU
     seen.clear()
     train.main(tiny_args(short_data, tmp_path / "b", "--max_iters=2", "--document_mask=False", "--device=cpu"))
-    assert "warning: packing=True with document_mask=False: tokens attend across document boundaries" in capsys.readouterr().out
+    assert ("warning: packing=True with document_mask=False: tokens attend across document boundaries"
+            in capsys.readouterr().out)
     assert seen and not any(seen)
 
 
@@ -258,8 +260,10 @@ def test_varlen_paths_agree_with_sdpa_forward_and_grads(short_data):
     assert len(b.cu_seqlens) == (b.cu_seqlens < 4 * 64).sum() + 1 < len(bp.cu_seqlens)     # exact; padded
     out = {}
     for name, attention, kw in [("sdpa", "sdpa", {}), ("varlen, doc_ids only", "varlen", {}),
-                                ("varlen, loader", "varlen", dict(cu_seqlens=b.cu_seqlens, position_ids=b.position_ids)),
-                                ("varlen, padded", "varlen", dict(cu_seqlens=bp.cu_seqlens, position_ids=bp.position_ids))]:
+                                ("varlen, loader", "varlen",
+                                 dict(cu_seqlens=b.cu_seqlens, position_ids=b.position_ids)),
+                                ("varlen, padded", "varlen",
+                                 dict(cu_seqlens=bp.cu_seqlens, position_ids=bp.position_ids))]:
         torch.manual_seed(0)
         m = GPT(GPTConfig(block_size=64, vocab_size=257, n_layer=2, n_head=2, n_embd=16, attention=attention)).double()
         out[name] = outputs_and_grads(m, b.x, b.y, b.doc_ids, **kw)
@@ -301,12 +305,14 @@ def test_documents_are_learned_from_first_token_to_end(tmp_path):
     words = ["apple", "river", "stone", "cloud", "tiger", "lamp", "moon"]
     with open(tmp_path / "d.jsonl", "w") as f:
         for _ in range(400):
-            f.write(json.dumps({"text": "#" + " ".join(rng.choice(words) for _ in range(rng.randint(1, 3))) + "."}) + "\n")
+            f.write(json.dumps({"text": "#" + " ".join(rng.choice(words) for _ in range(rng.randint(1, 3))) + "."})
+                    + "\n")
     data.prepare(str(tmp_path / "d.jsonl"), str(tmp_path / "d"), "byte", val_frac=0.05, workers=1)
     train.main(tiny_args(tmp_path / "d", tmp_path / "o", "--max_iters=100", "--eval_interval=100", "--batch_size=8",
                          "--learning_rate=1e-2", "--log_interval=50"))
     proc = subprocess.run([sys.executable, "sample.py", f"--out_dir={tmp_path / 'o'}", "--start=", "--num_samples=20",
-                           "--max_new_tokens=40", "--device=cpu"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           "--max_new_tokens=40", "--device=cpu"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     samples = [s.removesuffix("\n") for s in proc.stdout.split("-" * 60 + "\n")[:-1]]
     assert len(samples) == 20

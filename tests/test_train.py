@@ -130,21 +130,31 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["n_layer=4"], ValueError, "cannot parse argument"),
     (["--attention=flex", "--device=cpu"], ValueError, "FlexAttention has no backward pass on the CPU"),
     (["--fp8=True", "--device=cpu"], ValueError, "compute capability 8.9"),
-    (["--fp8_head=True", "--fused_ce=True", "--device=cpu"], ValueError, "fp8_head=True needs a GPU of compute capability 8.9"),
+    (["--fp8_head=True", "--fused_ce=True", "--device=cpu"], ValueError,
+     "fp8_head=True needs a GPU of compute capability 8.9"),
     (["--fp8_head=True"], ValueError, "fp8_head=True runs the fused head's matmuls in float8: it needs fused_ce=True"),
-    (["--check_mask=True", "--packing=False"], ValueError, "check_mask=True checks the document mask: it needs packing"),
-    (["--config", "config/fast.py", "--device=cpu"], ValueError, r"this run is on the CPU: add --fp8_head=False \(config/fast.py sets fp8_head=True\)"),
+    (["--check_mask=True", "--packing=False"], ValueError,
+     "check_mask=True checks the document mask: it needs packing"),
+    (["--config", "config/fast.py", "--device=cpu"], ValueError,
+     r"this run is on the CPU: add --fp8_head=False \(config/fast.py sets fp8_head=True\)"),
     (["--config", "config/fast.py", "--fp8=True", "--device=cpu"], ValueError,
      r"^fp8=True and fp8_head=True need a GPU .* add --fp8=False --fp8_head=False"),
     (["--fused_ce=True", "--dtype=float16"], ValueError, "fused_ce=True with dtype='float16' is not supported"),
-    (["--fused_ce=True", "--fp8_head=True", "--fp8_recipe=rowwise"], ValueError, "fp8_recipe='rowwise' would do nothing: .* --fp8=True"),
-    (["--fp8_head=True", "--fused_ce=True", "--n_embd=40", "--n_head=4"], ValueError, r"n_embd \(40\), .* multiples of 16 .*, or add --fp8_head=False"),
-    (["--fp8_head=True", "--fused_ce=True", "--fused_ce_chunk=1000"], ValueError, r"and fused_ce_chunk \(1000\) to be multiples of 16"),
+    (["--fused_ce=True", "--fp8_head=True", "--fp8_recipe=rowwise"], ValueError,
+     "fp8_recipe='rowwise' would do nothing: .* --fp8=True"),
+    (["--fp8_head=True", "--fused_ce=True", "--n_embd=40", "--n_head=4"], ValueError,
+     r"n_embd \(40\), .* multiples of 16 .*, or add --fp8_head=False"),
+    (["--fp8_head=True", "--fused_ce=True", "--fused_ce_chunk=1000"], ValueError,
+     r"and fused_ce_chunk \(1000\) to be multiples of 16"),
     (["--fused_ce_chunk=0"], ValueError, "'fused_ce_chunk' must be positive"),
     (["--attention=varlen"], ValueError, "attention='varlen' .* takes bfloat16 or float16"),
     (["--attention=varlen", "--dtype=bfloat16", "--device=cpu"], ValueError, "varlen kernels do not run on the CPU"),
     (["--cuda_graphs=True"], ValueError, "'cuda_graphs' needs compile=True"),
-    (["--cuda_graphs=True", "--compile=True", "--device=cpu"], ValueError, "cuda_graphs=True is a one-GPU experiment: it needs a CUDA GPU"),
+    (["--compile_regional=True"], ValueError, "compile_regional=True chooses how the model is compiled: it needs compile"),
+    (["--compile=True", "--compile_regional=True", "--cuda_graphs=True"], ValueError,
+     "cuda_graphs=True records the whole compiled model as one graph"),
+    (["--cuda_graphs=True", "--compile=True", "--device=cpu"], ValueError,
+     "cuda_graphs=True is a one-GPU experiment: it needs a CUDA GPU"),
     (["--parallelism=fsdp"], ValueError, "torchrun"),
     (["--init_from=resume"], FileNotFoundError, "ckpt.pt"),
     (["--batch_size=0"], ValueError, "'batch_size' must be positive"),
@@ -158,7 +168,8 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--sdpa_backend=cudnn", "--attention=naive"], ValueError, "applies to attention='sdpa' only"),
     (["--sdpa_backend=flash", "--dtype=bfloat16"], ValueError, "takes no attention mask"),
     (["--sdpa_backend=cudnn", "--dtype=bfloat16", "--device=cpu"], ValueError, "use sdpa_backend='auto' on the CPU"),
-    (["--sdpa_backend=flash", "--dtype=bfloat16", "--packing=False", "--device=cpu"], ValueError, "use sdpa_backend='auto' on the CPU"),
+    (["--sdpa_backend=flash", "--dtype=bfloat16", "--packing=False", "--device=cpu"], ValueError,
+     "use sdpa_backend='auto' on the CPU"),
     (["--sdpa_backend=cudnn"], ValueError, "take bfloat16 or float16"),
     (["--profile=True", "--timing_warmup=3", "--max_iters=2"], ValueError, "max_iters=2 ends before it"),
     (["--beta2=1.0"], ValueError, r"'beta2' \(AdamW\) must be in \[0, 1\)"),
@@ -221,7 +232,8 @@ def test_foreign_or_mismatched_checkpoint(byte_data, tmp_path):
     torch.save({"model": {}, "iter_num": 5}, out / "ckpt.pt")            # a nanoGPT-style checkpoint
     with pytest.raises(ValueError, match="not a speedgpt checkpoint: it lacks optimizer, scaler, step"):
         train.main(tiny_args(byte_data, out, "--init_from=resume"))
-    train.main(tiny_args(byte_data, out, "--max_iters=4", "--init_from=scratch"))   # a real one, then damage its weights
+    # a real one, then damage its weights
+    train.main(tiny_args(byte_data, out, "--max_iters=4", "--init_from=scratch"))
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
     ckpt["model"]["lm_head.weight"] = ckpt["model"]["lm_head.weight"][:, :16]
     torch.save(ckpt, out / "ckpt.pt")
@@ -274,7 +286,8 @@ def test_resume_checks_fp8_shapes_of_the_checkpoint(byte_data, tmp_path):
     """A resumed run takes n_embd from the checkpoint when it is not set: fp8_head's multiple-of-16 check
     sees that shape (40), not the command's default (128), and refuses before any work."""
     train.main(tiny_args(byte_data, tmp_path, "--n_embd=40", "--n_head=4", "--max_iters=2"))
-    shapeless = [a for a in tiny_args(byte_data, tmp_path, "--max_iters=4") if not a.startswith(("--n_embd", "--n_head"))]
+    shapeless = [a for a in tiny_args(byte_data, tmp_path, "--max_iters=4")
+                 if not a.startswith(("--n_embd", "--n_head"))]
     with pytest.raises(ValueError, match=r"fp8_head=True needs n_embd \(40\)"):
         train.main(shapeless + ["--init_from=resume", "--fp8_head=True", "--fused_ce=True"])
 
@@ -310,12 +323,14 @@ def test_profile_summary_sums_kernels_by_kind(tmp_path):
         json.dump({"traceEvents": events}, f)
     text = "\n".join(profile_summary.summarize(str(tmp_path / "t.json.gz")))
     assert "(90.9%;" in text                  # kernels span 0..550 us and are busy for 500 us of it
-    rows = {l.split("|")[1].strip(): float(l.split("|")[2]) for l in text.splitlines() if l.startswith("| ") and "%" in l}
+    rows = {l.split("|")[1].strip(): float(l.split("|")[2])
+            for l in text.splitlines() if l.startswith("| ") and "%" in l}
     assert rows == {"matmul (GEMM)": 0.3, "attention": 0.1, "Triton (Inductor fused)": 0.1, "copy / memset": 0.1}
 
 
 @pytest.mark.parametrize("error", ["torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 24.00 GiB')",
-                                   "RuntimeError(\"DefaultCPUAllocator: can't allocate memory: you tried to allocate 6e11 bytes\")",
+                                   "RuntimeError(\"DefaultCPUAllocator: can't allocate memory: "
+                                   "you tried to allocate 6e11 bytes\")",
                                    "MemoryError()"])
 def test_out_of_memory_is_one_line_naming_the_knobs(byte_data, tmp_path, error):
     """A micro-batch that does not fit ends in one line naming batch_size, block_size and
@@ -354,7 +369,8 @@ def test_sample_says_what_it_does_with_odd_prompts(byte_data, tmp_path):
                                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     proc = run(f"FILE:{tmp_path / 'latin1.txt'}")
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
-        f"error: prompt file {tmp_path / 'latin1.txt'} is not UTF-8 text (byte 0xe9 at offset 3): convert it to UTF-8 first"]
+        f"error: prompt file {tmp_path / 'latin1.txt'} is not UTF-8 text (byte 0xe9 at offset 3): "
+        "convert it to UTF-8 first"]
     proc = run("x" * 100)
     assert proc.returncode == 0 and "note: the prompt is 101 tokens (with its end-of-text), longer than block_size=64" \
         in proc.stderr

@@ -69,7 +69,8 @@ def test_divergence_never_reaches_the_weights_or_the_checkpoint(byte_data, tmp_p
 
 def test_skipped_steps_are_bounded(byte_data, tmp_path):
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
-    bad = ["--init_from=resume", "--learning_rate=1e30", "--min_lr=1e30", "--grad_clip=0", "--max_iters=20", "--eval_interval=100"]
+    bad = ["--init_from=resume", "--learning_rate=1e30", "--min_lr=1e30", "--grad_clip=0", "--max_iters=20",
+           "--eval_interval=100"]
     with pytest.raises(train.RunStopped, match="diverged"):
         train.main(tiny_args(byte_data, tmp_path, *bad, "--max_skipped_steps=3"))
     rows = [r for r in strict_json(tmp_path / "metrics.jsonl") if "loss" in r]
@@ -150,7 +151,8 @@ def test_resume_keeps_the_schedule_unless_a_schedule_key_is_set(byte_data, tmp_p
     assert "resume: max_iters 20 -> 40" in out and "decays until lr_decay_iters=20, then stays at min_lr" in out
     # an explicit schedule key wins, and the change is printed
     train.main(tiny_args(byte_data, tmp_path / "b", *args))
-    train.main(tiny_args(byte_data, tmp_path / "b", *args, "--max_iters=40", "--lr_decay_iters=40", "--init_from=resume"))
+    train.main(tiny_args(byte_data, tmp_path / "b", *args, "--max_iters=40", "--lr_decay_iters=40",
+                         "--init_from=resume"))
     assert "resume: lr_decay_iters 20 -> 40 (set explicitly)" in capsys.readouterr().out
     train.main(tiny_args(byte_data, tmp_path / "c", *args, "--max_iters=40", "--lr_decay_iters=40"))
     assert lrs(tmp_path / "b")[25] == lrs(tmp_path / "c")[25]
@@ -217,23 +219,27 @@ def test_launch_environment(byte_data, tmp_path, monkeypatch):
 def test_more_processes_than_gpus_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    for k, v in dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="x", MASTER_PORT="1").items():
+    for k, v in dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="x",
+                     MASTER_PORT="1").items():
         monkeypatch.setenv(k, v)
-    with pytest.raises(ValueError, match=r"2 processes per node but 1 visible GPU\(s\): use torchrun --nproc_per_node=1"):
+    with pytest.raises(ValueError, match=r"2 processes per node but 1 visible GPU\(s\): "
+                                         r"use torchrun --nproc_per_node=1"):
         setup_processes(configurator.Config())
 
 
 def readme_commands():
     """(world size, train.py arguments) of every train.py command in the bash blocks of the README and docs/."""
     import glob
-    text = "".join(open(p).read() for p in [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))])
+    text = "".join(open(p).read() for p in [os.path.join(ROOT, "README.md"),
+                                            *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))])
     cmds = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("#")[0].split()
             if "train.py" not in line:
                 continue
-            opts = dict(re.match(r"--(\w+)=(\d+)", a).groups() for a in line if re.match(r"--(nproc_per_node|nnodes)=\d+", a))
+            opts = dict(re.match(r"--(\w+)=(\d+)", a).groups() for a in line
+                        if re.match(r"--(nproc_per_node|nnodes)=\d+", a))
             world = int(opts.get("nproc_per_node", 1)) * int(opts.get("nnodes", 1)) if line[0] == "torchrun" else 1
             cmds.append((world, line[line.index("train.py") + 1:]))
     return cmds
@@ -252,8 +258,8 @@ def test_every_readme_command_plans_its_batch():
 def test_batch_plan():
     cfg = configurator.load_config(["--config", "config/fast.py"])
     assert [plan_batch(cfg, w) for w in (1, 2, 4, 8)] == [8, 4, 2, 1]
-    with pytest.raises(ValueError, match=r"total_batch_size=524,288 tokens is not a multiple of batch_size x block_size "
-                                         r"x processes = 64 x 1024 x 16 = 1,048,576"):
+    with pytest.raises(ValueError, match=r"total_batch_size=524,288 tokens is not a multiple of "
+                                         r"batch_size x block_size x processes = 64 x 1024 x 16 = 1,048,576"):
         plan_batch(cfg, 16)
     assert plan_batch(configurator.Config(), 3) == 1                    # 0: one micro-batch per process
 
@@ -295,7 +301,8 @@ def test_resume_messages_name_only_what_applies(byte_data, tmp_path, capsys):
     short = [a for a in tiny_args(byte_data, tmp_path / "a", "--max_iters=3") if not a.startswith("--warmup_iters")]
     train.main(short + ["--warmup_iters=2"])
     capsys.readouterr()
-    train.main([a.replace("--max_iters=3", "--max_iters=8") for a in short] + ["--init_from=resume"])   # default warmup_iters=30
+    # default warmup_iters=30
+    train.main([a.replace("--max_iters=3", "--max_iters=8") for a in short] + ["--init_from=resume"])
     out = capsys.readouterr().out
     assert "resume: max_iters 3 -> 8" in out and "warning: warmup_iters" not in out and "(set explicitly)" not in out
     # a run that ended in warm-up (lr_decay_iters unresolved), resumed with another warm-up
@@ -323,7 +330,8 @@ def test_a_full_disk_while_saving_stops_in_one_line_and_keeps_the_checkpoint(byt
         raise RuntimeError("basic_ios::clear: iostream error")
     monkeypatch.setattr(checkpoint.torch, "save", full_disk)
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 10**12, 0))
-    with pytest.raises(train.RunStopped, match=r"^error: step 8: could not write .*ckpt.pt: no space left on the device "
+    with pytest.raises(train.RunStopped, match=r"^error: step 8: could not write .*ckpt.pt: "
+                                               r"no space left on the device "
                                                r"\(0 MB free\); .*ckpt.pt still holds step 4: resume from it") as e:
         train.main(tiny_args(byte_data, tmp_path, "--max_iters=8", "--init_from=resume"))
     assert e.value.exit_code == 1 and "\n" not in str(e.value)
@@ -343,6 +351,7 @@ def test_an_out_dir_that_cannot_be_written_is_refused_before_any_work(byte_data,
         train.main(tiny_args(never, tmp_path / "o"))
     assert not never.exists()
     monkeypatch.setattr(checkpoint.tempfile, "TemporaryFile", tempfile.TemporaryFile)
-    monkeypatch.setattr(checkpoint.os, "makedirs", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space")))
+    monkeypatch.setattr(checkpoint.os, "makedirs",
+                        lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space")))
     with pytest.raises(ValueError, match="is not writable: no space left on the device"):
         train.main(tiny_args(byte_data, tmp_path / "o2"))

@@ -55,7 +55,8 @@ def runs(run_dir):
     out = []
     for path in paths:
         run_id = os.path.basename(path)[len("run-"):-len(".wandb")]
-        rows = [{item.nested_key[0] if item.nested_key else item.key: json.loads(item.value_json) for item in rec.history.item}
+        rows = [{item.nested_key[0] if item.nested_key else item.key: json.loads(item.value_json)
+                 for item in rec.history.item}
                 for rec in read_records(path) if rec.WhichOneof("record_type") == "history"]
         out.append((run_id, rows))
     return out
