@@ -28,8 +28,8 @@ setup-test: $(VENV)/.extra
 
 $(VENV)/.core: requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
-	@if $(PY) -c "import sys, torch; from importlib.metadata import version; from packaging.requirements import Requirement; \
-	        sys.exit(not Requirement('$(TORCH)').specifier.contains(version('torch'), prereleases=True))" 2>/dev/null; then \
+	@if $(PY) -c "import sys, torch; from pip._vendor.packaging.requirements import Requirement; \
+	        sys.exit(not Requirement('$(TORCH)').specifier.contains(torch.__version__.split('+')[0]))" 2>/dev/null; then \
 	    echo "torch: using the installed $$($(PY) -c 'import torch; print(torch.__version__)')"; \
 	elif nvidia-smi -L >/dev/null 2>&1; then echo "torch: a GPU is here, installing $(TORCH) (CUDA)"; $(PIP) "$(TORCH)"; \
 	elif $(PY) -c "import socket; socket.getaddrinfo('download.pytorch.org', 443)" 2>/dev/null; then \
