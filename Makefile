@@ -1,9 +1,10 @@
 # The two commands of a fresh machine; each sets up .venv first (once), then does its job:
 #   make quickstart   train the CPU quickstart (python train.py): core packages only
 #   make test         the test suite, with every optional package (make test-fast: without the slow tests)
-# torch: a build already installed in the range of requirements.txt is used (the venv sees the system's
-# packages: a GPU box's preinstalled torch is kept); else the CUDA build where nvidia-smi sees a GPU, else
-# the CPU build (TORCH_CPU, from PyTorch's CPU index when it is reachable: about 0.9 GB instead of several).
+# torch: a build already installed in the range of requirements.txt is used (the venv sees the packages of
+# the Python that made it, after its own: a GPU box's preinstalled torch is kept); else the CUDA build where
+# nvidia-smi sees a GPU, else the CPU build (TORCH_CPU, from PyTorch's CPU index when it is reachable:
+# about 0.9 GB instead of several).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -27,10 +28,12 @@ setup: $(VENV)/.core
 setup-test: $(VENV)/.extra
 
 $(VENV)/.core: requirements.txt
-	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	@test -x $(PY) || { $(PYTHON) -m venv $(VENV) && \
+	    $(PYTHON) -c "import site; print('\n'.join(site.getsitepackages()))" > \
+	    "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_outer_site.pth"; }
 	@if $(PY) -c "import sys, torch; from pip._vendor.packaging.requirements import Requirement; \
 	        sys.exit(not Requirement('$(TORCH)').specifier.contains(torch.__version__.split('+')[0]))" 2>/dev/null; then \
-	    echo "torch: using the installed $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	    echo "torch: using the installed $$($(PY) -c 'import torch; print(torch.__version__)' 2>/dev/null)"; \
 	elif nvidia-smi -L >/dev/null 2>&1; then echo "torch: a GPU is here, installing $(TORCH) (CUDA)"; $(PIP) "$(TORCH)"; \
 	elif $(PY) -c "import socket; socket.getaddrinfo('download.pytorch.org', 443)" 2>/dev/null; then \
 	    echo "torch: no GPU, installing $(TORCH_CPU) (CPU) from $(TORCH_CPU_INDEX)"; $(PIP) $(TORCH_CPU) --index-url $(TORCH_CPU_INDEX); \
