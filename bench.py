@@ -147,9 +147,11 @@ def bench(args, extra):
         r["x_prev"] = prev and r["tokens_per_sec"] / prev["tokens_per_sec"]
         r["x_base"] = r["tokens_per_sec"] / ok[0]["tokens_per_sec"]
     loo = []
-    if not args.no_loo and ok:
+    if args.loo and ok:
         full = ok[-1]
         for change, undo in UNDO.items():
+            if change not in args.loo:
+                continue
             if change == "FP8 head" and not all_on["fp8_head"]:
                 continue
             loo_config = {**all_on, **undo}
@@ -254,7 +256,9 @@ def main():
     parser.add_argument("--steps", type=int, default=30, help="timed steps per rung")
     parser.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps per rung (compile)")
     parser.add_argument("--start", type=int, default=1, help="first ladder rung to run (1 = baseline)")
-    parser.add_argument("--no_loo", action="store_true", help="skip the leave-one-out pass")
+    parser.add_argument("--no_loo", action="store_true", help="skip the leave-one-out pass (as --loo none)")
+    parser.add_argument("--loo", default="all", help="the changes the leave-one-out pass removes, comma-separated "
+                        f"({', '.join(UNDO)}), or all, or none")
     parser.add_argument("--resume", action="store_true", help="reuse the rungs already in OUT/rows.jsonl that ran "
                         "with the same config, steps, warm-up and arguments (a bench cut short continues)")
     parser.add_argument("--batch_size", type=int, default=16, help="micro-batch of every rung (the float32 "
@@ -266,6 +270,11 @@ def main():
     args = parser.parse_args()
     if not os.path.isfile(args.config):
         parser.error(f"config file {args.config} not found")
+    args.loo = [] if args.no_loo or args.loo == "none" else list(UNDO) if args.loo == "all" else \
+        [c.strip() for c in args.loo.split(",")]
+    unknown = [c for c in args.loo if c not in UNDO]
+    if unknown:
+        parser.error(f"--loo: unknown change {unknown[0]!r}; the changes are: {', '.join(UNDO)}")
     if args.steps < 1 or args.warmup < 0 or not 1 <= args.start <= len(LADDER):
         parser.error(f"need --steps >= 1, --warmup >= 0 and 1 <= --start <= {len(LADDER)}")
     if not 1 <= args.batch_size <= args.max_batch:

@@ -445,12 +445,18 @@ class TokenizerPool:
     order. Each worker has a queue of its own in and out, and chunks go round-robin, so the parent never
     takes a lock a worker may hold: stopping (an error, Ctrl-C) kills the workers and returns at once,
     where multiprocessing.Pool's terminate can wait forever on a lock held by a worker killed mid-task.
-    The workers start (fork, on Linux) when the pool is made, before the caller starts threads of its own
-    (a progress bar's). Use as a context manager; tokenize() yields the results."""
+    The workers start when the pool is made, before the caller starts threads of its own (a progress
+    bar's): forked on Linux when this process has no other thread, else from a fork server (a fork beside
+    other threads, as in a test run or the trainer, can deadlock the child; a script that calls this then
+    needs Python's `if __name__ == "__main__":` guard), spawned elsewhere. Use as a context manager;
+    tokenize() yields the results."""
 
     def __init__(self, tokenizer, dtype, workers):
         import multiprocessing
-        ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+        import threading
+        linux = sys.platform == "linux"
+        method = ("fork" if threading.active_count() == 1 else "forkserver") if linux else "spawn"
+        ctx = multiprocessing.get_context(method)
         mask = hasattr(signal, "pthread_sigmask")
         if mask:                                  # workers start with Ctrl-C blocked, then ignore it
             old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -474,8 +480,8 @@ class TokenizerPool:
                 break
             except queue.Empty:
                 if not proc.is_alive():
-                    raise RuntimeError(f"a tokenisation worker died (exit code {proc.exitcode}): "
-                                       "out of memory?") from None
+                    why = "killed: out of memory?" if proc.exitcode == -9 else f"exit code {proc.exitcode}"
+                    raise RuntimeError(f"a tokenisation worker died ({why})") from None
         if status == "error":
             raise ValueError(value)
         return value

@@ -29,7 +29,7 @@ def common(data_dir, out_dir, *extra):
                      "--eval_interval=2", "--dropout=0.0", "--device=cpu", *extra)
 
 
-@pytest.mark.parametrize("parallelism, nproc, extra", [("ddp", 1, ()), ("ddp", 2, ()), ("ddp", 4, ()), ("fsdp", 2, ()),
+@pytest.mark.parametrize("parallelism, nproc, extra", [("ddp", 2, ()), ("ddp", 4, ()), ("fsdp", 2, ()),
                                                         ("fsdp", 2, ("--fused_ce=True",))])
 def test_one_optimizer_step_equals_single_process(short_data, tmp_path, parallelism, nproc, extra):
     """Same global batch (2 rows x 4 micro-steps): N ranks x 4/N micro-steps == 1 process x 4. Padded
