@@ -16,7 +16,7 @@ Variants (each checked against the compiled baseline: loss and both gradients, r
   FP8 head           torchao Float8Linear (tensorwise / rowwise) for the head, then the compiled cross-entropy;
                      tensorwise also with the cross-entropy's gradient made in its forward (CrossEntropyGradInForward)
 Timing: CUDA events, median of --iters calls after 5 warm-up calls, gradients set to None before each call
-(as the optimizer's zero_grad does). Measured before on the H200 (../shared/GPU.md): GEMMs 22.4 ms, compiled
+(as the optimizer's zero_grad does). Measured before on the H200 (BENCHMARKS.md): GEMMs 22.4 ms, compiled
 baseline 30.7, liger-kernel 32.0, cut-cross-entropy 44.5, FP8 tensorwise 26.1, rowwise 29.8.
 """
 import argparse

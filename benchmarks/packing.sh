@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Padded vs packed (with and without the document mask), GPT-2 124M, block_size 1024, bf16 + compile,
 # on two varied-length corpora. Usage: bash benchmarks/packing.sh [OUT_DIR] [STEPS] [BATCH]
-# Needs the GPT-2 tokenizer (TIKTOKEN_CACHE_DIR offline) and stories.jsonl at $STORIES if present.
+# Needs the GPT-2 tokenizer (TIKTOKEN_CACHE_DIR offline); a .jsonl of stories at $STORIES is the second corpus.
 set -uo pipefail
 out=${1:-bench_out/packing}; steps=${2:-20}; batch=${3:-16}
-stories=${STORIES:-../shared/data/stories.jsonl}
+stories=${STORIES:-data_sources/stories.jsonl}
 mkdir -p "$out"
 [ -d data/stdlib_gpt2 ] || python data.py --tokenizer gpt2
 corpora="data/stdlib_gpt2"

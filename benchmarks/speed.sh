@@ -9,14 +9,14 @@
 #   RUNS="mask varlen varlen_padded nomask" bash benchmarks/speed.sh                  # cu_seqlens padding
 #   STORIES=.carry/stories.jsonl RUNS="long_dense long_varlen long_flex" bash benchmarks/speed.sh
 #
-# On the GPU machine, carry .carry (tiktoken_cache: the GPT-2 BPE files; fa3: `bash ../shared/tools/fa3.sh
-# fetch .carry/fa3`; stories.jsonl for the long runs) and .whl (torchao for fp8_head, per ../shared/GPU.md:
+# On a GPU machine without a network, carry .carry (tiktoken_cache: the GPT-2 BPE files; fa3: a FlashAttention-3
+# build with its fa3.sh installer; stories.jsonl for the long runs) and .whl (a torchao wheel for fp8_head:
 # pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl torchao==0.18.0).
 # A train.py process costs ~60-90 s of compile plus ~1 s per step (cuda_graphs adds the recording): keep
 # RUNS to ~5 processes per call, or ~3 with the two microbenchmarks, to stay under ~9 minutes.
 #
 # RUNS items (train.py runs of config/fast.py, ITERS steps after timing_warmup=5, no eval, no checkpoint).
-# Every run passes --fp8_head=False first (the bf16 head; fast.py turns FP8 on since session 7), so only the
+# Every run passes --fp8_head=False first (the bf16 head; fast.py turns FP8 on), so only the
 # runs that name --fp8_head=True use FP8:
 #   mask                    flex with the document mask (fast.py with fused_ce in bf16, but flex)
 #   varlen                  attention=varlen (FA3 when .carry/fa3 is installed, else PyTorch's FA2; printed)
@@ -28,7 +28,7 @@
 #   varlen_graphs           + CUDA graphs (compile mode reduce-overhead)
 #   varlen_fp8head_graphs   both
 #   varlen_fusedce          + fused_ce: the head + cross-entropy as one function, gradients in the forward
-#   varlen_plaince          varlen with fused_ce=False (config/fast.py turns fused_ce on since session 6)
+#   varlen_plaince          varlen with fused_ce=False (config/fast.py turns fused_ce on)
 #   varlen_fusedce_graphs   + fused_ce + CUDA graphs
 #   varlen_fusedce_fp8      + fused_ce with its matmuls in float8 (--fp8_head=True with fused_ce)
 #   mask_fp8head            flex + the FP8 head (where FA3 is missing)
@@ -44,8 +44,8 @@
 #   head_ce                 benchmarks/head_ce.py: LM head + cross-entropy variants, 65,536 tokens
 # Other knobs: ITERS (default 25), RUNS_DIR (logs, default /tmp/speed_runs: one per concurrent speed.sh), ARGS
 # (extra train.py flags for every run), BASE (the run the ratios divide by, default mask), PEER (the peer's
-# tokens/s, default 518000: nanoGPT bench.py batch 64 on the H200, ../shared/GPU.md; .peers/side_by_side.sh
-# measures it in the same call), ATTN_MATCH (attention.py --match).
+# tokens/s, default 518000: nanoGPT bench.py batch 64 on the H200, BENCHMARKS.md; the peers' side-by-side
+# script measures it in the same call), ATTN_MATCH (attention.py --match).
 # Output: $OUT/speed.md (the table), $OUT/speed_logs.txt (each run's last lines), $OUT/micro.txt (the
 # microbenchmarks); full logs in /tmp/speed_runs.
 set -u

@@ -88,7 +88,7 @@ def test_varlen_matches_flex_and_sdpa_with_mask_bf16():
     """Forward and gradients of varlen (with the loader's cu_seqlens and positions, exact and padded to
     a fixed length, and from doc_ids alone), flex and SDPA with the boolean document mask, all in bf16,
     against SDPA with the mask in float32: varlen must be as close to the truth as flex is (bf16
-    attention outputs differ from the dense-mask reference by 8e-3..1.6e-2 on the H200, ../shared/GPU.md)."""
+    attention outputs differ from the dense-mask reference by 8e-3..1.6e-2 on the H200, BENCHMARKS.md)."""
     kernel = varlen_or_skip()
     torch.backends.cuda.matmul.allow_tf32 = False
     idx, tgt, doc_ids = doc_batch()
