@@ -199,7 +199,7 @@ def write_gpt2_tokenizer(to, transformers):
             blob = tiktoken.load.read_file_cached(url, sha256)
         except Exception as e:                             # no network and no cache
             raise FileNotFoundError(f"could not read tiktoken's GPT-2 file {url.rsplit('/', 1)[1]} "
-                                    f"({str(e).splitlines()[0][:200]}): "
+                                    f"({str(e).splitlines()[0]}): "
                                     "offline, point TIKTOKEN_CACHE_DIR at a folder holding it") from e
         with open(os.path.join(to, filename), "wb") as f:
             f.write(blob)

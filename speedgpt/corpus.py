@@ -160,12 +160,6 @@ def _file(path, text_field, report):
     return _text_file(path, packed)
 
 
-def _text_file(path, packed):
-    with _open_stream(path, packed) as f:
-        raw = f.read()
-    yield Document(path, raw.decode("utf-8-sig", errors="replace"))   # utf-8-sig: drops a BOM
-
-
 def _require(package, why):
     try:
         return __import__(package)
@@ -199,7 +193,8 @@ def _read_all(path, packed):
 
 
 def _text_file(path, packed):
-    yield Document(path, _read_all(path, packed).decode("utf-8-sig", errors="replace"))   # utf-8-sig: drops a BOM
+    text = _read_all(path, packed).decode("utf-8-sig", errors="replace")       # utf-8-sig: drops a BOM
+    yield Document(path, text.replace("\r\n", "\n").replace("\r", "\n"))     # universal newlines, as open() reads
 
 
 def _lines(path, packed):
@@ -374,7 +369,7 @@ class GPT2Tokenizer:
             raise FileNotFoundError(
                 "could not load tiktoken's GPT-2 files (%s). Offline, point TIKTOKEN_CACHE_DIR at a folder "
                 "holding them, or use byte-level data (data.py --tokenizer byte; train.py --data_dir=data/stdlib_byte)"
-                % str(e).splitlines()[0][:200]) from e
+                % str(e).splitlines()[0]) from e
 
     def encode(self, text):
         # encode_ordinary: a literal "<|endoftext|>" inside a document is plain text, never id 50256

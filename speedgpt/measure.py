@@ -9,6 +9,7 @@ import math
 import os
 import statistics
 import time
+import warnings
 
 import torch
 
@@ -86,13 +87,15 @@ def write_profile(prof, device, out_dir):
     the CPU) and out_dir/profile_trace.json.gz (Chrome trace: chrome://tracing or ui.perfetto.dev;
     benchmarks/profile_summary.py sums its GPU kernels by kind)."""
     sync(device)
-    prof.stop()
-    if int(os.environ.get("RANK", 0)) == 0:
-        key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        with open(os.path.join(out_dir, "profile.txt"), "w") as f:
-            f.write(prof.key_averages().table(sort_by=key, row_limit=60))
-        prof.export_chrome_trace(os.path.join(out_dir, "profile_trace.json.gz"))
-        print0(f"profile of one step written to {out_dir}/profile.txt and profile_trace.json.gz")
+    with warnings.catch_warnings():       # "Profiler clears events at the end of each cycle": one cycle here
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        prof.stop()
+        if int(os.environ.get("RANK", 0)) == 0:
+            key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+            with open(os.path.join(out_dir, "profile.txt"), "w") as f:
+                f.write(prof.key_averages().table(sort_by=key, row_limit=60))
+            prof.export_chrome_trace(os.path.join(out_dir, "profile_trace.json.gz"))
+            print0(f"profile of one step written to {out_dir}/profile.txt and profile_trace.json.gz")
 
 
 class Timer:

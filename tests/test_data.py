@@ -272,6 +272,8 @@ def test_files_are_read_for_what_they_are(tmp_path):
     (folder / "mod.pyc").write_bytes(b"\xa7\r\r\n\0\0\0\0" + bytes(50))
     texts = [d.text for d in corpus.iter_texts(str(folder / "corpus.json.gz"))]
     assert texts == docs
+    (tmp_path / "crlf.txt").write_bytes(b"line one\r\nline two\rthree")        # text: universal newlines
+    assert [d.text for d in corpus.iter_texts(str(tmp_path / "crlf.txt"))] == ["line one\nline two\nthree"]
     report = corpus.Report()
     got = [d.text for d in corpus.iter_texts(str(folder), report=report)]
     assert got == docs * 3 + ["a gzipped text file"]             # in sorted order: UPPER, corpus, data, plain
