@@ -213,22 +213,30 @@ def test_a_failed_preparation_leaves_the_old_folder_as_it_was(tmp_path):
         data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **kw)
 
 
+@pytest.fixture(scope="module")
+def big_jsonl(tmp_path_factory):
+    """~60 MB of JSON lines: a preparation that lasts several seconds with one worker."""
+    path = tmp_path_factory.mktemp("big") / "big.jsonl"
+    _write_jsonl(path, [f"line {i} " * 50 for i in range(180_000)])
+    return path
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("attempt", range(6))
-def test_ctrl_c_under_load_leaves_the_old_folder_and_ends_at_once(tmp_path, attempt):
+def test_ctrl_c_under_load_leaves_the_old_folder_and_ends_at_once(tmp_path, attempt, big_jsonl):
     """Ctrl-C (SIGINT to data.py's whole process group, as a terminal sends it, so the workers get it too)
     at a random moment of a preparation over a good folder, with two busy processes beside it: data.py
     ends within seconds, with status 130 and one line; the good folder is byte for byte as it was, and
     nothing else is left beside it. A SIGKILL leaves a temp folder, which the next preparation removes."""
     import random
-    _write_jsonl(tmp_path / "big.jsonl", [f"line {i} " * 50 for i in range(60_000)])   # ~20 MB
+    os.symlink(big_jsonl, tmp_path / "big.jsonl")
     out = tmp_path / "out"
     data.prepare(str(tmp_path / "big.jsonl"), str(out), "byte", workers=1, max_tokens=10_000)
     before = _folder_state(out)
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         cmd = [sys.executable, "data.py", "--input", str(tmp_path / "big.jsonl"), "--out", str(out),
-               "--workers=2", "--shard_tokens=100000"]
+               "--workers=1", "--shard_tokens=100000"]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)           # its own process group, like a terminal's job
         deadline = time.time() + 60
