@@ -73,16 +73,25 @@ def convert(model, cfg):
     return converted
 
 
+def cast_rhs(b):
+    """b (k, n) cast once for use as fp8_mm's right operand: (b8, b_scale), b8 column-major e4m3 with
+    torchao's tensorwise scale (fp8_max / amax). The fused head casts its weight so once per micro-batch,
+    in both layouts, instead of once per chunk and matmul."""
+    from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
+    scale = tensor_to_scale(b, torch.float8_e4m3fn)
+    return to_fp8_saturated(b.float() * scale, torch.float8_e4m3fn).t().contiguous().t(), scale
+
+
 def fp8_mm(a, b, out_dtype, fast_accum=False, a_amax=None):
     """a (m, k) @ b (k, n) in float8 with torchao's tensorwise dynamic scaling, the recipe of its
     Float8Linear: each operand scaled by fp8_max / amax (torchao.float8.float8_utils.tensor_to_scale)
     and cast with saturation; e4m3 for operands without a known bound (activations, weights), e5m2 for
-    a gradient (a_amax given: |a| <= a_amax, so no amax pass over it). The product runs in
-    torch._scaled_mm (torchao's addmm_float8_unwrapped), which wants `a` row-major and `b` column-major:
-    both are laid out so here. fast_accum: Hopper's fast FP8 accumulation (torchao uses it for the
-    forward GEMM only). Returns (m, n) in out_dtype (bfloat16 or float32). Needs torchao, and a GPU of
-    compute capability 8.9+ or a CPU build of torch with float8 _scaled_mm; raises what
-    torch._scaled_mm raises otherwise (k and n must be multiples of 16 on the GPU)."""
+    a gradient (a_amax given: |a| <= a_amax, so no amax pass over it). b may also be cast_rhs(b), already
+    cast. The product runs in torch._scaled_mm (torchao's addmm_float8_unwrapped), which wants `a`
+    row-major and `b` column-major: both are laid out so here. fast_accum: Hopper's fast FP8 accumulation
+    (torchao uses it for the forward GEMM only). Returns (m, n) in out_dtype (bfloat16 or float32). Needs
+    torchao, and a GPU of compute capability 8.9+ or a CPU build of torch with float8 _scaled_mm; raises
+    what torch._scaled_mm raises otherwise (k and n must be multiples of 16 on the GPU)."""
     from torchao.float8.float8_ops import addmm_float8_unwrapped
     from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
     if a_amax is None:
@@ -90,7 +99,6 @@ def fp8_mm(a, b, out_dtype, fast_accum=False, a_amax=None):
     else:
         a_dtype = torch.float8_e5m2
         a_scale = torch.full((), torch.finfo(a_dtype).max / a_amax, dtype=torch.float32, device=a.device)
-    b_scale = tensor_to_scale(b, torch.float8_e4m3fn)
-    a8 = to_fp8_saturated(a.float() * a_scale, a_dtype).contiguous()                         # row-major
-    b8 = to_fp8_saturated(b.float() * b_scale, torch.float8_e4m3fn).t().contiguous().t()     # column-major
+    b8, b_scale = b if isinstance(b, tuple) else cast_rhs(b)                                   # column-major
+    a8 = to_fp8_saturated(a.float() * a_scale, a_dtype).contiguous()                           # row-major
     return addmm_float8_unwrapped(a8, a_scale, b8, b_scale, out_dtype, use_fast_accum=fast_accum)

@@ -19,18 +19,20 @@ def check(cfg):
                          "float32 only (config/fast.py sets fused_ce=True: add --fused_ce=False for float16)")
 
 
-def head_ce_chunk(h, w, y, vocab_size, fp8=False):
+def head_ce_chunk(h, w, y, vocab_size, fp8=False, w8=None):
     """The summed cross-entropy of the logits h @ w.T over targets y != -1, and its gradients.
     h (n, C) and w (V, C) in the compute dtype, y (n,) int64 with -1 ignored; the softmax runs in
     float32 (float64 for float64 inputs) over the first vocab_size columns (the padded ids are no
     tokens). The gradient of the logits is softmax - one-hot (zero rows for ignored targets).
-    fp8=True: the three matmuls in float8 (speedgpt.fp8.fp8_mm; h and w in e4m3, the logits' gradient in e5m2).
+    fp8=True: the three matmuls in float8 (speedgpt.fp8.fp8_mm; h and w in e4m3, the logits' gradient in e5m2);
+    w8 = (cast_rhs(w.t()), cast_rhs(w)): the weight already cast, as LinearCrossEntropy does once for all chunks.
     Returns (loss: 0-dim, grad_h (n, C) in h's dtype, grad_w (V, C)), the gradients of the sum
     itself; loss and grad_w in float32 (float64)."""
     acc = torch.promote_types(h.dtype, torch.float32)
     if fp8:
         from speedgpt.fp8 import fp8_mm
-        logits = fp8_mm(h, w.t(), out_dtype=h.dtype, fast_accum=True).to(acc)      # (n, V)
+        w_t8, w_8 = w8 or (w.t(), w)
+        logits = fp8_mm(h, w_t8, out_dtype=h.dtype, fast_accum=True).to(acc)       # (n, V)
     else:
         logits = (h @ w.t()).to(acc)                                               # (n, V)
     col = torch.arange(w.size(0), device=h.device)
@@ -40,7 +42,7 @@ def head_ce_chunk(h, w, y, vocab_size, fp8=False):
     loss = torch.where(valid, lse - logits.gather(1, y.clamp(min=0)[:, None])[:, 0], 0.0).sum()
     g = (torch.exp(logits - lse[:, None]) - (col == y[:, None]).to(acc)) * valid[:, None]
     if fp8:                     # g lies in [-1, 1] (softmax - one-hot): its scale is known, no amax pass
-        return (loss, fp8_mm(g, w, out_dtype=h.dtype, a_amax=1.0),
+        return (loss, fp8_mm(g, w_8, out_dtype=h.dtype, a_amax=1.0),
                 fp8_mm(g.t(), h, out_dtype=acc, a_amax=1.0))
     g = g.to(h.dtype)
     return loss, g @ w, (g.t() @ h).to(acc)
@@ -72,8 +74,13 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_h = torch.empty_like(hc)
         grad_w = torch.zeros(w.shape, dtype=acc, device=w.device)
         loss = torch.zeros((), dtype=acc, device=h.device)
+        w8 = None
+        if fp8:                           # the weight cast to float8 once, in both layouts, for every chunk
+            from speedgpt.fp8 import cast_rhs
+            w8 = cast_rhs(wc.t()), cast_rhs(wc)
         for s in range(0, h.size(0), chunk):
-            loss_c, grad_h[s:s + chunk], grad_w_c = head_ce_chunk(hc[s:s + chunk], wc, y[s:s + chunk], vocab_size, fp8)
+            loss_c, grad_h[s:s + chunk], grad_w_c = head_ce_chunk(hc[s:s + chunk], wc, y[s:s + chunk], vocab_size,
+                                                                  fp8, w8)
             loss = loss + loss_c          # out of place: the += version failed tests/test_gpu.py -k fused
             grad_w = grad_w + grad_w_c    # on the H200 (torch 2.11, compiled) while passing on the CPU
         ctx.save_for_backward(grad_h, grad_w)

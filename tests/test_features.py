@@ -170,6 +170,24 @@ def test_fused_ce_in_fp8_is_close_to_bf16():
         assert not torch.equal(a, b) and (a - b).norm() < 0.06 * a.norm()
 
 
+def test_fused_ce_in_fp8_casts_the_weight_once_with_the_same_result():
+    """LinearCrossEntropy casts the head's weight to float8 once for all chunks (fp8.cast_rhs, both
+    layouts); each chunk then gives exactly what head_ce_chunk gives when it casts the weight itself."""
+    pytest.importorskip("torchao")
+    from speedgpt.fused_ce import head_ce_chunk
+    torch.manual_seed(0)
+    h = torch.randn(256, 64, dtype=torch.bfloat16)
+    w = (0.1 * torch.randn(512, 64)).bfloat16()
+    y = torch.randint(0, 500, (256,))
+    w8 = fp8.cast_rhs(w.t()), fp8.cast_rhs(w)
+    assert w8[0][0].dtype == torch.float8_e4m3fn and w8[0][0].stride() == (1, 64)     # column-major (64, 512)
+    for s in (0, 128):
+        once = head_ce_chunk(h[s:s + 128], w, y[s:s + 128], 500, True, w8)
+        each = head_ce_chunk(h[s:s + 128], w, y[s:s + 128], 500, True)
+        for a, b in zip(once, each):
+            assert torch.equal(a, b)
+
+
 def test_stable_grads_accumulate_in_place():
     """cuda_graphs=True: each parameter's .grad is one zeroed buffer, allocated before any graph runs,
     that backward passes add into and zero_grad(set_to_none=False) clears in place."""

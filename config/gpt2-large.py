@@ -1,0 +1,35 @@
+# GPT-2 774M (gpt2-large: 36 layers, 20 heads, 1280 wide, block_size 1024) on one H200 with the flags measured fastest
+# for this size (BENCHMARKS.md, "GPT-2 family"): config/fast.py's flags, plus
+# compile_regional, a micro-batch of 32, FP8 for every block Linear
+#   python train.py --config config/gpt2-large.py
+#   torchrun --standalone --nproc_per_node=8 train.py --config config/gpt2-large.py
+# Side by side with nanoGPT (side_by_side.sh: BENCHMARKS.md, "GPT-2 family"):
+#   SIZE=774m OURS_ARGS="--config config/gpt2-large.py --batch_size=32" bash .peers/side_by_side.sh
+# Point data_dir at your corpus (docs/data.md); the stdlib corpus here is 31M tokens, for a first run.
+out_dir = "out-gpt2-large"
+data_dir = "data/stdlib_gpt2"
+n_layer = 36
+n_head = 20
+n_embd = 1280
+block_size = 1024
+batch_size = 32                     # 32 x 1024 tokens per micro-batch: 16 micro-steps on one GPU; 47 GB at peak
+total_batch_size = 524288          # tokens per optimizer step, as GPT-2 / llm.c (micro-steps derived and printed)
+dropout = 0.0
+bias = False
+learning_rate = 2.5e-4              # GPT-3's (Brown et al. 2020, Table 2.1) for this size
+min_lr = 2.5e-5                     # learning_rate / 10
+warmup_iters = 700
+max_iters = 19073                   # 10B tokens at 524,288 per step, as llm.c's GPT-2 reproductions
+eval_interval = 250
+eval_tokens = 524288              # validation tokens, the same for any launch
+log_interval = 10
+dtype = "bfloat16"
+compile = True
+compile_regional = True             # one block compiled, reused by all: the first step in seconds, not minutes
+attention = "auto"                  # the document mask's fastest kernel installed: varlen (FA3) or flex
+fused_adamw = True
+fused_ce = True                     # the head + cross-entropy fused (no logits kept for the backward)
+fp8_head = True                     # ... its three matmuls in float8 (torchao tensorwise)
+fp8 = True                          # every block Linear in float8 (tensorwise): +5.2% at 1280 wide (H200)
+packing = True
+document_mask = True

@@ -1,0 +1,35 @@
+# GPT-2 350M (gpt2-medium: 24 layers, 16 heads, 1024 wide, block_size 1024) on one H200 with the flags measured fastest
+# for this size (BENCHMARKS.md, "GPT-2 family"): config/fast.py's flags, plus
+# compile_regional and a micro-batch of 64; FP8 off
+#   python train.py --config config/gpt2-medium.py
+#   torchrun --standalone --nproc_per_node=8 train.py --config config/gpt2-medium.py
+# Side by side with nanoGPT (side_by_side.sh: BENCHMARKS.md, "GPT-2 family"):
+#   SIZE=350m OURS_ARGS="--config config/gpt2-medium.py --batch_size=64" bash .peers/side_by_side.sh
+# Point data_dir at your corpus (docs/data.md); the stdlib corpus here is 31M tokens, for a first run.
+out_dir = "out-gpt2-medium"
+data_dir = "data/stdlib_gpt2"
+n_layer = 24
+n_head = 16
+n_embd = 1024
+block_size = 1024
+batch_size = 64                     # 64 x 1024 tokens per micro-batch: 8 micro-steps per step on one GPU; 64 GB at peak
+total_batch_size = 524288          # tokens per optimizer step, as GPT-2 / llm.c (micro-steps derived and printed)
+dropout = 0.0
+bias = False
+learning_rate = 3e-4                # GPT-3's (Brown et al. 2020, Table 2.1) for this size
+min_lr = 3e-5                       # learning_rate / 10
+warmup_iters = 700
+max_iters = 19073                   # 10B tokens at 524,288 per step, as llm.c's GPT-2 reproductions
+eval_interval = 250
+eval_tokens = 524288              # validation tokens, the same for any launch
+log_interval = 10
+dtype = "bfloat16"
+compile = True
+compile_regional = True             # one block compiled, reused by all: the first step in seconds, not minutes
+attention = "auto"                  # the document mask's fastest kernel installed: varlen (FA3) or flex
+fused_adamw = True
+fused_ce = True                     # the head + cross-entropy fused (no logits kept for the backward)
+fp8_head = True                     # ... its three matmuls in float8 (torchao tensorwise)
+fp8 = False                         # at 1024 wide FP8 measured no faster: 214,781 vs 215,401 tok/s (H200)
+packing = True
+document_mask = True

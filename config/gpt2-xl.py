@@ -1,0 +1,36 @@
+# GPT-2 1.5B (gpt2-xl: 48 layers, 25 heads, 1600 wide, block_size 1024) on one H200 with the flags measured fastest
+# for this size (BENCHMARKS.md, "GPT-2 family"): config/fast.py's flags, plus
+# compile_regional, a micro-batch of 32, FP8 for every block Linear
+#   python train.py --config config/gpt2-xl.py
+#   torchrun --standalone --nproc_per_node=8 train.py --config config/gpt2-xl.py
+# Side by side with nanoGPT (side_by_side.sh: BENCHMARKS.md, "GPT-2 family"):
+#   SIZE=1558m OURS_ARGS="--config config/gpt2-xl.py --batch_size=32" bash .peers/side_by_side.sh
+# Point data_dir at your corpus (docs/data.md); the stdlib corpus here is 31M tokens, for a first run.
+out_dir = "out-gpt2-xl"
+data_dir = "data/stdlib_gpt2"
+n_layer = 48
+n_head = 25
+n_embd = 1600
+block_size = 1024
+batch_size = 32                     # 32 x 1024 tokens per micro-batch: 16 micro-steps on one GPU; 79 GB at peak:
+                                    # 16 on an 80 GB GPU
+total_batch_size = 524288          # tokens per optimizer step, as GPT-2 / llm.c (micro-steps derived and printed)
+dropout = 0.0
+bias = False
+learning_rate = 2e-4                # GPT-3's (Brown et al. 2020, Table 2.1) for this size
+min_lr = 2e-5                       # learning_rate / 10
+warmup_iters = 700
+max_iters = 19073                   # 10B tokens at 524,288 per step, as llm.c's GPT-2 reproductions
+eval_interval = 250
+eval_tokens = 524288              # validation tokens, the same for any launch
+log_interval = 10
+dtype = "bfloat16"
+compile = True
+compile_regional = True             # one block compiled, reused by all: the first step in seconds, not minutes
+attention = "auto"                  # the document mask's fastest kernel installed: varlen (FA3) or flex
+fused_adamw = True
+fused_ce = True                     # the head + cross-entropy fused (no logits kept for the backward)
+fp8_head = True                     # ... its three matmuls in float8 (torchao tensorwise)
+fp8 = True                          # every block Linear in float8 (tensorwise): +12% at 1600 wide (H200)
+packing = True
+document_mask = True

@@ -1,0 +1,50 @@
+"""The GPT-2 family's presets (config/fast.py and config/gpt2-*.py): each builds GPT-2's shape and
+parameter count, and converts to FP8 exactly the layers BENCHMARKS.md's measurements chose (CPU, meta device)."""
+import pytest
+import torch
+
+from configurator import load_config
+from model import GPT, GPTConfig
+from speedgpt import fp8
+
+# Hugging Face's GPT-2 checkpoints: (n_layer, n_head, n_embd, parameters with biases and vocabulary 50,257)
+GPT2 = {"config/fast.py": (12, 12, 768, 124_439_808), "config/gpt2-medium.py": (24, 16, 1024, 354_823_168),
+        "config/gpt2-large.py": (36, 20, 1280, 774_030_080), "config/gpt2-xl.py": (48, 25, 1600, 1_557_611_200)}
+FP8 = {"config/fast.py": False, "config/gpt2-medium.py": False, "config/gpt2-large.py": True, "config/gpt2-xl.py": True}
+
+
+def build(path):
+    cfg = load_config(["--config", path])
+    with torch.device("meta"):
+        return cfg, GPT(GPTConfig.from_dict(vars(cfg), 50257, attention="sdpa"))   # auto resolves on the GPU
+
+
+@pytest.mark.parametrize("path", GPT2)
+def test_preset_is_gpt2s_shape_and_size(path):
+    """GPT-2's count less its biases (bias=False: 11 vectors of n_embd per block, and ln_f's) plus the 47 rows
+    that pad the vocabulary to 50,304."""
+    cfg, model = build(path)
+    L, H, C, hf_params = GPT2[path]
+    assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.bias) == (L, H, C, 1024, False)
+    assert model.num_params(non_embedding=False) == hf_params - (11 * L + 1) * C + 47 * C
+    assert cfg.total_batch_size == 524288 and cfg.dtype == "bfloat16" and cfg.compile and cfg.fused_ce
+
+
+@pytest.mark.parametrize("path", GPT2)
+def test_preset_converts_the_block_linears_the_measurements_chose(path):
+    """FP8 where it measured faster end to end (774M: +5%, 1.5B: +12%), off at 124M and 350M, where it
+    measured no faster: then every block Linear (qkv, attention proj, MLP fc and proj), never the head."""
+    cfg, model = build(path)
+    assert cfg.fp8 is FP8[path]
+    if not cfg.fp8:
+        return
+    pytest.importorskip("torchao")
+    names = fp8.convert(model, cfg)
+    kinds = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    assert sorted(names) == sorted(f"transformer.h.{i}.{k}" for i in range(cfg.n_layer) for k in kinds)
+
+
+def test_a_preset_on_the_cpu_names_the_way_out():
+    cfg = load_config(["--config", "config/gpt2-xl.py"])
+    with pytest.raises(ValueError, match=r"fp8=True and fp8_head=True need a GPU .* add --fp8=False --fp8_head=False"):
+        fp8.check(cfg, torch.device("cpu"))
