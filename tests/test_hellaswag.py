@@ -1,0 +1,167 @@
+"""HellaSwag (speedgpt/hellaswag.py) on the CPU, without network, on tests/fixtures/hellaswag_fixture.jsonl:
+8 made-up examples in HellaSwag's format, labels 0, 1, 2, 3, 2, 0, 2, 3."""
+import json
+import os
+from contextlib import nullcontext
+
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import ROOT
+from model import GPT, GPTConfig
+from speedgpt import hellaswag
+from speedgpt.corpus import get_tokenizer
+
+FIXTURE = os.path.join(ROOT, "tests", "fixtures", "hellaswag_fixture.jsonl")
+LABELS = [0, 1, 2, 3, 2, 0, 2, 3]
+
+
+def examples():
+    return hellaswag.load(FIXTURE)
+
+
+@pytest.fixture(scope="module")
+def hf_gpt2_dir(tmp_path_factory):
+    """A random tiny GPT-2 with GPT-2's vocabulary, saved as Hugging Face saves it."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=128,
+                                                              vocab_size=50257))
+    with torch.no_grad():              # weights off their init, so the endings' losses differ clearly
+        for p in hf.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    path = tmp_path_factory.mktemp("hf_gpt2_50257")
+    hf.save_pretrained(path)
+    return str(path)
+
+
+def test_the_fixture_is_hellaswag_format():
+    exs = examples()
+    assert [e["label"] for e in exs] == LABELS
+    assert all(list(e) == list(hellaswag.FIELDS) and len(e["endings"]) == 4 for e in exs)
+    assert all(e["ctx"] == (e["ctx_a"] + " " + e["ctx_b"] if e["ctx_b"] else e["ctx_a"]) for e in exs)
+
+
+@torch.no_grad()
+def test_losses_match_transformers_log_probabilities(hf_gpt2_dir):
+    """Our score of GPT-2 weights loaded our way (load_hf_gpt2) equals one computed independently with
+    GPT2LMHeadModel and tiktoken, ending by ending: summed and mean loss, and the predicted labels."""
+    import tiktoken
+    import transformers
+    from hf import load_hf_gpt2
+    exs = examples()
+    ours = load_hf_gpt2(hf_gpt2_dir).eval()
+    scorer = hellaswag.HellaSwag(exs, get_tokenizer("gpt2"), ours.config.block_size, "cpu", batch_size=3)
+    sums, counts = scorer.losses(ours, nullcontext())
+    ref, enc = transformers.GPT2LMHeadModel.from_pretrained(hf_gpt2_dir).eval(), tiktoken.get_encoding("gpt2")
+    want_sums, want_counts = torch.zeros(len(exs), 4), torch.zeros(len(exs), 4, dtype=torch.long)
+    for i, ex in enumerate(exs):
+        ctx = enc.encode(ex["ctx"])
+        for j, ending in enumerate(ex["endings"]):
+            end = enc.encode(" " + ending)
+            logp = ref(torch.tensor([ctx + end])).logits[0].float().log_softmax(-1)       # (T, V)
+            want_sums[i, j] = -logp[len(ctx) - 1:-1].gather(1, torch.tensor(end)[:, None]).sum()
+            want_counts[i, j] = len(end)
+    assert torch.equal(counts, want_counts)
+    torch.testing.assert_close(sums, want_sums, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sums / counts, want_sums / want_counts, rtol=1e-5, atol=1e-5)
+    norm, total = (want_sums / want_counts).argmin(1), want_sums.argmin(1)
+    assert torch.equal((sums / counts).argmin(1), norm) and torch.equal(sums.argmin(1), total)
+    labels = torch.tensor(LABELS)
+    got = scorer.counts(ours, nullcontext())
+    assert got.tolist() == [(norm == labels).sum().item(), (total == labels).sum().item(), 8]
+
+
+class Oracle(nn.Module):
+    """A test double: it predicts each next token of the row "context + ending `choose(example)`" of every
+    example with all the mass (logit 100), and is uniform elsewhere: that ending has loss ~0, every
+    other one pays 100 nats at its first token that differs."""
+
+    def __init__(self, exs, tok, choose):
+        super().__init__()
+        self.vocab_size, self.next, self.calls, self.modes = tok.vocab_size, {}, 0, set()
+        for ex in exs:
+            ctx, ends = hellaswag.render(ex, tok)
+            row = ctx + ends[choose(ex)]
+            for t in range(1, len(row)):
+                self.next[tuple(row[:t])] = row[t]
+
+    def forward(self, idx):
+        self.calls += 1
+        self.modes.add(self.training)
+        B, T = idx.shape
+        logits = torch.zeros(B, T, self.vocab_size)
+        for b, row in enumerate(idx.tolist()):
+            for t in range(T):
+                token = self.next.get(tuple(row[:t + 1]))
+                if token is not None:
+                    logits[b, t, token] = 100.0
+        return logits, None
+
+
+@pytest.mark.parametrize("choose, want", [(lambda ex: ex["label"], 1.0)] +
+                         [((lambda ex, j=j: j), LABELS.count(j) / 8) for j in range(4)],
+                         ids=["the label", "ending 0", "ending 1", "ending 2", "ending 3"])
+def test_a_model_told_the_answer_scores_all_and_a_fixed_ending_scores_its_share(choose, want):
+    """Told the label: 100% acc and acc_norm. Always preferring ending j: the fraction of labels equal to
+    j (2/8, 1/8, 3/8, 2/8 on the fixture). The model is put in eval mode and given back in train mode."""
+    exs, tok = examples(), get_tokenizer("byte")
+    oracle = Oracle(exs, tok, choose).train()
+    result = hellaswag.HellaSwag(exs, tok, 256, "cpu", batch_size=3).evaluate(oracle, nullcontext())
+    assert (result["hellaswag_acc_norm"], result["hellaswag_acc"], result["hellaswag_n"]) == (want, want, 8)
+    assert oracle.modes == {False} and oracle.training and oracle.calls == 3
+
+
+def test_ranks_split_the_examples_and_run_as_many_forwards():
+    """Rank r of W scores examples r, r + W, ...: the per-rank counts add up to one process's, each rank's
+    losses are its examples' rows of one process's, and every rank runs as many forwards (FSDP gathers
+    the weights in each) though rank 2 of 3 has fewer examples."""
+    exs, tok = examples(), get_tokenizer("byte")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=257, n_layer=1, n_head=2, n_embd=32)).eval()
+    one = hellaswag.HellaSwag(exs, tok, 64, "cpu", batch_size=2)
+    sums, _ = one.losses(model, nullcontext())
+    for world in (2, 3):
+        ranks = [hellaswag.HellaSwag(exs, tok, 64, "cpu", r, world, batch_size=2) for r in range(world)]
+        assert sum(r.counts(model, nullcontext()) for r in ranks).tolist() == one.counts(model, nullcontext()).tolist()
+        for r, rank in enumerate(ranks):
+            torch.testing.assert_close(rank.losses(model, nullcontext())[0], sums[r::world], rtol=1e-5, atol=1e-5)
+        assert len({rank.n_batches for rank in ranks}) == 1
+    calls = []
+    for r in range(3):
+        oracle = Oracle(exs, tok, lambda ex: 0)
+        hellaswag.HellaSwag(exs, tok, 64, "cpu", r, 3, batch_size=2).counts(oracle, nullcontext())
+        calls.append(oracle.calls)
+    assert calls == [2, 2, 2]                                 # 3, 3 and 2 examples, 2 per forward
+
+
+def test_long_rows_keep_their_end_and_rows_pad_to_a_few_lengths():
+    """A row longer than block_size keeps its last block_size + 1 tokens, the ending's targets whole; rows
+    are padded to a multiple of 64 (at most block_size), and a batch to a fixed number of rows."""
+    ctx, ends = list(range(1, 101)), [[201, 202], [203], [204, 205, 206], [207]]
+    x, y = hellaswag.make_batch([(ctx, ends)], 64, 0, 8)
+    assert x.shape == y.shape == (8, 64)
+    row = ctx + ends[2]                                       # 103 tokens: the last 65 are kept
+    assert x[2].tolist() == row[-65:-1] and y[2].tolist() == [-1] * 61 + [204, 205, 206]
+    assert (y[4:] == -1).all()                                # the padding rows score nothing
+    x, y = hellaswag.make_batch([(ctx[:10], ends)], 256, 0, 4)
+    assert x.shape == (4, 64) and x[0, :11].tolist() == ctx[:10] + [201] and y[0, 9:12].tolist() == [201, 202, -1]
+
+
+@pytest.mark.parametrize("change, error", [
+    (lambda lines: lines.__setitem__(2, "{not json"), "line 3 is not JSON"),
+    (lambda lines: lines.__setitem__(1, json.dumps({k: v for k, v in json.loads(lines[1]).items() if k != "ctx_b"})),
+     "line 2 lacks ctx_b"),
+    (lambda lines: lines.__setitem__(4, json.dumps({**json.loads(lines[4]), "endings": ["a", "b", "c"]})),
+     "line 5: endings must be a list of 4 strings"),
+    (lambda lines: lines.__setitem__(0, json.dumps({**json.loads(lines[0]), "label": 4})),
+     "line 1: label must be 0, 1, 2 or 3"),
+])
+def test_a_corrupt_file_names_the_file_and_line(tmp_path, change, error):
+    lines = open(FIXTURE).read().splitlines()
+    change(lines)
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=f"{path}, {error}"):
+        hellaswag.load(str(path))
