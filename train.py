@@ -30,7 +30,7 @@ import torch.distributed as dist
 from configurator import MODEL_KEYS, help_text, load_config, non_defaults, resolve_decay, resume_changes, resume_config
 from data import DataError, Loader, get_tokenizer, load_meta, prepare
 from model import GPT, GPTConfig
-from speedgpt import activation_checkpointing, attention, compilation, fp8, fused_ce
+from speedgpt import activation_checkpointing, attention, compilation, fp8, fused_ce, hellaswag
 from speedgpt.checkpoint import (CheckpointNotWritten, check_out_dir, last_good, load_checkpoint, load_weights,
                                  model_state, remove_stale_tmp, restore_state, save_checkpoint, state_is_finite)
 from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, leave, on_every_rank,
@@ -62,7 +62,7 @@ def check_flags(cfg, proc):
     compilation.check(resolved, proc.device, proc.world)
     check_parallelism(resolved, proc.world)
     check_out_dir(resolved.out_dir)
-    return resolved
+    return hellaswag.check(resolved, proc)          # last: 'on' may download the file
 
 
 def settle_config(cfg, explicit, proc):
@@ -308,19 +308,22 @@ class Run:
     val_loss: float = None
     step: int = 0                       # optimizer steps done so far
     token_bytes: torch.Tensor = None    # (vocab_size,) UTF-8 bytes of each token id: val bits per byte
+    hellaswag: object = None            # speedgpt.hellaswag.HellaSwag, scored at each evaluation; None when off
     val_bpb: float = None
+    hellaswag_acc_norm: float = None
 
     @property
     def ckpt_path(self):
         return os.path.join(self.cfg.out_dir, "ckpt.pt")
 
     def summary(self):
-        """The run's summary (MetricsLogger.summary), with the last bits per byte."""
-        return {**self.logger.summary(self.step, self.val_loss, self.best_val), "val_bpb": self.val_bpb}
+        """The run's summary (MetricsLogger.summary), with the last bits per byte and HellaSwag acc_norm."""
+        return {**self.logger.summary(self.step, self.val_loss, self.best_val), "val_bpb": self.val_bpb,
+                "hellaswag_acc_norm": self.hellaswag_acc_norm}
 
     def evaluate(self, step):
-        """Validation loss and bits per byte at `step`, logged; RunStopped when the loss is not finite
-        (nothing is saved then)."""
+        """Validation loss and bits per byte at `step` (and HellaSwag when on), logged; RunStopped when the
+        loss is not finite (nothing is saved then)."""
         self.val_loss, self.val_bpb = estimate_loss(self.model, self.val_loader, eval_rows(self.cfg, self.val_loader),
                                                     self.ctx, self.token_bytes)
         if not math.isfinite(self.val_loss):
@@ -328,7 +331,12 @@ class Run:
                              f"{last_good(self.ckpt_path)}", 1)
         self.best_val = self.val_loss if self.best_val is None else min(self.best_val, self.val_loss)
         print0(f"step {step}: val loss {self.val_loss:.4f} ({self.val_bpb:.4f} bits/byte)")
-        self.logger.log({"step": step, "val_loss": self.val_loss, "val_bpb": self.val_bpb})
+        record = {"step": step, "val_loss": self.val_loss, "val_bpb": self.val_bpb}
+        if self.hellaswag is not None:
+            record.update(self.hellaswag.evaluate(self.model, self.ctx))
+            self.hellaswag_acc_norm = record["hellaswag_acc_norm"]
+            print0(f"step {step}: {hellaswag.describe(record)}")
+        self.logger.log(record)
 
     def save(self, step):
         """Write out_dir/ckpt.pt after `step` optimizer steps (every rank calls: a collective under FSDP).
@@ -450,11 +458,13 @@ def main(argv=None):
         leave(proc, True)
         return {"finished": True, "step": ckpt["step"], "best_val_loss": ckpt["best_val_loss"]}
     meta, train_loader, val_loader, token_bytes = build_data(cfg, proc, grad_accum_steps, ckpt)
+    hellaswag_eval = hellaswag.build(cfg, meta, cfg.block_size, proc)     # None when off
     cfg, raw_model, model, grad_sync = build_model(cfg, meta, proc, ckpt)
     optimizer, ctx, scaler, start_step, best_val = build_optimizer(cfg, raw_model, proc, ckpt, train_loader)
     logger = start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt)
     run = Run(cfg, proc, meta, raw_model, model, grad_sync, optimizer, ctx, scaler, train_loader, val_loader,
-              logger, grad_accum_steps, start_step, best_val, step=start_step, token_bytes=token_bytes)
+              logger, grad_accum_steps, start_step, best_val, step=start_step, token_bytes=token_bytes,
+              hellaswag=hellaswag_eval)
     del ckpt                           # its memory is not needed for training
     _setup_done, stop, summary, exit_code, clean = True, StopSignals(proc.world > 1), None, 1, False
     try:

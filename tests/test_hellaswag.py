@@ -1,4 +1,4 @@
-"""HellaSwag (speedgpt/hellaswag.py) on the CPU, without network, on tests/fixtures/hellaswag_fixture.jsonl:
+"""HellaSwag (speedgpt/hellaswag.py, train.py) on the CPU, without network, on tests/fixtures/hellaswag_fixture.jsonl:
 8 made-up examples in HellaSwag's format, labels 0, 1, 2, 3, 2, 0, 2, 3."""
 import json
 import os
@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import ROOT
+import train
+from conftest import ROOT, read_metrics, tiny_args
 from model import GPT, GPTConfig
 from speedgpt import hellaswag
 from speedgpt.corpus import get_tokenizer
@@ -165,3 +166,68 @@ def test_a_corrupt_file_names_the_file_and_line(tmp_path, change, error):
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=f"{path}, {error}"):
         hellaswag.load(str(path))
+    with pytest.raises(ValueError, match=error):             # train.py: at start, before any work
+        train.main(tiny_args(tmp_path / "never" / "stdlib_byte", tmp_path / "o", "--hellaswag=on",
+                             f"--hellaswag_path={path}"))
+    assert not (tmp_path / "never").exists()
+
+
+def test_on_without_the_file_stops_before_any_work(tmp_path, monkeypatch):
+    """hellaswag=on: a named file that is not there, or a download that fails (here an unreachable URL),
+    is one error naming the file and the way out, before any data or model work; no file is left."""
+    monkeypatch.chdir(tmp_path)                               # the cache is relative to the working directory
+    never = tmp_path / "never" / "stdlib_byte"                # would be prepared on first use
+    with pytest.raises(FileNotFoundError, match="hellaswag_path='missing.jsonl': no such file; leave hellaswag_path "
+                                                "empty to download"):
+        train.main(tiny_args(never, tmp_path / "o", "--hellaswag=on", "--hellaswag_path=missing.jsonl"))
+    monkeypatch.setattr(hellaswag, "URL", "http://127.0.0.1:1/hellaswag_val.jsonl")
+    with pytest.raises(FileNotFoundError) as e:
+        train.main(tiny_args(never, tmp_path / "o", "--hellaswag=on"))
+    cache = tmp_path / "data" / "hellaswag" / "hellaswag_val.jsonl"
+    assert "could not download http://127.0.0.1:1/hellaswag_val.jsonl" in str(e.value)
+    assert f"curl -L -o hellaswag_val.jsonl http://127.0.0.1:1/hellaswag_val.jsonl) and put it at {cache}" in \
+        str(e.value) and "--hellaswag_path=FILE" in str(e.value)
+    assert not never.exists() and os.listdir(cache.parent) == []
+    with pytest.raises(ValueError, match="eval_tokens=0 turns evaluation off"):
+        train.main(tiny_args(never, tmp_path / "o", "--hellaswag=on", f"--hellaswag_path={FIXTURE}", "--eval_tokens=0"))
+
+
+def test_auto_without_the_file_is_off_in_one_line(byte_data, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    summary = train.main(tiny_args(byte_data, tmp_path / "o", "--hellaswag=auto", "--max_iters=0"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "hellaswag" in line]
+    assert lines[0] == "hellaswag: auto -> off (no data/hellaswag/hellaswag_val.jsonl; --hellaswag=on downloads it, " \
+                       "--hellaswag_path=FILE reads one)"
+    assert len(lines) == 1                                   # resolved to the default, off: not in the config line
+    assert summary["hellaswag_acc_norm"] is None and not any("hellaswag_acc" in r for r in read_metrics(tmp_path / "o"))
+
+
+def test_a_run_logs_hellaswag_beside_the_loss(byte_data, tmp_path, monkeypatch):
+    """A byte-level run with hellaswag=on logs acc_norm, acc, n and seconds at each evaluation, in
+    metrics.jsonl and the W&B offline run, the step records as they were."""
+    pytest.importorskip("wandb", reason="W&B is in requirements.txt; this machine lacks it")
+    import time
+    import wandb
+    from wandb_reader import history
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    out = tmp_path / "out"
+    summary = train.main(tiny_args(byte_data, out, "--hellaswag=on", f"--hellaswag_path={FIXTURE}", "--wandb_log=True"))
+    rows = read_metrics(out)
+    evals = [r for r in rows if "val_loss" in r]
+    assert [r["step"] for r in evals] == [0, 4, 8]
+    assert all(set(r) == {"step", "val_loss", "val_bpb", "hellaswag_acc_norm", "hellaswag_acc", "hellaswag_n",
+                          "hellaswag_s"} and r["hellaswag_n"] == 8 and r["hellaswag_s"] > 0 for r in evals)
+    steps = [r for r in rows if "loss" in r]
+    base = {"step", "loss", "lr", "step_ms", "tokens_per_sec", "mfu", "mem_gb", "pad_frac", "grad_norm"}
+    assert [r["step"] for r in steps] == list(range(8)) and set(steps[0]) == base
+    assert all(set(r) == base | {"tokens_per_sec_per_gpu"} and r["tokens_per_sec"] > 0 for r in steps[1:])
+    assert summary["hellaswag_acc_norm"] == evals[-1]["hellaswag_acc_norm"]
+    wandb.teardown()                  # stop the W&B service so it closes (flushes) the run's log
+    for _ in range(60):
+        logged = [r for r in history(tmp_path) if "hellaswag_acc_norm" in r]
+        if len(logged) == 3:
+            break
+        time.sleep(0.5)
+    assert [(r["_step"], r["hellaswag_acc_norm"], r["val_bpb"]) for r in logged] == \
+        [(r["step"], r["hellaswag_acc_norm"], r["val_bpb"]) for r in evals]
