@@ -1,13 +1,16 @@
-"""HellaSwag (speedgpt/hellaswag.py, train.py) on the CPU, without network, on tests/fixtures/hellaswag_fixture.jsonl:
+"""HellaSwag (speedgpt/hellaswag.py, eval.py) on the CPU, without network, on tests/fixtures/hellaswag_fixture.jsonl:
 8 made-up examples in HellaSwag's format, labels 0, 1, 2, 3, 2, 0, 2, 3."""
 import json
 import os
+import subprocess
+import sys
 from contextlib import nullcontext
 
 import pytest
 import torch
 import torch.nn as nn
 
+import eval as eval_script
 import train
 from conftest import ROOT, read_metrics, tiny_args
 from model import GPT, GPTConfig
@@ -204,7 +207,8 @@ def test_auto_without_the_file_is_off_in_one_line(byte_data, tmp_path, monkeypat
 
 def test_a_run_logs_hellaswag_beside_the_loss(byte_data, tmp_path, monkeypatch):
     """A byte-level run with hellaswag=on logs acc_norm, acc, n and seconds at each evaluation, in
-    metrics.jsonl and the W&B offline run, the step records as they were."""
+    metrics.jsonl and the W&B offline run, the step records as they were; the last acc_norm is the one
+    eval.py gives the final checkpoint."""
     pytest.importorskip("wandb", reason="W&B is in requirements.txt; this machine lacks it")
     import time
     import wandb
@@ -223,6 +227,9 @@ def test_a_run_logs_hellaswag_beside_the_loss(byte_data, tmp_path, monkeypatch):
     assert [r["step"] for r in steps] == list(range(8)) and set(steps[0]) == base
     assert all(set(r) == base | {"tokens_per_sec_per_gpu"} and r["tokens_per_sec"] > 0 for r in steps[1:])
     assert summary["hellaswag_acc_norm"] == evals[-1]["hellaswag_acc_norm"]
+    result = eval_script.main([f"--out_dir={out}", f"--hellaswag_path={FIXTURE}", "--device=cpu", "--batch_size=1"])
+    assert result["hellaswag_acc_norm"] == evals[-1]["hellaswag_acc_norm"]
+    assert result["hellaswag_acc"] == evals[-1]["hellaswag_acc"]
     wandb.teardown()                  # stop the W&B service so it closes (flushes) the run's log
     for _ in range(60):
         logged = [r for r in history(tmp_path) if "hellaswag_acc_norm" in r]
@@ -231,3 +238,34 @@ def test_a_run_logs_hellaswag_beside_the_loss(byte_data, tmp_path, monkeypatch):
         time.sleep(0.5)
     assert [(r["_step"], r["hellaswag_acc_norm"], r["val_bpb"]) for r in logged] == \
         [(r["step"], r["hellaswag_acc_norm"], r["val_bpb"]) for r in evals]
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--out_dir={tmp}/nothing"], "error: no checkpoint at {tmp}/nothing/ckpt.pt: train first"),
+    (["--init_from={hf}", "--hellaswag_path={tmp}/no.jsonl"], "error: hellaswag_path='{tmp}/no.jsonl': no such file"),
+    (["--init_from={hf}", "--examples=-1"], "error: --examples must be >= 0"),
+])
+def test_eval_bad_input_is_one_line(hf_gpt2_dir, tmp_path, capsys, args, error):
+    fill = dict(tmp=tmp_path, hf=hf_gpt2_dir)
+    with pytest.raises(SystemExit) as e:
+        eval_script.main([a.format(**fill) for a in args] + ["--device=cpu"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.startswith(error.format(**fill)) and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+def test_two_ranks_score_as_one(hf_gpt2_dir):
+    """eval.py under torchrun with 2 CPU processes (gloo), the fixture's examples split between them,
+    prints the single process's score (acc_norm, acc, n)."""
+    def score(*launch):
+        cmd = [sys.executable, *launch, "eval.py", f"--init_from={hf_gpt2_dir}", f"--hellaswag_path={FIXTURE}",
+               "--device=cpu", "--batch_size=3"]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (line,) = [line for line in proc.stdout.splitlines() if "hellaswag acc_norm" in line]
+        return line.split(": ", 1)[1].rsplit(" | ", 2)[0], line
+    one, line1 = score()
+    two, line2 = score("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+    assert one == two and "| 8 examples" in one, (line1, line2)
+    assert "1 process(es)" in line1 and "2 process(es)" in line2
