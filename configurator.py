@@ -26,6 +26,9 @@ class Config:
     init_from: str = "scratch"             # scratch | resume (out_dir/ckpt.pt) | gpt2[-medium|-large|-xl] | a HF folder
     eval_interval: int = 100               # validation (and a checkpoint) every this many steps, and at the end
     eval_tokens: int = 40960               # validation tokens: the val split's first rows, for any launch; 0: none
+    hellaswag: str = "off"                 # off | on: HellaSwag at each evaluation, fetched once | auto: on if on disk
+    hellaswag_path: str = ""               # HellaSwag's val jsonl; empty: data/hellaswag/hellaswag_val.jsonl, the cache
+    hellaswag_examples: int = 0            # score HellaSwag's first N examples at each evaluation; 0: all 10,042
     save_checkpoints: bool = True          # write out_dir/ckpt.pt at each evaluation
     log_interval: int = 10                 # a console line and a metrics record every this many steps
     timing_warmup: int = 3                 # steps after start/resume left out of tokens/s (compile, caches)
@@ -82,7 +85,8 @@ class Config:
 
 CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backend=("auto", "flash", "cudnn"),
                dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
-               fp8_recipe=("tensorwise", "rowwise"), parallelism=("ddp", "fsdp"), activation=("gelu", "gelu_tanh"))
+               fp8_recipe=("tensorwise", "rowwise"), parallelism=("ddp", "fsdp"), activation=("gelu", "gelu_tanh"),
+               hellaswag=("off", "on", "auto"))
 MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention", "activation")   # GPTConfig's
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
 SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters")   # kept on resume unless set
@@ -188,7 +192,7 @@ def load_config(argv, with_explicit=False):
         if getattr(cfg, key) <= 0:
             raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}")
     for key in ("max_iters", "eval_tokens", "timing_warmup", "warmup_iters", "lr_decay_iters", "fp8_min_dim",
-                "total_batch_size", "max_skipped_steps"):
+                "total_batch_size", "max_skipped_steps", "hellaswag_examples"):
         if getattr(cfg, key) < 0:
             raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")
     if cfg.n_embd % cfg.n_head:

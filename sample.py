@@ -20,6 +20,23 @@ from model import GPT, GPTConfig
 from speedgpt.checkpoint import load_checkpoint, load_weights
 
 
+def load_model(out_dir, device):
+    """(GPT in eval mode on `device`, tokenizer metadata) of out_dir/ckpt.pt, for sampling and evaluation
+    (eval.py): no dropout, no FP8 head. Without the document mask, attention varlen (bf16/fp16 kernels
+    only) and flex on the CPU become sdpa, the same math. Raises FileNotFoundError (no checkpoint) or
+    ValueError (unreadable, or weights that do not fit), each in one line."""
+    path = f"{out_dir}/ckpt.pt"
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path}: train first (python train.py --out_dir={out_dir})")
+    ckpt = load_checkpoint(path, required=("model", "config", "meta"))   # no optimizer state needed
+    cfg, meta = ckpt["config"], ckpt["meta"]
+    attention = "sdpa" if cfg["attention"] == "varlen" or \
+        (cfg["attention"] == "flex" and not str(device).startswith("cuda")) else cfg["attention"]
+    model = GPT(GPTConfig.from_dict(cfg, meta["vocab_size"], attention=attention, dropout=0.0, fp8_head=False))
+    load_weights(model, ckpt, path)
+    return model.eval().to(device), meta
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out_dir", default="out", help="folder holding ckpt.pt")
@@ -40,23 +57,10 @@ def main():
     if args.start.startswith("FILE:") and not os.path.isfile(args.start[5:]):
         parser.error(f"prompt file {args.start[5:]} not found")
     torch.manual_seed(args.seed)
-    path = f"{args.out_dir}/ckpt.pt"
     try:
-        ckpt = load_checkpoint(path, required=("model", "config", "meta"))   # no optimizer state needed
-    except FileNotFoundError:
-        raise SystemExit(f"error: no checkpoint at {path}: train first (python train.py --out_dir={args.out_dir})")
-    except ValueError as e:
+        model, meta = load_model(args.out_dir, args.device)
+    except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}")
-    cfg, meta = ckpt["config"], ckpt["meta"]
-    # generation has no document mask: varlen (bf16/fp16 kernels only) and flex on the CPU become sdpa, the same math
-    attention = "sdpa" if cfg["attention"] == "varlen" or \
-        (cfg["attention"] == "flex" and not args.device.startswith("cuda")) else cfg["attention"]
-    model = GPT(GPTConfig.from_dict(cfg, meta["vocab_size"], attention=attention, dropout=0.0, fp8_head=False))
-    try:
-        load_weights(model, ckpt, path)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
-    model.eval().to(args.device)
     try:
         tok = get_tokenizer(meta["tokenizer"])
     except (ValueError, FileNotFoundError) as e:         # offline without the GPT-2 files
@@ -72,9 +76,10 @@ def main():
     # an empty prompt is that one token. A sample ends where the model ends the document.
     eot, prompt = meta["eot_id"], tok.encode(start)
     idx = torch.tensor([[eot] + prompt], device=args.device)
-    if idx.size(1) > cfg["block_size"]:
+    block_size = model.config.block_size
+    if idx.size(1) > block_size:
         print(f"note: the prompt is {idx.size(1):,} tokens (with its end-of-text), longer than block_size="
-              f"{cfg['block_size']}: the model sees only its last {cfg['block_size']} tokens", file=sys.stderr)
+              f"{block_size}: the model sees only its last {block_size} tokens", file=sys.stderr)
     for _ in range(args.num_samples):
         new = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k or None)[0, idx.size(1):].tolist()
         print(tok.decode(prompt + (new[:new.index(eot)] if eot in new else new)))

@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 
 from configurator import MODEL_KEYS, help_text, load_config, non_defaults, resolve_decay, resume_changes, resume_config
-from data import DataError, Loader, load_meta, prepare
+from data import DataError, Loader, get_tokenizer, load_meta, prepare
 from model import GPT, GPTConfig
-from speedgpt import activation_checkpointing, attention, compilation, fp8, fused_ce
+from speedgpt import activation_checkpointing, attention, compilation, fp8, fused_ce, hellaswag
 from speedgpt.checkpoint import (CheckpointNotWritten, check_out_dir, last_good, load_checkpoint, load_weights,
                                  model_state, remove_stale_tmp, restore_state, save_checkpoint, state_is_finite)
 from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, leave, on_every_rank,
@@ -62,7 +62,7 @@ def check_flags(cfg, proc):
     compilation.check(resolved, proc.device, proc.world)
     check_parallelism(resolved, proc.world)
     check_out_dir(resolved.out_dir)
-    return resolved
+    return hellaswag.check(resolved, proc)          # last: 'on' may download the file
 
 
 def settle_config(cfg, explicit, proc):
@@ -96,8 +96,9 @@ def settle_config(cfg, explicit, proc):
 
 
 def build_data(cfg, proc, grad_accum_steps, ckpt):
-    """Tokenizer metadata and the train / val loaders (val only with eval_tokens > 0). The stdlib corpora
-    are prepared on first use. Each rank keeps its own rows of one shared stream."""
+    """Tokenizer metadata, the train / val loaders and, for bits per byte, the UTF-8 bytes of each token id
+    (val and bytes only with eval_tokens > 0). The stdlib corpora are prepared on first use. Each rank
+    keeps its own rows of one shared stream."""
     name = os.path.basename(cfg.data_dir.rstrip("/"))
     unfinished = not os.path.isfile(os.path.join(cfg.data_dir, "meta.json"))
     if proc.master and unfinished and name in ("stdlib_byte", "stdlib_gpt2"):
@@ -114,11 +115,13 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
                 vocab_size=meta["vocab_size"], fixed_shapes=cfg.cuda_graphs)
     train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, prefetch=grad_accum_steps, **args)
     val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **args) if cfg.eval_tokens > 0 else None
+    token_bytes = None if val_loader is None else \
+        torch.as_tensor(get_tokenizer(meta["tokenizer"]).token_bytes(), device=proc.device)
     if val_loader is not None and eval_rows(cfg, val_loader) * cfg.block_size < cfg.eval_tokens:
         print0(f"note: eval_tokens={cfg.eval_tokens:,} but the val split of {cfg.data_dir} holds {val_loader.n_rows:,} "
                f"rows of block_size={cfg.block_size} ({val_loader.n_rows * cfg.block_size:,} tokens): each "
                "evaluation is all of them")
-    return meta, train_loader, val_loader
+    return meta, train_loader, val_loader, token_bytes
 
 
 def eval_rows(cfg, val_loader):
@@ -229,13 +232,15 @@ def forward(model, b):
 
 
 @torch.no_grad()
-def estimate_loss(model, loader, rows, ctx):
-    """Mean loss per real token over the first `rows` rows of the val loader's fixed order, all ranks
-    together: the same tokens every time, whatever the world size and micro-batch. Every rank runs the
-    same number of forwards (FSDP gathers weights in each); rows past `rows` get no targets."""
+def estimate_loss(model, loader, rows, ctx, token_bytes):
+    """(mean loss per real token, bits per byte) over the first `rows` rows of the val loader's fixed order,
+    all ranks together: the same tokens every time, whatever the world size and micro-batch. Bits per
+    byte is the same loss sum, in bits, over the UTF-8 bytes of the same targets (`token_bytes`: (vocab,)
+    bytes per id; end-of-text is 0 bytes, its loss counted). Every rank runs the same number of forwards
+    (FSDP gathers weights in each); rows past `rows` get no targets."""
     model.eval()
     loader.reset()
-    totals = torch.zeros(2, dtype=torch.float64, device=loader.device)      # (loss sum, real tokens)
+    totals = torch.zeros(3, dtype=torch.float64, device=loader.device)      # (loss sum, real tokens, their bytes)
     per_call = loader.world_size * loader.B
     for call in range(-(-rows // per_call)):
         b = next(loader)
@@ -245,12 +250,12 @@ def estimate_loss(model, loader, rows, ctx):
             b.y[max(inside, 0):] = -1
         with ctx:
             _, loss = forward(model, b)
-        n = (b.y != -1).sum()
-        totals += torch.stack([loss.double() * n, n.double()])
+        n, n_bytes = (b.y != -1).sum(), torch.where(b.y != -1, token_bytes[b.y.clamp(min=0)], 0).sum()
+        totals += torch.stack([loss.double() * n, n.double(), n_bytes.double()])
     if dist.is_initialized():
         dist.all_reduce(totals)
     model.train()
-    return (totals[0] / totals[1].clamp(min=1)).item()
+    return (totals[0] / totals[1].clamp(min=1)).item(), (totals[0] / math.log(2) / totals[2].clamp(min=1)).item()
 
 
 def forward_backward(model, batches, n_global, ctx, scaler, grad_sync=None):
@@ -302,20 +307,36 @@ class Run:
     best_val: float = None
     val_loss: float = None
     step: int = 0                       # optimizer steps done so far
+    token_bytes: torch.Tensor = None    # (vocab_size,) UTF-8 bytes of each token id: val bits per byte
+    hellaswag: object = None            # speedgpt.hellaswag.HellaSwag, scored at each evaluation; None when off
+    val_bpb: float = None
+    hellaswag_acc_norm: float = None
 
     @property
     def ckpt_path(self):
         return os.path.join(self.cfg.out_dir, "ckpt.pt")
 
+    def summary(self):
+        """The run's summary (MetricsLogger.summary), with the last bits per byte and HellaSwag acc_norm."""
+        return {**self.logger.summary(self.step, self.val_loss, self.best_val), "val_bpb": self.val_bpb,
+                "hellaswag_acc_norm": self.hellaswag_acc_norm}
+
     def evaluate(self, step):
-        """Validation loss at `step`, logged; RunStopped when it is not finite (nothing is saved then)."""
-        self.val_loss = estimate_loss(self.model, self.val_loader, eval_rows(self.cfg, self.val_loader), self.ctx)
+        """Validation loss and bits per byte at `step` (and HellaSwag when on), logged; RunStopped when the
+        loss is not finite (nothing is saved then)."""
+        self.val_loss, self.val_bpb = estimate_loss(self.model, self.val_loader, eval_rows(self.cfg, self.val_loader),
+                                                    self.ctx, self.token_bytes)
         if not math.isfinite(self.val_loss):
             raise RunStopped(f"error: step {step}: the validation loss is {self.val_loss}: the run diverged; "
                              f"{last_good(self.ckpt_path)}", 1)
         self.best_val = self.val_loss if self.best_val is None else min(self.best_val, self.val_loss)
-        print0(f"step {step}: val loss {self.val_loss:.4f}")
-        self.logger.log({"step": step, "val_loss": self.val_loss})
+        print0(f"step {step}: val loss {self.val_loss:.4f} ({self.val_bpb:.4f} bits/byte)")
+        record = {"step": step, "val_loss": self.val_loss, "val_bpb": self.val_bpb}
+        if self.hellaswag is not None:
+            record.update(self.hellaswag.evaluate(self.model, self.ctx))
+            self.hellaswag_acc_norm = record["hellaswag_acc_norm"]
+            print0(f"step {step}: {hellaswag.describe(record)}")
+        self.logger.log(record)
 
     def save(self, step):
         """Write out_dir/ckpt.pt after `step` optimizer steps (every rank calls: a collective under FSDP).
@@ -410,7 +431,7 @@ def train(run, stop):
             run.save(step + 1)
             raise RunStopped(f"{name}: stopped after step {step} with a checkpoint in {run.ckpt_path}; "
                              "continue with the same command and --init_from=resume", 128 + signum)
-    return run.logger.summary(run.step, run.val_loss, run.best_val)
+    return run.summary()
 
 # -----------------------------------------------------------------------------
 
@@ -436,19 +457,21 @@ def main(argv=None):
                "to train on, give a larger --max_iters")
         leave(proc, True)
         return {"finished": True, "step": ckpt["step"], "best_val_loss": ckpt["best_val_loss"]}
-    meta, train_loader, val_loader = build_data(cfg, proc, grad_accum_steps, ckpt)
+    meta, train_loader, val_loader, token_bytes = build_data(cfg, proc, grad_accum_steps, ckpt)
+    hellaswag_eval = hellaswag.build(cfg, meta, cfg.block_size, proc)     # None when off
     cfg, raw_model, model, grad_sync = build_model(cfg, meta, proc, ckpt)
     optimizer, ctx, scaler, start_step, best_val = build_optimizer(cfg, raw_model, proc, ckpt, train_loader)
     logger = start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt)
     run = Run(cfg, proc, meta, raw_model, model, grad_sync, optimizer, ctx, scaler, train_loader, val_loader,
-              logger, grad_accum_steps, start_step, best_val, step=start_step)
+              logger, grad_accum_steps, start_step, best_val, step=start_step, token_bytes=token_bytes,
+              hellaswag=hellaswag_eval)
     del ckpt                           # its memory is not needed for training
     _setup_done, stop, summary, exit_code, clean = True, StopSignals(proc.world > 1), None, 1, False
     try:
         summary, exit_code, clean = train(run, stop), 0, True
         return summary
     except RunStopped as e:            # every rank stops at the same step
-        summary = {**logger.summary(run.step, run.val_loss, run.best_val), "stopped": str(e)}
+        summary = {**run.summary(), "stopped": str(e)}
         exit_code, clean = e.exit_code, True
         raise
     finally:

@@ -20,6 +20,7 @@ warmup_iters = 100
 max_iters = 2000
 eval_interval = 250
 eval_tokens = 524288              # validation tokens (512 rows), the same for any launch
+hellaswag = "auto"                  # HellaSwag at each evaluation where data/hellaswag/hellaswag_val.jsonl is
 log_interval = 1
 dtype = "bfloat16"
 compile = True

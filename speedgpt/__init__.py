@@ -10,6 +10,7 @@ speedgpt's helpers: what train.py, model.py and data.py lean on, one feature or 
   distributed.py               processes and devices (torchrun), the batch plan, DDP / FSDP, signals, agreement
   checkpoint.py                out_dir/ckpt.pt: written atomically, read safely
   measure.py                   MFU and its peak-FLOPs table, the training clock, the metrics logger, the profiler
+  hellaswag.py                 HellaSwag at each evaluation and in eval.py: the file, its checks, scoring (hellaswag)
   corpus.py                    data.py's input readers, tokenizers and parallel tokenisation
   shards.py                    the token shard format (llm.c's), its index and meta.json
 

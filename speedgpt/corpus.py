@@ -356,6 +356,11 @@ class ByteTokenizer:
     def decode(self, ids):
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
+    def token_bytes(self):
+        """(vocab_size,) int64: the UTF-8 bytes each id stands for, 1 for ids 0-255 and 0 for end-of-text
+        (the denominator of bits per byte: train.py's estimate_loss)."""
+        return np.append(np.ones(256, dtype=np.int64), 0)
+
 
 class GPT2Tokenizer:
     """tiktoken's GPT-2 BPE; end-of-text is id 50256. Offline: set TIKTOKEN_CACHE_DIR."""
@@ -385,6 +390,11 @@ class GPT2Tokenizer:
 
     def decode(self, ids):
         return self.enc.decode([i for i in ids if i < self.vocab_size])
+
+    def token_bytes(self):
+        """(vocab_size,) int64: the bytes of each BPE token (tiktoken's decode_single_token_bytes; a token
+        may hold part of a UTF-8 character), 0 for end-of-text, which stands for no text."""
+        return np.array([len(self.enc.decode_single_token_bytes(i)) for i in range(self.eot)] + [0], dtype=np.int64)
 
 
 def get_tokenizer(name):

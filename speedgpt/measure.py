@@ -151,7 +151,8 @@ def duration(seconds):
 
 
 def summary_line(summary):
-    """The run's last line: steps, median tokens/s and MFU, best validation loss, where things went."""
+    """The run's last line: steps, median tokens/s and MFU, best validation loss, the last HellaSwag
+    acc_norm (when scored), where things went."""
     tps, mfu_ = summary.get("median_tokens_per_sec"), summary.get("median_mfu")
     parts = [f"{'stopped' if summary.get('stopped') else 'done'}: {summary['steps']:,} steps",
              f"median {tps:,.0f} tok/s" if tps else "no timed steps",
@@ -159,6 +160,8 @@ def summary_line(summary):
              f"first step {summary['first_step_s']:.1f} s" if summary.get("first_step_s") else "no step",
              f"best val loss {summary['best_val_loss']:.4f}" if summary.get("best_val_loss") is not None
              else "no validation",
+             *([f"hellaswag acc_norm {summary['hellaswag_acc_norm']:.4f}"] if summary.get("hellaswag_acc_norm")
+               is not None else []),
              f"checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else "no checkpoint",
              f"metrics {summary['metrics']}"]
     return " | ".join(parts)

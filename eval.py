@@ -1,0 +1,94 @@
+"""
+Score a model on HellaSwag (speedgpt/hellaswag.py) apart from training: a speedgpt checkpoint, or GPT-2
+weights through Hugging Face.
+
+    python eval.py --out_dir out-fast                          # out-fast/ckpt.pt, with its run's tokenizer
+    python eval.py --init_from gpt2                            # OpenAI's GPT-2 124M (llm.c: acc_norm 0.2955)
+    python eval.py --init_from path/to/hf_folder --hellaswag_path hellaswag_val.jsonl --examples 1000
+    torchrun --standalone --nproc_per_node=8 eval.py --init_from gpt2-xl   # the examples split across ranks
+
+Prints acc_norm, acc, the examples scored and the seconds taken. The file is downloaded to
+data/hellaswag/ on first use unless --hellaswag_path names one (docs/evaluation.md: offline). A script of
+its own, beside sample.py, rather than a subcommand of hf.py: it scores our checkpoints as well as Hugging
+Face weights. Bad input (no checkpoint, no file, a bad flag) is one line, `error: ...`, and exit status 1.
+"""
+import argparse
+import os
+import re
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+
+from data import get_tokenizer
+from sample import load_model
+from speedgpt import hellaswag
+from speedgpt.distributed import leave, print0, setup_processes
+
+TOKENIZER_OF_VOCAB = {50257: "gpt2", 257: "byte"}        # a Hugging Face model's vocabulary -> our tokenizer
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load(args, device):
+    """(model in eval mode on `device`, tokenizer name): out_dir/ckpt.pt, or args.init_from through hf.py."""
+    if not args.init_from:
+        model, meta = load_model(args.out_dir, device)
+        return model, meta["tokenizer"]
+    from hf import load_hf_gpt2
+    model = load_hf_gpt2(args.init_from)
+    tokenizer = TOKENIZER_OF_VOCAB.get(model.config.vocab_size)
+    if tokenizer is None:
+        raise ValueError(f"{args.init_from} has a {model.config.vocab_size:,}-token vocabulary: eval.py scores GPT-2 "
+                         "BPE (50,257) and byte-level (257) models")
+    return model.eval().to(device), tokenizer
+
+
+def evaluate(args):
+    """Score the model `args` name on the HellaSwag file it names (every rank its share, the counts summed);
+    returns speedgpt.hellaswag's result dict. Raises ValueError / FileNotFoundError for bad input."""
+    if args.examples < 0 or args.batch_size < 1:
+        raise ValueError(f"--examples must be >= 0 and --batch_size >= 1, got {args.examples} and {args.batch_size}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {args.device!r}")
+    proc, clean = setup_processes(args), False
+    try:
+        model, tokenizer = load(args, proc.device)
+        path = hellaswag.fetch(args.hellaswag_path, proc)
+        examples = hellaswag.load(path, args.examples)
+        scorer = hellaswag.HellaSwag(examples, get_tokenizer(tokenizer), model.config.block_size, proc.device,
+                                     proc.rank, proc.world, args.batch_size)
+        ctx = nullcontext() if args.dtype == "float32" else torch.autocast(proc.device.type, dtype=DTYPES[args.dtype])
+        result = scorer.evaluate(model, ctx)
+        clean = True
+    finally:
+        leave(proc, clean)
+    print0(f"{args.init_from or os.path.join(args.out_dir, 'ckpt.pt')} on {path}: {hellaswag.describe(result)}"
+           f" | {proc.world} process(es), {args.dtype}")
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out_dir", default="out", help="the training run's folder, holding ckpt.pt")
+    parser.add_argument("--init_from", default="", help="instead of a checkpoint: gpt2[-medium|-large|-xl] or a "
+                        "Hugging Face GPT-2 folder")
+    parser.add_argument("--hellaswag_path", default="", help=f"HellaSwag's jsonl (default: {hellaswag.CACHE}, "
+                        "downloaded when missing)")
+    parser.add_argument("--examples", type=int, default=0, help="score the first N examples (0: all)")
+    parser.add_argument("--batch_size", type=int, default=8, help="examples per forward (4 rows each)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (torchrun: each rank its GPU)")
+    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES), help="autocast precision")
+    args = parser.parse_args(argv)
+    try:
+        return evaluate(args)
+    except (ValueError, FileNotFoundError) as e:             # bad input: one line, no traceback
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0:        # once per node, as train.py
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        else:                                                # torchrun stops the other workers when one exits
+            time.sleep(3)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
