@@ -84,7 +84,8 @@ def main():
     rows = []
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; fwd+bwd ms (TFLOP/s); speedup vs bf16; "
           "FP8 columns: kernels / Triton kernels / Triton ms of one call")
-    print("| width | kind | in -> out | tokens | bf16 ms | tensorwise ms | x | rowwise ms | x | tw kernels | rw kernels |")
+    print("| width | kind | in -> out | tokens | bf16 ms | tensorwise ms | x | rowwise ms | x "
+          "| tw kernels | rw kernels |")
     print("|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|")
     for C in map(int, args.widths.split(",")):
         for kind in KINDS:
@@ -100,7 +101,8 @@ def main():
             def kern(rec):
                 return (f"| {r[rec]['kernels']}/{r[rec]['triton_kernels']}/{r[rec]['triton_ms']:.3f} "
                         if rec in r else "| ")
-            print(f"| {C} | {kind} | {b['fan_in']} -> {b['fan_out']} | {b['tokens']:,} | {b['ms']:.3f} ({b['tflops']:.0f}) "
+            print(f"| {C} | {kind} | {b['fan_in']} -> {b['fan_out']} | {b['tokens']:,} "
+                  f"| {b['ms']:.3f} ({b['tflops']:.0f}) "
                   + col("tensorwise") + col("rowwise") + kern("tensorwise") + kern("rowwise") + "|", flush=True)
     if args.json:
         with open(args.json, "w") as f:
