@@ -30,13 +30,32 @@ TOKENIZER_OF_VOCAB = {50257: "gpt2", 257: "byte"}        # a Hugging Face model'
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def check_source(args):
+    """Raise FileNotFoundError, naming the way out, unless the model `args` name is there to load: out_dir
+    holds ckpt.pt, or init_from is a GPT-2 name or a Hugging Face folder (config.json). Cheap: run before
+    the HellaSwag file is fetched and before any weights are read."""
+    from configurator import HF_GPT2
+    where = args.init_from
+    if not where:
+        path = os.path.join(args.out_dir, "ckpt.pt")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no checkpoint at {path}: train first (python train.py --out_dir={args.out_dir})")
+    elif where not in HF_GPT2 and not os.path.isfile(os.path.join(where, "config.json")):
+        raise FileNotFoundError(
+            f"--init_from {where!r}: " + ("a speedgpt run folder: score its checkpoint with --out_dir " + where
+                                         if os.path.isfile(os.path.join(where, "ckpt.pt")) else
+                                         "a folder without config.json" if os.path.isdir(where) else "no such folder")
+            + f" (--init_from takes {', '.join(HF_GPT2)} or a Hugging Face GPT-2 folder)")
+
+
 def load(args, device):
     """(model in eval mode on `device`, tokenizer name): out_dir/ckpt.pt, or args.init_from through hf.py."""
     if not args.init_from:
         model, meta = load_model(args.out_dir, device)
         return model, meta["tokenizer"]
     from hf import load_hf_gpt2
-    model = load_hf_gpt2(args.init_from)
+    where = args.init_from
+    model = load_hf_gpt2(where)
     tokenizer = TOKENIZER_OF_VOCAB.get(model.config.vocab_size)
     if tokenizer is None:
         raise ValueError(f"{args.init_from} has a {model.config.vocab_size:,}-token vocabulary: eval.py scores GPT-2 "
@@ -53,9 +72,10 @@ def evaluate(args):
         raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {args.device!r}")
     proc, clean = setup_processes(args), False
     try:
-        model, tokenizer = load(args, proc.device)
-        path = hellaswag.fetch(args.hellaswag_path, proc)
+        check_source(args)
+        path = hellaswag.fetch(args.hellaswag_path, proc)          # before the weights: none loaded for nothing
         examples = hellaswag.load(path, args.examples)
+        model, tokenizer = load(args, proc.device)
         scorer = hellaswag.HellaSwag(examples, get_tokenizer(tokenizer), model.config.block_size, proc.device,
                                      proc.rank, proc.world, args.batch_size)
         ctx = nullcontext() if args.dtype == "float32" else torch.autocast(proc.device.type, dtype=DTYPES[args.dtype])

@@ -37,7 +37,8 @@ def check(cfg, device):
                          "to be multiples of 16 (float8 matmul shapes), or add --fp8_head=False")
     keys = [k for k in ("fp8", "fp8_head") if getattr(cfg, k)]
     asking = " and ".join(f"{k}=True" for k in keys) + (" needs" if len(keys) == 1 else " need")
-    off = " ".join(f"--{k}=False" for k in keys) + (" (config/fast.py sets fp8_head=True)" if cfg.fp8_head else "")
+    off = " ".join(f"--{k}=False" for k in keys) + \
+        (" (config/fast.py and config/gpt2-*.py set fp8_head=True)" if cfg.fp8_head else "")
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         where = "the CPU" if device.type != "cuda" else \
             f"{torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))})"

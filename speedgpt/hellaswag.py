@@ -46,10 +46,11 @@ def download(path, url):
     """Fetch `url` to `path` through a temporary file beside it, renamed when whole, so a failed or
     interrupted download leaves no file. Raises FileNotFoundError saying how to fetch it by hand and
     where to put it when the download fails (no internet, say)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp, folder = f"{path}.{os.getpid()}.tmp", os.path.dirname(path) or "."
+    made = not os.path.isdir(folder)
     print0(f"hellaswag: downloading {url} to {path}")
     try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        os.makedirs(folder, exist_ok=True)
         with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
             shutil.copyfileobj(response, f)
         os.replace(tmp, path)
@@ -62,6 +63,8 @@ def download(path, url):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if made and os.path.isdir(folder) and not os.listdir(folder):     # a failed download leaves no folder
+            os.rmdir(folder)
 
 
 def load(path, limit=0):
@@ -106,6 +109,8 @@ def fetch(path, proc):
     waiting, as train.py prepares data). Raises FileNotFoundError for a given path that is not a file, or
     a download that fails (download())."""
     if path:
+        if os.path.isdir(path):
+            raise FileNotFoundError(f"hellaswag_path={path!r} is a folder: name HellaSwag's jsonl file in it")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"hellaswag_path={path!r}: no such file; leave hellaswag_path empty to download "
                                     f"HellaSwag's validation set to {CACHE} (train.py: or --hellaswag=off)")
@@ -124,6 +129,9 @@ def check(cfg, proc):
     here (load()). HellaSwag runs at each evaluation, so eval_tokens=0 turns it off. Raises
     FileNotFoundError / ValueError naming the file and the way out."""
     if cfg.hellaswag == "off":
+        if cfg.hellaswag_path:
+            raise ValueError(f"hellaswag_path={cfg.hellaswag_path!r} is set but hellaswag='off' would not read it: "
+                             "add --hellaswag=on (or auto), or leave hellaswag_path out")
         return cfg
     path = cfg.hellaswag_path or CACHE
     if cfg.eval_tokens == 0:

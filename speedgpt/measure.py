@@ -179,7 +179,9 @@ class MetricsLogger:
     line to the console; on rank 0 only (`master`), as strict JSON. A resumed run continues the same
     file and the same W&B run: the file keeps the records of the steps before `resume_step` (so every
     step appears once, though a killed run may have logged past its last checkpoint), and steps W&B
-    already holds are not sent again (the resumed run recomputes them exactly)."""
+    already holds are not sent again (the resumed run recomputes them exactly). The evaluation made at
+    `resume_step` itself, before its checkpoint was saved, is kept unless the resumed run evaluates
+    that step again (it does not when its eval_interval no longer falls there)."""
 
     def __init__(self, cfg, master, resume_step=None, wandb_run_id=None, flops_per_token=0, peak=None, world=1,
                  device=torch.device("cpu")):
@@ -188,6 +190,7 @@ class MetricsLogger:
         self.timed = []                                   # (tokens_per_sec, mfu) of each timed interval
         self.first_step_s = None                          # the first step's wall time, compilation included
         self.path = os.path.join(cfg.out_dir, "metrics.jsonl")
+        self.held = []                                    # resume_step's evaluation, until recomputed or kept
         if not master:
             return
         kept = []
@@ -195,6 +198,7 @@ class MetricsLogger:
             with open(self.path) as f:
                 old = [json.loads(line) for line in f if line.strip()]
             kept = [r for r in old if r["step"] < resume_step]
+            self.held = [r for r in old if r["step"] == resume_step and "loss" not in r]
             self.wandb_done = max((r["step"] for r in old), default=-1)
         with open(self.path + ".tmp", "w") as f:         # rewritten whole, then renamed: never half a file
             f.writelines(json.dumps(r) + "\n" for r in kept)
@@ -215,6 +219,10 @@ class MetricsLogger:
     def log(self, record):
         if not self.master:
             return
+        if self.held:          # the first record since the resume: resume_step's evaluation again, or not
+            if not (record["step"] == self.held[0]["step"] and "loss" not in record):
+                self.file.writelines(json.dumps(r) + "\n" for r in self.held)
+            self.held = []
         record = strict(record)
         self.file.write(json.dumps(record, allow_nan=False) + "\n")
         self.file.flush()
@@ -269,6 +277,8 @@ class MetricsLogger:
         summary; close the file and the W&B run."""
         if not self.master:
             return
+        self.file.writelines(json.dumps(r) + "\n" for r in self.held)      # nothing logged since the resume
+        self.held = []
         if summary is not None:
             with open(os.path.join(self.cfg.out_dir, "summary.json"), "w") as f:
                 json.dump(strict(summary), f, indent=1, allow_nan=False)

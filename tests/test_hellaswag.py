@@ -190,9 +190,14 @@ def test_on_without_the_file_stops_before_any_work(tmp_path, monkeypatch):
     assert "could not download http://127.0.0.1:1/hellaswag_val.jsonl" in str(e.value)
     assert f"curl -L -o hellaswag_val.jsonl http://127.0.0.1:1/hellaswag_val.jsonl) and put it at {cache}" in \
         str(e.value) and "--hellaswag_path=FILE" in str(e.value)
-    assert not never.exists() and os.listdir(cache.parent) == []
+    assert not never.exists() and not cache.parent.exists()         # nor an empty data/hellaswag/
     with pytest.raises(ValueError, match="eval_tokens=0 turns evaluation off"):
         train.main(tiny_args(never, tmp_path / "o", "--hellaswag=on", f"--hellaswag_path={FIXTURE}", "--eval_tokens=0"))
+    with pytest.raises(FileNotFoundError, match=f"hellaswag_path='{tmp_path}' is a folder: name HellaSwag's jsonl"):
+        train.main(tiny_args(never, tmp_path / "o", "--hellaswag=on", f"--hellaswag_path={tmp_path}"))
+    with pytest.raises(ValueError, match="hellaswag_path='x.jsonl' is set but hellaswag='off' would not read it"):
+        train.main(tiny_args(never, tmp_path / "o", "--hellaswag_path=x.jsonl"))     # a flag never ignored
+    assert not never.exists()
 
 
 def test_auto_without_the_file_is_off_in_one_line(byte_data, tmp_path, monkeypatch, capsys):
@@ -244,9 +249,14 @@ def test_a_run_logs_hellaswag_beside_the_loss(byte_data, tmp_path, monkeypatch):
     (["--out_dir={tmp}/nothing"], "error: no checkpoint at {tmp}/nothing/ckpt.pt: train first"),
     (["--init_from={hf}", "--hellaswag_path={tmp}/no.jsonl"], "error: hellaswag_path='{tmp}/no.jsonl': no such file"),
     (["--init_from={hf}", "--examples=-1"], "error: --examples must be >= 0"),
+    (["--init_from={tmp}/none", f"--hellaswag_path={FIXTURE}"], "error: --init_from '{tmp}/none': no such folder "
+     "(--init_from takes gpt2, gpt2-medium, gpt2-large, gpt2-xl or a Hugging Face GPT-2 folder)"),
+    (["--init_from={tmp}", f"--hellaswag_path={FIXTURE}"], "error: --init_from '{tmp}': a speedgpt run folder: score "
+     "its checkpoint with --out_dir {tmp}"),
 ])
 def test_eval_bad_input_is_one_line(hf_gpt2_dir, tmp_path, capsys, args, error):
     fill = dict(tmp=tmp_path, hf=hf_gpt2_dir)
+    (tmp_path / "ckpt.pt").write_bytes(b"")               # tmp_path: a run folder, which --init_from is not for
     with pytest.raises(SystemExit) as e:
         eval_script.main([a.format(**fill) for a in args] + ["--device=cpu"])
     err = capsys.readouterr().err

@@ -121,6 +121,22 @@ def test_resume_continues_exactly(byte_data, tmp_path):
         assert part[step] == full[step], f"step {step}: resumed {part[step]} vs uninterrupted {full[step]}"
 
 
+def test_resume_keeps_the_checkpoint_steps_evaluation_once(byte_data, tmp_path):
+    """The evaluation a run made at its last step, before saving, stays in metrics.jsonl after a resume:
+    once, whether the resumed run evaluates that step again (same eval_interval) or not (another)."""
+    common = ["--max_iters=8", "--lr_decay_iters=8", "--eval_interval=4"]
+    for name, resume in (("same", ["--eval_interval=4"]), ("other", ["--eval_interval=100"])):
+        train.main(tiny_args(byte_data, tmp_path / name, *common))
+        before = [r for r in read_metrics(tmp_path / name) if "val_loss" in r]
+        train.main(tiny_args(byte_data, tmp_path / name, *common, *resume, "--max_iters=10", "--init_from=resume"))
+        evals = {}
+        for r in read_metrics(tmp_path / name):
+            if "val_loss" in r:
+                evals.setdefault(r["step"], []).append(r["val_loss"])
+        assert [r["step"] for r in before] == [0, 4, 8] and evals[8] == [before[-1]["val_loss"]], (name, evals)
+        assert sorted(evals) == [0, 4, 8, 10]
+
+
 @pytest.mark.parametrize("args, error, match", [
     (["--n_layr=4"], ValueError, "unknown config key 'n_layr'"),
     (["--n_layer=4.5"], TypeError, "'n_layer' .* must be int"),
@@ -136,7 +152,7 @@ def test_resume_continues_exactly(byte_data, tmp_path):
     (["--check_mask=True", "--packing=False"], ValueError,
      "check_mask=True checks the document mask: it needs packing"),
     (["--config", "config/fast.py", "--device=cpu"], ValueError,
-     r"this run is on the CPU: add --fp8_head=False \(config/fast.py sets fp8_head=True\)"),
+     r"this run is on the CPU: add --fp8_head=False \(config/fast.py and config/gpt2-\*.py set fp8_head=True\)"),
     (["--config", "config/fast.py", "--fp8=True", "--device=cpu"], ValueError,
      r"^fp8=True and fp8_head=True need a GPU .* add --fp8=False --fp8_head=False"),
     (["--fused_ce=True", "--dtype=float16"], ValueError, "fused_ce=True with dtype='float16' is not supported"),
