@@ -129,9 +129,10 @@ def check(cfg, proc):
     here (load()). HellaSwag runs at each evaluation, so eval_tokens=0 turns it off. Raises
     FileNotFoundError / ValueError naming the file and the way out."""
     if cfg.hellaswag == "off":
-        if cfg.hellaswag_path:
-            raise ValueError(f"hellaswag_path={cfg.hellaswag_path!r} is set but hellaswag='off' would not read it: "
-                             "add --hellaswag=on (or auto), or leave hellaswag_path out")
+        for key in ("hellaswag_path", "hellaswag_examples"):        # a setting never silently ignored
+            if getattr(cfg, key):
+                raise ValueError(f"{key}={getattr(cfg, key)!r} is set but hellaswag='off' would not read it: "
+                                 f"add --hellaswag=on (or auto), or leave {key} out")
         return cfg
     path = cfg.hellaswag_path or CACHE
     if cfg.eval_tokens == 0:

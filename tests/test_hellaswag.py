@@ -197,6 +197,8 @@ def test_on_without_the_file_stops_before_any_work(tmp_path, monkeypatch):
         train.main(tiny_args(never, tmp_path / "o", "--hellaswag=on", f"--hellaswag_path={tmp_path}"))
     with pytest.raises(ValueError, match="hellaswag_path='x.jsonl' is set but hellaswag='off' would not read it"):
         train.main(tiny_args(never, tmp_path / "o", "--hellaswag_path=x.jsonl"))     # a flag never ignored
+    with pytest.raises(ValueError, match="hellaswag_examples=100 is set but hellaswag='off' would not read it"):
+        train.main(tiny_args(never, tmp_path / "o", "--hellaswag_examples=100"))
     assert not never.exists()
 
 
