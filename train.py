@@ -33,8 +33,8 @@ from model import GPT, GPTConfig
 from speedgpt import activation_checkpointing, attention, compilation, fp8, fused_ce, hellaswag
 from speedgpt.checkpoint import (CheckpointNotWritten, check_out_dir, last_good, load_checkpoint, load_weights,
                                  model_state, remove_stale_tmp, restore_state, save_checkpoint, state_is_finite)
-from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, leave, on_every_rank,
-                                  plan_batch, print0, rng_states, seed_rank_stream, setup_processes)
+from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, failed_after_signal, leave,
+                                  on_every_rank, plan_batch, print0, rng_states, seed_rank_stream, setup_processes)
 from speedgpt.distributed import check as check_parallelism
 from speedgpt.mask_check import check_attention_mask
 from speedgpt.measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_profile
@@ -474,6 +474,12 @@ def main(argv=None):
         summary = {**run.summary(), "stopped": str(e)}
         exit_code, clean = e.exit_code, True
         raise
+    except Exception as e:             # after a signal: likely torch.compile's compilers, signalled with the trainer
+        if not stop.signum:
+            raise
+        stopped = failed_after_signal(e, stop.signum, last_good(run.ckpt_path, "with the same command"))
+        summary, exit_code = {**run.summary(), "stopped": str(stopped)}, stopped.exit_code
+        raise stopped from e
     finally:
         stop.restore()
         logger.close(summary, exit_code)           # writes summary.json and prints the run's last line

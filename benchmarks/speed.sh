@@ -75,7 +75,7 @@ train() {  # name, flags...: config/fast.py for ITERS steps; PADDED=1 pads cu_se
 data.varlen_metadata = lambda d, padded=False: f(d, True); sys.argv[0] = 'train.py'; \
 runpy.run_path('train.py', run_name='__main__')")
   echo "=== $name: $*${PADDED:+ (cu_seqlens padded)}"
-  timeout 420 "${launch[@]}" --config config/fast.py --fp8_head=False --max_iters=$((${ITERS:-25} + 5)) \
+  timeout -k 30 420 "${launch[@]}" --config config/fast.py --fp8_head=False --max_iters=$((${ITERS:-25} + 5)) \
       --timing_warmup=5 --eval_tokens=0 --save_checkpoints=False --out_dir="$runs/$name" "$@" ${ARGS:-} \
       > "$runs/$name.log" 2>&1
   echo "rc=$? $(grep -E 'attention:|fp8:|median over' "$runs/$name.log" | tr '\n' ' ')"
@@ -96,7 +96,7 @@ long() {  # name, flags...: the stories corpus at block_size 4096, 16 rows per m
 loss() {  # name, flags...: 200 steps at an eighth of fast.py's batch, every step logged, val loss at the end
   local name=$1; shift
   echo "=== $name: $*"
-  timeout 400 python3 train.py --config config/fast.py --fp8_head=False --max_iters=200 --total_batch_size=65536 \
+  timeout -k 30 400 python3 train.py --config config/fast.py --fp8_head=False --max_iters=200 --total_batch_size=65536 \
       --eval_interval=200 --eval_tokens=524288 --save_checkpoints=False --out_dir="$runs/$name" "$@" \
       > "$runs/$name.log" 2>&1
   echo "rc=$? $(grep -E 'fp8:|val loss' "$runs/$name.log" | tail -n 2 | tr '\n' ' ')"
@@ -150,12 +150,12 @@ PY
     long_flex) long long_flex --attention=flex ;;
     attention)
       echo "=== attention.py (B=64, stdlib_gpt2)"
-      timeout 400 python3 benchmarks/attention.py --data_dir data/stdlib_gpt2 --batch_size 64 \
+      timeout -k 30 400 python3 benchmarks/attention.py --data_dir data/stdlib_gpt2 --batch_size 64 \
           --match "${ATTN_MATCH:-causal \(auto|num_warps=8 \(model|varlen|FA3 dense}" 2>&1 |
           grep -v '^W\|Warning' | tee -a "$out/micro.txt" ;;
     head_ce)
       echo "=== head_ce.py"
-      timeout 400 python3 benchmarks/head_ce.py 2>&1 | grep -v '^W\|Warning' | tee -a "$out/micro.txt" ;;
+      timeout -k 30 400 python3 benchmarks/head_ce.py 2>&1 | grep -v '^W\|Warning' | tee -a "$out/micro.txt" ;;
     *) echo "unknown run $r" ;;
   esac
 done

@@ -177,6 +177,20 @@ class StopSignals:
             signal.signal(s, handler)
 
 
+def failed_after_signal(error, signum, checkpoint_note):
+    """The RunStopped for `error`, raised in the step a SIGINT/SIGTERM (`signum`) arrived in. A signal sent to the
+    whole process group (plain `timeout`, `kill -- -PGID`, a scheduler that signals every process) reaches
+    torch.compile's compiler processes too, and a step that was compiling then fails instead of finishing;
+    a compiler killed mid-write can also leave a cut-short file in the compile cache. `checkpoint_note`:
+    what the last checkpoint holds (checkpoint.last_good). Exit code 128 + signum, as for a clean stop."""
+    first = (str(error).strip().splitlines() or [""])[0][:200]
+    return RunStopped(f"{signal.Signals(signum).name}: the step in progress failed after the signal "
+                      f"({type(error).__name__}: {first}); {checkpoint_note}. A signal sent to the whole process "
+                      "group also stops torch.compile's compiler processes: send it to the trainer alone (kill PID, "
+                      "timeout --foreground), and if the next compile fails with 'file too short', delete the compile "
+                      "cache (TORCHINDUCTOR_CACHE_DIR, by default /tmp/torchinductor_$USER)", 128 + signum)
+
+
 def agree(loss, grad_norm, signum, proc, fp16):
     """Every rank's view of the step, with one host sync (and one all-reduce under torchrun): the job's
     mean loss (a float), whether any rank saw a non-finite loss or gradient norm (float16: an

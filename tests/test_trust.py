@@ -108,6 +108,35 @@ def test_signal_saves_a_checkpoint_and_resume_matches(byte_data, tmp_path, signu
     assert losses(tmp_path / "cut") == losses(tmp_path / "whole")
 
 
+def test_a_step_that_fails_after_a_signal_names_the_process_group(byte_data, tmp_path, monkeypatch):
+    """A SIGTERM sent to the whole process group (plain `timeout`) also kills torch.compile's compiler
+    processes, and the step being compiled fails: the run stops with the signal's exit code and one line that
+    says why and how to signal the trainer alone. The same error with no signal propagates as it is."""
+    real, calls, handler = train.forward_backward, [], signal.getsignal(signal.SIGTERM)
+
+    def compile_killed(*args, signal_first=True):
+        calls.append(1)
+        if len(calls) == 3:
+            if signal_first:
+                os.kill(os.getpid(), signal.SIGTERM)     # the handler only sets the flag
+            raise RuntimeError("CppCompileError: C++ compile error\n(the compiler was killed)")
+        return real(*args)
+    monkeypatch.setattr(train, "forward_backward", compile_killed)
+    with pytest.raises(train.RunStopped) as e:
+        train.main(tiny_args(byte_data, tmp_path / "a", "--eval_interval=2"))
+    assert e.value.exit_code == 128 + signal.SIGTERM
+    msg = str(e.value)
+    assert msg.startswith("SIGTERM: the step in progress failed after the signal (RuntimeError: CppCompileError: "
+                          "C++ compile error); ") and "the whole process group" in msg and "timeout --foreground" in msg
+    assert f"{tmp_path / 'a' / 'ckpt.pt'} still holds step 2" in msg            # the checkpoint of step 2 is kept
+    assert json.load(open(tmp_path / "a" / "summary.json"))["stopped"] == msg
+    calls.clear()
+    monkeypatch.setattr(train, "forward_backward", lambda *a: compile_killed(*a, signal_first=False))
+    with pytest.raises(RuntimeError, match="CppCompileError"):
+        train.main(tiny_args(byte_data, tmp_path / "b", "--eval_interval=2"))
+    assert signal.getsignal(signal.SIGTERM) is handler                       # the trainer's handler is gone
+
+
 def test_stale_or_interrupted_save_leaves_no_tmp(byte_data, tmp_path, monkeypatch):
     from speedgpt import checkpoint
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
