@@ -77,6 +77,7 @@ class Config:
     fp8: bool = False                      # torchao float8 training of the block Linears at least fp8_min_dim wide
     fp8_recipe: str = "tensorwise"         # tensorwise | rowwise (fp8's scaling)
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
+    fp8_layers: str = "qkv,attn_proj,fc,mlp_proj"   # which block Linears fp8 converts (kinds, comma-separated)
     fp8_head: bool = False                 # the fused head's matmuls in float8 (needs fused_ce; Ada/Hopper, torchao)
     fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward
     fused_ce_chunk: int = 16384            # tokens per chunk of fused_ce (memory against speed: docs/flags.md)

@@ -2,8 +2,9 @@
 FP8 training, one feature in one module (torchtitan's float8 converter: check, then convert):
 
   fp8=True       the block Linears at least fp8_min_dim wide become torchao Float8Linear (dynamic scaling,
-                 fp8_recipe tensorwise or rowwise); never the output head. On the H200 FP8 lost to bf16 at
-                 GPT-2 124M's widths (768/3072: 0.81x) and won from 2048 (BENCHMARKS.md).
+                 fp8_recipe tensorwise or rowwise); never the output head. fp8_layers picks the kinds (qkv,
+                 attn_proj, fc, mlp_proj; default all four). On the H200 converting all four won end to end
+                 from 1280 wide and not at 1024 (BENCHMARKS.md).
   fp8_head=True  the fused head's three matmuls (speedgpt/fused_ce.py, so fused_ce=True) run in float8
                  through fp8_mm below: torchao's tensorwise scaling, e4m3 for the hidden states and the
                  weight, e5m2 for softmax - one-hot. Evaluation keeps the bf16 head.
@@ -16,12 +17,33 @@ import importlib.util
 import torch
 
 
+# fp8_layers' kinds: the block Linears of model.py, by the end of their names
+KINDS = {"qkv": "attn.c_attn", "attn_proj": "attn.c_proj", "fc": "mlp.c_fc", "mlp_proj": "mlp.c_proj"}
+ALL_KINDS = ",".join(KINDS)
+
+
+def layer_kinds(cfg):
+    """The module-name endings fp8 converts, from cfg.fp8_layers (comma-separated KINDS keys). Raises
+    ValueError naming the unknown kinds and the known ones, or an empty list."""
+    kinds = [k.strip() for k in cfg.fp8_layers.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise ValueError(f"fp8_layers={cfg.fp8_layers!r}: " + (f"unknown kind {', '.join(unknown)}" if unknown
+                         else "no kind") + f"; the kinds are {', '.join(KINDS)} (comma-separated; default all)")
+    return tuple(KINDS[k] for k in kinds)
+
+
 def check(cfg, device):
     """Raise ValueError naming the flags and the way out unless the run's FP8 settings can work on
     `device` (a torch.device): fp8_head needs fused_ce; fp8_recipe='rowwise' needs fp8 (the head is
     tensorwise only); the head's matmul shapes (n_embd, batch_size * block_size, fused_ce_chunk) must be
     multiples of 16; FP8 needs a GPU of compute capability 8.9+ (Ada, Hopper) and torchao. Called again
     on resume, where the shape may come from the checkpoint."""
+    if cfg.fp8_layers != ALL_KINDS:
+        layer_kinds(cfg)
+        if not cfg.fp8:
+            raise ValueError(f"fp8_layers={cfg.fp8_layers!r} would do nothing: it picks the block Linears fp8=True "
+                             "converts. Add --fp8=True, or leave fp8_layers out")
     if not (cfg.fp8 or cfg.fp8_head):
         return
     if cfg.fp8_head and not cfg.fused_ce:
@@ -49,18 +71,19 @@ def check(cfg, device):
 
 
 def convert(model, cfg):
-    """Swap the block Linears of `model` (a GPT) with both dimensions divisible by 16 and at least
-    cfg.fp8_min_dim wide for torchao Float8Linear (cfg.fp8_recipe); never the output head (the fused
+    """Swap the block Linears of `model` (a GPT) of the kinds cfg.fp8_layers names (layer_kinds), with both
+    dimensions divisible by 16 and at least cfg.fp8_min_dim wide, for torchao Float8Linear (cfg.fp8_recipe);
+    never the output head (the fused
     head has its own float8 matmuls). Returns the converted names. Raises ValueError without torchao or
     when no layer is eligible. No device check: check() does that (tests convert on the CPU)."""
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError as e:
         raise ValueError("fp8=True needs torchao: pip install torchao") from e
-    converted = []
+    converted, kinds = [], layer_kinds(cfg)
 
     def eligible(module, fqn):
-        ok = (fqn != "lm_head" and module.in_features % 16 == 0 and module.out_features % 16 == 0
+        ok = (fqn.endswith(kinds) and module.in_features % 16 == 0 and module.out_features % 16 == 0
               and min(module.in_features, module.out_features) >= cfg.fp8_min_dim)
         if ok:
             converted.append(fqn)
@@ -68,8 +91,8 @@ def convert(model, cfg):
     convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(cfg.fp8_recipe),
                                module_filter_fn=eligible)
     if not converted:
-        raise ValueError(f"fp8=True but no Linear layer is eligible: all are narrower than "
-                         f"fp8_min_dim={cfg.fp8_min_dim} "
+        raise ValueError(f"fp8=True but no Linear layer is eligible: every one of fp8_layers={cfg.fp8_layers!r} is "
+                         f"narrower than fp8_min_dim={cfg.fp8_min_dim} "
                          "(FP8 loses to bf16 on narrow layers); lower fp8_min_dim to convert them anyway")
     return converted
 

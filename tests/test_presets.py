@@ -48,3 +48,22 @@ def test_a_preset_on_the_cpu_names_the_way_out():
     cfg = load_config(["--config", "config/gpt2-xl.py"])
     with pytest.raises(ValueError, match=r"fp8=True and fp8_head=True need a GPU .* add --fp8=False --fp8_head=False"):
         fp8.check(cfg, torch.device("cpu"))
+
+
+def test_fp8_layers_picks_the_kinds_to_convert():
+    """fp8_layers converts the kinds it names (one kind at a time measures FP8 per kind end to end), refuses an
+    unknown kind naming the kinds, and is refused without fp8=True (it would do nothing)."""
+    pytest.importorskip("torchao")
+    for layers, ends in (("fc,mlp_proj", ("mlp.c_fc", "mlp.c_proj")), ("qkv", ("attn.c_attn",)),
+                         (" attn_proj ", ("attn.c_proj",))):
+        cfg = load_config(["--config", "config/gpt2-large.py", f"--fp8_layers={layers}"])
+        _, model = build("config/gpt2-large.py")
+        names = fp8.convert(model, cfg)
+        assert sorted(names) == sorted(f"transformer.h.{i}.{e}" for i in range(cfg.n_layer) for e in ends)
+    gpu = torch.device("cuda")                              # the kinds are checked before the device
+    for bad, message in (("fc,mlp", "unknown kind mlp; the kinds are qkv, attn_proj, fc, mlp_proj"),
+                         (",", "no kind; the kinds are")):
+        with pytest.raises(ValueError, match=f"fp8_layers={bad!r}: {message}"):
+            fp8.check(load_config(["--config", "config/gpt2-large.py", f"--fp8_layers={bad}"]), gpu)
+    with pytest.raises(ValueError, match=r"fp8_layers='fc' would do nothing: .* Add --fp8=True"):
+        fp8.check(load_config(["--config", "config/gpt2-medium.py", "--fp8_layers=fc"]), gpu)
