@@ -73,9 +73,9 @@ def check(cfg, device):
 def convert(model, cfg):
     """Swap the block Linears of `model` (a GPT) of the kinds cfg.fp8_layers names (layer_kinds), with both
     dimensions divisible by 16 and at least cfg.fp8_min_dim wide, for torchao Float8Linear (cfg.fp8_recipe);
-    never the output head (the fused
-    head has its own float8 matmuls). Returns the converted names. Raises ValueError without torchao or
-    when no layer is eligible. No device check: check() does that (tests convert on the CPU)."""
+    never the output head (the fused head has its own float8 matmuls). Returns the converted names. Raises
+    ValueError without torchao or when no layer is eligible. No device check: check() does that (tests
+    convert on the CPU)."""
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError as e:
