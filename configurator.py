@@ -75,7 +75,7 @@ class Config:
     peak_flops: float = 0.0                # FLOP/s for MFU; 0: the GPU's entry in speedgpt/measure.py's PEAK_FLOPS
     grad_checkpointing: str = "none"       # none | full | selective: recompute blocks in the backward (less memory)
     fp8: bool = False                      # torchao float8 training of the block Linears at least fp8_min_dim wide
-    fp8_recipe: str = "tensorwise"         # tensorwise | rowwise (fp8's scaling)
+    fp8_recipe: str = "tensorwise"         # tensorwise | rowwise (torchao) | rowwise_bf16_wgrad (speedgpt/fp8.py's own)
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
     fp8_layers: str = "qkv,attn_proj,fc,mlp_proj"   # which block Linears fp8 converts (kinds, comma-separated)
     fp8_head: bool = False                 # the fused head's matmuls in float8 (needs fused_ce; Ada/Hopper, torchao)
@@ -86,8 +86,8 @@ class Config:
 
 CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backend=("auto", "flash", "cudnn"),
                dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
-               fp8_recipe=("tensorwise", "rowwise"), parallelism=("ddp", "fsdp"), activation=("gelu", "gelu_tanh"),
-               hellaswag=("off", "on", "auto"))
+               fp8_recipe=("tensorwise", "rowwise", "rowwise_bf16_wgrad"), parallelism=("ddp", "fsdp"),
+               activation=("gelu", "gelu_tanh"), hellaswag=("off", "on", "auto"))
 MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention", "activation")   # GPTConfig's
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
 SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters")   # kept on resume unless set

@@ -40,7 +40,10 @@ def layer(kind, C, recipe):
     pre = {"qkv": nn.LayerNorm(C, bias=False), "fc": nn.LayerNorm(C, bias=False), "attn_proj": nn.Identity(),
            "mlp_proj": nn.GELU()}[kind]
     m = nn.Sequential(pre, nn.Linear(fan_in, fan_out, bias=False)).cuda()
-    if recipe != "bf16":
+    if recipe == "rowwise_bf16_wgrad":                   # speedgpt/fp8.py's own: no torchao
+        from speedgpt.fp8 import RowwiseFloat8Linear
+        m[1].__class__ = RowwiseFloat8Linear
+    elif recipe != "bf16":
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
         convert_to_float8_training(m, config=Float8LinearConfig.from_recipe_name(recipe))
     return torch.compile(m), (torch.float32 if kind in ("qkv", "fc") else torch.bfloat16), (fan_in, fan_out)
@@ -76,34 +79,35 @@ def measure(kind, C, recipe, iters):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--widths", default="768,1024,1280,1600")
-    ap.add_argument("--recipes", default="bf16,tensorwise,rowwise")
+    ap.add_argument("--recipes", default="bf16,tensorwise,rowwise,rowwise_bf16_wgrad",
+                    help="bf16 first; torchao's recipe names, and rowwise_bf16_wgrad (speedgpt/fp8.py's)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default="", help="also write every row as JSON lines here")
     args = ap.parse_args()
     torch._dynamo.config.cache_size_limit = 256      # one compiled graph per variant
-    rows = []
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; fwd+bwd ms (TFLOP/s); speedup vs bf16; "
-          "FP8 columns: kernels / Triton kernels / Triton ms of one call")
-    print("| width | kind | in -> out | tokens | bf16 ms | tensorwise ms | x | rowwise ms | x "
-          "| tw kernels | rw kernels |")
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|")
+    rows, recipes = [], args.recipes.split(",")
+    others = [r for r in recipes if r != "bf16"]
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; fwd+bwd ms (TFLOP/s) and speedup vs bf16; "
+          "then per FP8 recipe: kernels / Triton kernels / Triton ms of one call")
+    print("| width | kind | in -> out | tokens | bf16 ms | " + " | ".join(f"{r} ms | x" for r in others) + " | "
+          + " | ".join(f"{r} kernels" for r in others) + " |")
+    print("|---:|---|---|---:|---:|" + "---:|---:|" * len(others) + "---|" * len(others))
     for C in map(int, args.widths.split(",")):
         for kind in KINDS:
-            r = {rec: measure(kind, C, rec, args.iters) for rec in args.recipes.split(",")}
+            r = {}
+            for rec in recipes:
+                try:
+                    r[rec] = measure(kind, C, rec, args.iters)
+                except Exception as e:        # a recipe that cannot run here: say why, keep the others
+                    print(f"  {kind} {C} {rec}: failed: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
             rows += r.values()
             b = r["bf16"]
-
-            def col(rec):
-                if rec not in r:
-                    return "| | "
-                return f"| {r[rec]['ms']:.3f} ({r[rec]['tflops']:.0f}) | {b['ms'] / r[rec]['ms']:.2f}x "
-
-            def kern(rec):
-                return (f"| {r[rec]['kernels']}/{r[rec]['triton_kernels']}/{r[rec]['triton_ms']:.3f} "
-                        if rec in r else "| ")
-            print(f"| {C} | {kind} | {b['fan_in']} -> {b['fan_out']} | {b['tokens']:,} "
-                  f"| {b['ms']:.3f} ({b['tflops']:.0f}) "
-                  + col("tensorwise") + col("rowwise") + kern("tensorwise") + kern("rowwise") + "|", flush=True)
+            cols = [f"{r[x]['ms']:.3f} ({r[x]['tflops']:.0f}) | {b['ms'] / r[x]['ms']:.2f}x" if x in r else " | "
+                    for x in others]
+            kern = [f"{r[x]['kernels']}/{r[x]['triton_kernels']}/{r[x]['triton_ms']:.3f}" if x in r else ""
+                    for x in others]
+            print(f"| {C} | {kind} | {b['fan_in']} -> {b['fan_out']} | {b['tokens']:,} | {b['ms']:.3f} ({b['tflops']:.0f}) | "
+                  + " | ".join(cols) + " | " + " | ".join(kern) + " |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)

@@ -69,6 +69,8 @@ def main():
     p.add_argument("--n_embd", type=int, default=768)
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--only", default="", help="run only the variants whose name contains one of these "
+                   "|-separated strings (the first variant timed is the reference of the errors)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("error: head_ce.py times CUDA kernels: it needs a GPU")
@@ -120,6 +122,8 @@ def main():
     except ImportError as e:
         print(f"FP8 variants not run: {e}")
 
+    if args.only:
+        variants = [v for v in variants if any(word in v[0] for word in args.only.split("|"))]
     print(f"{N:,} tokens x {C} -> {V:,}, bf16 autocast, forward + backward, median of {args.iters}")
     ref = None
     rows = []

@@ -4,6 +4,8 @@
 # or Ada with torchao; elsewhere add --fp8_head=False).
 #   python train.py --config config/fast.py
 #   torchrun --standalone --nproc_per_node=8 train.py --config config/fast.py
+# Side by side with nanoGPT's own bench.py at the same micro-batch (BENCHMARKS.md, "The GPT-2 family"):
+#   python benchmarks/vs_nanogpt.py --nanogpt ../nanoGPT
 out_dir = "out-fast"
 data_dir = "data/stdlib_gpt2"       # the stdlib sources with the GPT-2 tokenizer, prepared on first use
 n_layer = 12
@@ -26,9 +28,9 @@ dtype = "bfloat16"
 compile = True
 attention = "auto"                  # the document mask's fastest kernel installed: varlen (FA3) or flex
 fused_adamw = True
-fused_ce = True                     # the head + cross-entropy as one function: +3.0% tok/s, 44 -> 28 GB (H200)
-fp8_head = True                     # ... with its three matmuls in float8 (torchao tensorwise): +6.3% more (H200)
-fused_ce_chunk = 65536              # one chunk per micro-batch: +1.6% tok/s, 28 -> 38 GB (H200); with --compile=False
-                                    # give 16384: uncompiled, a chunk holds ~4 float32 (chunk, vocab) temporaries, 53 GB here
+fused_ce = True                     # the head + cross-entropy as one function: no (tokens, vocab) logits kept
+fp8_head = True                     # ... with its three matmuls in float8 (torchao tensorwise)
+fused_ce_chunk = 65536              # one chunk per micro-batch (38 GB at peak); with --compile=False give 16384:
+                                    # uncompiled, a chunk holds ~4 float32 (chunk, vocab) temporaries
 packing = True
 document_mask = True

@@ -1,10 +1,10 @@
 # GPT-2 350M (gpt2-medium: 24 layers, 16 heads, 1024 wide, block_size 1024) on one H200 with the flags measured fastest
-# for this size (BENCHMARKS.md, "GPT-2 family"): config/fast.py's flags, plus
-# compile_regional and a micro-batch of 64; FP8 off
+# for this size (BENCHMARKS.md, "The GPT-2 family"): config/fast.py's flags, plus
+# compile_regional, a micro-batch of 64, FP8 for every block Linear in this project's own rowwise recipe
 #   python train.py --config config/gpt2-medium.py
 #   torchrun --standalone --nproc_per_node=8 train.py --config config/gpt2-medium.py
-# Side by side with nanoGPT (side_by_side.sh: BENCHMARKS.md, "GPT-2 family"):
-#   SIZE=350m OURS_ARGS="--config config/gpt2-medium.py --batch_size=64" bash .peers/side_by_side.sh
+# Side by side with nanoGPT's own bench.py at the same micro-batch (BENCHMARKS.md, "The GPT-2 family"):
+#   python benchmarks/vs_nanogpt.py --nanogpt ../nanoGPT --sizes 350m
 # Point data_dir at your corpus (docs/data.md); the stdlib corpus here is 31M tokens, for a first run.
 out_dir = "out-gpt2-medium"
 data_dir = "data/stdlib_gpt2"
@@ -30,6 +30,7 @@ attention = "auto"                  # the document mask's fastest kernel install
 fused_adamw = True
 fused_ce = True                     # the head + cross-entropy fused (no logits kept for the backward)
 fp8_head = True                     # ... its three matmuls in float8 (torchao tensorwise)
-fp8 = False                         # at 1024 wide FP8 measured no faster: 214,781 vs 215,401 tok/s (H200)
+fp8 = True                          # every block Linear in float8 ...
+fp8_recipe = "rowwise_bf16_wgrad"   # ... with speedgpt/fp8.py's own rowwise recipe (BENCHMARKS.md, FP8)
 packing = True
 document_mask = True

@@ -1,10 +1,10 @@
 # GPT-2 1.5B (gpt2-xl: 48 layers, 25 heads, 1600 wide, block_size 1024) on one H200 with the flags measured fastest
-# for this size (BENCHMARKS.md, "GPT-2 family"): config/fast.py's flags, plus
-# compile_regional, a micro-batch of 32, FP8 for every block Linear
+# for this size (BENCHMARKS.md, "The GPT-2 family"): config/fast.py's flags, plus
+# compile_regional, a micro-batch of 32, FP8 for every block Linear (torchao tensorwise)
 #   python train.py --config config/gpt2-xl.py
 #   torchrun --standalone --nproc_per_node=8 train.py --config config/gpt2-xl.py
-# Side by side with nanoGPT (side_by_side.sh: BENCHMARKS.md, "GPT-2 family"):
-#   SIZE=1558m OURS_ARGS="--config config/gpt2-xl.py --batch_size=32" bash .peers/side_by_side.sh
+# Side by side with nanoGPT's own bench.py at the same micro-batch (BENCHMARKS.md, "The GPT-2 family"):
+#   python benchmarks/vs_nanogpt.py --nanogpt ../nanoGPT --sizes 1558m
 # Point data_dir at your corpus (docs/data.md); the stdlib corpus here is 31M tokens, for a first run.
 out_dir = "out-gpt2-xl"
 data_dir = "data/stdlib_gpt2"
@@ -31,6 +31,6 @@ attention = "auto"                  # the document mask's fastest kernel install
 fused_adamw = True
 fused_ce = True                     # the head + cross-entropy fused (no logits kept for the backward)
 fp8_head = True                     # ... its three matmuls in float8 (torchao tensorwise)
-fp8 = True                          # every block Linear in float8 (tensorwise): +12% at 1600 wide (H200)
+fp8 = True                          # every block Linear in float8 (torchao tensorwise: BENCHMARKS.md, FP8)
 packing = True
 document_mask = True

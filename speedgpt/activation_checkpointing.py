@@ -7,21 +7,19 @@ from functools import partial
 
 import torch
 
+from speedgpt import attention
+
 
 def apply(model, mode):
     """Recompute each block of `model` (a GPT) in the backward pass. "full" keeps only the block's input;
-    "selective" keeps matmul and attention outputs and recomputes the cheap elementwise ops (PyTorch's
-    selective activation checkpointing). Non-reentrant, so dropout masks are replayed exactly. Patches
+    "selective" keeps matmul and attention outputs (every backend's: attention.saved_ops) and recomputes the
+    cheap elementwise ops (PyTorch's selective activation checkpointing). Non-reentrant, so dropout masks are replayed exactly. Patches
     each block's forward, so state-dict keys are unchanged. Raises ValueError for another mode."""
     from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
     if mode not in ("full", "selective"):
         raise ValueError(f"grad_checkpointing={mode!r}: expected 'full' or 'selective'")
     ops = torch.ops.aten
-    save = {ops.mm.default, ops.addmm.default, ops.bmm.default, ops._scaled_mm.default,
-            ops._scaled_dot_product_flash_attention.default, ops._scaled_dot_product_efficient_attention.default,
-            ops._scaled_dot_product_cudnn_attention.default, ops._scaled_dot_product_flash_attention_for_cpu.default}
-    if hasattr(torch.ops, "torch_attn") and hasattr(torch.ops.torch_attn, "_varlen_attn"):   # attention='varlen'
-        save.add(torch.ops.torch_attn._varlen_attn.default)
+    save = {ops.mm.default, ops.addmm.default, ops.bmm.default, ops._scaled_mm.default} | attention.saved_ops()
 
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE

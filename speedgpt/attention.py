@@ -367,6 +367,21 @@ def fa3_varlen_attn(qkv, cu_seqlens, max_seqlen):
     return fa3_varlen_qkvpacked(qkv, cu_seqlens, max_seqlen)[0]
 
 
+def saved_ops():
+    """The attention ops of every backend whose outputs selective activation checkpointing keeps instead of
+    recomputing them in the backward (speedgpt/activation_checkpointing.py): SDPA's kernels, FlexAttention,
+    PyTorch's FA2 varlen and this module's FA3 op. A backend added here is saved there too."""
+    aten = torch.ops.aten
+    ops = {aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default,
+           aten._scaled_dot_product_cudnn_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+           torch.ops.speedgpt.fa3_varlen_qkvpacked.default}
+    if hasattr(torch.ops, "torch_attn") and hasattr(torch.ops.torch_attn, "_varlen_attn"):   # FA2 varlen
+        ops.add(torch.ops.torch_attn._varlen_attn.default)
+    if hasattr(torch.ops.higher_order, "flex_attention"):
+        ops.add(torch.ops.higher_order.flex_attention)
+    return ops
+
+
 def fa3_loaded():
     """True when torch.ops.flash_attn_3 has forward and backward kernels (after `import flash_attn_interface`)."""
     return hasattr(torch.ops, "flash_attn_3") and hasattr(torch.ops.flash_attn_3, "fwd") and \

@@ -2,7 +2,9 @@
 FP8 training, one feature in one module (torchtitan's float8 converter: check, then convert):
 
   fp8=True       the block Linears at least fp8_min_dim wide become torchao Float8Linear (dynamic scaling,
-                 fp8_recipe tensorwise or rowwise); never the output head. fp8_layers picks the kinds (qkv,
+                 fp8_recipe tensorwise or rowwise), or with fp8_recipe='rowwise_bf16_wgrad' this module's own
+                 RowwiseFloat8Linear (below: casts fused into the kernels that produce their inputs); never
+                 the output head. fp8_layers picks the kinds (qkv,
                  attn_proj, fc, mlp_proj; default all four). On the H200 converting all four won end to end
                  from 1280 wide and not at 1024 (BENCHMARKS.md).
   fp8_head=True  the fused head's three matmuls (speedgpt/fused_ce.py, so fused_ce=True) run in float8
@@ -66,20 +68,17 @@ def check(cfg, device):
             f"{torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))})"
         raise ValueError(f"{asking} a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on "
                          f"{where}: add {off}")
-    if importlib.util.find_spec("torchao") is None:
+    if (cfg.fp8_head or cfg.fp8_recipe != "rowwise_bf16_wgrad") and importlib.util.find_spec("torchao") is None:
         raise ValueError(f"{asking} torchao: pip install torchao, or add {off}")
 
 
 def convert(model, cfg):
     """Swap the block Linears of `model` (a GPT) of the kinds cfg.fp8_layers names (layer_kinds), with both
-    dimensions divisible by 16 and at least cfg.fp8_min_dim wide, for torchao Float8Linear (cfg.fp8_recipe);
+    dimensions divisible by 16 and at least cfg.fp8_min_dim wide, for torchao Float8Linear (cfg.fp8_recipe)
+    or RowwiseFloat8Linear (fp8_recipe='rowwise_bf16_wgrad');
     never the output head (the fused head has its own float8 matmuls). Returns the converted names. Raises
     ValueError without torchao or when no layer is eligible. No device check: check() does that (tests
     convert on the CPU)."""
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError as e:
-        raise ValueError("fp8=True needs torchao: pip install torchao") from e
     converted, kinds = [], layer_kinds(cfg)
 
     def eligible(module, fqn):
@@ -88,8 +87,17 @@ def convert(model, cfg):
         if ok:
             converted.append(fqn)
         return ok
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(cfg.fp8_recipe),
-                               module_filter_fn=eligible)
+    if cfg.fp8_recipe == "rowwise_bf16_wgrad":          # ours (below): no torchao
+        for fqn, module in model.named_modules():
+            if type(module) is torch.nn.Linear and eligible(module, fqn):
+                module.__class__ = RowwiseFloat8Linear
+    else:
+        try:
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        except ImportError as e:
+            raise ValueError("fp8=True needs torchao: pip install torchao") from e
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(cfg.fp8_recipe),
+                                   module_filter_fn=eligible)
     if not converted:
         raise ValueError(f"fp8=True but no Linear layer is eligible: every one of fp8_layers={cfg.fp8_layers!r} is "
                          f"narrower than fp8_min_dim={cfg.fp8_min_dim} "
@@ -126,3 +134,69 @@ def fp8_mm(a, b, out_dtype, fast_accum=False, a_amax=None):
     b8, b_scale = b if isinstance(b, tuple) else cast_rhs(b)                                   # column-major
     a8 = to_fp8_saturated(a.float() * a_scale, a_dtype).contiguous()                           # row-major
     return addmm_float8_unwrapped(a8, a_scale, b8, b_scale, out_dtype, use_fast_accum=fast_accum)
+
+
+# -----------------------------------------------------------------------------
+# fp8_recipe='rowwise_bf16_wgrad': this project's own FP8 Linear, in plain PyTorch ops for torch.compile
+#
+# torchao's Float8Linear casts each operand in passes of its own (an amax reduction over the whole tensor,
+# then the cast), and the weight gradient needs float8 copies of the input and the output gradient
+# transposed (torch._scaled_mm takes only K-major operands). Here every activation is scaled per row (per
+# token): the row's amax is a reduction over the row the producing kernel already walks (LayerNorm, GELU,
+# LayerNorm's backward), so torch.compile fuses amax and cast into it and no pass of its own is made. The
+# forward and the input-gradient GEMMs run in float8 (e4m3, rowwise scales); the weight gradient, whose K is
+# the token count, stays a bf16 GEMM, so nothing is transposed (torchao's recipe 'rowwise_with_gw_hp' makes
+# the same choice).
+
+FP8_MAX = 448.0          # torch.finfo(torch.float8_e4m3fn).max
+
+
+def rowwise_cast(t):
+    """t (M, K) -> (t8 (M, K) float8_e4m3fn, scale (M, 1) float32) with t ~= t8 * scale: each row divided by
+    its largest magnitude / 448 (rows of zeros get scale 1/448 * 1e-12, exact zeros). Saturating cast."""
+    amax = t.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
+    t8 = (t.float() * (FP8_MAX / amax)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return t8, amax / FP8_MAX
+
+
+def scaled_mm(a8, a_scale, b8, b_scale, out_dtype):
+    """(a8 * a_scale) @ (b8 * b_scale) in out_dtype: a8 (M, K) row-major with a_scale (M, 1), b8 (K, N)
+    column-major with b_scale (1, N), float32 scales. On a GPU torch._scaled_mm with Hopper's fast
+    accumulation: its rowwise kernel (CUTLASS's) is much slower without it, as torchao notes in
+    addmm_float8_unwrapped, and the tensorwise cuBLAS kernel at unit scales with the scales applied to its
+    output measured slower still (BENCHMARKS.md, FP8). On the CPU the same product in float32, for the tests
+    (torch's CPU float8 matmul takes no rowwise scales)."""
+    if a8.device.type != "cuda":
+        return ((a8.float() * a_scale) @ (b8.float() * b_scale)).to(out_dtype)
+    return torch._scaled_mm(a8, b8, scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype, use_fast_accum=True)
+
+
+class _RowwiseLinear(torch.autograd.Function):
+    """y = x @ w.T with the forward and the input gradient in float8 (rowwise scales), the weight gradient in
+    x's dtype. x (M, K) and w (N, K) in bf16 (or fp16); K and N multiples of 16 on the GPU."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        x8, xs = rowwise_cast(x)
+        w8, ws = rowwise_cast(w)                                          # per output channel
+        ctx.save_for_backward(x, w)
+        return scaled_mm(x8, xs, w8.t(), ws.t(), x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dy8, dys = rowwise_cast(dy)
+        wt8, wts = rowwise_cast(w.t().contiguous())                       # (K, N): per input channel
+        return scaled_mm(dy8, dys, wt8.t(), wts.t(), dy.dtype), dy.t() @ x
+
+
+class RowwiseFloat8Linear(torch.nn.Linear):
+    """nn.Linear whose matmul is _RowwiseLinear in the autocast dtype (bf16 without autocast); convert()
+    swaps a Linear's class to it, so its parameters and state-dict keys stay those of the Linear."""
+
+    def forward(self, x):
+        dt = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else torch.bfloat16
+        with torch.autocast(x.device.type, enabled=False):
+            y = _RowwiseLinear.apply(x.reshape(-1, x.size(-1)).to(dt), self.weight.to(dt))
+            y = y.view(*x.shape[:-1], -1)
+            return y if self.bias is None else y + self.bias.to(dt)

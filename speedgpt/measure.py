@@ -74,10 +74,11 @@ def cuda_time_ms(fn, warmup=5, iters=20):
 
 
 def start_profile(device):
-    """A started torch.profiler over the CPU and, on a GPU, CUDA; write_profile stops and writes it."""
+    """A started torch.profiler over the CPU and, on a GPU, CUDA, with each operation's input shapes (which
+    benchmarks/roofline.py reads); write_profile stops and writes it."""
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
                                                           if device.type == "cuda" else [])
-    prof = torch.profiler.profile(activities=activities)
+    prof = torch.profiler.profile(activities=activities, record_shapes=True)
     prof.start()
     return prof
 

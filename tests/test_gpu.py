@@ -271,3 +271,34 @@ def test_more_processes_than_gpus_is_refused(short_data, tmp_path):
     assert out.count(f"error: {n + 1} processes per node but {n} visible GPU(s): "
                      f"use torchrun --nproc_per_node={n}") == 1, out[-3000:]
     assert not (tmp_path / "ckpt.pt").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="needs a GPU of compute capability 8.9+ (float8 matmuls)")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_rowwise_fp8_linear_matches_its_math_and_bf16(compiled):
+    """fp8_recipe='rowwise_bf16_wgrad': torch._scaled_mm's rowwise product equals the same float8 operands
+    multiplied in float32 (the CPU path), and the Linear's output and both gradients stay near bf16's."""
+    from speedgpt.fp8 import RowwiseFloat8Linear, rowwise_cast, scaled_mm
+    torch.manual_seed(0)
+    a, b = torch.randn(4096, 768, device="cuda"), torch.randn(2304, 768, device="cuda")
+    (a8, sa), (b8, sb) = rowwise_cast(a), rowwise_cast(b)
+    got = scaled_mm(a8, sa, b8.t(), sb.t(), torch.float32)
+    want = scaled_mm(a8.cpu(), sa.cpu(), b8.t().cpu(), sb.t().cpu(), torch.float32)
+    assert ((got.cpu() - want).norm() / want.norm()).item() < 5e-3      # bf16 output, fast accumulation
+    ref = torch.nn.Linear(768, 2304, bias=False, device="cuda")
+    lin = torch.nn.Linear(768, 2304, bias=False, device="cuda")
+    lin.load_state_dict(ref.state_dict())
+    lin.__class__ = RowwiseFloat8Linear
+    run = torch.compile(lin) if compiled else lin
+    x = torch.randn(8, 512, 768, device="cuda", requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    gy = torch.randn(8, 512, 2304, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y, y_ref = run(x), ref(x2)
+    y.backward(gy)
+    y_ref.backward(gy)
+    rel = lambda u, v: ((u.float() - v.float()).norm() / v.float().norm()).item()
+    assert y.dtype == torch.bfloat16 and rel(y, y_ref) < 0.06
+    assert rel(x.grad, x2.grad) < 0.06
+    assert rel(lin.weight.grad, ref.weight.grad) < 1e-2                   # the weight gradient stays bf16

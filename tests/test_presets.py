@@ -10,7 +10,8 @@ from speedgpt import fp8
 # Hugging Face's GPT-2 checkpoints: (n_layer, n_head, n_embd, parameters with biases and vocabulary 50,257)
 GPT2 = {"config/fast.py": (12, 12, 768, 124_439_808), "config/gpt2-medium.py": (24, 16, 1024, 354_823_168),
         "config/gpt2-large.py": (36, 20, 1280, 774_030_080), "config/gpt2-xl.py": (48, 25, 1600, 1_557_611_200)}
-FP8 = {"config/fast.py": False, "config/gpt2-medium.py": False, "config/gpt2-large.py": True, "config/gpt2-xl.py": True}
+FP8 = {"config/fast.py": False, "config/gpt2-medium.py": "rowwise_bf16_wgrad", "config/gpt2-large.py": "tensorwise",
+       "config/gpt2-xl.py": "tensorwise"}
 
 
 def build(path):
@@ -32,13 +33,16 @@ def test_preset_is_gpt2s_shape_and_size(path):
 
 @pytest.mark.parametrize("path", GPT2)
 def test_preset_converts_the_block_linears_the_measurements_chose(path):
-    """FP8 where it measured faster end to end (774M: +5%, 1.5B: +12%), off at 124M and 350M, where it
-    measured no faster: then every block Linear (qkv, attention proj, MLP fc and proj), never the head."""
+    """FP8 where it measured faster end to end (BENCHMARKS.md): off at 124M, this project's rowwise recipe at 350M,
+    torchao's tensorwise at 774M and 1.5B; then every block Linear (qkv, attention proj, MLP fc and proj),
+    never the head."""
     cfg, model = build(path)
-    assert cfg.fp8 is FP8[path]
+    assert cfg.fp8 is bool(FP8[path])
     if not cfg.fp8:
         return
-    pytest.importorskip("torchao")
+    assert cfg.fp8_recipe == FP8[path]
+    if cfg.fp8_recipe != "rowwise_bf16_wgrad":
+        pytest.importorskip("torchao")
     names = fp8.convert(model, cfg)
     kinds = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
     assert sorted(names) == sorted(f"transformer.h.{i}.{k}" for i in range(cfg.n_layer) for k in kinds)
@@ -66,4 +70,4 @@ def test_fp8_layers_picks_the_kinds_to_convert():
         with pytest.raises(ValueError, match=f"fp8_layers={bad!r}: {message}"):
             fp8.check(load_config(["--config", "config/gpt2-large.py", f"--fp8_layers={bad}"]), gpu)
     with pytest.raises(ValueError, match=r"fp8_layers='fc' would do nothing: .* Add --fp8=True"):
-        fp8.check(load_config(["--config", "config/gpt2-medium.py", "--fp8_layers=fc"]), gpu)
+        fp8.check(load_config(["--config", "config/fast.py", "--fp8_layers=fc"]), gpu)

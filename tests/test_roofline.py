@@ -1,0 +1,107 @@
+"""benchmarks/roofline.py on a tiny hand-made trace, on the CPU: each kernel is put in its class through the
+operation that launched it, and each floor is the class's work at the rate measured in the same process."""
+import gzip
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import roofline  # noqa: E402
+
+
+def op(name, ts, dur, tid=1, **args):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
+
+
+def launch(ts, corr, tid=1):
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 2, "tid": tid,
+            "args": {"correlation": corr}}
+
+
+def kernel(name, ts, dur, corr):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "tid": 7, "args": {"correlation": corr}}
+
+
+def tiny_trace():
+    """One step: a block GEMM (its kernel launched inside aten::mm, itself inside a Python-level record), a
+    head GEMM on another thread (the backward's), a Triton kernel with Inductor's byte count, attention forward
+    and backward, an AdamW call over two tensors, and a memset."""
+    f32 = "float"
+    return [
+        op("## forward ##", 0, 1000, kind="user"),
+        op("aten::mm", 10, 100, **{"Input Dims": [[64, 32], [32, 48]], "Input Strides": [[32, 1], [1, 32]],
+                                   "Input type": [f32, f32], "Concrete Inputs": ["", ""]}),
+        launch(20, 1),
+        kernel("nvjet_sm90_tst_gemm", 30, 400, 1),
+        op("triton_poi_fused_gelu_5", 200, 50, kernel_num_gb=0.004, **{"Input Dims": [[64, 48], [64, 48]],
+                                                                        "Input type": [f32, f32]}),
+        launch(210, 2),
+        kernel("triton_poi_fused_gelu_5", 500, 100, 2),
+        op("flash_attn_3::fwd", 300, 50),
+        launch(310, 3),
+        kernel("void flash::FlashAttnFwdSm90<...>", 600, 80, 3),
+        op("aten::mm", 2000, 100, tid=2, **{"Input Dims": [[64, 32], [32, 128]], "Input Strides": [[32, 1], [128, 1]],
+                                            "Input type": [f32, f32]}),
+        launch(2010, 4, tid=2),
+        kernel("nvjet_sm90_tst_gemm", 2030, 300, 4),
+        op("flash_attn_3::bwd", 2200, 50, tid=2),
+        launch(2210, 5, tid=2),
+        kernel("void flash::FlashAttnBwdSm90<...>", 2400, 160, 5),
+        op("aten::_fused_adamw_", 3000, 100, **{"Input Dims": [[[32, 48], [48]], [[32, 48], [48]]],
+                                                 "Input type": ["TensorList", "TensorList"]}),
+        launch(3010, 6),
+        kernel("void multi_tensor_apply_kernel<...>", 3100, 40, 6),
+        {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 3200, "dur": 10, "tid": 7,
+         "args": {"bytes": 4096}},
+    ]
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    with gzip.open(tmp_path / "profile_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": tiny_trace()}, f)
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"batch_size": 2, "block_size": 16, "n_layer": 1, "n_embd": 32, "total_batch_size": 64,
+         "data_dir": str(tmp_path / "no-data")}))
+    return tmp_path
+
+
+def test_kernels_are_classed_by_the_operation_that_launched_them():
+    classes = roofline.classify(tiny_trace(), vocab=128)
+    names = set(classes)
+    assert "block GEMM 64x32 @ 32x48 float32" in names
+    assert "head GEMM 64x32 @ 32x128 float32" in names                  # the vocabulary (128) is in its shape
+    assert {"attention forward", "attention backward", "optimizer (AdamW)"} <= names
+    gelu = classes["Triton fused elementwise: triton_poi_fused_gelu"]
+    assert gelu["bytes"] == pytest.approx(4e6) and gelu["ms"] == pytest.approx(0.1)
+    assert classes["block GEMM 64x32 @ 32x48 float32"]["flops"] == 2 * 64 * 32 * 48
+    assert classes["optimizer (AdamW)"]["bytes"] == (2 + 1) * (32 * 48 + 48) * 4   # params read + written, grads read
+    assert classes["other: Memset (Device)"]["bytes"] == 4096
+
+
+def test_the_table_puts_each_class_against_its_measured_floor(run_dir, capsys):
+    rows = roofline.main([str(run_dir), "--no-measure", "--copy-mb", "8", "--matmul-n", "64",
+                          "--json", str(run_dir / "rows.json")])
+    saved = json.loads((run_dir / "rows.json").read_text())
+    bandwidth = saved["copy_bytes_per_s"]
+    assert saved["micro_batches"] == 2 and bandwidth > 0
+    by_name = {r["name"]: r for r in rows}
+    gelu = by_name["Triton fused elementwise: triton_poi_fused_gelu"]
+    assert gelu["floor_ms"] == pytest.approx(4e6 / bandwidth * 1e3)
+    assert gelu["ratio"] == pytest.approx(0.1 / gelu["floor_ms"])
+    fwd, bwd = roofline.attention_flops({"block_size": 16, "n_embd": 32, "n_layer": 1, "batch_size": 2}, 2)
+    assert bwd == 2.5 * fwd == 2.5 * 2 * 16 ** 2 * 32 * 2 * 2
+    assert by_name["attention backward"]["floor_ms"] == pytest.approx(
+        2.5 * by_name["attention forward"]["floor_ms"])
+    gemm = by_name["block GEMM 64x32 @ 32x48 float32"]
+    assert 0 < gemm["floor_ms"] < float("inf")
+    assert [r["above_ms"] for r in rows] == sorted((r["above_ms"] for r in rows), reverse=True)
+    out = capsys.readouterr().out
+    assert "| class | calls | ms |" in out and "| all |" in out
+
+
+def test_a_folder_without_a_trace_is_refused_in_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="profile_trace.json.gz is missing: run train.py with --profile=True"):
+        roofline.main([str(tmp_path), "--no-measure"])

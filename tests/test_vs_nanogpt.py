@@ -1,0 +1,48 @@
+"""benchmarks/vs_nanogpt.py on the CPU: the launcher gives nanoGPT's bench.py the size's shape and nothing else
+(a stand-in nanoGPT records what it was given), the peer's tokens/s come from its own timing line, and bad
+input is refused in one line."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import vs_nanogpt  # noqa: E402
+
+
+@pytest.fixture
+def fake_nanogpt(tmp_path):
+    (tmp_path / "model.py").write_text("class GPTConfig:\n    def __init__(self, **kw):\n        self.kw = kw\n")
+    (tmp_path / "bench.py").write_text(
+        "import sys\nfrom model import GPTConfig\n"
+        "c = GPTConfig(block_size=1024, n_layer=12, n_head=12, n_embd=768, dropout=0, bias=False)\n"
+        "print(sys.argv[1:], sorted(c.kw.items()))\n"
+        "print('time per iteration: 250.0000ms, MFU: 40.00%')\n")
+    return tmp_path
+
+
+def test_the_peer_runs_its_own_bench_at_the_size_and_batch(fake_nanogpt, tmp_path):
+    log = tmp_path / "peer.log"
+    assert vs_nanogpt.peer(str(fake_nanogpt), "774m", 32, str(log), 60) == round(32 * 1024 / 0.25)
+    text = log.read_text()
+    assert "['--real_data=False', '--batch_size=32']" in text
+    assert "('n_embd', 1280), ('n_head', 20), ('n_layer', 36)" in text and "('dropout', 0)" in text
+
+
+def test_a_peer_without_its_timing_line_counts_zero(fake_nanogpt, tmp_path):
+    (fake_nanogpt / "bench.py").write_text("raise SystemExit('no GPU')\n")
+    assert vs_nanogpt.peer(str(fake_nanogpt), "124m", 64, str(tmp_path / "p.log"), 60) == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "no nanoGPT bench.py in None: give --nanogpt PATH"),
+    (["--nanogpt", "/nonexistent"], "no nanoGPT bench.py in '/nonexistent'"),
+])
+def test_bad_input_is_refused_in_one_line(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        vs_nanogpt.main(argv)
+
+
+def test_an_unknown_size_is_refused_naming_the_sizes(fake_nanogpt):
+    with pytest.raises(SystemExit, match="unknown 99m; the sizes are 124m, 350m, 774m, 1558m"):
+        vs_nanogpt.main(["--nanogpt", str(fake_nanogpt), "--sizes", "99m"])
