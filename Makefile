@@ -1,10 +1,12 @@
 # The two commands of a fresh machine; each sets up .venv first (once), then does its job:
-#   make quickstart   train the CPU quickstart (python train.py): core packages only
+#   make quickstart   train the CPU quickstart (python train.py): core packages only; run again, it continues
+#                     out/ckpt.pt (--init_from=resume), or says the run is finished (rm -rf out: afresh)
 #   make test         the test suite, with every optional package (make test-fast: without the slow tests)
-# torch: a build already installed in the range of requirements.txt is used (the venv sees the packages of
-# the Python that made it, after its own: a GPU box's preinstalled torch is kept); else the CUDA build where
-# nvidia-smi sees a GPU, else the CPU build (TORCH_CPU, from PyTorch's CPU index when it is reachable:
-# about 0.9 GB instead of several).
+# The venv is isolated: it sees only what it installs, so `pip install transformers` there resolves against
+# the venv alone. torch: where $(PYTHON) already has a build in the range of requirements.txt (a GPU box's
+# preinstalled one), the venv is made with --system-site-packages to reuse it, and says so (it then sees
+# every package of that Python); else the CUDA build where nvidia-smi sees a GPU, else the CPU build
+# (TORCH_CPU, from PyTorch's CPU index when it is reachable: about 0.9 GB instead of several).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,11 +14,20 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 TORCH := $(shell grep -E '^torch[<>=]' requirements.txt | cut -d' ' -f1)
 TORCH_CPU ?= torch==2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# exit status 0 when the Python running it imports a torch in $(TORCH)'s range (packaging, or pip's copy)
+TORCH_FITS := import sys, importlib, importlib.util, torch; \
+    req = importlib.import_module(('' if importlib.util.find_spec('packaging') else 'pip._vendor.') + 'packaging.requirements'); \
+    sys.exit(not req.Requirement('$(TORCH)').specifier.contains(torch.__version__.split('+')[0]))
 
 .PHONY: quickstart test test-fast setup setup-test
 
+# train.py refuses a new run over an existing checkpoint; a second quickstart means "go on", so it resumes
+# (a finished run says so and exits 0)
 quickstart: $(VENV)/.core
-	$(PY) train.py
+	@if [ -f out/ckpt.pt ]; then \
+	    echo "quickstart: out/ckpt.pt exists: continuing it (--init_from=resume; rm -rf out to start afresh)"; \
+	    echo "$(PY) train.py --init_from=resume"; $(PY) train.py --init_from=resume; \
+	else echo "$(PY) train.py"; $(PY) train.py; fi
 
 test: $(VENV)/.extra
 	$(PY) -m pytest -q tests
@@ -28,12 +39,14 @@ setup: $(VENV)/.core
 setup-test: $(VENV)/.extra
 
 $(VENV)/.core: requirements.txt
-	@test -x $(PY) || { $(PYTHON) -m venv $(VENV) && \
-	    $(PYTHON) -c "import site; print('\n'.join(site.getsitepackages()))" > \
-	    "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_outer_site.pth"; }
-	@if $(PY) -c "import sys, torch; from pip._vendor.packaging.requirements import Requirement; \
-	        sys.exit(not Requirement('$(TORCH)').specifier.contains(torch.__version__.split('+')[0]))" 2>/dev/null; then \
-	    echo "torch: using the installed $$($(PY) -c 'import torch; print(torch.__version__)' 2>/dev/null)"; \
+	@test -x $(PY) || if $(PYTHON) -c "$(TORCH_FITS)" 2>/dev/null; then \
+	    $(PYTHON) -m venv --system-site-packages $(VENV); else $(PYTHON) -m venv $(VENV); fi
+	@if ls $(VENV)/lib/python*/site-packages/_outer_site.pth >/dev/null 2>&1; then echo "note: $(VENV) sees the" \
+	    "outer Python's packages through _outer_site.pth (an older Makefile's): rm -rf $(VENV) and make again to" \
+	    "isolate it"; fi
+	@if $(PY) -c "$(TORCH_FITS)" 2>/dev/null; then $(PY) -W ignore -c "import sys, torch; print('torch: using the installed', \
+	    torch.__version__, 'in the venv' if torch.__file__.startswith(sys.prefix) else \
+	    'from the system Python (the venv sees its site-packages)')"; \
 	elif nvidia-smi -L >/dev/null 2>&1; then echo "torch: a GPU is here, installing $(TORCH) (CUDA)"; $(PIP) "$(TORCH)"; \
 	elif $(PY) -c "import socket; socket.getaddrinfo('download.pytorch.org', 443)" 2>/dev/null; then \
 	    echo "torch: no GPU, installing $(TORCH_CPU) (CPU) from $(TORCH_CPU_INDEX)"; $(PIP) $(TORCH_CPU) --index-url $(TORCH_CPU_INDEX); \

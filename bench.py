@@ -250,24 +250,25 @@ def find_max_batch(args, extra):
     return lo
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None):
+    from configurator import FlagParser
+    parser = FlagParser(prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="config/fast.py")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per rung")
     parser.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps per rung (compile)")
     parser.add_argument("--start", type=int, default=1, help="first ladder rung to run (1 = baseline)")
-    parser.add_argument("--no_loo", action="store_true", help="skip the leave-one-out pass (as --loo none)")
+    parser.add_bool("--no_loo", help="skip the leave-one-out pass (as --loo none)")
     parser.add_argument("--loo", default="all", help="the changes the leave-one-out pass removes, comma-separated "
                         f"({', '.join(UNDO)}), or all, or none")
-    parser.add_argument("--resume", action="store_true", help="reuse the rungs already in OUT/rows.jsonl that ran "
-                        "with the same config, steps, warm-up and arguments (a bench cut short continues)")
+    parser.add_bool("--resume", help="reuse the rungs already in OUT/rows.jsonl that ran with the same "
+                    "config, steps, warm-up and arguments (a bench cut short continues)")
     parser.add_argument("--batch_size", type=int, default=16, help="micro-batch of every rung (the float32 "
                         "baseline's naive (T, T) attention must fit: 34 GB at 16 x 1024 for GPT-2 124M)")
     parser.add_argument("--out", default="bench_out")
-    parser.add_argument("--find_max_batch", action="store_true", help="report the largest micro-batch that fits")
+    parser.add_bool("--find_max_batch", help="report the largest micro-batch that fits")
     parser.add_argument("--max_batch", type=int, default=512)
     parser.add_argument("extra", nargs="*", help="after --: train.py overrides for every rung, e.g. -- --batch_size=8")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not os.path.isfile(args.config):
         parser.error(f"config file {args.config} not found")
     args.loo = [] if args.no_loo or args.loo == "none" else list(UNDO) if args.loo == "all" else \
@@ -304,7 +305,7 @@ def main():
         find_max_batch(args, args.extra)
     else:
         extra = ["--total_batch_size=0", f"--batch_size={args.batch_size}", *args.extra]
-        if not torch.cuda.is_available() and not any(a.startswith("--data_dir=") for a in args.extra):
+        if not torch.cuda.is_available() and not any(a.split("=")[0] == "--data_dir" for a in args.extra):
             print("no GPU: the rungs train on the byte-level stdlib corpus (data/stdlib_byte, no download); "
                   "give -- --data_dir=... for other data")
             extra.append("--data_dir=data/stdlib_byte")

@@ -1,18 +1,23 @@
 """
 speedgpt's configuration: every flag of train.py with its type, default and one line of help (Config),
-and the loader for config files and `--key=value` overrides (load_config), which refuses an unknown key,
-a wrong type, a bad choice or an impossible schedule before any work is done. What a flag needs of the
-GPU, the packages and the shapes is checked by the feature's own module (train.py's check_flags).
+and the loader for config files and `--key=value` (or `--key value`) overrides (load_config), which refuses
+an unknown key (naming the closest known one), a wrong type, a bad choice or an impossible schedule before
+any work is done. What a flag needs of the GPU, the packages and the shapes is checked by the feature's
+own module (train.py's check_flags). FlagParser gives the other scripts (sample.py, eval.py, hf.py,
+bench.py) the same flag syntax and the same one-line errors.
 
     from configurator import load_config
-    cfg = load_config(["--config", "config/fast.py", "--batch_size=32"])
+    cfg = load_config(["--config", "config/fast.py", "--batch_size=32"])   # or "--batch_size", "32"
     python train.py --help                             # every flag: type, default, help (help_text)
 
 Config files (config/*.py) are plain Python assignments of these keys, as in nanoGPT.
 """
+import argparse
 import ast
+import difflib
 import os
 import re
+import sys
 import types
 import warnings
 from dataclasses import asdict, dataclass, fields, replace
@@ -30,6 +35,8 @@ class Config:
     hellaswag_path: str = ""               # HellaSwag's val jsonl; empty: data/hellaswag/hellaswag_val.jsonl, the cache
     hellaswag_examples: int = 0            # score HellaSwag's first N examples at each evaluation; 0: all 10,042
     save_checkpoints: bool = True          # write out_dir/ckpt.pt at each evaluation
+    keep_checkpoints: int = 3              # step-numbered checkpoints kept (ckpt_stepN.pt); ckpt.pt: the latest
+    resume_from: str = ""                  # a step (of a kept checkpoint) or a checkpoint path to resume from
     log_interval: int = 10                 # a console line and a metrics record every this many steps
     timing_warmup: int = 3                 # steps after start/resume left out of tokens/s (compile, caches)
     wandb_log: bool = False                # log to Weights & Biases (pip install wandb; offline: WANDB_MODE=offline)
@@ -52,8 +59,13 @@ class Config:
     activation: str = "gelu"               # gelu (exact) | gelu_tanh (GPT-2's tanh approximation)
     attention: str = "sdpa"                # naive | sdpa | flex | varlen | auto (the fastest installed, at start)
     sdpa_backend: str = "auto"             # auto | flash | cudnn: the only kernel attention='sdpa' may use (GPU)
-    # optimizer: AdamW, linear warmup then cosine decay to min_lr
-    learning_rate: float = 3e-3            # peak learning rate
+    # optimizer and schedule (speedgpt/optim.py): AdamW, linear warmup then cosine decay to min_lr
+    optimizer: str = "adamw"               # adamw | muon (the block matrices on Muon, the rest on AdamW)
+    lr_schedule: str = "cosine"            # cosine | wsd (warmup, stable, then a linear decay: wsd_decay_frac)
+    wsd_decay_frac: float = 0.2            # lr_schedule=wsd: the share of lr_decay_iters spent decaying
+    muon_lr: float = 0.02                  # optimizer=muon: peak learning rate of the Muon matrices
+    muon_momentum: float = 0.95            # optimizer=muon: Muon's (Nesterov) momentum
+    learning_rate: float = 3e-3            # peak learning rate (AdamW's groups)
     min_lr: float = 3e-4                   # learning rate after the decay
     warmup_iters: int = 30                 # linear warmup steps
     lr_decay_iters: int = 0                # cosine decay until this step; 0: max_iters of the run that started
@@ -70,7 +82,6 @@ class Config:
     tf32: bool = False                     # TF32 matmuls in float32
     compile: bool = False                  # torch.compile the model
     compile_regional: bool = False         # compile one block, reused by all (and the head): compile time flat in depth
-    cuda_graphs: bool = False              # experiment: compile mode reduce-overhead (CUDA graphs), one GPU
     seed: int = 1337                       # initial weights, data order, dropout
     peak_flops: float = 0.0                # FLOP/s for MFU; 0: the GPU's entry in speedgpt/measure.py's PEAK_FLOPS
     grad_checkpointing: str = "none"       # none | full | selective: recompute blocks in the backward (less memory)
@@ -87,10 +98,12 @@ class Config:
 CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backend=("auto", "flash", "cudnn"),
                dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
                fp8_recipe=("tensorwise", "rowwise", "rowwise_bf16_wgrad"), parallelism=("ddp", "fsdp"),
-               activation=("gelu", "gelu_tanh"), hellaswag=("off", "on", "auto"))
+               activation=("gelu", "gelu_tanh"), hellaswag=("off", "on", "auto"),
+               optimizer=("adamw", "muon"), lr_schedule=("cosine", "wsd"))
 MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention", "activation")   # GPTConfig's
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
-SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters")   # kept on resume unless set
+SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule", "wsd_decay_frac",
+                 "muon_lr")                    # kept on resume unless set
 LEGACY_EVAL_ITERS = ("it is replaced by eval_tokens, the validation tokens of each evaluation, the same whatever the "
                      "batch_size and number of processes (eval_iters x batch_size x block_size x processes before); "
                      "eval_iters=0 still means no evaluation")
@@ -108,7 +121,8 @@ def help_text():
         m = re.match(r"\s+(\w+): \w+ = .*?#\s*(.*)$", line)
         if m:
             notes[m.group(1)] = m.group(2)
-    out = ["train.py's flags (--key=value; --config FILE applies a config file first). Defaults: the CPU quickstart."]
+    out = ["train.py's flags (--key=value or --key value; a bare --key of a bool: True; --config FILE applies a "
+           "config file first). Defaults: the CPU quickstart."]
     for f in fields(Config):
         assert f.name in notes, f"Config.{f.name} has no help comment"
         out.append(f"  --{f.name}={f.default}".ljust(32) + f" {f.type.__name__:5}  {notes[f.name]}")
@@ -127,13 +141,101 @@ def _legacy(key, value, where):
     return {"eval_tokens": 0} if key == "eval_iters" and value in (0, "0") else None
 
 
+def did_you_mean(name, known, help_command):
+    """The end of an unknown-name error: 'did you mean X? (HELP)' with X the one of `known` that `name`
+    begins (an abbreviation, which argparse used to take) or else the closest (difflib's ratio >= 0.6),
+    else just HELP. The whole list (train.py has some 60 keys) would bury the one the user meant."""
+    longer = [k for k in known if k.startswith(name)]
+    close = longer if len(longer) == 1 else difflib.get_close_matches(name, list(known), n=1)
+    return f"did you mean {close[0]}? ({help_command})" if close else help_command
+
+
+def _unknown(key, where):
+    """The one line for a key Config does not have, with the closest one it has."""
+    return f"unknown config key {key!r} ({where}): " + did_you_mean(key, [f.name for f in fields(Config)],
+                                                                    "python train.py --help lists every key")
+
+
+def split_flags(argv, takes_value):
+    """[(key, value or None)] of a command line of `--key=value` and `--key value` flags, in order. The space
+    form takes the next argument as the value unless it starts with `--` (another flag, never swallowed as a
+    value: `--key=--x` says it is one); then, or at the end, the value is None when takes_value(key) is
+    False (a bool: a bare --compile means True) and a ValueError naming both forms when it is True. A word
+    that is no flag is a ValueError too."""
+    out, args = [], list(argv)
+    while args:
+        arg = args.pop(0)
+        if not arg.startswith("--") or arg == "--":
+            raise ValueError(f"cannot parse argument {arg!r}: use --key=value or --key value")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            if args and not args[0].startswith("--"):
+                value = args.pop(0)
+            elif takes_value(key):
+                then = f" ({args[0]!r} is a flag: a value that starts with -- takes the = form)" if args else ""
+                raise ValueError(f"--{key} needs a value: --{key}=VALUE or --{key} VALUE{then}")
+            else:
+                value = None
+        out.append((key, value))
+    return out
+
+
+class FlagParser(argparse.ArgumentParser):
+    """argparse with train.py's flag rules, for the other scripts: `--key=value` and `--key value`, names
+    in full (no abbreviations: `--temp` is not --temperature), bools as train.py's (add_bool), an unknown
+    flag answered with the closest known one, and every error one line, `error: ...` on stderr, exit
+    status 2 (argparse's, for a usage error), without the usage block."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def add_bool(self, name, help=None):
+        """A bool flag as train.py takes one: --name (True), --name=True/False or --name True/False."""
+        def boolean(text):
+            if text not in ("True", "False"):
+                raise argparse.ArgumentTypeError(f"must be True or False, got {text!r}")
+            return text == "True"
+        return self.add_argument(name, nargs="?", const=True, default=False, type=boolean, help=help)
+
+    def parse_known_args(self, args=None, namespace=None):
+        # `--key value` becomes `--key=value` here, by load_config's rule (split_flags: the next argument is the
+        # value unless it starts with --), since argparse would take `--temperature -inf` or `--start -x` for
+        # two flags. Strict here rather than in parse_args: a subcommand's parser (hf.py export) parses
+        # through this, so it names its own flags and its own --help.
+        args, joined = list(sys.argv[1:] if args is None else args), []
+        takes = {o for a in self._actions if a.nargs != 0 for o in a.option_strings}    # not -h, not store_true
+        while args:
+            arg = args.pop(0)
+            if arg == "--":                # the rest are positional (bench.py's train.py overrides)
+                joined += [arg, *args]
+                break
+            joined.append(f"{arg}={args.pop(0)}" if arg in takes and args and not args[0].startswith("--") else arg)
+        namespace, extra = super().parse_known_args(joined, namespace)
+        if extra:
+            word = extra[0]
+            if not word.startswith("--"):
+                self.error(f"cannot parse argument {word!r}: use --key=value or --key value")
+            known = [o for a in self._actions for o in a.option_strings if o.startswith("--") and o != "--help"]
+            self.error(f"unknown flag {word.split('=')[0]!r}: "
+                       + did_you_mean(word.split("=")[0], known, f"python {self.prog} --help lists every flag"))
+        return namespace, extra
+
+    def error(self, message):
+        m = re.fullmatch(r"argument (--\w+): expected one argument", message)
+        if m:                          # argparse's words for a missing value: none, or a flag next
+            message = (f"{m[1]} needs a value: {m[1]}=VALUE or {m[1]} VALUE (a value that starts with -- takes "
+                       "the = form)")
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 def _typed(key, value, where):
     """Check `value` against Config's type for `key`; ints are accepted for floats."""
     known = {f.name: f.type for f in fields(Config)}
     if key in RENAMED:
         raise ValueError(f"config key {key!r} ({where}) is not a setting: {RENAMED[key]}")
     if key not in known:
-        raise ValueError(f"unknown config key {key!r} ({where}); known keys: {', '.join(known)}")
+        raise ValueError(_unknown(key, where))
     want = known[key]
     if want is float and type(value) is int:
         value = float(value)
@@ -148,23 +250,22 @@ def _typed(key, value, where):
 
 def load_config(argv, with_explicit=False):
     """Config from `--config FILE` (plain Python assignments; several files apply in order) and then the
-    `--key=value` overrides (in order), wherever they stand on the command line: an override always
-    beats a config file. With with_explicit=True, returns (config, the set of keys some file or override
-    set). Raises FileNotFoundError for a missing config file, and ValueError / TypeError naming an
-    unknown key, a wrong type, a bad choice or an impossible combination. Warns (UserWarning) about a
-    schedule a user could mean, such as warm-up longer than the run."""
-    files, overrides, args = [], [], list(argv)
-    while args:
-        arg = args.pop(0)
-        if arg == "--config" or arg.startswith("--config="):
-            path = arg.split("=", 1)[1] if "=" in arg else (args.pop(0) if args else "")
-            if not path or path.startswith("--"):
+    `--key=value` or `--key value` overrides (in order; a bare `--key` of a bool is True), wherever they
+    stand on the command line: an override always beats a config file. With with_explicit=True, returns
+    (config, the set of keys some file or override set). Raises FileNotFoundError for a missing config
+    file, and ValueError / TypeError naming an unknown key (and the closest known one), a missing value,
+    a wrong type, a bad choice or an impossible combination. Warns (UserWarning) about a schedule a user
+    could mean, such as warm-up longer than the run."""
+    files, overrides, known = [], [], {f.name: f.type for f in fields(Config)}
+    for key, raw in split_flags(argv, lambda key: key in known and known[key] is not bool):
+        if key == "config":
+            if not raw:
                 raise ValueError("--config needs a file path, e.g. --config config/fast.py")
-            files.append(path)
-        elif arg.startswith("--") and "=" in arg:
-            overrides.append(arg[2:].split("=", 1))
+            files.append(raw)
+        elif key not in known and key not in RENAMED:      # before any config file runs
+            raise ValueError(_unknown(key, "command line"))
         else:
-            raise ValueError(f"cannot parse argument {arg!r}: use --config FILE or --key=value")
+            overrides.append((key, "True" if raw is None else raw))     # a bare bool flag: True
     values = {}
     for path in files:
         if not os.path.isfile(path):
@@ -188,7 +289,7 @@ def load_config(argv, with_explicit=False):
         values.update(_legacy(key, value, "command line") or {key: _typed(key, value, "command line")})
     cfg = Config(**values)
     positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval",
-                "fused_ce_chunk")
+                "fused_ce_chunk", "keep_checkpoints")
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}")
@@ -259,6 +360,9 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
     unless total_batch_size is set explicitly. Returns (config, lines to print); resume_changes()
     describes what differs, once the flags are resolved."""
     defaults = Config()          # a key a checkpoint predates has its default (activation: gelu)
+    if saved.get("optimizer", "adamw") != cfg.optimizer:
+        raise ValueError(f"optimizer={cfg.optimizer!r} differs from the checkpoint's {saved.get('optimizer', 'adamw')!r}: "
+                         "its state cannot carry over. Resume with the checkpoint's, or start afresh (another out_dir)")
     for k in MODEL_KEYS:
         old = saved.get(k, getattr(defaults, k))
         if k not in RUN_STATE_KEYS and k not in explicit:

@@ -31,6 +31,7 @@ import itertools
 import json
 import os
 import random
+import signal
 import sys
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -311,6 +312,14 @@ class Loader:
         if self.n_rows == 0:
             raise ValueError(f"{split} shards in {data_dir} hold {n} tokens: too few for one row of "
                              f"block_size {block_size}")
+        # An epoch shorter than a batch repeats rows within it (each epoch's order in turn): a valid batch, so a
+        # note, not an error (a tiny corpus to overfit is a fair test). Train only: an evaluation gives the
+        # rows past the val split no targets (train.py's estimate_loss).
+        if split == "train" and rank == 0 and self.n_rows < world_size * batch_size:
+            ranks = f" on each of {world_size} ranks" if world_size > 1 else ""
+            print(f"note: the train split of {data_dir} holds {self.n_rows:,} rows of block_size={block_size}, fewer "
+                  f"than the {world_size * batch_size:,} of one batch (batch_size={batch_size}{ranks}): each batch "
+                  "repeats rows; more data, or a smaller batch_size or block_size, avoids it")
         self._orders = {}
         self._pool = ThreadPoolExecutor(1)     # one worker: batches are built in order
         self._pin = self.device.type == "cuda"
@@ -409,6 +418,12 @@ class Loader:
 
 # -----------------------------------------------------------------------------
 
+def _interrupt(signum, frame):
+    """SIGTERM's handler: raise what Ctrl-C raises, so that a preparation stopped by kill, timeout, Slurm or
+    docker stop unwinds the same way (its workers stopped, its temp folder removed) and says so."""
+    raise KeyboardInterrupt(signum)
+
+
 def main():
     parser = argparse.ArgumentParser(description="Tokenise a corpus into llm.c-format shards.")
     parser.add_argument("--input", default=None, help="a folder (recursive), a text, JSON lines, JSON or parquet file "
@@ -429,6 +444,7 @@ def main():
         if args.input is not None:
             parser.error("--out is required with --input")
         args.out = f"data/stdlib_{args.tokenizer}"
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         prepare(args.input, args.out, args.tokenizer, args.val_frac, args.seed, args.workers,
                 args.shard_tokens, args.text_field, args.max_tokens)
@@ -437,10 +453,13 @@ def main():
     except OSError as e:                           # a full or read-only disk
         raise SystemExit(f"error: cannot write {e.filename or args.out}: {describe_os_error(e)}; "
                          f"{args.out} is as it was before")
-    except KeyboardInterrupt:
-        print(f"interrupted: {args.out} is as it was before (a preparation replaces it only when whole); "
-              "run the command again", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:                 # Ctrl-C, or SIGTERM through _interrupt
+        signum = e.args[0] if e.args else signal.SIGINT
+        print(f"{'interrupted' if signum == signal.SIGINT else 'stopped (SIGTERM)'}: {args.out} is as it was before "
+              "(a preparation replaces it only when whole); run the command again", file=sys.stderr)
+        sys.exit(128 + signum)
+    finally:
+        signal.signal(signal.SIGTERM, previous)   # main() called in-process (the tests) leaves no handler behind
 
 if __name__ == "__main__":
     main()

@@ -10,7 +10,8 @@ weights through Hugging Face.
 Prints acc_norm, acc, the examples scored and the seconds taken. The file is downloaded to
 data/hellaswag/ on first use unless --hellaswag_path names one (docs/evaluation.md: offline). A script of
 its own, beside sample.py, rather than a subcommand of hf.py: it scores our checkpoints as well as Hugging
-Face weights. Bad input (no checkpoint, no file, a bad flag) is one line, `error: ...`, and exit status 1.
+Face weights. Bad input is one line, `error: ...`: exit status 2 for a flag that does not parse (unknown,
+no value, a wrong type: configurator.FlagParser, `--key=value` or `--key value` as train.py), else 1.
 """
 import argparse
 import os
@@ -21,6 +22,7 @@ from contextlib import nullcontext
 
 import torch
 
+from configurator import FlagParser
 from data import get_tokenizer
 from sample import load_model
 from speedgpt import hellaswag
@@ -89,7 +91,7 @@ def evaluate(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = FlagParser(prog="eval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out_dir", default="out", help="the training run's folder, holding ckpt.pt")
     parser.add_argument("--init_from", default="", help="instead of a checkpoint: gpt2[-medium|-large|-xl] or a "
                         "Hugging Face GPT-2 folder")

@@ -17,7 +17,6 @@ rows there and padded_vocab_size here, the padding zeros (model.py keeps padded 
 softmax); activation 'gelu_tanh' is HF's "gelu_new" (GPT-2's tanh approximation), 'gelu' is "gelu".
 transformers (with safetensors, which it uses for the weights) is imported only by these functions.
 """
-import argparse
 import json
 import os
 import sys
@@ -25,7 +24,7 @@ from dataclasses import replace
 
 import torch
 
-from configurator import HF_GPT2
+from configurator import HF_GPT2, FlagParser
 from model import GPT, GPTConfig
 from speedgpt.checkpoint import load_checkpoint, load_weights
 from speedgpt.distributed import print0
@@ -230,7 +229,7 @@ def export_hf(ckpt_path, to):
         raise ValueError(f"activation={cfg['activation']!r} has no Hugging Face GPT-2 equivalent")
     if "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["transformer.wte.weight"]):
         raise ValueError(f"{ckpt_path}: lm_head.weight differs from transformer.wte.weight, and HF's GPT-2 ties them")
-    model = GPT(GPTConfig.from_dict(cfg, meta["vocab_size"], attention="sdpa", fused_ce=False, fp8_head=False)).eval()
+    model = GPT(GPTConfig.from_dict(cfg, meta["vocab_size"], attention="sdpa")).eval()
     load_weights(model, ckpt, ckpt_path)
     c = model.config
     hf_config = transformers.GPT2Config(
@@ -285,7 +284,7 @@ def export_hf(ckpt_path, to):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Hugging Face interop. Fine-tuning from GPT-2 is train.py's "
+    parser = FlagParser(prog="hf.py", description="Hugging Face interop. Fine-tuning from GPT-2 is train.py's "
                                      f"init_from ({', '.join(HF_GPT2)} or a folder); this exports.")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="write out_dir/ckpt.pt as a Hugging Face GPT-2 folder")

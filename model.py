@@ -8,8 +8,12 @@ kernels) call speedgpt/attention.py, which also builds the document mask.
 
 Packing: pass doc_ids (B, T) and no token attends to another document, and positions restart at 0 at
 each document start (a document is a run of equal ids). One mask is built per forward and shared by
-every layer. The output head and its cross-entropy can run fused (fused_ce: speedgpt/fused_ce.py),
-with its matmuls in float8 (fp8_head).
+every layer. Every backend receives q, k and v from one split of c_attn's output (CausalSelfAttention),
+so a change to q and k (rotary embeddings, QK-norm) is made once, in transform_qk.
+
+The model is the architecture only: no training trick is a setting here. A trainer may install a loss
+for the head (GPT.head_loss: train.py installs speedgpt/fused_ce.py's fused head + cross-entropy, in
+bf16 or FP8); it runs inside forward, and checkpoints never see it.
 """
 import math
 from dataclasses import dataclass, fields
@@ -19,7 +23,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from speedgpt import attention
-from speedgpt.fused_ce import LinearCrossEntropy
 
 ACTIVATIONS = {"gelu": "none", "gelu_tanh": "tanh"}   # name -> nn.GELU(approximate=...)
 
@@ -37,9 +40,6 @@ class GPTConfig:
     bias: bool = False        # biases in Linear layers and LayerNorms (GPT-2 had them)
     attention: str = "sdpa"   # naive | sdpa | flex | varlen
     activation: str = "gelu"  # gelu (exact, erf) | gelu_tanh (the tanh approximation GPT-2 was trained with)
-    fused_ce: bool = False    # training loss through the fused head: no (tokens, vocab) logits kept
-    fused_ce_chunk: int = 16384   # tokens per chunk of the fused head
-    fp8_head: bool = False    # the fused head's three matmuls in float8 (needs fused_ce)
 
     @property
     def padded_vocab_size(self):
@@ -67,23 +67,41 @@ class CausalSelfAttention(nn.Module):
         self.flex = attention.compiled_flex_attention() if config.attention == "flex" else None
         self.varlen = attention.causal_varlen_attn() if config.attention == "varlen" else None
 
-    def forward(self, x, mask):
+    def forward(self, x, mask=None, position_ids=None):
         """x (B, T, C); mask from attention.attention_mask: None (causal), a (B, 1, T, T) bool tensor, a
-        flex BlockMask, or for varlen cu_seqlens over the B*T flattened tokens."""
+        flex BlockMask, or for varlen cu_seqlens over the B*T flattened tokens; position_ids (T,) or (B, T):
+        each token's position in its document (GPT.forward passes them; GPT-2 itself does not use them)."""
         B, T, C = x.size()
-        qkv = self.c_attn(x)
-        if self.attention == "varlen":                   # no transpose, no split: (B*T, 3, nh, hs), packed
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)     # packed: q, k, v per head
+        q, k, v = qkv.unbind(2)                                                # (B, T, nh, hs) each, views
+        q2, k2 = self.transform_qk(q, k, position_ids)
+        # varlen takes the packed tensor (FA3 then writes c_attn's gradient in place, no concatenation):
+        # still valid when transform_qk returned q and k themselves, else re-packed from what it returned
+        packed = qkv if q2 is q and k2 is k else None
+        y = self.attend(q2, k2, v, mask, packed)                               # (B, T, nh, hs)
+        return self.resid_dropout(self.c_proj(y.reshape(B, T, C)))
+
+    def transform_qk(self, q, k, position_ids):
+        """The one place where q and k (B, T, nh, hs) change before attention, for every backend: rotary
+        embeddings (from position_ids, which restart at each document) or QK-norm go here. GPT-2 changes
+        nothing. Returns (q, k)."""
+        return q, k
+
+    def attend(self, q, k, v, mask, packed=None):
+        """Causal attention (within documents, per `mask`) of q, k, v (B, T, nh, hs) with this layer's
+        backend; packed: the (B, T, 3, nh, hs) tensor q, k, v are views of, or None. Returns (B, T, nh, hs)."""
+        B, T, nh, hs = q.shape
+        if self.attention == "varlen":                   # documents as sequences of the flattened batch
+            qkv = packed if packed is not None else torch.stack((q, k, v), dim=2)
             if mask is None:                             # plain causal: each row one sequence
-                mask = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=x.device)
-            y = attention.varlen_attention(qkv.view(B * T, 3, self.n_head, C // self.n_head), mask, T, self.varlen)
-            return self.resid_dropout(self.c_proj(y.reshape(B, T, C)))
-        q, k, v = qkv.split(self.n_embd, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+                mask = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=q.device)
+            return attention.varlen_attention(qkv.view(B * T, 3, nh, hs), mask, T, self.varlen).view(B, T, nh, hs)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))                          # (B, nh, T, hs)
         dropout_p = self.dropout if self.training else 0.0
         if self.attention == "naive":
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))       # (B, nh, T, T)
             if mask is None:
-                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+                mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
             att = att.masked_fill(~mask, float("-inf"))
             att = F.dropout(F.softmax(att, dim=-1), dropout_p, self.training)
             y = att @ v                                                            # (B, nh, T, hs)
@@ -91,8 +109,7 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
         else:
             y = attention.flex_attention(q, k, v, mask, self.flex)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        return y.transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -117,8 +134,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, mask=None):
-        x = x + self.attn(self.ln_1(x), mask)
+    def forward(self, x, mask=None, position_ids=None):
+        x = x + self.attn(self.ln_1(x), mask, position_ids)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -133,9 +150,8 @@ class GPT(nn.Module):
         if config.attention in ("flex", "varlen") and config.dropout > 0:
             raise ValueError(f"attention={config.attention!r} has no attention dropout: set dropout=0 or use "
                              "attention='sdpa'")
-        if config.fp8_head and not config.fused_ce:
-            raise ValueError("fp8_head=True runs the fused head's matmuls in float8: it needs fused_ce=True")
         self.config = config
+        self.head_loss = None              # a trainer's loss for the head (see head()); None: lm_head + cross-entropy
         self._causal_block_masks = {}      # flex: the plain causal BlockMask per (T, device), built once
         V = config.padded_vocab_size
         self.transformer = nn.ModuleDict(dict(
@@ -186,8 +202,9 @@ class GPT(nn.Module):
         so the step computes neither); without them they are computed here from doc_ids.
         Returns logits (B, T, padded_vocab_size), -inf at the padded ids >= vocab_size, and the mean
         cross-entropy over targets != -1 (None without targets; 0 when every target is -1), a softmax
-        over the real vocabulary only. With fused_ce, targets and gradients on, the logits are None
-        (LinearCrossEntropy never makes them whole). Raises ValueError when T > block_size."""
+        over the real vocabulary only. With a head_loss installed, targets given and gradients on, the loss is
+        head_loss's and the logits are None (a fused head never makes them whole). Raises ValueError when
+        T > block_size."""
         B, T = idx.size()
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -196,18 +213,19 @@ class GPT(nn.Module):
         mask = self.attention_mask(doc_ids, T, idx.device, cu_seqlens)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(position_ids))
         for block in self.transformer.h:
-            x = block(x, mask)
+            x = block(x, mask, position_ids)
         return self.head(x, targets)
 
     def head(self, x, targets=None):
         """The final LayerNorm, the output head and the loss of hidden states x (B, T, C): see forward().
-        A method of its own so that regional compilation (speedgpt/compilation.py) compiles it apart."""
+        A method of its own so that regional compilation (speedgpt/compilation.py) compiles it apart.
+        head_loss, when a trainer installed one, is called as head_loss(x (B*T, C), lm_head.weight (V, C),
+        targets (B*T,), vocab_size) and returns the summed cross-entropy over targets != -1."""
         B, T, _ = x.size()
         x = self.transformer.ln_f(x)
         c = self.config
-        if targets is not None and c.fused_ce and torch.is_grad_enabled():      # no (B, T, V) logits
-            loss_sum = LinearCrossEntropy.apply(x.view(B * T, -1), self.lm_head.weight, targets.view(-1),
-                                                c.vocab_size, c.fused_ce_chunk, c.fp8_head)
+        if targets is not None and self.head_loss is not None and torch.is_grad_enabled():
+            loss_sum = self.head_loss(x.view(B * T, -1), self.lm_head.weight, targets.view(-1), c.vocab_size)
             return None, loss_sum / (targets != -1).sum().clamp(min=1)
         logits = self.lm_head(x)                                                 # (B, T, V)
         # the padded ids are no tokens: keep them out of the softmax. Their rows are 0 in weights from

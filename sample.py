@@ -4,17 +4,20 @@ Generate text from a checkpoint, decoding with the checkpoint's tokenizer.
     python sample.py                                   # out/ckpt.pt, prompt "def "
     python sample.py --out_dir=out-fast --start="Once upon a time" --num_samples=3 --top_k=50
     python sample.py --start=""                        # a whole document, from its first token
+    python sample.py --out_dir out-fast --top_k 0      # the space form too; top_k 0: the whole vocabulary
 
 Each sample starts a document (the prompt follows one end-of-text token, as every training document
 does) and stops where the model ends it (its next end-of-text), or after max_new_tokens.
 """
 import argparse
+import math
 import os
 import re
 import sys
 
 import torch
 
+from configurator import FlagParser
 from data import get_tokenizer
 from model import GPT, GPTConfig
 from speedgpt.checkpoint import load_checkpoint, load_weights
@@ -32,24 +35,44 @@ def load_model(out_dir, device):
     cfg, meta = ckpt["config"], ckpt["meta"]
     attention = "sdpa" if cfg["attention"] == "varlen" or \
         (cfg["attention"] == "flex" and not str(device).startswith("cuda")) else cfg["attention"]
-    model = GPT(GPTConfig.from_dict(cfg, meta["vocab_size"], attention=attention, dropout=0.0, fp8_head=False))
+    model = GPT(GPTConfig.from_dict(cfg, meta["vocab_size"], attention=attention, dropout=0.0))
     load_weights(model, ckpt, path)
     return model.eval().to(device), meta
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def temperature(text):
+    """float(text) if it is a finite number > 0, else argparse's one-line error: nan passes a `> 0` check
+    and ends in multinomial's traceback, and inf flattens the distribution into noise."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def whole(least, note=""):
+    """An argparse type: int(text) for a whole number >= `least` (`note` says what the least one means)."""
+    def check(text):
+        if not re.fullmatch(r"[+]?\d+", text.strip()) or int(text) < least:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {least}{note}, got {text!r}")
+        return int(text)
+    return check
+
+
+def main(argv=None):
+    parser = FlagParser(prog="sample.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out_dir", default="out", help="folder holding ckpt.pt")
     parser.add_argument("--start", default="def ", help="prompt; FILE:path reads it from a file")
-    parser.add_argument("--num_samples", type=int, default=2)
-    parser.add_argument("--max_new_tokens", type=int, default=300)
-    parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--top_k", type=int, default=50, help="0: sample from the whole vocabulary")
+    parser.add_argument("--num_samples", type=whole(1), default=2)
+    parser.add_argument("--max_new_tokens", type=whole(1), default=300)
+    parser.add_argument("--temperature", type=temperature, default=0.8, help="a finite number > 0")
+    parser.add_argument("--top_k", type=whole(0, " (0: the whole vocabulary)"), default=50,
+                        help="sample from the k likeliest tokens; 0: from the whole vocabulary")
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args()
-    if args.temperature <= 0 or args.top_k < 0 or args.max_new_tokens < 1 or args.num_samples < 1:
-        parser.error("need --temperature > 0, --top_k >= 0, --max_new_tokens >= 1, --num_samples >= 1")
+    args = parser.parse_args(argv)
     if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
         parser.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -14,7 +14,6 @@ runs the loop. Each flag is resolved once, in its stage, so the loop reads the s
 off. Non-finite steps are never applied; SIGINT/SIGTERM save and exit non-zero; a resume continues
 exactly, with its schedule (docs/checkpoints.md).
 """
-import json
 import math
 import os
 import signal
@@ -30,14 +29,15 @@ import torch.distributed as dist
 from configurator import MODEL_KEYS, help_text, load_config, non_defaults, resolve_decay, resume_changes, resume_config
 from data import DataError, Loader, get_tokenizer, load_meta, prepare
 from model import GPT, GPTConfig
-from speedgpt import activation_checkpointing, attention, compilation, fp8, fused_ce, hellaswag
-from speedgpt.checkpoint import (CheckpointNotWritten, check_out_dir, last_good, load_checkpoint, load_weights,
-                                 model_state, remove_stale_tmp, restore_state, save_checkpoint, state_is_finite)
+from speedgpt import activation_checkpointing, attention, compilation, fp8, fused_ce, hellaswag, optim
+from speedgpt.checkpoint import (CheckpointNotWritten, check_disk, check_out_dir, checkpoint_bytes, last_good,
+                                 load_checkpoint, load_weights, model_state, remove_stale_tmp, resolve_resume,
+                                 restore_state, save_checkpoint, state_is_finite, step_of)
 from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, failed_after_signal, leave,
                                   on_every_rank, plan_batch, print0, rng_states, seed_rank_stream, setup_processes)
 from speedgpt.distributed import check as check_parallelism
 from speedgpt.mask_check import check_attention_mask
-from speedgpt.measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_profile
+from speedgpt.measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_json, write_profile
 
 _setup_done = False        # errors after setup are bugs, not bad input: they keep their traceback
 PT_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -59,7 +59,8 @@ def check_flags(cfg, proc):
         raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(proc.device)}; use float16")
     fused_ce.check(resolved)
     fp8.check(resolved, proc.device)
-    compilation.check(resolved, proc.device, proc.world)
+    optim.check(resolved, proc.world)
+    compilation.check(resolved)
     check_parallelism(resolved, proc.world)
     check_out_dir(resolved.out_dir)
     return hellaswag.check(resolved, proc)          # last: 'on' may download the file
@@ -72,12 +73,18 @@ def settle_config(cfg, explicit, proc):
     max_iters (past warm-up), so a later resume keeps this schedule; a new run is refused, when
     init_from is not given, if out_dir holds a checkpoint it would replace. Returns (cfg, checkpoint
     or None). Raises FileNotFoundError / ValueError for a missing, corrupt or mismatched checkpoint."""
-    path = os.path.join(cfg.out_dir, "ckpt.pt")
-    if remove_stale_tmp(path):
-        print0(f"removed {path}.tmp, left by a run stopped while saving")
+    if cfg.resume_from:                       # a kept checkpoint of another step (or a path): a resume
+        if "init_from" in explicit and cfg.init_from != "resume":
+            raise ValueError(f"resume_from={cfg.resume_from!r} resumes a run: it cannot go with "
+                             f"init_from={cfg.init_from!r} (leave init_from out, or set it to resume)")
+        cfg = replace(cfg, init_from="resume")
+    latest = os.path.join(cfg.out_dir, "ckpt.pt")
+    path = resolve_resume(cfg.out_dir, cfg.resume_from) if cfg.init_from == "resume" else latest
+    if remove_stale_tmp(latest):
+        print0(f"removed the .tmp files in {cfg.out_dir}, left by a run stopped while saving")
     if cfg.init_from != "resume":
         cfg = check_flags(cfg, proc)
-        if cfg.save_checkpoints and "init_from" not in explicit and os.path.isfile(path):
+        if cfg.save_checkpoints and "init_from" not in explicit and os.path.isfile(latest):
             raise ValueError(f"{path} holds a run: continue it with --init_from=resume, or start afresh with "
                              "--init_from=scratch (which replaces it) or another out_dir")
         return resolve_decay(cfg), None
@@ -90,6 +97,12 @@ def settle_config(cfg, explicit, proc):
         raise ValueError(f"profile=True profiles step {ckpt['step'] + cfg.timing_warmup - 1} of this resumed run: "
                          f"max_iters={cfg.max_iters} ends before it")
     print0(f"resume: {path} at step {ckpt['step']:,} of max_iters={cfg.max_iters:,}")
+    newest = step_of(latest) if os.path.isfile(latest) else None
+    if newest is not None and ckpt["step"] < newest:          # rewound: the later steps are abandoned
+        print0(f"resume: step {ckpt['step']:,} is older than the latest checkpoint (step {newest:,}): metrics.jsonl's "
+               f"rows after it are dropped, W&B gets a new run (it cannot rewind one), and the checkpoints of the "
+               "abandoned steps are deleted oldest first as new ones are kept")
+        ckpt["rewound"] = True
     for line in notes + resume_changes(cfg, explicit, ckpt["config"]):
         print0(f"resume: {line}")
     return cfg, ckpt
@@ -112,7 +125,7 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
                          f"but {cfg.data_dir} has {meta['vocab_size']} ({meta['tokenizer']})")
     args = dict(batch_size=cfg.batch_size, block_size=cfg.block_size, device=proc.device, packing=cfg.packing,
                 document_mask=cfg.document_mask, eot=meta["eot_id"], rank=proc.rank, world_size=proc.world,
-                vocab_size=meta["vocab_size"], fixed_shapes=cfg.cuda_graphs)
+                vocab_size=meta["vocab_size"])
     train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, prefetch=grad_accum_steps, **args)
     val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **args) if cfg.eval_tokens > 0 else None
     token_bytes = None if val_loader is None else \
@@ -152,14 +165,14 @@ def build_model(cfg, meta, proc, ckpt):
     if cfg.fp8:
         converted = fp8.convert(raw_model, cfg)
         print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}); the rest stay {cfg.dtype}")
-    if cfg.fused_ce:
-        print0(f"fused_ce: head + cross-entropy in chunks of {cfg.fused_ce_chunk:,} tokens, matmuls in "
-               + ("float8 (tensorwise)" if cfg.fp8_head else cfg.dtype))
+    installed = fused_ce.install(raw_model, cfg)          # the head's loss: model.head_loss
+    if installed:
+        print0(installed)
     if cfg.grad_checkpointing != "none":
         activation_checkpointing.apply(raw_model, cfg.grad_checkpointing)
     if cfg.compile:
         fsdp = proc.world > 1 and cfg.parallelism == "fsdp"         # FSDP's hooks stay outside the compiled graphs
-        compilation.apply(raw_model, regional=cfg.compile_regional or fsdp, cuda_graphs=cfg.cuda_graphs)
+        compilation.apply(raw_model, regional=cfg.compile_regional or fsdp)
     if proc.world == 1:
         return cfg, raw_model, raw_model, None
     model, grad_sync = apply_parallelism(raw_model, cfg.parallelism, PT_DTYPE[cfg.dtype], proc.device, proc.local_rank)
@@ -167,11 +180,11 @@ def build_model(cfg, meta, proc, ckpt):
 
 
 def build_optimizer(cfg, raw_model, proc, ckpt, train_loader):
-    """AdamW, the autocast context, the GradScaler (float16 only) and, when resuming, the saved state of
-    all of them, of the loader and of the RNGs. Returns (optimizer, ctx, scaler, start_step, best_val)."""
-    optimizer = make_optimizer(raw_model, cfg, proc.device)
-    if cfg.cuda_graphs:                # .grad buffers outside the CUDA graphs, zeroed in place each step
-        compilation.stable_grads(raw_model)
+    """The optimizer (speedgpt/optim.py: its groups, learning rates and schedule), the autocast context, the
+    GradScaler (float16 only) and, when resuming, the saved state of all of them, of the loader and of the
+    RNGs. Returns (optimizer, ctx, scaler, start_step, best_val)."""
+    optimizer = optim.build(raw_model, cfg, proc.device)
+    print0(optim.describe(optimizer, cfg))
     ctx = nullcontext() if cfg.dtype == "float32" else torch.autocast(proc.device.type, dtype=PT_DTYPE[cfg.dtype])
     scaler = torch.amp.GradScaler(proc.device.type, enabled=cfg.dtype == "float16")
     if ckpt is None:
@@ -189,8 +202,10 @@ def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
         for name in ("profile.txt", "profile_trace.json.gz") if cfg.profile else ():
             if os.path.exists(os.path.join(cfg.out_dir, name)):    # never leave an old profile looking current
                 os.remove(os.path.join(cfg.out_dir, name))
-        with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
-            json.dump(asdict(cfg), f, indent=1)
+        write_json(os.path.join(cfg.out_dir, "config.json"), asdict(cfg))
+        if cfg.save_checkpoints:            # refused here, before any step, when the disk cannot hold them
+            print0(check_disk(cfg.out_dir, checkpoint_bytes(raw_model.num_params(non_embedding=False)),
+                              cfg.keep_checkpoints))
     changed = ", ".join(f"{k}={v}" for k, v in non_defaults(cfg).items())
     print0(f"config: {changed or 'the defaults'} (the rest are defaults; all in {cfg.out_dir}/config.json)")
     flops_per_token, peak = raw_model.flops_per_token(), peak_flops_for(proc.device, cfg)
@@ -199,31 +214,12 @@ def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
            f"device {proc.device} x {proc.world} | grad_accum_steps {grad_accum_steps} per process | "
            f"{tokens:,} tokens per step | peak " + (f"{peak / 1e12:.1f} TFLOP/s" if peak else "n/a (no MFU)"))
     return MetricsLogger(cfg, proc.master, ckpt and ckpt["step"], ckpt and ckpt.get("wandb_run_id"), flops_per_token,
-                         peak, proc.world, proc.device)
+                         peak, proc.world, proc.device, lambda: last_good(os.path.join(cfg.out_dir, "ckpt.pt"),
+                                                                          "once the disk has room"),
+                         new_wandb_run=bool(ckpt and ckpt.get("rewound")))
 
 # -----------------------------------------------------------------------------
 # what a step is made of
-
-def get_lr(step, cfg):
-    """Linear warmup for warmup_iters, then cosine decay to min_lr at lr_decay_iters (nanoGPT)."""
-    decay_iters = cfg.lr_decay_iters or cfg.max_iters
-    if step < cfg.warmup_iters:
-        return cfg.learning_rate * (step + 1) / (cfg.warmup_iters + 1)
-    if step >= decay_iters:
-        return cfg.min_lr
-    ratio = (step - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
-
-
-def make_optimizer(model, cfg, device):
-    """AdamW with weight decay on matrices (dim >= 2) only; fused kernel when cfg.fused_adamw,
-    else PyTorch's default implementation."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    extra = {"fused": True} if cfg.fused_adamw else {}
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), **extra)
-
 
 def forward(model, b):
     """The model on data.Batch b: (logits, mean loss). Without the document mask b's doc_ids, cu_seqlens
@@ -311,6 +307,7 @@ class Run:
     hellaswag: object = None            # speedgpt.hellaswag.HellaSwag, scored at each evaluation; None when off
     val_bpb: float = None
     hellaswag_acc_norm: float = None
+    evaluated: int = None               # the step of the last evaluation
 
     @property
     def ckpt_path(self):
@@ -330,6 +327,7 @@ class Run:
             raise RunStopped(f"error: step {step}: the validation loss is {self.val_loss}: the run diverged; "
                              f"{last_good(self.ckpt_path)}", 1)
         self.best_val = self.val_loss if self.best_val is None else min(self.best_val, self.val_loss)
+        self.evaluated = step
         print0(f"step {step}: val loss {self.val_loss:.4f} ({self.val_bpb:.4f} bits/byte)")
         record = {"step": step, "val_loss": self.val_loss, "val_bpb": self.val_bpb}
         if self.hellaswag is not None:
@@ -349,12 +347,14 @@ class Run:
         rng, error = rng_states(self.proc), None
         if self.proc.master:
             tokens_per_step = self.cfg.batch_size * self.cfg.block_size * self.grad_accum_steps * self.proc.world
+            best = self.val_loss is not None and self.val_loss == self.best_val and self.evaluated == step
             try:
                 save_checkpoint(self.ckpt_path, {
                     "model": sd, "optimizer": osd, "scaler": self.scaler.state_dict(), "step": step,
                     "best_val_loss": self.best_val, "config": asdict(self.cfg), "meta": self.meta,
                     "loader": self.train_loader.state_dict(), "wandb_run_id": self.logger.wandb_run_id,
-                    "tokens_per_step": tokens_per_step, "rng": {"cpu": rng[0][0], "cuda": rng[0][1], "ranks": rng}})
+                    "tokens_per_step": tokens_per_step, "rng": {"cpu": rng[0][0], "cuda": rng[0][1], "ranks": rng}},
+                    keep=self.cfg.keep_checkpoints, best=best)
             except CheckpointNotWritten as e:
                 error = e
         if not on_every_rank(torch.tensor(error is None, device=device), self.proc):   # every rank stops together
@@ -383,9 +383,7 @@ def train(run, stop):
         timer.step_begins()
         profiled = cfg.profile and step - run.start_step == cfg.timing_warmup - 1   # the last warm-up step
         prof = start_profile(device) if profiled else None
-        lr = get_lr(step, cfg)
-        for group in run.optimizer.param_groups:
-            group["lr"] = lr
+        lr = optim.set_lr(run.optimizer, step, cfg)
         batches = [next(run.train_loader) for _ in range(run.grad_accum_steps)]
         n_valid = sum(b.n_valid for b in batches)
         # every micro-batch's loss is weighted by its share of the real tokens of the whole step, so
@@ -413,7 +411,7 @@ def train(run, stop):
         else:
             run.scaler.step(run.optimizer)
             run.scaler.update()
-        run.optimizer.zero_grad(set_to_none=not cfg.cuda_graphs)
+        run.optimizer.zero_grad(set_to_none=True)
         run.step = step + 1
         if prof is not None:
             write_profile(prof, device, cfg.out_dir)

@@ -6,7 +6,8 @@ speedgpt's helpers: what train.py, model.py and data.py lean on, one feature or 
   fused_ce.py                  the output head and cross-entropy as one function (fused_ce)
   fp8.py                       FP8 training: block Linears (fp8) and the fused head's matmuls (fp8_head)
   activation_checkpointing.py  recompute blocks in the backward (grad_checkpointing)
-  compilation.py               torch.compile, whole model or per block, and CUDA graphs (compile, cuda_graphs)
+  compilation.py               torch.compile, whole model or per block (compile, compile_regional)
+  optim.py                     the optimizer (AdamW, Muon) and the learning-rate schedule (cosine, WSD)
   distributed.py               processes and devices (torchrun), the batch plan, DDP / FSDP, signals, agreement
   checkpoint.py                out_dir/ckpt.pt: written atomically, read safely
   measure.py                   MFU and its peak-FLOPs table, the training clock, the metrics logger, the profiler

@@ -1,7 +1,7 @@
 """
 Activation checkpointing (grad_checkpointing = full | selective): recompute each transformer block in
-the backward pass instead of keeping its activations, to fit a larger micro-batch. GPT-2 124M on an
-H200: full fits 2.2x the micro-batch at 12% fewer tokens/s, selective costs 1% (BENCHMARKS.md).
+the backward pass instead of keeping its activations, to fit a larger micro-batch (what each costs and
+saves: BENCHMARKS.md, memory).
 """
 from functools import partial
 

@@ -166,7 +166,7 @@ def flex_block_mask(doc_ids):
     lie inside one and the same document, strictly below the diagonal; otherwise it is partial and
     document_causal_mask decides per token. This is exact for any doc_ids (range overlap is a
     superset of sharing a document) and skips create_block_mask's dense (B, T, T) evaluation of the
-    mask_mod (~2 ms per batch on the H200). Other lengths use create_block_mask."""
+    mask_mod (a dense pass per batch). Other lengths use create_block_mask."""
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
     B, T = doc_ids.shape
     mask_mod = lambda b, h, q, kv: document_causal_mask(doc_ids, q, kv, b)
@@ -198,7 +198,7 @@ def compiled_flex_attention():
     """flex_attention under torch.compile (eager flex_attention is a slow reference implementation),
     built once. Called at model construction, not in forward: a global assigned inside forward is a
     side effect that activation checkpointing's traced region refuses, which sends the whole forward
-    back to eager (measured on the H200: half the tokens/s)."""
+    back to eager (BENCHMARKS.md, attention)."""
     global _compiled_flex
     if _compiled_flex is None:
         from torch.nn.attention.flex_attention import flex_attention
@@ -209,7 +209,7 @@ def compiled_flex_attention():
 def flex_attention(q, k, v, block_mask, compiled):
     """FlexAttention of q, k, v (B, nh, T, hs) with `compiled` (from compiled_flex_attention()) on the
     GPU, eager on the CPU (forward only there). At head size 64, 8 warps per tile instead of the
-    default: forward + backward per layer 1.08 -> 0.89 ms (B=16) on the H200 (BENCHMARKS.md, attention)."""
+    default: it measured faster (BENCHMARKS.md, attention)."""
     if not q.is_cuda:
         from torch.nn.attention.flex_attention import flex_attention as eager
         return eager(q, k, v, block_mask=block_mask)
@@ -239,9 +239,8 @@ _varlen_kernel_name = None
 def varlen_kernel(device):
     """Pick the kernel behind attention='varlen' on `device` (once per process) and return its name: FA3
     where `flash_attn_interface` imports (FlashAttention's hopper/ build) and loads torch.ops.flash_attn_3
-    on a 9.x GPU; else PyTorch's FA2. Per layer at B=64, T=1024 on the H200: FA3 varlen 1.61-1.72 ms,
-    flex 1.93-2.14, FA2 varlen 2.12-2.28 (forward + backward, BENCHMARKS.md). Raises ValueError where
-    neither runs (CPU, older torch or GPU)."""
+    on a 9.x GPU; else PyTorch's FA2 (FA3 varlen measured fastest, then flex, then FA2 varlen:
+    BENCHMARKS.md, attention). Raises ValueError where neither runs (CPU, older torch or GPU)."""
     global _varlen_kernel_name
     device = torch.device(device)
     if device.type != "cuda":
@@ -301,8 +300,8 @@ def varlen_attention(qkv, cu_seqlens, max_seqlen, kernel):
 # torch.ops.flash_attn_3.fwd / .bwd come from `flash_attn_interface`. This op is used instead of torch's
 # own route to FA3 (activate_flash_attention_impl("FA3") under varlen_attn) for two measured reasons
 # (BENCHMARKS.md): that route lets FA3 split the keys of fast.py's batches and pay a combine kernel per
-# call (39 of 1,028 GPU ms per step on the H200; torch 2.11's varlen_attn takes no num_splits), and it
-# returns separate dq, dk, dv that the backward concatenates into c_attn's gradient (13 ms per step).
+# call (torch 2.11's varlen_attn takes no num_splits), and it returns separate dq, dk, dv that the backward
+# concatenates into c_attn's gradient.
 # Here: one split, and q, k, v read from and dq, dk, dv written into c_attn's packed (N, 3, nh, hs)
 # layout, as FlashAttention's own qkvpacked functions do. A custom op with a fake implementation and a
 # registered backward: torch.compile traces it without a graph break, and the meta device runs it

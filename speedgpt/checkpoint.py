@@ -1,10 +1,19 @@
 """
-Checkpoints of a speedgpt run: out_dir/ckpt.pt holds everything a resume needs to continue exactly
-(weights of the raw module, optimizer, GradScaler, step, RNG states, the loader's position, the
-config, the tokenizer metadata, the W&B run id). Written atomically and never with non-finite
+Checkpoints of a speedgpt run. Each one holds everything a resume needs to continue exactly (weights of the
+raw module, optimizer, GradScaler, step, RNG states, the loader's position, the config, the tokenizer
+metadata, the W&B run id), written atomically (a temp file, fsync, rename) and never with non-finite
 weights; read with torch.load(weights_only=True).
+
+In out_dir (keep_checkpoints=N):
+  ckpt_step000250.pt  one file per saved step; the N written last are kept, older ones deleted
+  ckpt.pt             the latest of them (a hard link: no second copy), what init_from=resume, sample.py,
+                      eval.py and hf.py read
+  ckpt_best.pt        the one of the lowest validation loss so far (a hard link), kept apart from the N
 """
+import errno
+import glob
 import os
+import re
 import shutil
 import tempfile
 
@@ -98,36 +107,158 @@ class CheckpointNotWritten(OSError):
     """save_checkpoint could not write the file (a full or read-only disk); the previous one is intact."""
 
 
-def save_checkpoint(path, ckpt):
-    """Write `ckpt` atomically: a temp file, then a rename, so a crash never leaves half a checkpoint and
-    the previous one survives until the new one is whole. Refuses (ValueError) weights or optimizer
-    moments that are not finite: a diverged run never replaces the last good checkpoint. Raises
-    CheckpointNotWritten, naming the path and the cause (no space left, read-only), when it cannot write."""
+STEP_FILE = re.compile(r"ckpt_step(\d+)\.pt$")
+
+
+def step_path(out_dir, step):
+    """out_dir/ckpt_stepNNNNNN.pt: the checkpoint of `step`."""
+    return os.path.join(out_dir, f"ckpt_step{step:06d}.pt")
+
+
+def saved_steps(out_dir):
+    """{step: path} of the step-numbered checkpoints in out_dir (from their names: nothing is loaded)."""
+    found = {}
+    for path in glob.glob(os.path.join(glob.escape(out_dir), "ckpt_step*.pt")):
+        m = STEP_FILE.search(os.path.basename(path))
+        if m:
+            found[int(m.group(1))] = path
+    return found
+
+
+def step_of(path):
+    """The step a checkpoint file holds, from the step-numbered file it is (or is a hard link of), without
+    loading it; None when no such file matches (a checkpoint written before step files, or copied)."""
+    m = STEP_FILE.search(os.path.basename(path))
+    if m:
+        return int(m.group(1))
+    for step, other in saved_steps(os.path.dirname(path) or ".").items():
+        try:
+            if os.path.samefile(path, other):
+                return step
+        except OSError:
+            pass
+    return None
+
+
+def _fsync_dir(folder):
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:                            # a filesystem whose folders cannot be opened (rare): skip
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _link(src, dst):
+    """Make `dst` name the file `src` atomically (a hard link then a rename; a copy where links fail)."""
+    tmp = dst + ".tmp"
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    try:
+        os.link(src, tmp)
+    except OSError:                            # no hard links here (some network or FUSE filesystems)
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def write_cause(e, path):
+    """Why writing `path` failed, in words: an OSError's errno named, or, for the RuntimeError a full disk
+    gives torch.save ("basic_ios::clear: iostream error"), the free space."""
+    if isinstance(e, OSError):
+        return describe_os_error(e)
+    usage = shutil.disk_usage(os.path.dirname(os.path.abspath(path)) or ".")
+    if usage.free < 0.01 * usage.total or usage.free < 256e6:
+        return f"no space left on the device ({usage.free / 1e6:,.0f} MB free)"
+    try:
+        import resource
+        if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+            return describe_os_error(OSError(errno.EFBIG, "File too large"))
+    except (ImportError, ValueError, OSError):
+        pass
+    return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+
+
+def save_checkpoint(path, ckpt, keep=1, best=False):
+    """Write `ckpt` (a dict with "step") as out_dir/ckpt_stepNNNNNN.pt, atomically (a temp file, fsync, a
+    rename, so a crash never leaves half a checkpoint), then point `path` (out_dir/ckpt.pt) at it, and
+    out_dir/ckpt_best.pt too when `best`; keep the `keep` step files written last and delete older ones.
+    Refuses (ValueError) weights or optimizer moments that are not finite: a diverged run never replaces
+    the last good checkpoint. Raises CheckpointNotWritten, naming the path and the cause (no space left,
+    read-only), when it cannot write; the previous checkpoints are then intact."""
     if not all_finite(ckpt["model"]) or not all_finite(ckpt["optimizer"]):
         raise ValueError(f"step {ckpt['step']}: the weights or optimizer state are not finite; "
                          f"{path} is not replaced (it holds the last good checkpoint)")
+    out_dir = os.path.dirname(path) or "."
+    target = step_path(out_dir, ckpt["step"])
     try:
-        torch.save(ckpt, path + ".tmp")
-        os.replace(path + ".tmp", path)
+        with open(target + ".tmp", "wb") as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(target + ".tmp", target)
+        _link(target, path)
+        if best:
+            _link(target, os.path.join(out_dir, "ckpt_best.pt"))
+        _fsync_dir(out_dir)
     except (OSError, RuntimeError) as e:      # a full disk reaches torch.save as "basic_ios::clear: iostream error"
-        if isinstance(e, OSError):
-            cause = describe_os_error(e)
-        else:
-            usage = shutil.disk_usage(os.path.dirname(os.path.abspath(path)))
-            cause = (f"no space left on the device ({usage.free / 1e6:,.0f} MB free)" if usage.free < 0.01 * usage.total
-                     or usage.free < 256e6 else f"{type(e).__name__}: {str(e).splitlines()[0]}")
-        raise CheckpointNotWritten(f"could not write {path}: {cause}") from e
+        raise CheckpointNotWritten(f"could not write {target}: {write_cause(e, target)}") from None
     finally:
-        if os.path.exists(path + ".tmp"):      # a failed or interrupted write leaves no stale temp file
-            os.remove(path + ".tmp")
+        for tmp in (target + ".tmp", path + ".tmp"):
+            if os.path.exists(tmp):            # a failed or interrupted write leaves no stale temp file
+                os.remove(tmp)
+    older = sorted(saved_steps(out_dir).values(), key=os.path.getmtime)[:-keep]   # by age: see resume_from
+    for old in older:
+        os.remove(old)                         # ckpt_best.pt, a link of its own, keeps its data
 
 
 def remove_stale_tmp(path):
-    """Delete `path`.tmp left by a run killed while saving (SIGKILL, power loss); returns True if there was one."""
-    if os.path.exists(path + ".tmp"):
-        os.remove(path + ".tmp")
-        return True
-    return False
+    """Delete the .tmp files left in `path`'s folder by a run killed while saving (SIGKILL, power loss);
+    returns True if there was one."""
+    stale = glob.glob(os.path.join(glob.escape(os.path.dirname(path) or "."), "ckpt*.pt.tmp"))
+    for tmp in stale:
+        os.remove(tmp)
+    return bool(stale)
+
+
+def resolve_resume(out_dir, resume_from):
+    """The checkpoint a resume reads: out_dir/ckpt.pt (the latest) for resume_from='', else the step file of
+    resume_from (a step number) or the path it names. Raises FileNotFoundError naming the steps there are."""
+    if not resume_from:
+        return os.path.join(out_dir, "ckpt.pt")
+    if not resume_from.isdigit():
+        if not os.path.isfile(resume_from):
+            raise FileNotFoundError(f"resume_from={resume_from!r}: no such checkpoint file")
+        return resume_from
+    steps = saved_steps(out_dir)
+    if int(resume_from) not in steps:
+        have = ", ".join(map(str, sorted(steps))) or "none"
+        raise FileNotFoundError(f"resume_from={resume_from}: {out_dir} has no checkpoint of step {int(resume_from)} "
+                                f"(its steps: {have}; keep_checkpoints sets how many are kept)")
+    return steps[int(resume_from)]
+
+
+def checkpoint_bytes(n_params):
+    """Bytes of one checkpoint of a model of n_params float32 parameters, at most: the weights, AdamW's two
+    moments (Muon keeps one), and a little for the rest."""
+    return 12 * n_params + (1 << 20)
+
+
+def check_disk(out_dir, ckpt_bytes, keep):
+    """(line to print, or raise ValueError): the disk use of keep_checkpoints=keep checkpoints of ckpt_bytes
+    each (+ ckpt_best.pt, which may be one more) against the free space of out_dir, counting the step files
+    already there as space the run will reuse."""
+    need = ckpt_bytes * (keep + 1)
+    have = sum(os.path.getsize(p) for p in saved_steps(out_dir).values())
+    free = shutil.disk_usage(out_dir).free
+    line = (f"checkpoints: ~{ckpt_bytes / 1e9:.2f} GB each, keeping {keep} (keep_checkpoints) and the best: up to "
+            f"~{need / 1e9:.2f} GB in {out_dir} ({free / 1e9:.1f} GB free)")
+    if need - have > free:
+        raise ValueError(f"{out_dir} has {free / 1e9:.1f} GB free but keep_checkpoints={keep} needs up to "
+                         f"~{need / 1e9:.1f} GB ({ckpt_bytes / 1e9:.2f} GB per checkpoint, plus the best): free space, "
+                         "lower --keep_checkpoints, or choose another --out_dir")
+    return line
 
 
 def state_is_finite(model, optimizer, device):
@@ -143,8 +274,11 @@ DIVERGED = "with a lower learning_rate, or skip such steps (--max_skipped_steps=
 
 
 def last_good(path, then=DIVERGED):
-    """What a stopped run says about `path`: the step it still holds, and how to go on (`then`: after a
-    resume from it; the default is for a run that diverged)."""
+    """What a stopped run says about `path`: the step it still holds (from its step file's name: nothing
+    is loaded), and how to go on (`then`: after a resume from it; the default is for a run that diverged)."""
     if not os.path.exists(path):
         return "no checkpoint was written"
-    return f"{path} still holds step {load_checkpoint(path)['step']}: resume from it (--init_from=resume) {then}"
+    step = step_of(path)
+    if step is None:
+        step = load_checkpoint(path)["step"]
+    return f"{path} still holds step {step}: resume from it (--init_from=resume) {then}"

@@ -427,12 +427,46 @@ def _tokenize_chunk(tok, dtype, chunk):
     return tokens, np.array(lengths, dtype=np.int64), len(chunk) - len(lengths), splits
 
 
+PR_SET_PDEATHSIG = 1        # <linux/prctl.h>
+
+
+def _exit_when_closed(sentinel):
+    import multiprocessing.connection
+    multiprocessing.connection.wait([sentinel])     # ready at EOF: the parent has exited
+    os._exit(1)
+
+
+def _end_with_parent():
+    """End this worker when the process that started it ends, however it ends (a SIGKILL too, after which
+    nothing of that process cleans up): else the worker waits on its queue forever, reparented. Two ways,
+    as neither covers every start method. On Linux the kernel sends the worker SIGKILL when its parent
+    dies (prctl PR_SET_PDEATHSIG): under fork that is the starting process, at once. Under forkserver the
+    parent is the fork server, which outlives a dead client while the workers hold its descriptor, and
+    spawn (macOS) has no prctl: for them a thread also waits on multiprocessing's sentinel of the starting
+    process (a pipe it holds open: EOF once it has exited, at once if it already has), then exits the worker."""
+    if sys.platform == "linux":
+        import ctypes
+        try:
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):          # no prctl in this libc: the thread below still ends us
+            pass
+    import multiprocessing
+    import threading
+    threading.Thread(target=_exit_when_closed, args=(multiprocessing.parent_process().sentinel,),
+                     daemon=True).start()
+
+
 def _worker_main(tasks, results, tokenizer, dtype):
     """A tokenisation worker: chunks from `tasks` (None: stop), ("ok", result) or ("error", message) to
-    `results`. Ctrl-C is the parent's: it came blocked from the parent and is ignored here."""
+    `results`. Ctrl-C is the parent's: it came blocked from the parent and is ignored here. SIGTERM came
+    blocked too, and under fork with data.py's handler: here it is the default again, so that a SIGTERM
+    to the whole process group ends a worker at once, without a traceback, while data.py cleans up. The
+    worker ends with its parent (_end_with_parent)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    _end_with_parent()
     try:
         tok = get_tokenizer(tokenizer)
     except Exception as e:
@@ -450,6 +484,7 @@ class TokenizerPool:
     order. Each worker has a queue of its own in and out, and chunks go round-robin, so the parent never
     takes a lock a worker may hold: stopping (an error, Ctrl-C) kills the workers and returns at once,
     where multiprocessing.Pool's terminate can wait forever on a lock held by a worker killed mid-task.
+    A worker ends with this process too when nothing here runs to stop it (SIGKILL): _end_with_parent.
     The workers start when the pool is made, before the caller starts threads of its own (a progress
     bar's): forked on Linux when this process has no other thread, else from a fork server (a fork beside
     other threads, as in a test run or the trainer, can deadlock the child; a script that calls this then
@@ -463,8 +498,8 @@ class TokenizerPool:
         method = ("fork" if threading.active_count() == 1 else "forkserver") if linux else "spawn"
         ctx = multiprocessing.get_context(method)
         mask = hasattr(signal, "pthread_sigmask")
-        if mask:                                  # workers start with Ctrl-C blocked, then ignore it
-            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        if mask:                                  # workers start with Ctrl-C and SIGTERM blocked (_worker_main)
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             self.workers = []
             for _ in range(workers):

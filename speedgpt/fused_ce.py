@@ -3,9 +3,12 @@ The fused head (fused_ce=True): GPT's output head and its cross-entropy as one a
 gradients made in the forward. The plain path (model.py: logits = lm_head(x), then F.cross_entropy) keeps the
 (tokens, vocab) logits for the backward and passes over them twice, softmax in the forward and
 softmax - one-hot in the backward; here each chunk of tokens is turned into logits, loss and both
-gradients at once, and the backward only scales what the forward stored. On the H200 at
-config/fast.py's micro-batch: +3.0-3.2% tokens/s end to end and 44 -> 28 GB; with fp8_head the three
-matmuls in float8 (speedgpt/fp8.py's fp8_mm), +6.3% more (BENCHMARKS.md).
+gradients at once, and the backward only scales what the forward stored (its speed and memory:
+BENCHMARKS.md). With fp8_head the three matmuls run in float8 (speedgpt/fp8.py's fp8_mm).
+
+The trainer installs it on the model (install(): model.head_loss), so it runs inside the model's forward,
+where FSDP has gathered the head's weight and compilation sees it, and the model's config and checkpoints
+never know of it.
 """
 import torch
 
@@ -17,6 +20,31 @@ def check(cfg):
         raise ValueError("fused_ce=True with dtype='float16' is not supported: it makes the head's gradients in the "
                          "forward, outside the GradScaler's loss scaling, and was validated in bfloat16 and "
                          "float32 only (config/fast.py sets fused_ce=True: add --fused_ce=False for float16)")
+
+
+class FusedHeadLoss:
+    """GPT.head_loss for fused_ce: head_loss(h (N, C), w (V, C), y (N,), vocab_size) -> the summed
+    cross-entropy of h @ w.T over y != -1, by LinearCrossEntropy in chunks of `chunk` tokens, its matmuls in
+    float8 when fp8 (fp8_head)."""
+
+    def __init__(self, chunk, fp8=False):
+        self.chunk, self.fp8 = chunk, fp8
+
+    def __call__(self, h, w, y, vocab_size):
+        return LinearCrossEntropy.apply(h, w, y, vocab_size, self.chunk, self.fp8)
+
+    def __repr__(self):
+        return f"FusedHeadLoss(chunk={self.chunk}, fp8={self.fp8})"
+
+
+def install(model, cfg):
+    """Install the fused head on `model` (a GPT) when cfg.fused_ce: model.head_loss = FusedHeadLoss(
+    cfg.fused_ce_chunk, cfg.fp8_head). Returns a line saying what was installed, or None."""
+    if not cfg.fused_ce:
+        return None
+    model.head_loss = FusedHeadLoss(cfg.fused_ce_chunk, cfg.fp8_head)
+    return f"fused_ce: head + cross-entropy in chunks of {cfg.fused_ce_chunk:,} tokens, matmuls in " + \
+        ("float8 (tensorwise)" if cfg.fp8_head else cfg.dtype)
 
 
 def head_ce_chunk(h, w, y, vocab_size, fp8=False, w8=None):
@@ -81,8 +109,8 @@ class LinearCrossEntropy(torch.autograd.Function):
         for s in range(0, h.size(0), chunk):
             loss_c, grad_h[s:s + chunk], grad_w_c = head_ce_chunk(hc[s:s + chunk], wc, y[s:s + chunk], vocab_size,
                                                                   fp8, w8)
-            loss = loss + loss_c          # out of place: the += version failed tests/test_gpu.py -k fused
-            grad_w = grad_w + grad_w_c    # on the H200 (torch 2.11, compiled) while passing on the CPU
+            loss = loss + loss_c          # out of place: the in-place version gave wrong results compiled
+            grad_w = grad_w + grad_w_c    # on the GPU (torch 2.11; tests/test_gpu.py -k fused) though not on the CPU
         ctx.save_for_backward(grad_h, grad_w)
         ctx.dtypes = h.dtype, w.dtype
         return loss

@@ -4,16 +4,18 @@ device sync before each reading, warm-up and evaluation left out), the metrics l
 metrics.jsonl and W&B, continued across a resume) and the profiler output. The tokens it times are
 counted in train.py's loop (real tokens only).
 """
+import errno
 import json
 import math
 import os
 import statistics
+import sys
 import time
 import warnings
 
 import torch
 
-from speedgpt.distributed import print0
+from speedgpt.distributed import RunStopped, print0
 
 PEAK_FLOPS = {   # dense FLOP/s by device-name substring (first match wins) and precision; NVIDIA datasheets
     "H100 PCIe": dict(bf16=756e12, tf32=378e12, fp32=51e12),
@@ -168,6 +170,19 @@ def summary_line(summary):
     return " | ".join(parts)
 
 
+def write_json(path, obj):
+    """Write `obj` as JSON to `path` atomically: a temp file, fsync, a rename (never a half-written file)."""
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump(obj, f, indent=1, allow_nan=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+    finally:
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+
+
 def strict(record):
     """`record` with every non-finite float replaced by None, so json.dumps writes strict JSON (null, not NaN)."""
     if isinstance(record, dict):
@@ -175,18 +190,41 @@ def strict(record):
     return None if isinstance(record, float) and not math.isfinite(record) else record
 
 
+def read_metrics(path):
+    """The records of a metrics.jsonl, and a note (or None): a last line cut short by a crash or a full disk
+    (no newline, not JSON) is dropped and named. Raises ValueError naming the file and line for a broken
+    line elsewhere."""
+    with open(path) as f:
+        lines = f.read().split("\n")
+    records, note = [], None
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if any(rest.strip() for rest in lines[i + 1:]):
+                raise ValueError(f"{path} line {i + 1} is not JSON ({e}): fix or delete that line, then resume") from None
+            note = f"the last line of {path} was cut short (a run stopped while writing it): dropped"
+    return records, note
+
+
 class MetricsLogger:
     """Writes each record (a dict with "step") to out_dir/metrics.jsonl and W&B, and each training step's
     line to the console; on rank 0 only (`master`), as strict JSON. A resumed run continues the same
     file and the same W&B run: the file keeps the records of the steps before `resume_step` (so every
-    step appears once, though a killed run may have logged past its last checkpoint), and steps W&B
-    already holds are not sent again (the resumed run recomputes them exactly). The evaluation made at
-    `resume_step` itself, before its checkpoint was saved, is kept unless the resumed run evaluates
-    that step again (it does not when its eval_interval no longer falls there)."""
+    step appears once, though a killed run may have logged past its last checkpoint), and records W&B
+    already holds (each step's training row and evaluation, apart) are not sent again (the resumed run
+    recomputes them exactly). The evaluation made at `resume_step` itself, before its checkpoint was
+    saved, is kept unless the resumed run evaluates that step again (it does not when its eval_interval no
+    longer falls there). new_wandb_run: a resume from an older checkpoint (resume_from), whose later steps
+    W&B cannot rewind: a new W&B run. A write that fails (a full disk) stops the run in one line."""
 
     def __init__(self, cfg, master, resume_step=None, wandb_run_id=None, flops_per_token=0, peak=None, world=1,
-                 device=torch.device("cpu")):
-        self.master, self.wandb, self.wandb_done = master, None, -1
+                 device=torch.device("cpu"), last_good="", new_wandb_run=False):
+        self.master, self.wandb, self.wandb_held = master, None, set()
+        self.last_good = last_good                        # what a write failure says about the checkpoints
+        self.failed = False                               # a write failed (and said so): close() stays quiet
         self.cfg, self.flops_per_token, self.peak, self.world, self.device = cfg, flops_per_token, peak, world, device
         self.timed = []                                   # (tokens_per_sec, mfu) of each timed interval
         self.first_step_s = None                          # the first step's wall time, compilation included
@@ -196,22 +234,65 @@ class MetricsLogger:
             return
         kept = []
         if resume_step is not None and os.path.exists(self.path):
-            with open(self.path) as f:
-                old = [json.loads(line) for line in f if line.strip()]
+            old, note = read_metrics(self.path)
+            if note:
+                print0(f"resume: {note}")
             kept = [r for r in old if r["step"] < resume_step]
             self.held = [r for r in old if r["step"] == resume_step and "loss" not in r]
-            self.wandb_done = max((r["step"] for r in old), default=-1)
-        with open(self.path + ".tmp", "w") as f:         # rewritten whole, then renamed: never half a file
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-        os.replace(self.path + ".tmp", self.path)
-        self.file = open(self.path, "a")
+            if not new_wandb_run:
+                self.wandb_held = {(r["step"], "loss" in r) for r in old}
+        self.write(lambda: self._rewrite(kept))
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if cfg.wandb_log:
             import wandb
             from dataclasses import asdict
             self.wandb = wandb
             # the run id is in the checkpoint
-            same_run = {"id": wandb_run_id, "resume": "allow"} if wandb_run_id else {}
+            same_run = {"id": wandb_run_id, "resume": "allow"} if wandb_run_id and not new_wandb_run else {}
             wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None, config=asdict(cfg), **same_run)
+
+    def _rewrite(self, records):
+        with open(self.path + ".tmp", "w") as f:         # rewritten whole, then renamed: never half a file
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        os.replace(self.path + ".tmp", self.path)
+
+    def _flush_held(self):
+        held, self.held = self.held, []
+        try:
+            for r in held:                   # nothing logged since the resume
+                self._append(r)
+        finally:
+            os.close(self.fd)
+
+    def _append(self, record):
+        """One record as one line, in one write: a write that fails part-way (a full disk) is cut back, so
+        the file never ends in half a record."""
+        line = (json.dumps(record, allow_nan=False) + "\n").encode()
+        end = os.lseek(self.fd, 0, os.SEEK_END)
+        try:
+            done = 0
+            while done < len(line):          # a short write: the next one raises the real cause
+                n = os.write(self.fd, line[done:])
+                if n == 0:
+                    raise OSError(errno.ENOSPC, "no space left on the device")
+                done += n
+        except OSError:
+            try:
+                os.ftruncate(self.fd, end)
+            except OSError:
+                pass
+            raise
+
+    def write(self, fn, what=None):
+        """Run fn(), a write to out_dir; a failure (a full disk, a read-only or lost mount) stops the run in one
+        line naming the file, the cause and the last good checkpoint (RunStopped, exit status 1)."""
+        try:
+            return fn()
+        except OSError as e:
+            from speedgpt.shards import describe_os_error
+            self.failed = True
+            raise RunStopped(f"error: could not write {what or self.path}: {describe_os_error(e)}; "
+                             f"{self.last_good() if callable(self.last_good) else self.last_good}", 1) from None
 
     @property
     def wandb_run_id(self):
@@ -222,13 +303,15 @@ class MetricsLogger:
             return
         if self.held:          # the first record since the resume: resume_step's evaluation again, or not
             if not (record["step"] == self.held[0]["step"] and "loss" not in record):
-                self.file.writelines(json.dumps(r) + "\n" for r in self.held)
+                for r in self.held:
+                    self.write(lambda r=r: self._append(r))
             self.held = []
         record = strict(record)
-        self.file.write(json.dumps(record, allow_nan=False) + "\n")
-        self.file.flush()
-        if self.wandb is not None and record["step"] > self.wandb_done:
-            self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+        self.write(lambda: self._append(record))
+        if self.wandb is not None and (record["step"], "loss" in record) not in self.wandb_held:
+            self.write(lambda: self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"]),
+                       "the W&B run's files")
 
     def step(self, step, loss, lr, grad_norm, pad_frac, timing):
         """Log one training step: `timing` is (tokens_per_sec, step_ms) from Timer.read(), or None while
@@ -278,13 +361,17 @@ class MetricsLogger:
         summary; close the file and the W&B run."""
         if not self.master:
             return
-        self.file.writelines(json.dumps(r) + "\n" for r in self.held)      # nothing logged since the resume
-        self.held = []
+        from speedgpt.shards import describe_os_error
+        for path, fn in ((self.path, self._flush_held), (os.path.join(self.cfg.out_dir, "summary.json"),
+                                                         lambda: summary is not None and write_json(path, strict(summary)))):
+            try:
+                fn()
+            except OSError as e:             # the run is over: say so in one line (once), keep its exit status
+                if not self.failed:
+                    print(f"error: could not write {path}: {describe_os_error(e)}", file=sys.stderr, flush=True)
+                self.failed = True
         if summary is not None:
-            with open(os.path.join(self.cfg.out_dir, "summary.json"), "w") as f:
-                json.dump(strict(summary), f, indent=1, allow_nan=False)
             print(summary_line(summary), flush=True)
-        self.file.close()
         if self.wandb is not None:
             if summary:
                 self.wandb.summary.update({k: v for k, v in strict(summary).items() if v is not None})

@@ -128,7 +128,10 @@ def read_index(shard, n_tokens, eot, foreign, with_starts=True):
 def describe_os_error(e):
     """One phrase for an OSError from writing a file: the cause a user can act on."""
     causes = {errno.EROFS: "read-only filesystem", errno.ENOSPC: "no space left on the device",
-              errno.EACCES: "permission denied", errno.EDQUOT: "disk quota exceeded"}
+              errno.EACCES: "permission denied", errno.EDQUOT: "disk quota exceeded",
+              errno.EFBIG: "file too large (the file-size limit, ulimit -f)", errno.EIO: "input/output error (a lost "
+              "or failing disk or mount)", errno.ESTALE: "stale file handle (a lost network mount)",
+              errno.ENOENT: "the folder is gone (a lost mount, or deleted)"}
     return causes.get(e.errno, e.strerror or str(e))
 
 

@@ -91,3 +91,39 @@ def assert_same_outputs(got, want, rtol, atol, grad_rtol=None, grad_atol=None):
     for name, g in want[2].items():
         torch.testing.assert_close(got[2][name], g, rtol=grad_rtol if grad_rtol is not None else rtol,
                                    atol=grad_atol if grad_atol is not None else atol, msg=lambda m: f"{name}: {m}")
+
+
+def rotary_qk(self, q, k, position_ids):
+    """A rotary embedding (Su et al. 2021, RoFormer) of q and k (B, T, nh, hs) at positions position_ids
+    ((T,) or (B, T): restarting at each document), to monkeypatch model.CausalSelfAttention.transform_qk
+    with: the test that a change to q and k, made in that one place, reaches every attention backend."""
+    import torch
+    hs = q.size(-1)
+    pos = position_ids if position_ids.dim() == 2 else position_ids[None]
+    angle = pos[..., None].double() / 10000 ** (torch.arange(0, hs, 2, device=q.device).double() / hs)  # (B, T, hs/2)
+    cos, sin = (f(angle)[:, :, None].to(q.dtype) for f in (torch.cos, torch.sin))                       # (B, T, 1, hs/2)
+
+    def rotate(x):
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    return rotate(q), rotate(k)
+
+
+def packed_b_logits_and_grad(m, a, b, device="cpu"):
+    """Documents a then b (lists of ids) packed in one row of `m` (a GPT) with the document mask: (b's logits,
+    the gradient of their sum with respect to the token embeddings of a, and of b)."""
+    import torch
+    idx = torch.tensor([a + b], device=device)
+    doc_ids = torch.tensor([[0] * len(a) + [1] * len(b)], device=device)
+    emb = []
+
+    def keep(module, inputs, out):          # returns None: the output is unchanged
+        out.retain_grad()
+        emb.append(out)
+    hook = m.transformer.wte.register_forward_hook(keep)
+    try:
+        logits, _ = m(idx, doc_ids=doc_ids)
+    finally:
+        hook.remove()
+    logits[0, len(a):].float().sum().backward()
+    return logits[0, len(a):].detach(), emb[0].grad[0, :len(a)], emb[0].grad[0, len(a):]

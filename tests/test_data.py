@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -251,6 +252,7 @@ def test_ctrl_c_under_load_leaves_the_old_folder_and_ends_at_once(tmp_path, atte
     finally:
         for b in busy:
             b.kill()
+            b.wait()
     if signum == signal.SIGKILL:
         assert proc.returncode == -signal.SIGKILL
         data.prepare(str(tmp_path / "big.jsonl"), str(out), "byte", workers=1, max_tokens=10_000)   # cleans up
@@ -262,6 +264,149 @@ def test_ctrl_c_under_load_leaves_the_old_folder_and_ends_at_once(tmp_path, atte
         assert took < 10, f"data.py took {took:.1f} s to stop"
     assert _folder_state(out) == before
     assert sorted(os.listdir(tmp_path)) == ["big.jsonl", "out"]
+
+
+def _stat(pid):
+    """The fields of /proc/PID/stat after the command name (which may hold spaces): [state, ppid, ...];
+    None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _processes_under(pid):
+    """{pid: start time} of every process below `pid`: its children and theirs (a fork server's workers).
+    The start time (field 22 of /proc/PID/stat) tells a process from a later one given the same pid."""
+    stats = {int(p): s for p in os.listdir("/proc") if p.isdigit() and (s := _stat(p)) is not None}
+    below, frontier = {}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, s in stats.items():
+            if int(s[1]) == parent and child not in below:
+                below[child] = s[19]
+                frontier.append(child)
+    return below
+
+
+def _alive(processes, within=0.0):
+    """The processes of `processes` ({pid: start time}) still running after at most `within` seconds,
+    polled: a zombie has ended (a container's init may never reap it)."""
+    end = time.time() + within
+    while True:
+        left = {p: t for p, t in processes.items() if (s := _stat(p)) is not None and s[19] == t and s[0] != "Z"}
+        if not left or time.time() >= end:
+            return left
+        time.sleep(0.05)
+
+
+def _once_writing(proc, tmp, log, within=120):
+    """The processes under `proc` once its preparation has written into its temp folder `tmp`: its
+    workers start before the first chunk is tokenised, so all of them exist by then. `log`: its stderr."""
+    end = time.time() + within
+    while True:
+        try:
+            if os.listdir(tmp):
+                return _processes_under(proc.pid)
+        except FileNotFoundError:
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(f"ended with {proc.returncode} before writing: {log.read_text()[-2000:]}")
+        assert time.time() < end, f"nothing written into {tmp} after {within} s"
+        time.sleep(0.02)
+
+
+def _kill(processes):
+    """SIGKILL whatever of `processes` still runs: a failing test leaves no stray worker either."""
+    for pid in _alive(processes):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="finds the workers in /proc")
+@pytest.mark.parametrize("signum, group", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGKILL, False)],
+                         ids=["SIGTERM", "SIGTERM-to-group", "SIGKILL"])
+def test_a_stopped_preparation_leaves_no_worker_and_no_temp_folder(tmp_path, big_jsonl, signum, group):
+    """SIGTERM (kill PID, timeout, docker stop; to the whole process group, as Slurm sends it) or SIGKILL
+    to data.py mid-preparation: its tokenizer workers end within seconds, instead of running on, reparented.
+    SIGTERM takes Ctrl-C's way out: status 143, one line, no temp folder and no output folder left. A
+    SIGKILL leaves the temp folder (a killed process cleans nothing), which the next preparation removes."""
+    os.symlink(big_jsonl, tmp_path / "big.jsonl")
+    out, tmp = tmp_path / "out", tmp_path / ".out.preparing"
+    log = tmp_path / "stderr"
+    with open(log, "w") as stderr:                     # a file: a stray worker would hold a pipe open
+        proc = subprocess.Popen([sys.executable, "data.py", "--input", str(tmp_path / "big.jsonl"), "--out", str(out),
+                                 "--workers=2"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
+                                start_new_session=True)
+    below = {}
+    try:
+        below = _once_writing(proc, tmp, log)
+        assert len(below) >= 2, below                   # the two workers
+        if group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        proc.wait(timeout=60)
+        left = _alive(below, within=20)
+    finally:
+        proc.kill()
+        _kill(below)
+    err = log.read_text()
+    assert not left, f"{len(left)} of data.py's {len(below)} worker processes still run 20 s after {signum.name}"
+    if signum == signal.SIGTERM:
+        assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err[-2000:]
+        assert err.strip().splitlines()[-1].startswith("stopped (SIGTERM): "), err[-2000:]
+        assert sorted(os.listdir(tmp_path)) == ["big.jsonl", "stderr"]      # no temp folder, nothing half-written
+    else:
+        assert proc.returncode == -signal.SIGKILL and tmp.is_dir()
+        data.prepare(str(tmp_path / "big.jsonl"), str(out), "byte", workers=1, max_tokens=10_000)
+        assert sorted(os.listdir(tmp_path)) == ["big.jsonl", "out", "stderr"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="finds the workers in /proc")
+@pytest.mark.parametrize("caller", ["train.py", "threaded"])
+def test_a_program_preparing_in_process_takes_its_workers_with_it(tmp_path, big_jsonl, caller):
+    """data.prepare() inside another program: train.py preparing the stdlib corpus on first use, SIGTERM
+    before its own handler is set (it dies at once, its temp folder left for the next preparation to
+    remove; its workers are forked, train.py their parent), and a program that runs a thread, SIGKILL (its
+    workers come from a fork server, their parent, which outlives them otherwise). The workers, and the
+    fork server and resource tracker with them, end within seconds; the output folder is never written.
+    train.py's "stdlib" is big_jsonl here: the real one is prepared in a second, too soon to be stopped
+    mid-way for sure."""
+    if caller == "train.py":
+        out = tmp_path / "stdlib_byte"
+        script = ("import runpy, sys; from speedgpt import corpus; read = corpus.iter_texts; "
+                  f"corpus.iter_texts = lambda path, *a: read({str(big_jsonl)!r}, *a); "
+                  f"sys.argv = ['train.py', *{tiny_args(out, tmp_path / 'run', '--device=cpu')!r}]; "
+                  "runpy.run_path('train.py', run_name='__main__')")
+        cmd, signum = [sys.executable, "-c", script], signal.SIGTERM
+    else:
+        out = tmp_path / "out"
+        script = ("import sys, threading, time; threading.Thread(target=time.sleep, args=(600,), daemon=True).start(); "
+                  f"import data; data.prepare({str(big_jsonl)!r}, {str(out)!r}, 'byte', workers=2)")
+        cmd, signum = [sys.executable, "-c", script], signal.SIGKILL
+    log = tmp_path / "stderr"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+    below = {}
+    try:
+        below = _once_writing(proc, tmp_path / f".{out.name}.preparing", log)
+        if caller == "threaded":                      # the case it is meant to be
+            assert any(b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes() for p in below), below
+        proc.send_signal(signum)
+        proc.wait(timeout=60)
+        left = _alive(below, within=20)
+    finally:
+        proc.kill()
+        _kill(below)
+    assert proc.returncode == -signum
+    assert not left, f"{len(left)} of the {len(below)} processes under {caller} still run 20 s after {signum.name}"
+    assert not out.exists()
 
 
 def test_files_are_read_for_what_they_are(tmp_path):
@@ -317,6 +462,36 @@ def test_a_one_document_val_split_is_noted(tmp_path, capsys):
     meta = data.prepare(str(tmp_path / "in"), str(tmp_path / "o"), "byte", val_frac=0.01, workers=1)
     assert meta["val_docs"] == 1
     assert "note: the val split is one document" in capsys.readouterr().out
+
+
+def test_a_train_split_smaller_than_a_batch_is_noted(tmp_path, capsys):
+    """A train split of fewer rows than one batch (all ranks' rows): each batch repeats rows, and the
+    loader says so once, on rank 0. A batch of exactly the split's rows holds each once and says nothing;
+    nor does the val split, whose rows past the split an evaluation leaves without targets."""
+    import random
+    import string
+    rng = random.Random(0)
+    _write_docs(tmp_path / "in", ["".join(rng.choices(string.ascii_letters, k=100)) for _ in range(8)])   # rows unalike
+    out = str(tmp_path / "o")
+    data.prepare(str(tmp_path / "in"), out, "byte", val_frac=0.2, seed=0, workers=1)
+    n = data.Loader(out, "train", 1, 16).n_rows
+    capsys.readouterr()
+
+    def rows(loader):
+        return [row.tobytes() for row in next(loader).x.numpy()]
+    assert len(set(rows(data.Loader(out, "train", n, 16)))) == n and capsys.readouterr().out == ""
+    got = rows(data.Loader(out, "train", n + 3, 16))
+    assert len(got) == n + 3 and len(set(got)) == n             # every row, three of them twice
+    assert capsys.readouterr().out == (
+        f"note: the train split of {out} holds {n} rows of block_size=16, fewer than the {n + 3} of one batch "
+        f"(batch_size={n + 3}): each batch repeats rows; more data, or a smaller batch_size or block_size, avoids it\n")
+    half = n // 2 + 1                                           # fits one rank, not two
+    data.Loader(out, "train", half, 16, rank=1, world_size=2)
+    assert capsys.readouterr().out == ""
+    data.Loader(out, "train", half, 16, rank=0, world_size=2)
+    assert f"fewer than the {2 * half} of one batch (batch_size={half} on each of 2 ranks)" in capsys.readouterr().out
+    data.Loader(out, "val", 1000, 16)
+    assert capsys.readouterr().out == ""
 
 
 def test_uint32_shards_never_wrap(tmp_path):

@@ -10,6 +10,7 @@ import torch
 import configurator
 import data
 import train
+from speedgpt import optim
 from conftest import ROOT, read_metrics, tiny_args
 from model import GPT, GPTConfig
 
@@ -45,7 +46,7 @@ def test_grad_accumulation_equivalence(short_data, packing):
 def test_fused_adamw_matches_default():
     cfgs = [configurator.Config(fused_adamw=f, learning_rate=1e-2) for f in (False, True)]
     models = [tiny_model(), tiny_model()]
-    opts = [train.make_optimizer(m, c, torch.device("cpu")) for m, c in zip(models, cfgs)]
+    opts = [optim.build(m, c, torch.device("cpu")) for m, c in zip(models, cfgs)]
     assert opts[1].defaults["fused"] and not opts[0].defaults.get("fused")
     assert [len(g["params"]) for g in opts[0].param_groups] == [2 * 4 + 1 + 1, 2 * 2 + 1]  # matrices / vectors
     for step in range(5):
@@ -165,14 +166,12 @@ def test_resume_keeps_the_checkpoint_steps_evaluation_once(byte_data, tmp_path):
     (["--fused_ce_chunk=0"], ValueError, "'fused_ce_chunk' must be positive"),
     (["--attention=varlen"], ValueError, "attention='varlen' .* takes bfloat16 or float16"),
     (["--attention=varlen", "--dtype=bfloat16", "--device=cpu"], ValueError, "varlen kernels do not run on the CPU"),
-    (["--cuda_graphs=True"], ValueError, "'cuda_graphs' needs compile=True"),
     (["--compile_regional=True"], ValueError,
      "compile_regional=True chooses how the model is compiled: it needs compile"),
-    (["--compile=True", "--compile_regional=True", "--cuda_graphs=True"], ValueError,
-     "cuda_graphs=True records the whole compiled model as one graph"),
-    (["--cuda_graphs=True", "--compile=True", "--device=cpu"], ValueError,
-     "cuda_graphs=True is a one-GPU experiment: it needs a CUDA GPU"),
     (["--parallelism=fsdp"], ValueError, "torchrun"),
+    (["--optimizer=sgd"], ValueError, r"'optimizer' \(command line\) must be one of \('adamw', 'muon'\)"),
+    (["--lr_schedule=wsd", "--wsd_decay_frac=0"], ValueError, r"wsd_decay_frac=0.0: the share of lr_decay_iters"),
+    (["--optimizer=muon", "--muon_lr=0"], ValueError, "muon_lr=0.0 must be positive"),
     (["--init_from=resume"], FileNotFoundError, "ckpt.pt"),
     (["--batch_size=0"], ValueError, "'batch_size' must be positive"),
     (["--max_iters=-1"], ValueError, "'max_iters' must be >= 0"),

@@ -1,0 +1,143 @@
+"""
+The optimizer and its learning-rate schedule, in one place (nanoGPT's configure_optimizers, nanochat's
+optim.py): train.py calls build() once and set_lr() before every step. To add an optimizer or a schedule,
+edit this module and its keys in configurator.py.
+
+  optimizer=adamw  AdamW over every parameter: weight decay on matrices (dim >= 2) only (nanoGPT).
+  optimizer=muon   Muon (torch.optim.Muon: momentum, then Newton-Schulz orthogonalisation of the update) for the
+                   transformer blocks' matrices, each one matrix as the model holds it (c_attn's q, k and v
+                   together, 3C x C); AdamW for the rest: the tied embedding / output head, the position
+                   embedding, the LayerNorm gains and any biases. The recipe of modded-nanogpt (Jordan et al.
+                   2024, github.com/KellerJordan/modded-nanogpt) and nanochat (Karpathy 2025,
+                   github.com/karpathy/nanochat), which keep embeddings and the head on Adam: muon_lr 0.02
+                   (nanochat's matrix_lr), momentum 0.95 with Nesterov, no weight decay on the Muon matrices.
+                   Needs one process or DDP (FSDP shards the matrices that Newton-Schulz needs whole).
+
+  lr_schedule=cosine  linear warm-up for warmup_iters, cosine decay to min_lr at lr_decay_iters (nanoGPT).
+  lr_schedule=wsd     warm-up, then the peak held ("stable"), then a linear decay to min_lr over the last
+                      wsd_decay_frac of lr_decay_iters (warmup-stable-decay, the "trapezoidal" schedule of
+                      Hägele et al. 2024, modded-nanogpt's and nanochat's).
+
+Each group's peak learning rate is the config's (muon_lr for Muon's, learning_rate for the rest), read at every
+step, so a resume that changes it takes effect; the schedule gives every group the same shape, and
+min_lr / learning_rate is the floor's share of every peak.
+"""
+import math
+
+import torch
+
+MUON_KINDS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def check(cfg, world):
+    """Raise ValueError naming the keys unless the optimizer settings can work: muon under FSDP (its
+    matrices are sharded), a decay fraction outside (0, 1], a non-positive muon_lr."""
+    if cfg.optimizer == "muon" and world > 1 and cfg.parallelism == "fsdp":
+        raise ValueError("optimizer='muon' needs whole matrices for its Newton-Schulz step, and FSDP shards them: "
+                         "use --parallelism=ddp, or --optimizer=adamw")
+    if not 0 < cfg.wsd_decay_frac <= 1:
+        raise ValueError(f"wsd_decay_frac={cfg.wsd_decay_frac}: the share of lr_decay_iters spent decaying, in (0, 1]")
+    if cfg.muon_lr <= 0:
+        raise ValueError(f"muon_lr={cfg.muon_lr} must be positive")
+
+
+def param_groups(model, cfg):
+    """The parameter groups of `model` (a GPT), each a dict with "params", "weight_decay" and, for
+    optimizer=muon, "muon": True on the group of block matrices Muon takes. Each parameter once (the tied
+    embedding / head is one Parameter)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    muon = [p for n, p in named if cfg.optimizer == "muon" and n.startswith("transformer.h.") and n.endswith(MUON_KINDS)]
+    taken = {id(p) for p in muon}
+    rest = [p for _, p in named if id(p) not in taken]
+    groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+    if muon:
+        groups.insert(0, {"params": muon, "weight_decay": 0.0, "muon": True})
+    return groups
+
+
+def build(model, cfg, device):
+    """The optimizer of `model` per cfg (see the module's docstring) with every group at its peak learning rate
+    (set_lr sets the step's). AdamW's fused kernel when cfg.fused_adamw. Returns a torch.optim.Optimizer."""
+    groups = param_groups(model, cfg)
+    adamw = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), **({"fused": True} if cfg.fused_adamw else {}))
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, **adamw)
+    return MuonAdamW([g for g in groups if g.get("muon")], [g for g in groups if not g.get("muon")],
+                     dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=True, weight_decay=0.0), adamw)
+
+
+def peak_lr(group, cfg):
+    """A parameter group's peak learning rate: muon_lr for Muon's, learning_rate for AdamW's."""
+    return cfg.muon_lr if group.get("muon") else cfg.learning_rate
+
+
+def describe(optimizer, cfg):
+    """One line naming each group's optimizer, peak learning rate, weight decay and parameter count."""
+    parts = []
+    for g in optimizer.param_groups:
+        n = sum(p.numel() for p in g["params"])
+        if n:
+            what = "Muon (the block matrices; c_attn as one 3C x C matrix)" if g.get("muon") else \
+                "AdamW (gains, biases)" if not g["weight_decay"] else \
+                "AdamW (matrices)" if cfg.optimizer == "adamw" else "AdamW (the embeddings and head)"
+            parts.append(f"{what} lr {peak_lr(g, cfg):g} weight decay {g['weight_decay']:g}, {len(g['params'])} tensors "
+                         f"{n / 1e6:.2f}M")
+    return f"optimizer: {cfg.optimizer}, lr_schedule {cfg.lr_schedule}: " + "; ".join(parts)
+
+
+def lr_at(step, cfg, peak=None):
+    """The learning rate at optimizer step `step` (from 0) of a group whose peak is `peak` (default
+    cfg.learning_rate): warm-up, then cfg.lr_schedule's shape down to peak * min_lr / learning_rate at
+    lr_decay_iters (0: max_iters)."""
+    peak = cfg.learning_rate if peak is None else peak
+    floor = cfg.min_lr if peak == cfg.learning_rate else peak * cfg.min_lr / cfg.learning_rate
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    if step < cfg.warmup_iters:
+        return peak * (step + 1) / (cfg.warmup_iters + 1)
+    if step >= decay_iters:
+        return floor
+    if cfg.lr_schedule == "wsd":
+        start = decay_iters - max(1, round(cfg.wsd_decay_frac * decay_iters))
+        if step < max(start, cfg.warmup_iters):
+            return peak
+        return floor + (peak - floor) * (decay_iters - step) / max(1, decay_iters - max(start, cfg.warmup_iters))
+    ratio = (step - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
+    return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak - floor)
+
+
+def set_lr(optimizer, step, cfg):
+    """Set every group's learning rate for `step`; returns the rate of the groups at cfg.learning_rate's peak
+    (the one the logs show)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr_at(step, cfg, peak_lr(group, cfg))
+    return lr_at(step, cfg)
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon for some parameter groups and AdamW for the others, as one torch.optim.Optimizer: one param_groups
+    list and one state dict, so the GradScaler, torch.distributed.checkpoint's state dicts and checkpoints
+    treat it as any optimizer. step() runs torch.optim.Muon on the first groups and torch.optim.AdamW on the
+    others, both over this optimizer's own groups and state."""
+
+    def __init__(self, muon_groups, adamw_groups, muon_kwargs, adamw_kwargs):
+        self._muon = torch.optim.Muon(muon_groups, **muon_kwargs)
+        self._adamw = torch.optim.AdamW(adamw_groups, **adamw_kwargs)
+        super().__init__(self._muon.param_groups + self._adamw.param_groups, {})
+        self._link()
+
+    def _link(self):
+        n = len(self._muon.param_groups)
+        self._muon.param_groups, self._adamw.param_groups = self.param_groups[:n], self.param_groups[n:]
+        self._muon.state = self._adamw.state = self.state
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)      # new group dicts and a new state: link the two again
+        self._link()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None if closure is None else closure()
+        self._muon.step()
+        self._adamw.step()
+        return loss

@@ -1,0 +1,104 @@
+"""speedgpt/optim.py: the schedules' shapes, the parameter groups of each optimizer, and Muon + AdamW as one
+optimizer whose state resumes exactly (CPU)."""
+import math
+
+import pytest
+import torch
+
+import configurator
+from model import GPT, GPTConfig
+from speedgpt import optim
+
+
+def tiny():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
+
+
+def test_cosine_is_nanogpts_schedule():
+    """Warm-up from lr / (warmup + 1), cosine to min_lr at lr_decay_iters, min_lr after: nanoGPT's get_lr,
+    written out again here."""
+    cfg = configurator.Config(learning_rate=6e-4, min_lr=6e-5, warmup_iters=10, lr_decay_iters=100, max_iters=120)
+    for step in range(120):
+        if step < 10:
+            want = 6e-4 * (step + 1) / 11
+        elif step >= 100:
+            want = 6e-5
+        else:
+            ratio = (step - 10) / 90
+            want = 6e-5 + 0.5 * (1 + math.cos(math.pi * ratio)) * (6e-4 - 6e-5)
+        assert optim.lr_at(step, cfg) == want
+
+
+def test_wsd_warms_up_holds_then_decays_linearly():
+    cfg = configurator.Config(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, lr_decay_iters=100, max_iters=100,
+                              lr_schedule="wsd", wsd_decay_frac=0.2)
+    lrs = [optim.lr_at(s, cfg) for s in range(101)]
+    assert lrs[:10] == sorted(lrs[:10]) and lrs[9] < 1e-3
+    assert lrs[10:80] == [1e-3] * 70                                  # stable
+    decay = lrs[80:101]
+    assert decay == sorted(decay, reverse=True) and decay[-1] == 1e-4
+    steps = [a - b for a, b in zip(decay, decay[1:])]
+    assert max(steps) - min(steps) < 1e-12                             # linear
+    # a group with another peak has the same shape, its floor the same share of its peak
+    assert optim.lr_at(50, cfg, peak=0.02) == 0.02 and optim.lr_at(100, cfg, peak=0.02) == pytest.approx(0.002)
+
+
+def test_adamw_groups_decay_matrices_only_and_muon_takes_the_block_matrices():
+    m = tiny()
+    adamw = optim.param_groups(m, configurator.Config())
+    assert [len(g["params"]) for g in adamw] == [2 + 4 * 2, 2 * 2 + 1]           # wte, wpe + block matrices; gains
+    muon = optim.param_groups(m, configurator.Config(optimizer="muon"))
+    by_id = {id(p): n for n, p in m.named_parameters()}
+    names = [[by_id[id(p)] for p in g["params"]] for g in muon]
+    assert muon[0]["muon"] and sorted(names[0]) == sorted(
+        f"transformer.h.{i}.{k}" for i in range(2) for k in optim.MUON_KINDS)
+    assert sorted(names[1]) == ["transformer.wpe.weight", "transformer.wte.weight"]  # the tied head: one tensor
+    assert all(p.dim() == 1 for p in muon[2]["params"])
+    seen = [id(p) for g in muon for p in g["params"]]
+    assert len(seen) == len(set(seen)) == len(list(m.parameters()))
+
+
+def train_steps(m, opt, cfg, steps, start=0):
+    losses = []
+    for step in range(start, start + steps):
+        optim.set_lr(opt, step, cfg)
+        g = torch.Generator().manual_seed(step)
+        idx = torch.randint(0, 64, (4, 16), generator=g)
+        _, loss = m(idx, idx)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def test_muon_with_adamw_learns_and_resumes_exactly():
+    """Muon on the block matrices and AdamW on the rest, as one optimizer: the loss falls, each group gets its
+    own learning rate, and a state dict taken mid-run continues the run exactly."""
+    cfg = configurator.Config(optimizer="muon", lr_schedule="wsd", learning_rate=1e-2, min_lr=1e-3, warmup_iters=2,
+                              max_iters=12, lr_decay_iters=12)
+    m = tiny()
+    opt = optim.build(m, cfg, torch.device("cpu"))
+    assert isinstance(opt, torch.optim.Optimizer)
+    straight = train_steps(m, opt, cfg, 12)
+    assert straight[-1] < straight[0]
+    assert [g["lr"] for g in opt.param_groups] == [optim.lr_at(11, cfg, 0.02)] + [optim.lr_at(11, cfg)] * 2
+    first = tiny()
+    opt1 = optim.build(first, cfg, torch.device("cpu"))
+    head = train_steps(first, opt1, cfg, 6)
+    state = {"model": {k: v.clone() for k, v in first.state_dict().items()}, "opt": opt1.state_dict()}
+    resumed = tiny()
+    resumed.load_state_dict(state["model"])
+    opt2 = optim.build(resumed, cfg, torch.device("cpu"))
+    opt2.load_state_dict(state["opt"])
+    assert head + train_steps(resumed, opt2, cfg, 6, start=6) == straight
+    assert any("momentum_buffer" in s for s in opt2.state.values()) and any("exp_avg" in s for s in opt2.state.values())
+
+
+def test_describe_names_each_group():
+    m = tiny()
+    line = optim.describe(optim.build(m, configurator.Config(optimizer="muon"), torch.device("cpu")),
+                          configurator.Config(optimizer="muon"))
+    assert line.startswith("optimizer: muon, lr_schedule cosine: Muon (the block matrices; c_attn as one 3C x C matrix)")
+    assert "AdamW (the embeddings and head) lr 0.003" in line and "AdamW (gains, biases)" in line

@@ -1,0 +1,48 @@
+"""sample.py on the CPU: a temperature or top_k that cannot sample is refused in one line before any
+checkpoint is read; good ones, in either flag form, sample."""
+import re
+
+import pytest
+
+import sample
+import train
+from conftest import tiny_args
+
+
+@pytest.mark.parametrize("flag, value, why", [
+    ("--temperature", "nan", "must be a finite number > 0"),     # nan passes a `> 0` check: multinomial's traceback
+    ("--temperature", "inf", "must be a finite number > 0"),     # logits / inf: uniform noise
+    ("--temperature", "-inf", "must be a finite number > 0"),
+    ("--temperature", "0", "must be a finite number > 0"),
+    ("--temperature", "-0.5", "must be a finite number > 0"),
+    ("--temperature", "warm", "must be a finite number > 0"),
+    ("--top_k", "2.5", r"must be a whole number >= 0 \(0: the whole vocabulary\)"),
+    ("--top_k", "-1", r"must be a whole number >= 0 \(0: the whole vocabulary\)"),
+    ("--top_k", "inf", r"must be a whole number >= 0 \(0: the whole vocabulary\)"),
+    ("--top_k", "nan", r"must be a whole number >= 0 \(0: the whole vocabulary\)"),
+    ("--max_new_tokens", "0", "must be a whole number >= 1"),
+    ("--num_samples", "-2", "must be a whole number >= 1"),
+])
+@pytest.mark.parametrize("form", ["=", " "])
+def test_bad_sampling_flags_are_one_line(tmp_path, capsys, flag, value, why, form):
+    argv = [f"{flag}={value}"] if form == "=" else [flag, value]
+    with pytest.raises(SystemExit) as e:           # before the (missing) checkpoint is looked for
+        sample.main([f"--out_dir={tmp_path}", "--device=cpu", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: argument {flag}: ") and f"got {value!r}" in err and re.search(why, err), err
+
+
+def test_good_flags_sample(byte_data, tmp_path, capsys):
+    """A small temperature, top_k 1 (greedy) and top_k 0 (the whole vocabulary) sample, space form too;
+    greedy decoding gives every sample the same text."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=1", "--eval_tokens=0"))
+    capsys.readouterr()
+    sample.main(["--out_dir", str(tmp_path), "--device", "cpu", "--num_samples", "3", "--max_new_tokens", "8",
+                 "--temperature", "1e-3", "--top_k", "1", "--start", "def"])
+    greedy = capsys.readouterr().out.split("-" * 60 + "\n")[:-1]
+    assert len(greedy) == 3 and len(set(greedy)) == 1 and greedy[0].startswith("def"), greedy
+    sample.main([f"--out_dir={tmp_path}", "--device=cpu", "--num_samples=1", "--max_new_tokens=8", "--top_k=0",
+                 "--temperature=1.5"])
+    out = capsys.readouterr().out
+    assert out.startswith("def ") and out.endswith("-" * 60 + "\n"), out
