@@ -196,23 +196,32 @@ def bench(args, extra):
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
+    chart(rows, rungs, f"{os.path.basename(args.config)} on {torch.cuda.get_device_name() if cuda else 'cpu'}",
+          os.path.join(args.out, "bench.png"))
+    return rows
+
+
+def chart(rows, ladder, title, path):
+    """The rows that ran as a bar chart of real tokens/s at `path` (the ladder's rungs blue, the
+    leave-one-out rows gray). Returns whether it drew one: without matplotlib, the one output that needs
+    it, it says so and draws none."""
     shown = [r for r in rows if r["ok"]]
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure      # not pyplot: no display, no backend, no global figure list
     except ImportError:
-        print("matplotlib is not installed: no chart")
-        shown = []
-    if shown:
-        fig, ax = plt.subplots(figsize=(9, 0.5 * len(shown) + 1.5))
-        ax.barh([r["rung"] for r in shown][::-1], [r["tokens_per_sec"] for r in shown][::-1],
-                color=["tab:blue" if r in rungs else "tab:gray" for r in shown][::-1])
-        ax.set_xlabel("real tokens / s")
-        ax.set_title(f"{os.path.basename(args.config)} on {torch.cuda.get_device_name() if cuda else 'cpu'}")
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.out, "bench.png"), dpi=120)
-    return rows
+        print(f"matplotlib is not installed: no {os.path.basename(path)} (pip install matplotlib)")
+        return False
+    if not shown:
+        return False
+    fig = Figure(figsize=(9, 0.5 * len(shown) + 1.5))
+    ax = fig.subplots()
+    ax.barh([r["rung"] for r in shown][::-1], [r["tokens_per_sec"] for r in shown][::-1],
+            color=["tab:blue" if r in ladder else "tab:gray" for r in shown][::-1])
+    ax.set_xlabel("real tokens / s")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
 
 
 def find_max_batch(args, extra):
@@ -223,7 +232,8 @@ def find_max_batch(args, extra):
 
     def fits(b):
         argv = ["--config", args.config, *extra, f"--batch_size={b}", "--total_batch_size=0", "--max_iters=3",
-                "--timing_warmup=2", "--eval_tokens=0", "--save_checkpoints=False", f"--out_dir={args.out}/max_batch"]
+                "--timing_warmup=2", "--eval_tokens=0", "--save_checkpoints=False", f"--out_dir={args.out}/max_batch",
+                "--memory_check=False"]          # the search measures what fits; the estimate would refuse first
         try:
             summary = train.main(argv)
             print(f"batch {b}: fits, {summary['mem_gb']:.1f} GB, {summary['median_tokens_per_sec'] or 0:,.0f} tok/s "

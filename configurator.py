@@ -35,6 +35,7 @@ class Config:
     hellaswag_path: str = ""               # HellaSwag's val jsonl; empty: data/hellaswag/hellaswag_val.jsonl, the cache
     hellaswag_examples: int = 0            # score HellaSwag's first N examples at each evaluation; 0: all 10,042
     save_checkpoints: bool = True          # write out_dir/ckpt.pt at each evaluation
+    target_val_loss: float = 0.0           # stop at the first evaluation at or below this val loss; 0: off
     keep_checkpoints: int = 3              # step-numbered checkpoints kept (ckpt_stepN.pt); ckpt.pt: the latest
     resume_from: str = ""                  # a step (of a kept checkpoint) or a checkpoint path to resume from
     log_interval: int = 10                 # a console line and a metrics record every this many steps
@@ -79,6 +80,7 @@ class Config:
     # system
     device: str = "auto"                   # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
     dtype: str = "float32"                 # float32 | bfloat16 | float16 (float16 adds a GradScaler)
+    memory_check: bool = True              # refuse a run whose estimated memory exceeds the device's; False: try anyway
     tf32: bool = False                     # TF32 matmuls in float32
     compile: bool = False                  # torch.compile the model
     compile_regional: bool = False         # compile one block, reused by all (and the head): compile time flat in depth
@@ -301,7 +303,7 @@ def load_config(argv, with_explicit=False):
         raise ValueError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
     if not 0 <= cfg.dropout < 1:
         raise ValueError(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
-    for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "peak_flops"):
+    for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "peak_flops", "target_val_loss"):
         if getattr(cfg, key) < 0:
             raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")
     for key in ("beta1", "beta2"):

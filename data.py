@@ -33,6 +33,7 @@ import os
 import random
 import signal
 import sys
+from contextlib import contextmanager
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, Optional
@@ -418,6 +419,18 @@ class Loader:
 
 # -----------------------------------------------------------------------------
 
+@contextmanager
+def sigterm_as_interrupt():
+    """Inside the block SIGTERM raises KeyboardInterrupt(SIGTERM), as Ctrl-C raises KeyboardInterrupt, so a
+    preparation stopped by kill, timeout, Slurm or docker stop unwinds as Ctrl-C's does (its workers stopped,
+    its temp folder removed); the previous handler afterwards. The main thread only."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _interrupt(signum, frame):
     """SIGTERM's handler: raise what Ctrl-C raises, so that a preparation stopped by kill, timeout, Slurm or
     docker stop unwinds the same way (its workers stopped, its temp folder removed) and says so."""
@@ -444,10 +457,10 @@ def main():
         if args.input is not None:
             parser.error("--out is required with --input")
         args.out = f"data/stdlib_{args.tokenizer}"
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        prepare(args.input, args.out, args.tokenizer, args.val_frac, args.seed, args.workers,
-                args.shard_tokens, args.text_field, args.max_tokens)
+        with sigterm_as_interrupt():
+            prepare(args.input, args.out, args.tokenizer, args.val_frac, args.seed, args.workers,
+                    args.shard_tokens, args.text_field, args.max_tokens)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}")
     except OSError as e:                           # a full or read-only disk
@@ -458,8 +471,6 @@ def main():
         print(f"{'interrupted' if signum == signal.SIGINT else 'stopped (SIGTERM)'}: {args.out} is as it was before "
               "(a preparation replaces it only when whole); run the command again", file=sys.stderr)
         sys.exit(128 + signum)
-    finally:
-        signal.signal(signal.SIGTERM, previous)   # main() called in-process (the tests) leaves no handler behind
 
 if __name__ == "__main__":
     main()

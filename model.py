@@ -11,6 +11,9 @@ each document start (a document is a run of equal ids). One mask is built per fo
 every layer. Every backend receives q, k and v from one split of c_attn's output (CausalSelfAttention),
 so a change to q and k (rotary embeddings, QK-norm) is made once, in transform_qk.
 
+Sampling (GPT.generate) keeps each layer's keys and values in a KVCache, made per call and handed down
+through forward: after the prompt, a new token costs one position.
+
 The model is the architecture only: no training trick is a setting here. A trainer may install a loss
 for the head (GPT.head_loss: train.py installs speedgpt/fused_ce.py's fused head + cross-entropy, in
 bf16 or FP8); it runs inside forward, and checkpoints never see it.
@@ -67,18 +70,22 @@ class CausalSelfAttention(nn.Module):
         self.flex = attention.compiled_flex_attention() if config.attention == "flex" else None
         self.varlen = attention.causal_varlen_attn() if config.attention == "varlen" else None
 
-    def forward(self, x, mask=None, position_ids=None):
+    def forward(self, x, mask=None, position_ids=None, kv_cache=None):
         """x (B, T, C); mask from attention.attention_mask: None (causal), a (B, 1, T, T) bool tensor, a
         flex BlockMask, or for varlen cu_seqlens over the B*T flattened tokens; position_ids (T,) or (B, T):
-        each token's position in its document (GPT.forward passes them; GPT-2 itself does not use them)."""
+        each token's position in its document (GPT.forward passes them; GPT-2 itself does not use them);
+        kv_cache: this layer's KVCache when sampling (GPT.generate), x then continues its positions."""
         B, T, C = x.size()
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)     # packed: q, k, v per head
         q, k, v = qkv.unbind(2)                                                # (B, T, nh, hs) each, views
         q2, k2 = self.transform_qk(q, k, position_ids)
-        # varlen takes the packed tensor (FA3 then writes c_attn's gradient in place, no concatenation):
-        # still valid when transform_qk returned q and k themselves, else re-packed from what it returned
-        packed = qkv if q2 is q and k2 is k else None
-        y = self.attend(q2, k2, v, mask, packed)                               # (B, T, nh, hs)
+        if kv_cache is not None:
+            y = self.attend_cached(q2, k2, v, kv_cache)                        # (B, T, nh, hs)
+        else:
+            # varlen takes the packed tensor (FA3 then writes c_attn's gradient in place, no concatenation):
+            # still valid when transform_qk returned q and k themselves, else re-packed from what it returned
+            packed = qkv if q2 is q and k2 is k else None
+            y = self.attend(q2, k2, v, mask, packed)                           # (B, T, nh, hs)
         return self.resid_dropout(self.c_proj(y.reshape(B, T, C)))
 
     def transform_qk(self, q, k, position_ids):
@@ -111,6 +118,43 @@ class CausalSelfAttention(nn.Module):
             y = attention.flex_attention(q, k, v, mask, self.flex)
         return y.transpose(1, 2)
 
+    def attend_cached(self, q, k, v, kv_cache):
+        """Causal attention of T new positions q, k, v (B, T, nh, hs), the ones after kv_cache.length, to
+        themselves and to every position kv_cache holds; their k and v join it. SDPA whatever the backend:
+        the same math (tests/test_model.py's parity tests), and flex's and varlen's kernels are there for
+        training's documents, not for one query at a time. Returns (B, T, nh, hs)."""
+        T, start = q.size(1), kv_cache.length
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))                          # (B, nh, T, hs)
+        k, v = kv_cache.append(k, v)                                               # (B, nh, start + T, hs)
+        # query i, at position start + i, sees keys 0 .. start + i: a single new token sees them all
+        mask = None if T == 1 else torch.ones(T, start + T, dtype=torch.bool, device=q.device).tril(start)
+        dropout_p = self.dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p).transpose(1, 2)
+
+
+class KVCache:
+    """One layer's keys and values (B, nh, block_size, hs) while sampling, so that a new token costs one
+    position, not the whole context: GPT.generate makes a list of them (one per layer) per prefill and
+    passes it to GPT.forward(kv_cache=...), which hands each layer its own. The keys are cached after
+    transform_qk, at the absolute positions GPT.forward gives them. A plain object, never a module's
+    state: the state dict and training never see it. Allocated at the first append, in the keys' dtype
+    and device; length: the positions filled, the next new token's position."""
+
+    def __init__(self, block_size):
+        self.block_size, self.length = block_size, 0
+        self.k = self.v = None
+
+    def append(self, k, v):
+        """Write k, v (B, nh, T, hs) at positions length .. length + T - 1; returns every cached key and
+        value, (B, nh, length + T, hs) views. GPT.forward raises before a write past block_size."""
+        if self.k is None:
+            B, nh, _, hs = k.shape
+            self.k, self.v = (k.new_empty(B, nh, self.block_size, hs) for _ in range(2))
+        start, self.length = self.length, self.length + k.size(2)
+        self.k[:, :, start:self.length] = k
+        self.v[:, :, start:self.length] = v
+        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+
 
 class MLP(nn.Module):
 
@@ -134,8 +178,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, mask=None, position_ids=None):
-        x = x + self.attn(self.ln_1(x), mask, position_ids)
+    def forward(self, x, mask=None, position_ids=None, kv_cache=None):
+        x = x + self.attn(self.ln_1(x), mask, position_ids, kv_cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -194,7 +238,7 @@ class GPT(nn.Module):
         """The mask every layer shares for doc_ids (B, T) or None: see attention.attention_mask."""
         return attention.attention_mask(self.config.attention, doc_ids, T, device, cu_seqlens, self._causal_block_masks)
 
-    def forward(self, idx, targets=None, doc_ids=None, cu_seqlens=None, position_ids=None):
+    def forward(self, idx, targets=None, doc_ids=None, cu_seqlens=None, position_ids=None, kv_cache=None):
         """idx (B, T) int64 tokens; targets (B, T) int64, -1 = ignored; doc_ids (B, T) int64 or None:
         each run of equal ids is one document, positions restart at 0 at each run and no token attends
         outside its run (ids need not increase: [[0,0,1,1,0,0]] is three documents).
@@ -203,17 +247,24 @@ class GPT(nn.Module):
         Returns logits (B, T, padded_vocab_size), -inf at the padded ids >= vocab_size, and the mean
         cross-entropy over targets != -1 (None without targets; 0 when every target is -1), a softmax
         over the real vocabulary only. With a head_loss installed, targets given and gradients on, the loss is
-        head_loss's and the logits are None (a fused head never makes them whole). Raises ValueError when
-        T > block_size."""
+        head_loss's and the logits are None (a fused head never makes them whole).
+        kv_cache: sampling only (GPT.generate), a list of one KVCache per layer: idx continues the cached
+        positions (its first token at position kv_cache[0].length), one plain causal sequence per row.
+        Raises ValueError when the sequence (with the cached positions) is longer than block_size, or
+        when kv_cache comes with doc_ids or position_ids."""
         B, T = idx.size()
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        start = 0 if kv_cache is None else kv_cache[0].length                   # idx[:, 0]'s position
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
+        if kv_cache is not None and (doc_ids is not None or position_ids is not None):
+            raise ValueError("kv_cache takes one plain sequence per row: no doc_ids, no position_ids")
         if position_ids is None:                                                 # (T,) or (B, T)
-            position_ids = torch.arange(T, device=idx.device) if doc_ids is None else attention.position_ids(doc_ids)
-        mask = self.attention_mask(doc_ids, T, idx.device, cu_seqlens)
+            position_ids = torch.arange(start, start + T, device=idx.device) if doc_ids is None else \
+                attention.position_ids(doc_ids)
+        mask = None if kv_cache is not None else self.attention_mask(doc_ids, T, idx.device, cu_seqlens)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(position_ids))
-        for block in self.transformer.h:
-            x = block(x, mask, position_ids)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, mask, position_ids, None if kv_cache is None else kv_cache[i])
         return self.head(x, targets)
 
     def head(self, x, targets=None):
@@ -240,11 +291,22 @@ class GPT(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Append max_new_tokens sampled tokens to idx (B, T); the padded vocabulary is never sampled."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+        """Append max_new_tokens sampled tokens to idx (B, T): returns (B, T + max_new_tokens). Each is drawn
+        from the logits of the last block_size tokens (nanoGPT's crop); the padded vocabulary is never
+        sampled. use_cache: keep every layer's keys and values (KVCache), so that after a prefill of the
+        prompt each new token costs one position. The positions are absolute (wpe): once the context
+        outgrows block_size the window moves by one every token, and every key with it, so from there on
+        each token is a forward of the last block_size tokens, with or without the cache. The output is
+        the same either way (the same logits, up to rounding, and the same random draws in the same order)."""
+        block_size, kv_cache = self.config.block_size, None
         for _ in range(max_new_tokens):
-            idx_cond = idx[:, -self.config.block_size:]
-            logits, _ = self(idx_cond)
+            if kv_cache is not None and kv_cache[0].length < block_size:
+                logits, _ = self(idx[:, -1:], kv_cache=kv_cache)                 # one new position
+            else:   # the prompt, or a moved window: a cache is made only while it has room for a new token
+                room = use_cache and idx.size(1) < block_size
+                kv_cache = [KVCache(block_size) for _ in self.transformer.h] if room else None
+                logits, _ = self(idx[:, -block_size:], kv_cache=kv_cache)
             logits = logits[:, -1, :self.config.vocab_size] / max(temperature, 1e-6)
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))

@@ -5,6 +5,7 @@ Generate text from a checkpoint, decoding with the checkpoint's tokenizer.
     python sample.py --out_dir=out-fast --start="Once upon a time" --num_samples=3 --top_k=50
     python sample.py --start=""                        # a whole document, from its first token
     python sample.py --out_dir out-fast --top_k 0      # the space form too; top_k 0: the whole vocabulary
+    python sample.py --kv_cache=False                  # no KV cache: the whole context per token
 
 Each sample starts a document (the prompt follows one end-of-text token, as every training document
 does) and stops where the model ends it (its next end-of-text), or after max_new_tokens.
@@ -70,6 +71,9 @@ def main(argv=None):
     parser.add_argument("--temperature", type=temperature, default=0.8, help="a finite number > 0")
     parser.add_argument("--top_k", type=whole(0, " (0: the whole vocabulary)"), default=50,
                         help="sample from the k likeliest tokens; 0: from the whole vocabulary")
+    parser.add_bool("--kv_cache", help="keep each layer's keys and values so that a new token costs one position; "
+                    "False recomputes the whole context per token (the same samples, up to rounding)")
+    parser.set_defaults(kv_cache=True)       # add_bool's flags default to False
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
@@ -104,7 +108,8 @@ def main(argv=None):
         print(f"note: the prompt is {idx.size(1):,} tokens (with its end-of-text), longer than block_size="
               f"{block_size}: the model sees only its last {block_size} tokens", file=sys.stderr)
     for _ in range(args.num_samples):
-        new = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k or None)[0, idx.size(1):].tolist()
+        new = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k or None,
+                             use_cache=args.kv_cache)[0, idx.size(1):].tolist()
         print(tok.decode(prompt + (new[:new.index(eot)] if eot in new else new)))
         print("-" * 60)
 

@@ -10,9 +10,8 @@ Python's standard library sources (prepared on first use).
 main() tells a run as a row of named stages: the config and its checks (each feature checks its own
 flags: speedgpt/<feature>.py), processes and device, checkpoint, data, the model and its transforms
 (FP8, activation checkpointing, compile, DDP/FSDP, in that order), optimizer, logging; then train()
-runs the loop. Each flag is resolved once, in its stage, so the loop reads the same with every flag
-off. Non-finite steps are never applied; SIGINT/SIGTERM save and exit non-zero; a resume continues
-exactly, with its schedule (docs/checkpoints.md).
+runs the loop. Each flag is resolved once, in its stage, so the loop reads the same with every flag off.
+Non-finite steps are never applied; SIGINT/SIGTERM save and exit non-zero; a resume continues exactly.
 """
 import math
 import os
@@ -27,17 +26,18 @@ import torch
 import torch.distributed as dist
 
 from configurator import MODEL_KEYS, help_text, load_config, non_defaults, resolve_decay, resume_changes, resume_config
-from data import DataError, Loader, get_tokenizer, load_meta, prepare
+from data import DataError, Loader, get_tokenizer, load_meta, prepare, sigterm_as_interrupt
 from model import GPT, GPTConfig
-from speedgpt import activation_checkpointing, attention, compilation, fp8, fused_ce, hellaswag, optim
-from speedgpt.checkpoint import (CheckpointNotWritten, check_disk, check_out_dir, checkpoint_bytes, last_good,
-                                 load_checkpoint, load_weights, model_state, remove_stale_tmp, resolve_resume,
-                                 restore_state, save_checkpoint, state_is_finite, step_of)
+from speedgpt import activation_checkpointing, attention, compilation, evaluation, fp8, fused_ce, hellaswag, memory, optim
+from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, target_reached
+from speedgpt.checkpoint import (check_disk, check_out_dir, checkpoint_bytes, last_good, load_checkpoint, load_weights,
+                                 remove_stale_tmp, restore_state, resume_path, rewind_notes, save_run)
 from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, failed_after_signal, leave,
                                   on_every_rank, plan_batch, print0, rng_states, seed_rank_stream, setup_processes)
 from speedgpt.distributed import check as check_parallelism
 from speedgpt.mask_check import check_attention_mask
-from speedgpt.measure import MetricsLogger, Timer, peak_flops_for, start_profile, write_json, write_profile
+from speedgpt.measure import (MetricsLogger, Timer, peak_flops_for, remove_profile, start_profile, write_json,
+                              write_profile)
 
 _setup_done = False        # errors after setup are bugs, not bad input: they keep their traceback
 PT_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,10 +58,12 @@ def check_flags(cfg, proc):
     if cfg.dtype == "bfloat16" and proc.device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(proc.device)}; use float16")
     fused_ce.check(resolved)
+    evaluation.check(resolved)
     fp8.check(resolved, proc.device)
     optim.check(resolved, proc.world)
     compilation.check(resolved)
     check_parallelism(resolved, proc.world)
+    memory.check_run(resolved, proc.device, proc.world)
     check_out_dir(resolved.out_dir)
     return hellaswag.check(resolved, proc)          # last: 'on' may download the file
 
@@ -73,13 +75,8 @@ def settle_config(cfg, explicit, proc):
     max_iters (past warm-up), so a later resume keeps this schedule; a new run is refused, when
     init_from is not given, if out_dir holds a checkpoint it would replace. Returns (cfg, checkpoint
     or None). Raises FileNotFoundError / ValueError for a missing, corrupt or mismatched checkpoint."""
-    if cfg.resume_from:                       # a kept checkpoint of another step (or a path): a resume
-        if "init_from" in explicit and cfg.init_from != "resume":
-            raise ValueError(f"resume_from={cfg.resume_from!r} resumes a run: it cannot go with "
-                             f"init_from={cfg.init_from!r} (leave init_from out, or set it to resume)")
-        cfg = replace(cfg, init_from="resume")
+    cfg, path = resume_path(cfg, explicit)           # init_from='resume' (resume_from implies it): which file
     latest = os.path.join(cfg.out_dir, "ckpt.pt")
-    path = resolve_resume(cfg.out_dir, cfg.resume_from) if cfg.init_from == "resume" else latest
     if remove_stale_tmp(latest):
         print0(f"removed the .tmp files in {cfg.out_dir}, left by a run stopped while saving")
     if cfg.init_from != "resume":
@@ -97,13 +94,7 @@ def settle_config(cfg, explicit, proc):
         raise ValueError(f"profile=True profiles step {ckpt['step'] + cfg.timing_warmup - 1} of this resumed run: "
                          f"max_iters={cfg.max_iters} ends before it")
     print0(f"resume: {path} at step {ckpt['step']:,} of max_iters={cfg.max_iters:,}")
-    newest = step_of(latest) if os.path.isfile(latest) else None
-    if newest is not None and ckpt["step"] < newest:          # rewound: the later steps are abandoned
-        print0(f"resume: step {ckpt['step']:,} is older than the latest checkpoint (step {newest:,}): metrics.jsonl's "
-               f"rows after it are dropped, W&B gets a new run (it cannot rewind one), and the checkpoints of the "
-               "abandoned steps are deleted oldest first as new ones are kept")
-        ckpt["rewound"] = True
-    for line in notes + resume_changes(cfg, explicit, ckpt["config"]):
+    for line in rewind_notes(ckpt, latest) + notes + resume_changes(cfg, explicit, ckpt["config"]):
         print0(f"resume: {line}")
     return cfg, ckpt
 
@@ -116,7 +107,8 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
     unfinished = not os.path.isfile(os.path.join(cfg.data_dir, "meta.json"))
     if proc.master and unfinished and name in ("stdlib_byte", "stdlib_gpt2"):
         print0(f"{cfg.data_dir} is missing or unfinished (no meta.json): preparing the Python stdlib corpus there")
-        prepare(None, cfg.data_dir, tokenizer=name.split("_")[1])
+        with sigterm_as_interrupt():          # SIGTERM cleans up as Ctrl-C does: workers and temp folder gone
+            prepare(None, cfg.data_dir, tokenizer=name.split("_")[1])
     if proc.world > 1:
         dist.barrier()
     meta = load_meta(cfg.data_dir)
@@ -131,15 +123,8 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
     token_bytes = None if val_loader is None else \
         torch.as_tensor(get_tokenizer(meta["tokenizer"]).token_bytes(), device=proc.device)
     if val_loader is not None and eval_rows(cfg, val_loader) * cfg.block_size < cfg.eval_tokens:
-        print0(f"note: eval_tokens={cfg.eval_tokens:,} but the val split of {cfg.data_dir} holds {val_loader.n_rows:,} "
-               f"rows of block_size={cfg.block_size} ({val_loader.n_rows * cfg.block_size:,} tokens): each "
-               "evaluation is all of them")
+        print0(evaluation.small_split_note(cfg, val_loader))
     return meta, train_loader, val_loader, token_bytes
-
-
-def eval_rows(cfg, val_loader):
-    """Rows of each evaluation: eval_tokens in whole rows, at most the val split's."""
-    return min(-(-cfg.eval_tokens // cfg.block_size), val_loader.n_rows)
 
 
 def build_model(cfg, meta, proc, ckpt):
@@ -199,9 +184,8 @@ def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
     logger (console, metrics.jsonl, W&B; tokens/s and MFU), which a resumed run continues."""
     os.makedirs(cfg.out_dir, exist_ok=True)
     if proc.master:
-        for name in ("profile.txt", "profile_trace.json.gz") if cfg.profile else ():
-            if os.path.exists(os.path.join(cfg.out_dir, name)):    # never leave an old profile looking current
-                os.remove(os.path.join(cfg.out_dir, name))
+        if cfg.profile:
+            remove_profile(cfg.out_dir)         # never leave an old profile looking current
         write_json(os.path.join(cfg.out_dir, "config.json"), asdict(cfg))
         if cfg.save_checkpoints:            # refused here, before any step, when the disk cannot hold them
             print0(check_disk(cfg.out_dir, checkpoint_bytes(raw_model.num_params(non_embedding=False)),
@@ -221,39 +205,6 @@ def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
 # -----------------------------------------------------------------------------
 # what a step is made of
 
-def forward(model, b):
-    """The model on data.Batch b: (logits, mean loss). Without the document mask b's doc_ids, cu_seqlens
-    and position_ids are None (plain causal attention); with it they are the loader's."""
-    return model(b.x, b.y, b.doc_ids, b.cu_seqlens, b.position_ids)
-
-
-@torch.no_grad()
-def estimate_loss(model, loader, rows, ctx, token_bytes):
-    """(mean loss per real token, bits per byte) over the first `rows` rows of the val loader's fixed order,
-    all ranks together: the same tokens every time, whatever the world size and micro-batch. Bits per
-    byte is the same loss sum, in bits, over the UTF-8 bytes of the same targets (`token_bytes`: (vocab,)
-    bytes per id; end-of-text is 0 bytes, its loss counted). Every rank runs the same number of forwards
-    (FSDP gathers weights in each); rows past `rows` get no targets."""
-    model.eval()
-    loader.reset()
-    totals = torch.zeros(3, dtype=torch.float64, device=loader.device)      # (loss sum, real tokens, their bytes)
-    per_call = loader.world_size * loader.B
-    for call in range(-(-rows // per_call)):
-        b = next(loader)
-        inside = rows - (call * per_call + loader.rank * loader.B)           # this batch's rows in the set
-        if inside < loader.B:
-            b = b._replace(y=b.y.clone())
-            b.y[max(inside, 0):] = -1
-        with ctx:
-            _, loss = forward(model, b)
-        n, n_bytes = (b.y != -1).sum(), torch.where(b.y != -1, token_bytes[b.y.clamp(min=0)], 0).sum()
-        totals += torch.stack([loss.double() * n, n.double(), n_bytes.double()])
-    if dist.is_initialized():
-        dist.all_reduce(totals)
-    model.train()
-    return (totals[0] / totals[1].clamp(min=1)).item(), (totals[0] / math.log(2) / totals[2].clamp(min=1)).item()
-
-
 def forward_backward(model, batches, n_global, ctx, scaler, grad_sync=None):
     """Accumulate the gradient of one optimizer step over micro-`batches` (a list of data.Batch).
     Each micro-batch's mean loss is weighted by its real tokens over n_global (the step's real
@@ -266,7 +217,7 @@ def forward_backward(model, batches, n_global, ctx, scaler, grad_sync=None):
         if grad_sync is not None:
             grad_sync(i == len(batches) - 1)
         with ctx:
-            _, loss = forward(model, b)
+            _, loss = model(b.x, b.y, b.doc_ids, b.cu_seqlens, b.position_ids)    # without the mask: None, None, None
             loss = loss * (b.n_valid / n_global)
         scaler.scale(loss).backward()
         loss_sum = loss_sum + loss.detach()
@@ -308,6 +259,9 @@ class Run:
     val_bpb: float = None
     hellaswag_acc_norm: float = None
     evaluated: int = None               # the step of the last evaluation
+    tokens: float = 0                   # real tokens trained by this process's run (the job's under torchrun)
+    eval_s: float = 0.0                 # seconds of evaluations and checkpoints, kept out of the training time
+    target: dict = None                 # where target_val_loss was reached (evaluation.target_reached)
 
     @property
     def ckpt_path(self):
@@ -316,7 +270,8 @@ class Run:
     def summary(self):
         """The run's summary (MetricsLogger.summary), with the last bits per byte and HellaSwag acc_norm."""
         return {**self.logger.summary(self.step, self.val_loss, self.best_val), "val_bpb": self.val_bpb,
-                "hellaswag_acc_norm": self.hellaswag_acc_norm}
+                "hellaswag_acc_norm": self.hellaswag_acc_norm, "target_val_loss": self.cfg.target_val_loss or None,
+                "target_reached": self.target}
 
     def evaluate(self, step):
         """Validation loss and bits per byte at `step` (and HellaSwag when on), logged; RunStopped when the
@@ -337,29 +292,8 @@ class Run:
         self.logger.log(record)
 
     def save(self, step):
-        """Write out_dir/ckpt.pt after `step` optimizer steps (every rank calls: a collective under FSDP).
-        Non-finite weights or optimizer moments raise RunStopped on every rank, and nothing is written."""
-        device = self.proc.device
-        if not on_every_rank(state_is_finite(self.raw_model, self.optimizer, device), self.proc):
-            raise RunStopped(f"error: step {step}: the weights are not finite: the run diverged; "
-                             f"{last_good(self.ckpt_path)}", 1)
-        sd, osd = model_state(self.raw_model, self.optimizer)
-        rng, error = rng_states(self.proc), None
-        if self.proc.master:
-            tokens_per_step = self.cfg.batch_size * self.cfg.block_size * self.grad_accum_steps * self.proc.world
-            best = self.val_loss is not None and self.val_loss == self.best_val and self.evaluated == step
-            try:
-                save_checkpoint(self.ckpt_path, {
-                    "model": sd, "optimizer": osd, "scaler": self.scaler.state_dict(), "step": step,
-                    "best_val_loss": self.best_val, "config": asdict(self.cfg), "meta": self.meta,
-                    "loader": self.train_loader.state_dict(), "wandb_run_id": self.logger.wandb_run_id,
-                    "tokens_per_step": tokens_per_step, "rng": {"cpu": rng[0][0], "cuda": rng[0][1], "ranks": rng}},
-                    keep=self.cfg.keep_checkpoints, best=best)
-            except CheckpointNotWritten as e:
-                error = e
-        if not on_every_rank(torch.tensor(error is None, device=device), self.proc):   # every rank stops together
-            raise RunStopped(f"error: step {step}: {error or 'rank 0 could not write the checkpoint'}; "
-                             f"{last_good(self.ckpt_path, 'once the disk has room')}", 1)
+        """Write the checkpoint of `step` (speedgpt/checkpoint.py's save_run: every rank calls it)."""
+        save_run(self, step)
 
 
 def train(run, stop):
@@ -373,11 +307,18 @@ def train(run, stop):
         last_step = step == cfg.max_iters
         if step % cfg.eval_interval == 0 or last_step:
             timer.pause()                       # evaluation and checkpoints are not training time
+            paused = time.perf_counter()
             if cfg.eval_tokens > 0:
                 run.evaluate(step)
+            reached = target_reached(cfg, run.val_loss, step, time.perf_counter() - started - run.eval_s, run.tokens)
             if cfg.save_checkpoints and (step > run.start_step or last_step):
                 run.save(step)
+            run.eval_s += time.perf_counter() - paused
             timer.resume()
+            if reached:
+                run.target = reached
+                print0(f"step {step}: {describe_target(reached)}")
+                break
         if last_step:
             break
         timer.step_begins()
@@ -416,6 +357,7 @@ def train(run, stop):
         if prof is not None:
             write_profile(prof, device, cfg.out_dir)
         timer.step_ends(step_tokens)
+        run.tokens += step_tokens
         if step % cfg.log_interval == 0 or step == cfg.max_iters - 1 or signum or nonfinite:
             run.logger.step(step, loss, lr, grad_norm, 1 - n_valid / tokens_per_step, timer.read())
         if skipped > cfg.max_skipped_steps:
@@ -499,11 +441,10 @@ if __name__ == "__main__":
             time.sleep(3)
         sys.exit(1)
     except (RuntimeError, MemoryError) as e:   # out of memory: CUDA's OutOfMemoryError, the CPU allocator's, numpy's
-        if not isinstance(e, (torch.OutOfMemoryError, MemoryError)) and "can't allocate memory" not in str(e):
+        if memory.out_of_memory_line(e) is None:
             raise
-        sys.exit(f"error: out of memory: {(str(e).splitlines() or [type(e).__name__])[0]}\nlower --batch_size "
-                 "(total_batch_size keeps the step's tokens), or --block_size, or use --grad_checkpointing=full; sdpa "
-                 "and naive with the document mask build a batch_size x block_size^2 mask")
-    except KeyboardInterrupt:                  # before the loop's own handler (setup, data preparation)
-        print("interrupted: stopped without saving", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(memory.out_of_memory_line(e))
+    except KeyboardInterrupt as e:             # before the loop's own handler (setup, data preparation)
+        signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT   # SIGTERM: preparation
+        print(f"{signal.Signals(signum).name}: stopped before training, without saving", file=sys.stderr)
+        sys.exit(128 + signum)

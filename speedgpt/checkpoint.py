@@ -222,6 +222,33 @@ def remove_stale_tmp(path):
     return bool(stale)
 
 
+def resume_path(cfg, explicit):
+    """(cfg, the checkpoint a resume reads): resume_from (a kept step, or a path) implies init_from='resume';
+    the file is out_dir/ckpt.pt (the latest) without resume_from, else resume_from's (resolve_resume). Raises
+    ValueError for resume_from with another init_from given explicitly (`explicit`: the keys set)."""
+    from dataclasses import replace
+    if cfg.resume_from:
+        if "init_from" in explicit and cfg.init_from != "resume":
+            raise ValueError(f"resume_from={cfg.resume_from!r} resumes a run: it cannot go with "
+                             f"init_from={cfg.init_from!r} (leave init_from out, or set it to resume)")
+        cfg = replace(cfg, init_from="resume")
+    if cfg.init_from != "resume":
+        return cfg, os.path.join(cfg.out_dir, "ckpt.pt")
+    return cfg, resolve_resume(cfg.out_dir, cfg.resume_from)
+
+
+def rewind_notes(ckpt, latest):
+    """Lines a resume prints when `ckpt` (loaded) is older than the latest checkpoint `latest`: what becomes of
+    the abandoned steps. Marks ckpt["rewound"] (the metrics logger then starts a new W&B run)."""
+    newest = step_of(latest) if os.path.isfile(latest) else None
+    if newest is None or ckpt["step"] >= newest:
+        return []
+    ckpt["rewound"] = True
+    return [f"step {ckpt['step']:,} is older than the latest checkpoint (step {newest:,}): metrics.jsonl's rows after "
+            "it are dropped, W&B gets a new run (it cannot rewind one), and the checkpoints of the abandoned steps "
+            "are deleted oldest first as new ones are kept"]
+
+
 def resolve_resume(out_dir, resume_from):
     """The checkpoint a resume reads: out_dir/ckpt.pt (the latest) for resume_from='', else the step file of
     resume_from (a step number) or the path it names. Raises FileNotFoundError naming the steps there are."""
@@ -282,3 +309,31 @@ def last_good(path, then=DIVERGED):
     if step is None:
         step = load_checkpoint(path)["step"]
     return f"{path} still holds step {step}: resume from it (--init_from=resume) {then}"
+
+
+def save_run(run, step):
+    """Write the checkpoint of train.py's Run `run` after `step` optimizer steps (every rank calls it: a
+    collective under FSDP), ckpt_best.pt too when this step's evaluation is the best so far. Non-finite
+    weights or optimizer moments, or a write that fails on rank 0, raise RunStopped on every rank in one
+    line naming the last good checkpoint; nothing is written then."""
+    from dataclasses import asdict
+    from speedgpt.distributed import RunStopped, on_every_rank, rng_states
+    device, proc, cfg, path = run.proc.device, run.proc, run.cfg, run.ckpt_path
+    if not on_every_rank(state_is_finite(run.raw_model, run.optimizer, device), proc):
+        raise RunStopped(f"error: step {step}: the weights are not finite: the run diverged; {last_good(path)}", 1)
+    sd, osd = model_state(run.raw_model, run.optimizer)
+    rng, error = rng_states(proc), None
+    if proc.master:
+        best = run.val_loss is not None and run.val_loss == run.best_val and run.evaluated == step
+        try:
+            save_checkpoint(path, {
+                "model": sd, "optimizer": osd, "scaler": run.scaler.state_dict(), "step": step,
+                "best_val_loss": run.best_val, "config": asdict(cfg), "meta": run.meta,
+                "loader": run.train_loader.state_dict(), "wandb_run_id": run.logger.wandb_run_id,
+                "tokens_per_step": cfg.batch_size * cfg.block_size * run.grad_accum_steps * proc.world,
+                "rng": {"cpu": rng[0][0], "cuda": rng[0][1], "ranks": rng}}, keep=cfg.keep_checkpoints, best=best)
+        except CheckpointNotWritten as e:
+            error = e
+    if not on_every_rank(torch.tensor(error is None, device=device), proc):   # every rank stops together
+        raise RunStopped(f"error: step {step}: {error or 'rank 0 could not write the checkpoint'}; "
+                         f"{last_good(path, 'once the disk has room')}", 1)

@@ -85,6 +85,13 @@ def start_profile(device):
     return prof
 
 
+def remove_profile(out_dir):
+    """Delete out_dir's profile.txt and profile_trace.json.gz, a profiled run's, before it writes its own."""
+    for name in ("profile.txt", "profile_trace.json.gz"):
+        if os.path.exists(os.path.join(out_dir, name)):
+            os.remove(os.path.join(out_dir, name))
+
+
 def write_profile(prof, device, out_dir):
     """Stop torch.profiler `prof` and write out_dir/profile.txt (ops by self GPU time, or CPU time on
     the CPU) and out_dir/profile_trace.json.gz (Chrome trace: chrome://tracing or ui.perfetto.dev;
@@ -165,8 +172,11 @@ def summary_line(summary):
              else "no validation",
              *([f"hellaswag acc_norm {summary['hellaswag_acc_norm']:.4f}"] if summary.get("hellaswag_acc_norm")
                is not None else []),
+             *([("target val loss reached at step {step:,}: {tokens:,} tokens, {train_seconds:.1f} s of training (compile "
+                 "included, evaluation apart)").format(**summary["target_reached"]) if summary.get("target_reached")
+                else "target val loss not reached"] if summary.get("target_val_loss") else []),
              f"checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else "no checkpoint",
-             f"metrics {summary['metrics']}"]
+             f"metrics {summary['metrics']} (plot: python plot.py {os.path.dirname(summary['metrics'])})"]
     return " | ".join(parts)
 
 
@@ -204,7 +214,7 @@ def read_metrics(path):
             records.append(json.loads(line))
         except json.JSONDecodeError as e:
             if any(rest.strip() for rest in lines[i + 1:]):
-                raise ValueError(f"{path} line {i + 1} is not JSON ({e}): fix or delete that line, then resume") from None
+                raise ValueError(f"{path} line {i + 1} is not JSON ({e}): fix or delete that line") from None
             note = f"the last line of {path} was cut short (a run stopped while writing it): dropped"
     return records, note
 

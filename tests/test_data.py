@@ -372,10 +372,10 @@ def test_a_stopped_preparation_leaves_no_worker_and_no_temp_folder(tmp_path, big
 @pytest.mark.parametrize("caller", ["train.py", "threaded"])
 def test_a_program_preparing_in_process_takes_its_workers_with_it(tmp_path, big_jsonl, caller):
     """data.prepare() inside another program: train.py preparing the stdlib corpus on first use, SIGTERM
-    before its own handler is set (it dies at once, its temp folder left for the next preparation to
-    remove; its workers are forked, train.py their parent), and a program that runs a thread, SIGKILL (its
-    workers come from a fork server, their parent, which outlives them otherwise). The workers, and the
-    fork server and resource tracker with them, end within seconds; the output folder is never written.
+    (it cleans up as Ctrl-C does: status 143, one line, no temp folder; its workers are forked, train.py their
+    parent), and a program that runs a thread, SIGKILL (its workers come from a fork server, their parent,
+    which outlives them otherwise). The workers, and the fork server and resource tracker with them, end
+    within seconds; the output folder is never written.
     train.py's "stdlib" is big_jsonl here: the real one is prepared in a second, too soon to be stopped
     mid-way for sure."""
     if caller == "train.py":
@@ -404,9 +404,14 @@ def test_a_program_preparing_in_process_takes_its_workers_with_it(tmp_path, big_
     finally:
         proc.kill()
         _kill(below)
-    assert proc.returncode == -signum
     assert not left, f"{len(left)} of the {len(below)} processes under {caller} still run 20 s after {signum.name}"
     assert not out.exists()
+    if caller == "threaded":
+        assert proc.returncode == -signum
+    else:
+        assert proc.returncode == 128 + signum, log.read_text()[-2000:]
+        assert log.read_text().strip().splitlines()[-1] == "SIGTERM: stopped before training, without saving"
+        assert not (tmp_path / f".{out.name}.preparing").exists()
 
 
 def test_files_are_read_for_what_they_are(tmp_path):

@@ -126,3 +126,21 @@ def test_a_resume_on_fewer_processes_keeps_the_step(short_data, tmp_path, capsys
     assert "total_batch_size=0 makes a step 128 tokens here; the checkpoint's steps were 256" in capsys.readouterr().out
     two, cut = ({r["step"]: r["loss"] for r in read_metrics(tmp_path / d) if "loss" in r} for d in ("two", "cut"))
     assert sorted(cut) == [0, 1, 2, 3] and [cut[s] for s in (2, 3)] == pytest.approx([two[s] for s in (2, 3)], rel=1e-5)
+
+
+def test_muon_under_ddp_equals_single_process_and_fsdp_is_refused(short_data, tmp_path):
+    """optimizer=muon works under DDP (each rank orthogonalises the same all-reduced gradient): the
+    single-process result; FSDP, which shards the matrices Newton-Schulz needs whole, is refused in one line."""
+    args = ("--packing=False", "--optimizer=muon", "--lr_schedule=wsd")       # 2 steps, as the AdamW test above
+    train.main(common(short_data, tmp_path / "single", *args))
+    torchrun(common(short_data, tmp_path / "multi", *args))
+    single = torch.load(tmp_path / "single" / "ckpt.pt", weights_only=True)["model"]
+    multi = torch.load(tmp_path / "multi" / "ckpt.pt", weights_only=True)["model"]
+    for name, p in single.items():
+        torch.testing.assert_close(multi[name], p, rtol=1e-5, atol=1e-6, msg=name)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+           *map(str, common(short_data, tmp_path / "fsdp", "--optimizer=muon", "--parallelism=fsdp"))]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0 and "error: optimizer='muon' needs whole matrices for its Newton-Schulz step, and " \
+                                   "FSDP shards them: use --parallelism=ddp, or --optimizer=adamw" in proc.stderr

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_same_outputs, outputs_and_grads
-from model import GPT, GPTConfig
+from conftest import assert_same_outputs, outputs_and_grads, rotary_qk
+from model import GPT, CausalSelfAttention, GPTConfig, KVCache
 from speedgpt.attention import position_ids
 
 
@@ -113,3 +113,95 @@ def test_head_ce_benchmark_variants_match_the_model_loss():
     for other in grads[1:]:
         for a, b in zip(grads[0], other):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+# -----------------------------------------------------------------------------
+# sampling with a KV cache (GPT.generate(use_cache=True))
+
+def sampler(attention="sdpa", rope=False, monkeypatch=None):
+    """A float64 model with block_size 16 whose output depends on positions (attention sharpened, position
+    embeddings scaled up), rotary embeddings through transform_qk when `rope`; eval mode."""
+    if rope:
+        monkeypatch.setattr(CausalSelfAttention, "transform_qk", rotary_qk)
+    m = tiny(attention, block_size=16).eval()
+    with torch.no_grad():
+        for block in m.transformer.h:
+            block.attn.c_attn.weight.mul_(20)
+        m.transformer.wpe.weight.mul_(5)
+    return m
+
+
+def generate_counting(m, idx, *args, **kwargs):
+    """(m.generate(idx, ...), the number of positions of each forward it ran)."""
+    lengths = []
+    hook = m.transformer.wte.register_forward_pre_hook(lambda module, inputs: lengths.append(inputs[0].size(1)))
+    try:
+        return m.generate(idx, *args, **kwargs), lengths
+    finally:
+        hook.remove()
+
+
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_kv_cache_greedy_ids_match_past_block_size(attention, rope, monkeypatch):
+    """Greedy ids are the same with and without the cache, past block_size too, also with rotary embeddings
+    (the cached keys go through transform_qk at their absolute positions). With the cache, the prompt is one
+    forward and each token after it one position until the context fills block_size; from there the window
+    moves every token and each is a forward of block_size positions, as without the cache."""
+    m = sampler(attention, rope, monkeypatch)
+    idx = torch.randint(0, 100, (2, 3), generator=torch.Generator().manual_seed(1))
+    plain, plain_lengths = generate_counting(m, idx, 60, top_k=1, use_cache=False)
+    cached, cached_lengths = generate_counting(m, idx, 60, top_k=1)        # use_cache=True by default
+    assert plain_lengths == [min(3 + i, 16) for i in range(60)]
+    assert cached_lengths == [3] + [1] * 13 + [16] * 46
+    assert torch.equal(cached, plain), (cached, plain)
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_kv_cache_logits_match_the_full_forward(rope, monkeypatch):
+    """A prefill, a chunk of 4 positions, then one position at a time give the logits of one forward of the
+    whole sequence, at every position; with rotary embeddings too, and those change the logits."""
+    m = sampler(rope=rope, monkeypatch=monkeypatch)
+    idx = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full, _ = m(idx)
+        kv_cache = [KVCache(16) for _ in m.transformer.h]
+        pieces = [m(idx[:, :5], kv_cache=kv_cache)[0], m(idx[:, 5:9], kv_cache=kv_cache)[0]]
+        pieces += [m(idx[:, t:t + 1], kv_cache=kv_cache)[0] for t in range(9, 16)]
+        with pytest.raises(ValueError, match="exceeds block_size 16"):      # the cache is full
+            m(idx[:, :1], kv_cache=kv_cache)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-10)
+    if rope:
+        monkeypatch.undo()
+        with torch.no_grad():
+            assert (m(idx)[0] - full)[..., :100].abs().max() > 1e-3          # the rotation is applied
+
+
+def test_kv_cache_top_k_sampling_draws_the_same_ids():
+    """top_k sampling from one seed gives the same ids with and without the cache, past block_size: the
+    same distributions, the same random draws in the same order (another seed draws other ids)."""
+    m = sampler()
+    idx = torch.randint(0, 100, (2, 3), generator=torch.Generator().manual_seed(1))
+    draws = []
+    for seed, use_cache in ((0, False), (0, True), (1, True)):
+        torch.manual_seed(seed)
+        draws.append(m.generate(idx, 60, temperature=1.5, top_k=20, use_cache=use_cache))
+    assert torch.equal(draws[1], draws[0])
+    assert not torch.equal(draws[2], draws[0])
+
+
+def test_kv_cache_stays_out_of_the_model_and_training():
+    """Sampling with the cache adds nothing to the state dict and leaves a training step's loss, logits and
+    gradients bit for bit as they were; the cache refuses packed batches."""
+    m = tiny(dropout=0.0)
+    idx, tgt = torch.randint(0, 100, (2, 64)), torch.randint(0, 100, (2, 64))
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    before = outputs_and_grads(m, idx, tgt)
+    m.zero_grad(set_to_none=True)
+    m.eval().generate(idx[:, :4], 70)
+    assert m.state_dict().keys() == state.keys() and all(torch.equal(m.state_dict()[k], v) for k, v in state.items())
+    after = outputs_and_grads(m.train(), idx, tgt)
+    assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1])
+    assert all(torch.equal(after[2][n], g) for n, g in before[2].items())
+    with pytest.raises(ValueError, match="no doc_ids"):
+        m(idx[:, :8], doc_ids=torch.zeros(2, 8, dtype=torch.long), kv_cache=[KVCache(64) for _ in m.transformer.h])

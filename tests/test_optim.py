@@ -1,6 +1,7 @@
 """speedgpt/optim.py: the schedules' shapes, the parameter groups of each optimizer, and Muon + AdamW as one
 optimizer whose state resumes exactly (CPU)."""
 import math
+import os
 
 import pytest
 import torch
@@ -102,3 +103,19 @@ def test_describe_names_each_group():
                           configurator.Config(optimizer="muon"))
     assert line.startswith("optimizer: muon, lr_schedule cosine: Muon (the block matrices; c_attn as one 3C x C matrix)")
     assert "AdamW (the embeddings and head) lr 0.003" in line and "AdamW (gains, biases)" in line
+
+
+@pytest.mark.slow
+def test_muon_with_wsd_is_no_worse_than_adamw_on_the_quickstart_data(tmp_path):
+    """The same steps and tokens on the quickstart's corpus (the stdlib sources, byte tokenizer), a small
+    model: Muon + WSD's val loss within 0.02 of AdamW + cosine's, or below (BENCHMARKS.md: the quickstart
+    itself, 200 steps, 2.08 against 2.44)."""
+    import train
+    from conftest import ROOT
+    data_dir = os.path.join(ROOT, "data", "stdlib_byte")    # made on first use, as by the quickstart
+    common = [f"--data_dir={data_dir}", "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64",
+              "--batch_size=8", "--max_iters=150", "--eval_interval=150", "--eval_tokens=16384", "--log_interval=50",
+              "--save_checkpoints=False"]
+    adamw = train.main([*common, f"--out_dir={tmp_path / 'adamw'}"])["val_loss"]
+    muon = train.main([*common, f"--out_dir={tmp_path / 'muon'}", "--optimizer=muon", "--lr_schedule=wsd"])["val_loss"]
+    assert muon < adamw + 0.02, (muon, adamw)

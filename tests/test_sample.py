@@ -1,11 +1,12 @@
 """sample.py on the CPU: a temperature or top_k that cannot sample is refused in one line before any
-checkpoint is read; good ones, in either flag form, sample."""
+checkpoint is read; good ones, in either flag form, sample, with the KV cache or without it."""
 import re
 
 import pytest
 
 import sample
 import train
+from model import GPT
 from conftest import tiny_args
 
 
@@ -22,6 +23,7 @@ from conftest import tiny_args
     ("--top_k", "nan", r"must be a whole number >= 0 \(0: the whole vocabulary\)"),
     ("--max_new_tokens", "0", "must be a whole number >= 1"),
     ("--num_samples", "-2", "must be a whole number >= 1"),
+    ("--kv_cache", "maybe", "must be True or False"),
 ])
 @pytest.mark.parametrize("form", ["=", " "])
 def test_bad_sampling_flags_are_one_line(tmp_path, capsys, flag, value, why, form):
@@ -46,3 +48,22 @@ def test_good_flags_sample(byte_data, tmp_path, capsys):
                  "--temperature=1.5"])
     out = capsys.readouterr().out
     assert out.startswith("def ") and out.endswith("-" * 60 + "\n"), out
+
+
+def test_kv_cache_flag(byte_data, tmp_path, capsys, monkeypatch):
+    """--kv_cache is on by default, --kv_cache=False turns it off, and both print the same samples (one seed)
+    of 80 new tokens: past block_size (64)."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=1", "--eval_tokens=0"))
+    use_cache, generate = [], GPT.generate
+
+    def spy(self, *args, **kwargs):
+        use_cache.append(kwargs["use_cache"])
+        return generate(self, *args, **kwargs)
+    monkeypatch.setattr(GPT, "generate", spy)
+    texts = []
+    for flags in ([], ["--kv_cache=False"], ["--kv_cache"]):
+        capsys.readouterr()
+        sample.main([f"--out_dir={tmp_path}", "--device=cpu", "--num_samples=2", "--max_new_tokens=80", *flags])
+        texts.append(capsys.readouterr().out)
+    assert use_cache == [True, True, False, False, True, True]
+    assert texts[0] == texts[1] == texts[2] and texts[0].startswith("def "), texts

@@ -1,0 +1,230 @@
+"""
+The memory check (memory_check=True): estimate what one training step holds per process, and refuse, before
+any work, a run that clearly cannot fit on its device, in one line naming the way out. Without it such a run
+is found out late: on a CPU the machine swaps for minutes before the kernel kills it, with no checkpoint.
+
+    est = estimate(cfg, vocab_size, world)      # bytes by part: Estimate.describe() says them in GB
+    line = check(cfg, vocab_size, device, world)  # ValueError when est.total > MARGIN x available(device)
+
+The estimate is a model of the peak, not a measurement: within 0.8x-1.2x of each peak measured on the H200
+(torch.cuda.max_memory_allocated: the table in tests/test_memory.py, from BENCHMARKS.md "Memory" and
+benchmarks/results/) and of a CPU step's; with MARGIN it refuses only what clearly cannot fit.
+"""
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+GB = 1e9                 # 10^9 bytes, as BENCHMARKS.md's "peak GB"
+MARGIN = 0.9             # refuse above this share of the device's memory: the allocator's fragmentation, the
+                         # CUDA context, the evaluation and the data loader live beside the step
+MEMINFO = "/proc/meminfo"
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max",                      # cgroup v2
+                 "/sys/fs/cgroup/memory/memory.limit_in_bytes")    # cgroup v1
+GPT2_VOCAB = 50257       # shards.load_meta's assumption for a folder of foreign shards, and the larger tokenizer
+# torchao's tensorwise Float8Linear, compiled, keeps the block Linears' inputs in float8: the measured peaks
+# at 350M and 774M (benchmarks/results/family_side_by_side_h200.md, "block FP8") shrink as if the block
+# activations were about this share of bf16's. The rowwise recipes keep bf16 inputs for the backward.
+FP8_TENSORWISE_ACTIVATIONS = 0.63
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes per process of one training step, by part (estimate())."""
+    params: int          # the float32 weights (FSDP: this rank's shard)
+    grads: int           # their float32 gradients, and DDP's bucket copy of them
+    optimizer: int       # AdamW's two moments, Muon's one momentum buffer on the block matrices
+    activations: int     # what the blocks keep for the backward, attention's T x T scores and its mask
+    head: int            # the output head: the logits and their gradient, or the fused head's chunk
+
+    @property
+    def weights(self):
+        """params + grads + optimizer: what does not depend on the micro-batch."""
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self):
+        return self.weights + self.activations + self.head
+
+    def describe(self):
+        """One line in GB: '36.0 GB per process (weights + optimizer 2.0, activations 20.6, head 13.4)'."""
+        return (f"{self.total / GB:.1f} GB per process (weights + optimizer {self.weights / GB:.1f}, "
+                f"activations {self.activations / GB:.1f}, head {self.head / GB:.1f})")
+
+
+def n_params(cfg, vocab_size):
+    """Parameters of model.GPT for `cfg`'s shape: the tied embedding and head (vocabulary padded to a multiple
+    of 64, as GPTConfig.padded_vocab_size), the position embedding, per block 12 C^2 of matrices and the
+    LayerNorms' 2 vectors of C (with bias 13: their biases and the Linears'), and the final LayerNorm.
+    Returns (all parameters, those in the block matrices)."""
+    C, V = cfg.n_embd, -(-vocab_size // 64) * 64
+    matrices = cfg.n_layer * 12 * C * C
+    vectors = cfg.n_layer * (13 if cfg.bias else 2) * C + (2 if cfg.bias else 1) * C
+    return V * C + cfg.block_size * C + matrices + vectors, matrices
+
+
+def estimate(cfg, vocab_size, world=1):
+    """Bytes per process of one training step of `cfg` (a resolved Config: attention not 'auto'; 'auto' is
+    counted as 'sdpa', the larger of its answers) on a vocabulary of `vocab_size` ids, with `world` processes.
+    An Estimate of int bytes by part. The parts:
+
+    weights: float32 parameters, their float32 gradients and the optimizer's float32 state (AdamW: 2 moments;
+        optimizer='muon': 1 momentum buffer on the block matrices, AdamW's 2 on the rest); FSDP with
+        world > 1 shards all three by world (the gathered block or two is left out: small next to them); DDP
+        adds its gradient buckets, a copy of the gradients (gradient_as_bucket_view is off).
+    activations of one micro-batch (batch_size x block_size tokens): per layer per token 34 C bytes in 16-bit
+        autocast, plus 5 n_head T bytes for attention='naive''s T x T scores (Korthikanti et al. 2022,
+        "Reducing Activation Recomputation in Large Transformer Models", section 4: sbh(34 + 5as/h) bytes per
+        layer). float32 doubles the 34 C (the scores stay: under autocast the softmax runs in float32 anyway,
+        and the ladder measured about the same peak for float32 as for bf16, BENCHMARKS.md). sdpa and naive
+        with the document mask add one (B, 1, T, T) bool mask. grad_checkpointing='full' keeps each block's
+        input (ibid.: 2sbh per layer in 16-bit; here 4sbh, the residual stream being float32 under autocast)
+        and recomputes one block at a time; 'selective' keeps the matmul and attention outputs: about half
+        (measured: BENCHMARKS.md, Memory).
+        FP8 tensorwise on every block Linear keeps float8 inputs: FP8_TENSORWISE_ACTIVATIONS of the 34 C.
+    head: without fused_ce the (tokens, padded vocab) logits: uncompiled, in float32 with the log-softmax and
+        the gradients of both (16 bytes an element: measured on the CPU, and the ladder's eager rungs);
+        compiled, 6 bytes an element (measured at 124M, fused_ce off); with fused_ce one chunk's
+        (fused_ce_chunk, padded vocab) float32 temporaries (about 4 uncompiled, 1 compiled: the measured
+        peaks grow by about 4 bytes per element of the chunk) plus the gradients it stores, of the hidden
+        states and the weight.
+    """
+    tokens, C, L, T = cfg.batch_size * cfg.block_size, cfg.n_embd, cfg.n_layer, cfg.block_size
+    V = -(-vocab_size // 64) * 64
+    half = cfg.dtype in ("bfloat16", "float16")
+    n, in_matrices = n_params(cfg, vocab_size)
+    adam = n - in_matrices if cfg.optimizer == "muon" else n
+    params, grads, optimizer = 4 * n, 4 * n, 8 * adam + 4 * (n - adam)
+    if world > 1 and cfg.parallelism == "fsdp":
+        params, grads, optimizer = params // world, grads // world, optimizer // world
+    elif world > 1:
+        grads += 4 * n
+    per_layer = 34 * C * (1 if half else 2)                        # bytes per token
+    if cfg.fp8 and cfg.fp8_recipe == "tensorwise" and C >= cfg.fp8_min_dim and C % 16 == 0 \
+            and sorted(k.strip() for k in cfg.fp8_layers.split(",")) == ["attn_proj", "fc", "mlp_proj", "qkv"]:
+        per_layer *= FP8_TENSORWISE_ACTIVATIONS
+    if cfg.attention == "naive":
+        per_layer += 5 * cfg.n_head * T
+    if cfg.grad_checkpointing == "full":
+        blocks = tokens * (4 * C * L + per_layer)                  # the inputs kept, one block recomputed
+    else:
+        blocks = tokens * per_layer * L * (0.5 if cfg.grad_checkpointing == "selective" else 1)
+    masked = cfg.attention in ("naive", "sdpa", "auto") and cfg.packing and cfg.document_mask
+    activations = blocks + (cfg.batch_size * T * T if masked else 0)
+    compiled = cfg.compile or cfg.compile_regional
+    if cfg.fused_ce:
+        chunk = min(cfg.fused_ce_chunk, tokens)
+        head = chunk * V * 4 * (1 if compiled else 4) + tokens * C * (2 if half else 4) + V * C * 4
+    else:
+        head = tokens * V * (6 if compiled else 16)
+    return Estimate(int(params), int(grads), int(optimizer), int(activations), int(head))
+
+
+def _read_int(path, field=None):
+    """The integer in file `path` (the value of `field`, for a 'Name: value kB' file such as /proc/meminfo, in
+    bytes); None when the file, the field or a number is missing ('max': no cgroup limit)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    if field is None:
+        return int(text) if text.strip().isdigit() else None
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name == field and value.split() and value.split()[0].isdigit():
+            return int(value.split()[0]) * (1024 if value.strip().endswith("kB") else 1)
+    return None
+
+
+def available(device):
+    """Bytes of memory a run on `device` (a torch.device or its name) may use, or None where it cannot be read.
+    A GPU: its total memory (torch.cuda.get_device_properties). The CPU: the machine's available memory
+    (MemAvailable in /proc/meminfo: free memory plus what the kernel can reclaim; else os.sysconf's available
+    pages), capped on Linux by the cgroup's memory limit (cgroup v2 memory.max, v1 memory.limit_in_bytes), since
+    a container's /proc/meminfo reports the host's memory."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    free = _read_int(MEMINFO, "MemAvailable")
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):       # no sysconf (Windows) or no such name (macOS)
+            free = None
+    limits = [n for n in (_read_int(p) for p in CGROUP_LIMITS) if n is not None]
+    return min([free] * (free is not None) + limits) if free is not None or limits else None
+
+
+def vocab_size(data_dir):
+    """The vocabulary a run on `data_dir` will train on, before its data is prepared: meta.json's vocab_size;
+    without one, the tokenizer of the stdlib corpus it names (stdlib_byte, stdlib_gpt2: prepared on first
+    use), else GPT-2's, as shards.load_meta assumes for foreign shards (and the larger of the tokenizers)."""
+    try:
+        with open(os.path.join(data_dir, "meta.json")) as f:
+            size = json.load(f)["vocab_size"]
+        if type(size) is int and size > 0:
+            return size
+    except (OSError, ValueError, KeyError, TypeError):      # none, or broken: load_meta will say so later
+        pass
+    from speedgpt.corpus import ByteTokenizer
+    return ByteTokenizer.vocab_size if os.path.basename(str(data_dir).rstrip("/")) == "stdlib_byte" else GPT2_VOCAB
+
+
+def check(cfg, vocab_size, device, world=1):
+    """Refuse, before any work, a run of `cfg` (resolved: check_flags' config) on a vocabulary of `vocab_size`
+    whose estimate() exceeds MARGIN of available(device) (a torch.device), with `world` processes in the job;
+    on the CPU torchrun's LOCAL_WORLD_SIZE processes share the machine's memory. Raises ValueError in one line:
+    the estimate by part, the memory there and the way out (and --memory_check=False). Returns a one-line
+    description of the estimate otherwise ('not checked' with memory_check=False, or memory that cannot be
+    read)."""
+    device = torch.device(device)
+    est = estimate(cfg, vocab_size, world)
+    if not cfg.memory_check:
+        return f"memory: about {est.describe()}; not checked (memory_check=False)"
+    have = available(device)
+    if have is None:
+        return f"memory: about {est.describe()}; not checked (the memory of {device} cannot be read)"
+    sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
+    need = est.total * sharing
+    where = (f"the {have / GB:.1f} GB {device} has available" if device.type == "cpu"
+             else f"the {have / GB:.1f} GB of {device}")
+    if need <= MARGIN * have:
+        return f"memory: about {est.describe()}" + (f" x {sharing} processes" if sharing > 1 else "") + \
+            f"; fits in {where}"
+    ways = ["lower --batch_size (total_batch_size keeps the step's tokens)", "or --block_size"]
+    if cfg.grad_checkpointing != "full":
+        ways.append("or use --grad_checkpointing=full")
+    if cfg.attention == "naive":
+        ways.append("or --attention=sdpa (no T x T scores)")
+    if 4 * est.head > est.total and cfg.fused_ce:
+        ways.append("or a smaller --fused_ce_chunk")
+    elif 4 * est.head > est.total and cfg.dtype != "float16":       # fused_ce refuses float16
+        ways.append("or --fused_ce=True (no logits kept)")
+    if world > 1 and cfg.parallelism == "ddp" and est.weights > est.activations:
+        ways.append("or --parallelism=fsdp (shards the weights)")
+    processes = f" ({sharing} processes on this machine: {need / GB:.1f} GB)" if sharing > 1 else ""
+    raise ValueError(f"this run needs about {est.describe()}{processes}, more than {MARGIN:.0%} of {where}: "
+                     f"{', '.join(ways)}; --memory_check=False skips this check")
+
+
+def out_of_memory_line(e):
+    """The one line for an out-of-memory error `e` (CUDA's OutOfMemoryError, the CPU allocator's, numpy's
+    MemoryError), naming the way out; None when `e` is another error."""
+    import torch
+    if not isinstance(e, (torch.OutOfMemoryError, MemoryError)) and "can't allocate memory" not in str(e):
+        return None
+    return (f"error: out of memory: {(str(e).splitlines() or [type(e).__name__])[0]}: lower --batch_size "
+            "(total_batch_size keeps the step's tokens), or --block_size, or use --grad_checkpointing=full; sdpa and "
+            "naive with the document mask build a batch_size x block_size^2 mask")
+
+
+def check_run(cfg, device, world=1):
+    """train.py's call: check() on the vocabulary of cfg.data_dir, its line printed on rank 0. Skipped when
+    data_dir does not exist and is not a corpus prepared on first use: train.py then refuses the folder in its
+    own line, the mistake to fix first."""
+    from speedgpt.distributed import print0
+    name = os.path.basename(str(cfg.data_dir).rstrip("/"))
+    if os.path.isdir(cfg.data_dir) or name in ("stdlib_byte", "stdlib_gpt2"):
+        print0(check(cfg, vocab_size(cfg.data_dir), device, world))

@@ -1,0 +1,207 @@
+"""speedgpt/memory.py: the estimate against measured peaks (the H200's, from BENCHMARKS.md and
+benchmarks/results/; a real CPU step), the refusal of the reported run (issue 37) in one line, the override,
+and where a CPU's and a GPU's memory are read from. Runs on the CPU: the GPU is faked where the check reads one."""
+import glob
+import json
+import os
+import re
+import sys
+import types
+from dataclasses import replace
+
+import pytest
+import torch
+
+from configurator import Config, load_config
+from model import GPT, GPTConfig
+from speedgpt import attention, memory
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPT2_VOCAB, BYTE_VOCAB = 50257, 257
+H200 = 141e9        # the vendor's 141 GB; torch reports 150.1e9 (benchmarks/results/history.md, section 5)
+
+# Peak GB (torch.cuda.max_memory_allocated) on one H200: (command line, attention as it ran, GB, where measured)
+MEASURED = [
+    (["--config", "config/fast.py"], "varlen", 37.5, "BENCHMARKS.md, Memory (e020850)"),
+    (["--config", "config/gpt2-medium.py"], "varlen", 63.7, "BENCHMARKS.md, Memory (3f9797b)"),
+    (["--config", "config/gpt2-large.py"], "varlen", 46.7, "BENCHMARKS.md, Memory"),
+    (["--config", "config/gpt2-xl.py"], "varlen", 78.6, "BENCHMARKS.md, Memory"),
+    (["--config", "config/gpt2-xl.py", "--batch_size=16"], "varlen", 50.2, "BENCHMARKS.md, Memory"),
+    (["--config", "config/fast.py", "--fused_ce=False", "--fp8_head=False"], "varlen", 44.3,
+     "features_124m_h200.md, fused_ce (9eeaef6)"),
+    (["--config", "config/fast.py", "--fused_ce_chunk=16384"], "varlen", 28.2, "features_124m_h200.md, chunk"),
+    (["--config", "config/gpt2-medium.py", "--fused_ce_chunk=65536"], "varlen", 73.4, "features_124m_h200.md"),
+    (["--config", "config/gpt2-large.py", "--fp8=False"], "varlen", 66.3, "family_side_by_side_h200.md"),
+    (["--config", "config/large.py"], "flex", 52.8, "BENCHMARKS.md, Memory: config/large.py at batch 8"),
+    (["--config", "config/large.py", "--grad_checkpointing=selective"], "flex", 37.4, "ibid."),
+    (["--config", "config/large.py", "--grad_checkpointing=full"], "flex", 25.9, "ibid."),
+    (["--config", "config/baseline.py", "--packing=False"], "naive", 34.2, "BENCHMARKS.md, the ladder's baseline"),
+    (["--config", "config/baseline.py", "--packing=False", "--dtype=bfloat16"], "naive", 31.7, "ibid., + bf16"),
+    (["--config", "config/baseline.py", "--packing=False", "--dtype=bfloat16", "--compile=True"], "naive", 22.1,
+     "ibid., + torch.compile"),
+]
+
+
+def resolved(argv, attention_as_run):
+    cfg = load_config(argv)
+    return replace(cfg, attention=attention_as_run, document_mask=cfg.packing and cfg.document_mask)
+
+
+def fake_gpu(monkeypatch, total):
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=total))
+
+
+@pytest.mark.parametrize("argv, attention_as_run, gb, source", MEASURED,
+                         ids=[" ".join(m[0][1:]) for m in MEASURED])
+def test_the_estimate_is_near_each_measured_peak(argv, attention_as_run, gb, source):
+    est = memory.estimate(resolved(argv, attention_as_run), GPT2_VOCAB)
+    assert 0.6 * gb * 1e9 < est.total < 1.6 * gb * 1e9, f"{est.describe()} against {gb} GB measured ({source})"
+
+
+def test_checkpointing_and_fp8_shrink_the_activations_in_the_measured_order():
+    none, selective, full = (memory.estimate(resolved(["--config", "config/large.py", f"--grad_checkpointing={g}"],
+                                                      "flex"), GPT2_VOCAB) for g in ("none", "selective", "full"))
+    assert full.activations < selective.activations < none.activations
+    assert full.weights == selective.weights == none.weights and full.head == none.head
+    fp8 = memory.estimate(resolved(["--config", "config/gpt2-large.py"], "varlen"), GPT2_VOCAB)
+    bf16 = memory.estimate(resolved(["--config", "config/gpt2-large.py", "--fp8=False"], "varlen"), GPT2_VOCAB)
+    rowwise = memory.estimate(resolved(["--config", "config/gpt2-large.py", "--fp8_recipe=rowwise_bf16_wgrad"],
+                                       "varlen"), GPT2_VOCAB)
+    assert fp8.activations < bf16.activations == rowwise.activations
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "config", "*.py"))),
+                         ids=lambda p: os.path.basename(p))
+def test_no_preset_is_refused_on_an_h200(path, monkeypatch):
+    """Each preset as the H200 runs it (attention='auto': FA3 varlen) passes the check on a 141 GB GPU."""
+    fake_gpu(monkeypatch, H200)
+    cfg = load_config(["--config", path])
+    cfg = replace(cfg, attention="varlen" if cfg.attention == "auto" else cfg.attention,
+                  document_mask=cfg.packing and cfg.document_mask)
+    line = memory.check(cfg, GPT2_VOCAB, torch.device("cuda:0"), 1)
+    assert line.startswith("memory: about ") and line.endswith("; fits in the 141.0 GB of cuda:0")
+
+
+@pytest.mark.parametrize("argv", [[], ["--config", "config/fast.py"], ["--config", "config/gpt2-xl.py"],
+                                  ["--config", "config/baseline.py", "--bias=True"]])
+@pytest.mark.parametrize("vocab", [BYTE_VOCAB, GPT2_VOCAB])
+def test_the_parameters_counted_are_the_models(argv, vocab):
+    cfg = load_config(argv)
+    with torch.device("meta"):
+        model = GPT(GPTConfig.from_dict(vars(cfg), vocab, attention="sdpa"))
+    n, in_matrices = memory.n_params(cfg, vocab)
+    assert n == model.num_params(non_embedding=False)
+    assert in_matrices == sum(p.numel() for name, p in model.named_parameters()
+                              if name.startswith("transformer.h.") and p.dim() == 2)
+
+
+def reported_run():
+    """Issue 37: `python train.py --config config/fast.py --fp8_head=False` on a CPU, flags resolved as
+    train.py's check_flags resolves them there (attention='auto' -> sdpa, with the document mask)."""
+    cfg = attention.check(load_config(["--config", "config/fast.py", "--fp8_head=False"]), torch.device("cpu"))
+    assert cfg.attention == "sdpa" and cfg.document_mask and cfg.compile and cfg.dtype == "bfloat16"
+    return cfg
+
+
+def test_the_reported_run_is_refused_on_a_24_gb_cpu_in_one_line(monkeypatch):
+    monkeypatch.setattr(memory, "available", lambda device: 24e9)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError) as e:
+        memory.check(reported_run(), GPT2_VOCAB, torch.device("cpu"), 1)
+    n = r"\d+\.\d"
+    assert pytest.approx(float(str(e.value).split()[4]), rel=0.05) == 36.0     # its estimate, in GB
+    assert re.fullmatch(
+        rf"this run needs about {n} GB per process \(weights \+ optimizer {n}, activations {n}, head {n}\), "
+        r"more than 90% of the 24\.0 GB cpu has available: lower --batch_size \(total_batch_size keeps the "
+        r"step's tokens\), or --block_size, or use --grad_checkpointing=full, or a smaller --fused_ce_chunk; "
+        r"--memory_check=False skips "
+        r"this check", str(e.value)), str(e.value)
+
+
+def test_memory_check_false_tries_anyway(monkeypatch):
+    def unread(device):
+        raise AssertionError("memory_check=False reads no memory")
+    monkeypatch.setattr(memory, "available", unread)
+    line = memory.check(replace(reported_run(), memory_check=False), GPT2_VOCAB, torch.device("cpu"), 1)
+    assert line.startswith("memory: about 3") and line.endswith("not checked (memory_check=False)")
+    assert load_config(["--memory_check=False"]).memory_check is False and Config().memory_check is True
+
+
+def test_the_way_out_names_what_holds_the_memory(monkeypatch):
+    """naive attention's scores and a plain head's logits get their own way out; under DDP the weights do."""
+    monkeypatch.setattr(memory, "available", lambda device: 4e9)
+    with pytest.raises(ValueError, match=r"or --attention=sdpa \(no T x T scores\), or --fused_ce=True"):
+        memory.check(resolved(["--config", "config/baseline.py"], "naive"), GPT2_VOCAB, torch.device("cpu"))
+    monkeypatch.setattr(memory, "available", lambda device: 25e9)
+    with pytest.raises(ValueError, match=r"or --parallelism=fsdp \(shards the weights\); --memory_check"):
+        memory.check(resolved(["--config", "config/large.py", "--batch_size=1", "--grad_checkpointing=full"], "flex"),
+                     GPT2_VOCAB, torch.device("cuda:1"), world=2)
+    assert memory.check(resolved(["--config", "config/large.py", "--batch_size=1", "--parallelism=fsdp",
+                                  "--grad_checkpointing=full"], "flex"), GPT2_VOCAB, torch.device("cuda:1"), world=2)
+
+
+def test_the_quickstart_fits_a_small_machine(monkeypatch):
+    """The defaults (python train.py) on a 2-core CI machine or the 24 GB one: far inside even 4 GB free;
+    processes that torchrun starts on one CPU machine share its memory."""
+    cfg = attention.check(Config(), torch.device("cpu"))
+    assert memory.estimate(cfg, BYTE_VOCAB).total < 0.5e9
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for free in (24e9, 4e9):
+        monkeypatch.setattr(memory, "available", lambda device: free)
+        assert memory.check(cfg, BYTE_VOCAB, torch.device("cpu"), 1).startswith("memory: about 0.2 GB per process")
+    monkeypatch.setattr(memory, "available", lambda device: 0.5e9)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match=r"per process .* \(4 processes on this machine: 0\.\d GB\), more than 90% "
+                                         r"of the 0\.5 GB cpu has available"):
+        memory.check(cfg, BYTE_VOCAB, torch.device("cpu"), 4)
+
+
+def test_parallelism_and_the_optimizer_change_the_state_kept():
+    cfg = resolved(["--config", "config/large.py", "--batch_size=4"], "flex")
+    n, in_matrices = memory.n_params(cfg, GPT2_VOCAB)
+    one = memory.estimate(cfg, GPT2_VOCAB)
+    assert (one.params, one.grads, one.optimizer) == (4 * n, 4 * n, 8 * n)
+    ddp = memory.estimate(cfg, GPT2_VOCAB, world=2)                        # DDP's buckets: a copy of the grads
+    fsdp = memory.estimate(replace(cfg, parallelism="fsdp"), GPT2_VOCAB, world=2)
+    assert ddp.grads == 8 * n and fsdp.weights == one.weights // 2 and fsdp.activations == one.activations
+    muon = memory.estimate(replace(cfg, optimizer="muon"), GPT2_VOCAB)     # one buffer on the block matrices
+    assert muon.optimizer == 8 * (n - in_matrices) + 4 * in_matrices
+
+
+def test_cpu_memory_is_meminfo_capped_by_the_cgroup(tmp_path, monkeypatch):
+    def write(name, text):
+        (tmp_path / name).write_text(text)
+        return str(tmp_path / name)
+    meminfo = write("meminfo", "MemTotal:       24683584 kB\nMemFree:        1000 kB\nMemAvailable:   21191406 kB\n")
+    monkeypatch.setattr(memory, "MEMINFO", meminfo)
+    v2, v1 = str(tmp_path / "memory.max"), str(tmp_path / "memory.limit_in_bytes")
+    monkeypatch.setattr(memory, "CGROUP_LIMITS", (v2, v1))
+    assert memory.available("cpu") == 21191406 * 1024                      # no cgroup files: MemAvailable
+    write("memory.max", "max\n")
+    write("memory.limit_in_bytes", "9223372036854771712\n")                # v2 unlimited, v1 unlimited
+    assert memory.available(torch.device("cpu")) == 21191406 * 1024
+    write("memory.max", "8589934592\n")                                    # a container's 8 GiB
+    assert memory.available("cpu") == 8589934592
+    os.remove(v2)
+    write("memory.limit_in_bytes", "4294967296\n")                         # cgroup v1, 4 GiB
+    assert memory.available("cpu") == 4294967296
+    os.remove(v1)
+    write("meminfo", "MemTotal:       24683584 kB\nMemFree:        1000 kB\n")   # a kernel before 3.14
+    pages = {"SC_AVPHYS_PAGES": 1000, "SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(memory.os, "sysconf", lambda name: pages[name])
+    assert memory.available("cpu") == 4096000
+
+
+def test_gpu_memory_is_the_devices_total(monkeypatch):
+    fake_gpu(monkeypatch, 150_100_000_000)
+    assert memory.available(torch.device("cuda:0")) == memory.available("cuda") == 150_100_000_000
+
+
+def test_the_vocabulary_is_known_before_the_data_is_prepared(tmp_path):
+    prepared = tmp_path / "mine"
+    prepared.mkdir()
+    (prepared / "meta.json").write_text(json.dumps({"tokenizer": "byte", "vocab_size": BYTE_VOCAB, "eot_id": 256}))
+    assert memory.vocab_size(str(prepared)) == BYTE_VOCAB
+    assert memory.vocab_size(str(tmp_path / "stdlib_byte")) == BYTE_VOCAB        # prepared on first use
+    assert memory.vocab_size(str(tmp_path / "stdlib_gpt2") + "/") == GPT2_VOCAB
+    assert memory.vocab_size(str(tmp_path / "fineweb")) == GPT2_VOCAB            # foreign shards: GPT-2's
