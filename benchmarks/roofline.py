@@ -36,9 +36,7 @@ import json
 import math
 import os
 import re
-import statistics
 import sys
-import time
 from collections import defaultdict
 
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm")
@@ -233,26 +231,9 @@ def attention_flops(cfg, micro_batches):
 
 def timer(device):
     """A function ms(fn, iters) -> median milliseconds of fn() on `device` (CUDA events on a GPU)."""
-    import torch
-
-    def ms(fn, iters=20, warmup=3):
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(iters):
-            if device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                t = time.perf_counter()
-                fn()
-                times.append(1e3 * (time.perf_counter() - t))
-        return statistics.median(times)
-    return ms
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from speedgpt.measure import cuda_time_ms
+    return lambda fn, iters=20, warmup=3: cuda_time_ms(fn, warmup, iters, device)
 
 
 def copy_bandwidth(device, ms, nbytes):

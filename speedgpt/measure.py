@@ -59,13 +59,19 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def cuda_time_ms(fn, warmup=5, iters=20):
+def cuda_time_ms(fn, warmup=5, iters=20, device=None):
     """Median milliseconds of fn() on the current CUDA stream, by CUDA events, after `warmup` calls: the
-    microbenchmarks' clock (benchmarks/attention.py, head_ce.py). Needs a CUDA GPU."""
+    microbenchmarks' clock (benchmarks/attention.py, head_ce.py, roofline.py). With a CPU `device`, the host
+    clock instead (for the CPU smoke tests of those scripts)."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
+        if device is not None and torch.device(device).type == "cpu":
+            t = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t))
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

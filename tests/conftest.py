@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import sys
@@ -127,3 +128,142 @@ def packed_b_logits_and_grad(m, a, b, device="cpu"):
         hook.remove()
     logits[0, len(a):].float().sum().backward()
     return logits[0, len(a):].detach(), emb[0].grad[0, :len(a)], emb[0].grad[0, len(a):]
+
+
+def tiny_model(seed=0, **kw):
+    """A float32 GPT of 2 layers, n_embd 32, the byte vocabulary (257), block_size 64 (tests/test_train.py,
+    tests/test_optim.py)."""
+    import torch
+    from model import GPT, GPTConfig
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**dict(block_size=64, vocab_size=257, n_layer=2, n_head=2, n_embd=32), **kw}))
+
+
+def tiny_gpt(attention="sdpa", dropout=0.1, vocab_size=64, **kw):
+    """A float64 GPT of 3 layers, n_embd 32, block_size 32, dropout on: the model of the transform and
+    fused-head tests (tests/test_activation_checkpointing.py, tests/test_fused_ce.py)."""
+    import torch
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    return GPT(GPTConfig(block_size=32, vocab_size=vocab_size, n_layer=3, n_head=2, n_embd=32, dropout=dropout,
+                         attention=attention, **kw)).double()
+
+
+def losses(out_dir):
+    """{step: training loss} of a run's metrics.jsonl."""
+    return {r["step"]: r["loss"] for r in read_metrics(out_dir) if "loss" in r}
+
+
+def run_with_file_limit(args, limit, tmp_path):
+    """train.py in a subprocess whose files may not grow past `limit` bytes (RLIMIT_FSIZE: the write that
+    passes it fails as a full disk would, EFBIG instead of ENOSPC)."""
+    import resource
+    import signal
+    import subprocess
+    def limit_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)                 # fail the write instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          preexec_fn=limit_files, env=env, timeout=300)
+
+
+def build_preset(path):
+    """(config, GPT on the meta device) of the preset config file `path` (tests/test_presets.py,
+    tests/test_fp8.py)."""
+    import torch
+    from configurator import load_config
+    from model import GPT, GPTConfig
+    cfg = load_config(["--config", path])
+    with torch.device("meta"):
+        return cfg, GPT(GPTConfig.from_dict(vars(cfg), 50257, attention="sdpa"))   # auto resolves on the GPU
+
+
+# -----------------------------------------------------------------------------
+# bits per byte: texts of characters of 1 to 4 UTF-8 bytes (tests/test_evaluation.py, tests/test_corpus.py)
+
+
+TEXTS = ["héllo wörld, ünïcode ✓ 日本語", "def f(x):\n    return x * 2\n", "naïve café: «quotes» — dash",
+         "plain ascii text, nothing more", "emoji 🙂 and a tab\there", "Ωμέγα and ÅÄÖ, 中文字"]
+
+
+# -----------------------------------------------------------------------------
+# data files (tests/test_data.py, tests/test_corpus.py, tests/test_shards.py)
+
+
+DOCS = ["def f(x):\n    return x + 1\n", "print('<|endoftext|> is just text here')\n",
+        "naïve café ☕ — unicode\n", "x", "a" * 500, "class A:\n    pass\n"]
+
+
+def _write_docs(folder, docs):
+    os.makedirs(folder, exist_ok=True)
+    for i, d in enumerate(docs):
+        with open(os.path.join(folder, f"doc{i:03d}.txt"), "w", encoding="utf-8") as f:
+            f.write(d)
+
+
+def _write_jsonl(path, docs, opener=open):
+    with opener(path, "wt", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d, "title": "t"}) + "\n")
+
+
+def _stream(out, split):
+    """A split's tokens, all shards end to end."""
+    import numpy as np
+    return np.concatenate([np.asarray(data.read_shard(p)) for p in data.find_shards(out, split)])
+
+
+def _split_docs(tokens, eot):
+    """Documents of a stream under the BOS convention: each starts with end-of-text."""
+    import numpy as np
+    assert len(tokens) == 0 or tokens[0] == eot, "every document must start with end-of-text"
+    starts = np.flatnonzero(tokens == eot)
+    return [tokens[a + 1:b].tolist() for a, b in zip(starts, np.append(starts[1:], len(tokens)))]
+
+
+def _folder_state(folder):
+    """{file name: bytes} of a folder: what "exactly as it was" compares."""
+    return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder))}
+
+
+def _foreign_shards(folder, toks):
+    """Shards as llm.c's fineweb.py writes them: no meta.json, its file names, EOT before each document."""
+    import numpy as np
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, len(toks)
+    for split in ("train", "val"):
+        with open(folder / f"fineweb_{split}_000000.bin", "wb") as f:
+            f.write(header.tobytes())
+            f.write(toks.astype(np.uint16).tobytes())
+
+
+@pytest.fixture(scope="session")
+def big_jsonl(tmp_path_factory):
+    """~60 MB of JSON lines: a preparation that lasts several seconds with one worker."""
+    path = tmp_path_factory.mktemp("big") / "big.jsonl"
+    _write_jsonl(path, [f"line {i} " * 50 for i in range(180_000)])
+    return path
+
+
+# -----------------------------------------------------------------------------
+# HellaSwag (tests/test_hellaswag.py, tests/test_eval.py)
+
+
+HELLASWAG_FIXTURE = os.path.join(ROOT, "tests", "fixtures", "hellaswag_fixture.jsonl")
+
+
+@pytest.fixture(scope="module")
+def hf_gpt2_dir(tmp_path_factory):
+    """A random tiny GPT-2 with GPT-2's vocabulary, saved as Hugging Face saves it."""
+    import torch
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=128,
+                                                              vocab_size=50257))
+    with torch.no_grad():              # weights off their init, so the endings' losses differ clearly
+        for p in hf.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    path = tmp_path_factory.mktemp("hf_gpt2_50257")
+    hf.save_pretrained(path)
+    return str(path)

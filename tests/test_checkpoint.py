@@ -1,22 +1,19 @@
-"""speedgpt/checkpoint.py and the writes of a long run (CPU): checkpoint history (keep_checkpoints, the best
-one, resume_from an older step), the disk check, torn logs, and a full disk at any write ending the run in one
-line."""
+"""speedgpt/checkpoint.py on the CPU: checkpoint history (keep_checkpoints, the best one, resume_from an older
+step), the disk check, a full disk at a checkpoint ending the run in one line; resume (exact, in another
+precision, refusing a mismatched, corrupt or foreign checkpoint); saves interrupted or of non-finite weights
+leaving no temp file, and an out_dir that cannot be written refused before any work."""
 import json
+import math
 import os
-import resource
-import signal
-import subprocess
+import shutil
 import sys
 
 import pytest
+import torch
 
 import train
-from conftest import ROOT, read_metrics, tiny_args
+from conftest import losses, read_metrics, run_with_file_limit, tiny_args
 from speedgpt import checkpoint
-
-
-def losses(out_dir):
-    return {r["step"]: r["loss"] for r in read_metrics(out_dir) if "loss" in r}
 
 
 def test_the_last_checkpoints_are_kept_the_latest_and_the_best_named(byte_data, tmp_path):
@@ -70,50 +67,6 @@ def test_a_disk_too_small_for_the_checkpoints_is_refused_before_any_step(byte_da
     assert not (tmp_path / "metrics.jsonl").exists() or not read_metrics(tmp_path)
 
 
-def test_a_torn_last_metrics_line_is_dropped_on_resume(byte_data, tmp_path, capsys):
-    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
-    with open(tmp_path / "metrics.jsonl", "a") as f:
-        f.write('{"step": 5, "loss": 4.1, "lr"')                     # a crash mid-record
-    capsys.readouterr()
-    train.main(tiny_args(byte_data, tmp_path, "--max_iters=6", "--init_from=resume"))
-    assert f"resume: the last line of {tmp_path / 'metrics.jsonl'} was cut short" in capsys.readouterr().out
-    assert [r["step"] for r in read_metrics(tmp_path) if "loss" in r] == list(range(6))
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    lines.insert(2, "not json")
-    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    with pytest.raises(ValueError, match=r"metrics.jsonl line 3 is not JSON .*: fix or delete that line"):
-        train.main(tiny_args(byte_data, tmp_path, "--max_iters=8", "--init_from=resume"))
-
-
-def run_with_file_limit(args, limit, tmp_path):
-    """train.py in a subprocess whose files may not grow past `limit` bytes (RLIMIT_FSIZE: the write that
-    passes it fails as a full disk would, EFBIG instead of ENOSPC)."""
-    def limit_files():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)                 # fail the write instead of killing
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          preexec_fn=limit_files, env=env, timeout=300)
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE as a full disk: Linux")
-def test_a_full_disk_while_logging_ends_the_run_in_one_line(byte_data, tmp_path):
-    out = tmp_path / "out"
-    train.main(tiny_args(byte_data, out, "--max_iters=4"))            # a checkpoint at step 4
-    size = (out / "metrics.jsonl").stat().st_size
-    p = run_with_file_limit(tiny_args(byte_data, out, "--max_iters=60", "--init_from=resume", "--eval_interval=100"),
-                            size + 6000, tmp_path)
-    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
-    assert "Traceback" not in p.stderr, p.stderr[-3000:]
-    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and f"could not write {out / 'metrics.jsonl'}: file too large" in errors[0]
-    assert f"{out / 'ckpt.pt'} still holds step 4" in errors[0]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]   # no torn record
-    assert rows and rows[-1]["step"] > 4
-    summary = out / "summary.json"
-    assert not summary.exists() or json.loads(summary.read_text())
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE as a full disk: Linux")
 def test_a_full_disk_at_a_checkpoint_ends_the_run_in_one_line_and_keeps_the_last_one(byte_data, tmp_path):
     out = tmp_path / "out"
@@ -127,3 +80,113 @@ def test_a_full_disk_at_a_checkpoint_ends_the_run_in_one_line_and_keeps_the_last
     assert (out / "ckpt.pt").read_bytes() == before and not list(out.glob("*.tmp"))
     summary = json.loads((out / "summary.json").read_text())             # whole, not 0 bytes
     assert summary["stopped"].startswith("error: step 8: could not write")
+
+
+def test_resume_continues_exactly(byte_data, tmp_path):
+    common = ["--max_iters=16", "--lr_decay_iters=16", "--eval_interval=8", "--dropout=0.1"]
+    train.main(tiny_args(byte_data, tmp_path / "full", *common))
+    train.main(tiny_args(byte_data, tmp_path / "part", *common, "--max_iters=8"))
+    train.main(tiny_args(byte_data, tmp_path / "part", *common, "--init_from=resume"))
+    full = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "full") if "loss" in r}
+    part = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "part") if "loss" in r}
+    assert sorted(part) == sorted(full) == list(range(16))
+    for step in range(8, 16):
+        assert part[step] == full[step], f"step {step}: resumed {part[step]} vs uninterrupted {full[step]}"
+
+
+@pytest.mark.parametrize("first, then", [("float32", "float16"), ("float16", "bfloat16")])
+def test_resume_with_another_precision(byte_data, tmp_path, first, then, capsys):
+    train.main(tiny_args(byte_data, tmp_path, f"--dtype={first}", "--max_iters=4"))
+    summary = train.main(tiny_args(byte_data, tmp_path, f"--dtype={then}", "--init_from=resume"))
+    assert math.isfinite(summary["val_loss"])
+    assert f"resume: dtype '{first}' -> '{then}'" in capsys.readouterr().out
+
+
+def test_resume_refuses_a_mismatched_or_corrupt_checkpoint(byte_data, short_data, tmp_path):
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    with pytest.raises(ValueError, match="past max_iters=2"):
+        train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=2"))
+    (tmp_path / "ckpt.pt").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="cannot be read"):
+        train.main(tiny_args(byte_data, tmp_path, "--init_from=resume"))
+
+
+def test_foreign_or_mismatched_checkpoint(byte_data, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    torch.save({"model": {}, "iter_num": 5}, out / "ckpt.pt")            # a nanoGPT-style checkpoint
+    with pytest.raises(ValueError, match="not a speedgpt checkpoint: it lacks optimizer, scaler, step"):
+        train.main(tiny_args(byte_data, out, "--init_from=resume"))
+    # a real one, then damage its weights
+    train.main(tiny_args(byte_data, out, "--max_iters=4", "--init_from=scratch"))
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    ckpt["model"]["lm_head.weight"] = ckpt["model"]["lm_head.weight"][:, :16]
+    torch.save(ckpt, out / "ckpt.pt")
+    with pytest.raises(ValueError, match="does not fit the model"):
+        train.main(tiny_args(byte_data, out, "--init_from=resume"))
+
+
+def test_stale_or_interrupted_save_leaves_no_tmp(byte_data, tmp_path, monkeypatch):
+    from speedgpt import checkpoint
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    (tmp_path / "ckpt.pt.tmp").write_bytes(b"half a checkpoint")          # a run killed while saving
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=8", "--init_from=resume"))
+    assert not (tmp_path / "ckpt.pt.tmp").exists()
+    before = (tmp_path / "ckpt.pt").read_bytes()
+
+    def interrupted_save(obj, f):
+        f.write(b"partial")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(checkpoint.torch, "save", interrupted_save)
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save_checkpoint(str(tmp_path / "ckpt.pt"), ckpt)
+    assert not list(tmp_path.glob("*.tmp")) and (tmp_path / "ckpt.pt").read_bytes() == before
+
+
+def test_checkpoint_with_non_finite_weights_is_refused(tmp_path):
+    from speedgpt import checkpoint
+    ckpt = {"model": {"w": torch.tensor([1.0, float("nan")])}, "optimizer": {}, "step": 3}
+    with pytest.raises(ValueError, match="step 3: the weights or optimizer state are not finite"):
+        checkpoint.save_checkpoint(str(tmp_path / "ckpt.pt"), ckpt)
+    assert not os.listdir(tmp_path)
+
+
+def test_a_full_disk_while_saving_stops_in_one_line_and_keeps_the_checkpoint(byte_data, tmp_path, monkeypatch):
+    """torch.save on a full disk fails with "basic_ios::clear: iostream error": the run stops with one line
+    naming the path and the cause, and the previous checkpoint survives, with no temp file beside it."""
+    from speedgpt import checkpoint
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    before = (tmp_path / "ckpt.pt").read_bytes()
+
+    def full_disk(obj, f):
+        f.write(b"part of a checkpoint")
+        raise RuntimeError("basic_ios::clear: iostream error")
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    monkeypatch.setattr(train, "check_disk", lambda *a: "checkpoints: (the disk check: tests/test_checkpoint.py)")
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 10**12, 0))
+    with pytest.raises(train.RunStopped, match=r"^error: step 8: could not write .*ckpt_step000008.pt: "
+                                               r"no space left on the device "
+                                               r"\(0 MB free\); .*ckpt.pt still holds step 4: resume from it") as e:
+        train.main(tiny_args(byte_data, tmp_path, "--max_iters=8", "--init_from=resume"))
+    assert e.value.exit_code == 1 and "\n" not in str(e.value)
+    assert (tmp_path / "ckpt.pt").read_bytes() == before and not list(tmp_path.glob("*.tmp"))
+
+
+def test_an_out_dir_that_cannot_be_written_is_refused_before_any_work(byte_data, tmp_path, monkeypatch):
+    import errno
+    import tempfile
+    from speedgpt import checkpoint
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(checkpoint.tempfile, "TemporaryFile", read_only)
+    never = tmp_path / "never" / "stdlib_byte"          # would be prepared on first use
+    with pytest.raises(ValueError, match=r"out_dir='.*/o' is not writable: read-only filesystem"):
+        train.main(tiny_args(never, tmp_path / "o"))
+    assert not never.exists()
+    monkeypatch.setattr(checkpoint.tempfile, "TemporaryFile", tempfile.TemporaryFile)
+    monkeypatch.setattr(checkpoint.os, "makedirs",
+                        lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space")))
+    with pytest.raises(ValueError, match="is not writable: no space left on the device"):
+        train.main(tiny_args(byte_data, tmp_path / "o2"))

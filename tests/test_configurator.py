@@ -1,17 +1,22 @@
-"""configurator.py's command line, on the CPU without data: `--key=value` and `--key value` alike in
-load_config (train.py) and in FlagParser (sample.py, eval.py, hf.py, bench.py), bare bools, values that
-start with --, and the closest known name for a misspelled one."""
+"""configurator.py on the CPU. Its command line, without data: `--key=value` and `--key value` alike in
+load_config (train.py) and in FlagParser (sample.py, eval.py, hf.py, bench.py), bare bools, values that start
+with --, and the closest known name for a misspelled one; config files; the schedule's checks. The config of
+a resume (short train.py runs): the schedule kept unless a schedule key is set, the shape taken from the
+checkpoint, a changed shape or activation refused, and only the lines that apply printed."""
+import json
 import subprocess
 import sys
 
 import pytest
+import torch
 
 import bench
 import configurator
 import eval as eval_script
 import hf
 import sample
-from conftest import ROOT
+import train
+from conftest import ROOT, read_metrics, tiny_args
 
 HELP = "(python train.py --help lists every key)"
 
@@ -128,3 +133,115 @@ def test_flag_parser_bools_as_train_py(argv, value):
     parser.add_bool("--flag")
     parser.add_argument("--n", type=int, default=0)
     assert parser.parse_args(argv).flag is value
+
+
+def test_config_file_errors(tmp_path):
+    (tmp_path / "c.py").write_text("n_layer = 2\nlearning_rat = 1e-3\n")
+    with pytest.raises(ValueError, match=r"unknown config key 'learning_rat' \(.*c.py\)"):
+        configurator.load_config(["--config", str(tmp_path / "c.py")])
+    (tmp_path / "s.py").write_text("batch_size = \n")
+    with pytest.raises(ValueError, match="s.py.* does not run: SyntaxError"):
+        configurator.load_config(["--config", str(tmp_path / "s.py")])
+    (tmp_path / "d.py").write_text("batch_size = '8'\n")
+    with pytest.raises(TypeError, match="'batch_size'"):
+        configurator.load_config(["--config", str(tmp_path / "d.py")])
+    cfg = configurator.load_config(["--config", "config/fast.py", "--batch_size=4", "--learning_rate=1"])
+    assert (cfg.n_layer, cfg.batch_size, cfg.learning_rate, cfg.compile) == (12, 4, 1.0, True)
+    cfg = configurator.load_config(["--batch_size=4", "--config", "config/fast.py"])    # an override beats
+    assert (cfg.n_layer, cfg.batch_size) == (12, 4)                                     # the file, wherever
+    (tmp_path / "m.py").write_text("import math\nlearning_rate = math.sqrt(1e-6)\n")    # modules are no keys
+    assert configurator.load_config(["--config", str(tmp_path / "m.py")]).learning_rate == 1e-3
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--min_lr=1e-2", "--learning_rate=1e-3"], "min_lr=0.01 is above learning_rate=0.001"),
+    (["--warmup_iters=100", "--lr_decay_iters=50"], "lr_decay_iters=50 must exceed warmup_iters=100"),
+    (["--grad_accum_steps=4"], "'grad_accum_steps' .* is not a setting: it is derived: set total_batch_size"),
+])
+def test_schedule_and_batch_errors(args, match):
+    with pytest.raises(ValueError, match=match):
+        configurator.load_config(args)
+
+
+def test_warmup_longer_than_the_run_is_a_warning(byte_data, tmp_path, capsys):
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=2", "--warmup_iters=30"))
+    assert "warning: warmup_iters=30 >= max_iters=2: the learning rate never reaches" in capsys.readouterr().out
+
+
+# -----------------------------------------------------------------------------
+# the config of a resume (resume_config, resume_changes)
+
+
+def lrs(out_dir):
+    return {r["step"]: r["lr"] for r in read_metrics(out_dir) if "lr" in r}
+
+
+def test_resume_keeps_the_schedule_unless_a_schedule_key_is_set(byte_data, tmp_path, capsys):
+    args = ["--max_iters=20", "--eval_interval=10", "--warmup_iters=2", "--eval_tokens=256"]
+    train.main(tiny_args(byte_data, tmp_path / "a", *args))
+    train.main(tiny_args(byte_data, tmp_path / "a", *args, "--max_iters=40", "--init_from=resume"))
+    lr = lrs(tmp_path / "a")
+    assert lr[19] <= lr[18] and all(lr[s] == pytest.approx(3e-4) for s in range(20, 40))   # min_lr: no jump
+    out = capsys.readouterr().out
+    assert "resume: max_iters 20 -> 40" in out and "decays until lr_decay_iters=20, then stays at min_lr" in out
+    # an explicit schedule key wins, and the change is printed
+    train.main(tiny_args(byte_data, tmp_path / "b", *args))
+    train.main(tiny_args(byte_data, tmp_path / "b", *args, "--max_iters=40", "--lr_decay_iters=40",
+                         "--init_from=resume"))
+    assert "resume: lr_decay_iters 20 -> 40 (set explicitly)" in capsys.readouterr().out
+    train.main(tiny_args(byte_data, tmp_path / "c", *args, "--max_iters=40", "--lr_decay_iters=40"))
+    assert lrs(tmp_path / "b")[25] == lrs(tmp_path / "c")[25]
+
+
+def test_resume_refuses_another_shape_but_not_another_dropout(byte_data, tmp_path):
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    with pytest.raises(ValueError, match="'n_embd'=48 differs from the checkpoint's 32"):
+        train.main(tiny_args(byte_data, tmp_path, "--n_embd=48", "--init_from=resume"))
+    train.main(tiny_args(byte_data, tmp_path, "--dropout=0.1", "--init_from=resume"))
+
+
+def test_resume_refuses_a_changed_activation_and_reads_old_checkpoints(byte_data, tmp_path):
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    with pytest.raises(ValueError, match="'activation'='gelu_tanh' differs from the checkpoint's 'gelu'"):
+        train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=6", "--activation=gelu_tanh"))
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    del ckpt["config"]["activation"]                          # a checkpoint from before the key
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError, match="'activation'='gelu_tanh' differs from the checkpoint's 'gelu'"):
+        train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=6", "--activation=gelu_tanh"))
+    assert train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=6"))["val_loss"] is not None
+
+
+def test_a_short_run_resumes_and_a_resume_takes_the_shape(byte_data, tmp_path, capsys):
+    """A run shorter than its warm-up (the schedule never decays) resumes with the same command; shape keys
+    not given again come from the checkpoint."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4", "--warmup_iters=30", "--n_embd=48", "--n_head=4"))
+    capsys.readouterr()
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=6", "--warmup_iters=30", "--n_embd=48", "--n_head=4",
+                         "--init_from=resume"))
+    assert json.load(open(tmp_path / "config.json"))["lr_decay_iters"] == 0     # never resolved: still in warm-up
+    assert "decays until" not in capsys.readouterr().out                        # it decays to the end of the run
+    summary = train.main([a for a in tiny_args(byte_data, tmp_path, "--max_iters=40", "--warmup_iters=30",
+                                               "--init_from=resume") if not a.startswith(("--n_embd", "--n_head"))])
+    cfg = json.load(open(tmp_path / "config.json"))
+    assert summary["val_loss"] is not None and cfg["n_embd"] == 48 and cfg["lr_decay_iters"] == 40
+
+
+def test_resume_messages_name_only_what_applies(byte_data, tmp_path, capsys):
+    """A resume checks the schedule it continues with, not the command's defaults (no warm-up warning
+    from a default warmup_iters the checkpoint replaces), and '(set explicitly)' marks only keys the
+    command set."""
+    short = [a for a in tiny_args(byte_data, tmp_path / "a", "--max_iters=3") if not a.startswith("--warmup_iters")]
+    train.main(short + ["--warmup_iters=2"])
+    capsys.readouterr()
+    # default warmup_iters=30
+    train.main([a.replace("--max_iters=3", "--max_iters=8") for a in short] + ["--init_from=resume"])
+    out = capsys.readouterr().out
+    assert "resume: max_iters 3 -> 8" in out and "warning: warmup_iters" not in out and "(set explicitly)" not in out
+    # a run that ended in warm-up (lr_decay_iters unresolved), resumed with another warm-up
+    train.main(tiny_args(byte_data, tmp_path / "b", "--max_iters=3", "--warmup_iters=30"))
+    capsys.readouterr()
+    train.main(tiny_args(byte_data, tmp_path / "b", "--max_iters=8", "--warmup_iters=1", "--init_from=resume"))
+    out = capsys.readouterr().out
+    assert "resume: warmup_iters 30 -> 1 (set explicitly)" in out
+    assert "resume: lr_decay_iters 0 -> 8 (0 resolved: decay to the end of the run)" in out

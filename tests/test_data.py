@@ -1,6 +1,6 @@
-"""data.py and corpus.py on the CPU: every input kind, the BOS convention in the shards, interrupted
-preparations, the sampler without replacement, and the errors for bad data."""
-import gzip
+"""data.py on the CPU: preparation (the BOS convention in the shards, a deterministic split by document,
+text_field and max_tokens, its notes, Ctrl-C, a disk that cannot be written) and the loader (batches, doc_ids
+and state, padding, every row once per epoch without replacement, ids outside the vocabulary)."""
 import json
 import os
 import signal
@@ -8,43 +8,13 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from speedgpt import corpus
 import data
-from conftest import ROOT, tiny_args
-
-DOCS = ["def f(x):\n    return x + 1\n", "print('<|endoftext|> is just text here')\n",
-        "naïve café ☕ — unicode\n", "x", "a" * 500, "class A:\n    pass\n"]
-
-
-def _write_docs(folder, docs):
-    os.makedirs(folder, exist_ok=True)
-    for i, d in enumerate(docs):
-        with open(os.path.join(folder, f"doc{i:03d}.txt"), "w", encoding="utf-8") as f:
-            f.write(d)
-
-
-def _write_jsonl(path, docs, opener=open):
-    with opener(path, "wt", encoding="utf-8") as f:
-        for d in docs:
-            f.write(json.dumps({"text": d, "title": "t"}) + "\n")
-
-
-def _stream(out, split):
-    """A split's tokens, all shards end to end."""
-    return np.concatenate([np.asarray(data.read_shard(p)) for p in data.find_shards(out, split)])
-
-
-def _split_docs(tokens, eot):
-    """Documents of a stream under the BOS convention: each starts with end-of-text."""
-    assert len(tokens) == 0 or tokens[0] == eot, "every document must start with end-of-text"
-    starts = np.flatnonzero(tokens == eot)
-    return [tokens[a + 1:b].tolist() for a, b in zip(starts, np.append(starts[1:], len(tokens)))]
+from conftest import DOCS, ROOT, _folder_state, _foreign_shards, _split_docs, _stream, _write_docs, tiny_args
 
 
 @pytest.mark.parametrize("tokenizer", ["byte", "gpt2"])
@@ -83,33 +53,6 @@ def test_split_is_deterministic_and_by_document(tmp_path):
     assert 0 < a["val_docs"] < 40
 
 
-def test_every_input_kind_gives_the_same_shards(tmp_path):
-    """A folder of text files, .jsonl, .jsonl.gz, .jsonl.zst, .parquet (several row groups), a folder of
-    parquet files and a datasets save_to_disk folder holding the same texts give the same shards."""
-    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
-    zstandard, datasets = pytest.importorskip("zstandard"), pytest.importorskip("datasets")
-    docs = [f"doc {i}: " + "word " * (i % 13) for i in range(30)] + DOCS
-    _write_docs(tmp_path / "folder", docs)
-    _write_jsonl(tmp_path / "d.jsonl", docs)
-    _write_jsonl(tmp_path / "d.jsonl.gz", docs, gzip.open)
-    (tmp_path / "d.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress((tmp_path / "d.jsonl").read_bytes()))
-    pq.write_table(pa.table({"id": list(range(len(docs))), "text": docs}), tmp_path / "d.parquet", row_group_size=7)
-    (tmp_path / "pq").mkdir()
-    for i in range(0, len(docs), 10):
-        pq.write_table(pa.table({"text": docs[i:i + 10]}), tmp_path / "pq" / f"part_{i:03d}.parquet")
-    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(tmp_path / "hf"))
-    inputs = ["folder", "d.jsonl", "d.jsonl.gz", "d.jsonl.zst", "d.parquet", "pq", "hf"]
-    for name in inputs:
-        data.prepare(str(tmp_path / name), str(tmp_path / f"out_{name}"), "byte", val_frac=0.2, seed=3, workers=2,
-                     shard_tokens=300)
-    for split in ("train", "val"):
-        ref = _stream(tmp_path / "out_folder", split)
-        for name in inputs[1:]:
-            assert np.array_equal(_stream(tmp_path / f"out_{name}", split), ref), name
-    assert json.load(open(tmp_path / "out_hf" / "meta.json"))["train_docs"] + \
-        json.load(open(tmp_path / "out_hf" / "meta.json"))["val_docs"] == len(docs)
-
-
 def test_text_field_and_max_tokens(tmp_path):
     with open(tmp_path / "d.jsonl", "w") as f:
         for i in range(100):
@@ -119,107 +62,6 @@ def test_text_field_and_max_tokens(tmp_path):
     assert meta["train_docs"] == 8 and meta["train_tokens"] == 104      # stops after the document reaching 100
     with pytest.raises(ValueError, match=r"d.jsonl:1: expected a JSON object with a 'text' field"):
         data.prepare(str(tmp_path / "d.jsonl"), str(tmp_path / "x"), "byte", workers=1)
-
-
-def test_text_edge_cases(tmp_path):
-    """A lone surrogate is U+FFFD in both tokenizers; a BOM starting a .jsonl or a text file is dropped;
-    the errors that remain name the file and line."""
-    (tmp_path / "s.jsonl").write_text('{"text": "x \\ud800 y"}\n{"text": "fine"}\n')
-    (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "first"}\n{"text": "second"}\n')
-    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfhello")
-    texts = [d.text for d in corpus.iter_texts(str(tmp_path / "s.jsonl"))]
-    assert texts[0] == "x \ud800 y"
-    tokenizers = [data.get_tokenizer("byte")]
-    try:
-        tokenizers.append(data.get_tokenizer("gpt2"))
-    except FileNotFoundError:
-        pass                                  # offline without the GPT-2 files: the byte path still runs
-    for tok in tokenizers:   # encode, and encode_array as preparation calls it
-        assert tok.encode(texts[0]) == tok.encode_array(texts[0]).tolist() == tok.encode("x \ufffd y"), tok.name
-    data.prepare(str(tmp_path / "s.jsonl"), str(tmp_path / "s"), "byte", val_frac=0, workers=1)
-    assert _split_docs(_stream(tmp_path / "s", "train"), 256)[0] == list("x \ufffd y".encode())
-    assert [d.text for d in corpus.iter_texts(str(tmp_path / "bom.jsonl"))] == ["first", "second"]
-    assert [d.text for d in corpus.iter_texts(str(tmp_path / "bom.txt"))] == ["hello"]
-    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n\n{"text": "unterminated\n')
-    with pytest.raises(ValueError, match="bad.jsonl:3: expected a JSON object"):
-        data.prepare(str(tmp_path / "bad.jsonl"), str(tmp_path / "x"), "byte", workers=1)
-    (tmp_path / "num.jsonl").write_text('{"text": "ok"}\n{"text": 5}\n')
-    with pytest.raises(ValueError, match="num.jsonl:2: 'text' must be a string"):
-        data.prepare(str(tmp_path / "num.jsonl"), str(tmp_path / "x"), "byte", workers=1)
-    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
-    pq.write_table(pa.table({"body": ["a"]}), tmp_path / "p.parquet")
-    with pytest.raises(ValueError, match=r"p.parquet: no column 'text' \(columns: body\)"):
-        data.prepare(str(tmp_path / "p.parquet"), str(tmp_path / "x"), "byte", workers=1)
-    pq.write_table(pa.table({"text": ["a", None]}), tmp_path / "n.parquet")
-    with pytest.raises(ValueError, match="n.parquet row 1: 'text' must be a string, got NoneType"):
-        data.prepare(str(tmp_path / "n.parquet"), str(tmp_path / "x"), "byte", workers=1)
-
-
-def test_hub_dataset_unreachable_is_a_one_line_error(tmp_path):
-    """hf:NAME streams from the Hugging Face hub; offline (as in CI) that is one line naming the dataset."""
-    pytest.importorskip("datasets")
-    proc = subprocess.run([sys.executable, "data.py", "--input", "hf:nobody/no_such_dataset",
-                           "--out", str(tmp_path / "o")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert proc.returncode != 0 and not (tmp_path / "o").exists()
-    assert proc.stderr.strip().startswith("error: cannot open the Hugging Face dataset hf:nobody/no_such_dataset")
-    assert len(proc.stderr.strip().splitlines()) == 1
-
-
-def test_reading_stays_bounded():
-    """The tokenisation reads at most 2 chunks per worker ahead of what it has handed back."""
-    read = []
-
-    def docs():
-        for i in range(1000):
-            read.append(i)
-            yield corpus.Document(f"doc{i}", "0123456789")
-    chunks = corpus.tokenized_chunks(docs(), "byte", np.uint16, workers=1, chunk_chars=10)
-    tokens, lengths, _, splits = next(chunks)
-    assert tokens.tolist() == [256] + list(b"0123456789") and lengths.tolist() == [11] and splits == [None]
-    assert len(read) <= 3
-    chunks.close()
-
-
-def _folder_state(folder):
-    """{file name: bytes} of a folder: what "exactly as it was" compares."""
-    return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder))}
-
-
-def test_a_failed_preparation_leaves_the_old_folder_as_it_was(tmp_path):
-    """Preparing over a good folder from an input that fails part way (a bad line after shards were
-    written; a parquet whose text is null at row 30) leaves the good folder byte for byte, and no temp
-    folder beside it; it still loads. A preparation that succeeds replaces it whole."""
-    good = [f"document {i} " * 15 for i in range(40_000)]                # 8 MB: several 1 MB chunks
-    _write_jsonl(tmp_path / "good.jsonl", good)
-    _write_jsonl(tmp_path / "bad.jsonl", good)
-    with open(tmp_path / "bad.jsonl", "a") as f:
-        f.write("not json\n")
-    out, kw = tmp_path / "out", dict(val_frac=0.1, workers=2, shard_tokens=500_000)
-    data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **kw)
-    before = _folder_state(out)
-    with pytest.raises(ValueError, match="bad.jsonl:40001"):
-        data.prepare(str(tmp_path / "bad.jsonl"), str(out), "byte", **kw)
-    assert _folder_state(out) == before and sorted(os.listdir(tmp_path)) == ["bad.jsonl", "good.jsonl", "out"]
-    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
-    pq.write_table(pa.table({"text": good[:30] + [None] + good[:10]}), tmp_path / "n.parquet", row_group_size=8)
-    with pytest.raises(ValueError, match="n.parquet row 30: 'text' must be a string, got NoneType"):
-        data.prepare(str(tmp_path / "n.parquet"), str(out), "byte", **kw)
-    assert _folder_state(out) == before and next(data.Loader(str(out), "train", 2, 16)).x.shape == (2, 16)
-    data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **{**kw, "max_tokens": 1000})
-    assert json.load(open(out / "meta.json"))["max_tokens"] == 1000 and _folder_state(out) != before
-    (out / "notes.txt").write_text("mine")
-    with pytest.raises(ValueError, match="holds files data.py did not write .notes.txt."):
-        data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **kw)
-
-
-@pytest.fixture(scope="module")
-def big_jsonl(tmp_path_factory):
-    """~60 MB of JSON lines: a preparation that lasts several seconds with one worker."""
-    path = tmp_path_factory.mktemp("big") / "big.jsonl"
-    _write_jsonl(path, [f"line {i} " * 50 for i in range(180_000)])
-    return path
 
 
 @pytest.mark.slow
@@ -266,202 +108,6 @@ def test_ctrl_c_under_load_leaves_the_old_folder_and_ends_at_once(tmp_path, atte
     assert sorted(os.listdir(tmp_path)) == ["big.jsonl", "out"]
 
 
-def _stat(pid):
-    """The fields of /proc/PID/stat after the command name (which may hold spaces): [state, ppid, ...];
-    None once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _processes_under(pid):
-    """{pid: start time} of every process below `pid`: its children and theirs (a fork server's workers).
-    The start time (field 22 of /proc/PID/stat) tells a process from a later one given the same pid."""
-    stats = {int(p): s for p in os.listdir("/proc") if p.isdigit() and (s := _stat(p)) is not None}
-    below, frontier = {}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, s in stats.items():
-            if int(s[1]) == parent and child not in below:
-                below[child] = s[19]
-                frontier.append(child)
-    return below
-
-
-def _alive(processes, within=0.0):
-    """The processes of `processes` ({pid: start time}) still running after at most `within` seconds,
-    polled: a zombie has ended (a container's init may never reap it)."""
-    end = time.time() + within
-    while True:
-        left = {p: t for p, t in processes.items() if (s := _stat(p)) is not None and s[19] == t and s[0] != "Z"}
-        if not left or time.time() >= end:
-            return left
-        time.sleep(0.05)
-
-
-def _once_writing(proc, tmp, log, within=120):
-    """The processes under `proc` once its preparation has written into its temp folder `tmp`: its
-    workers start before the first chunk is tokenised, so all of them exist by then. `log`: its stderr."""
-    end = time.time() + within
-    while True:
-        try:
-            if os.listdir(tmp):
-                return _processes_under(proc.pid)
-        except FileNotFoundError:
-            pass
-        if proc.poll() is not None:
-            raise AssertionError(f"ended with {proc.returncode} before writing: {log.read_text()[-2000:]}")
-        assert time.time() < end, f"nothing written into {tmp} after {within} s"
-        time.sleep(0.02)
-
-
-def _kill(processes):
-    """SIGKILL whatever of `processes` still runs: a failing test leaves no stray worker either."""
-    for pid in _alive(processes):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="finds the workers in /proc")
-@pytest.mark.parametrize("signum, group", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGKILL, False)],
-                         ids=["SIGTERM", "SIGTERM-to-group", "SIGKILL"])
-def test_a_stopped_preparation_leaves_no_worker_and_no_temp_folder(tmp_path, big_jsonl, signum, group):
-    """SIGTERM (kill PID, timeout, docker stop; to the whole process group, as Slurm sends it) or SIGKILL
-    to data.py mid-preparation: its tokenizer workers end within seconds, instead of running on, reparented.
-    SIGTERM takes Ctrl-C's way out: status 143, one line, no temp folder and no output folder left. A
-    SIGKILL leaves the temp folder (a killed process cleans nothing), which the next preparation removes."""
-    os.symlink(big_jsonl, tmp_path / "big.jsonl")
-    out, tmp = tmp_path / "out", tmp_path / ".out.preparing"
-    log = tmp_path / "stderr"
-    with open(log, "w") as stderr:                     # a file: a stray worker would hold a pipe open
-        proc = subprocess.Popen([sys.executable, "data.py", "--input", str(tmp_path / "big.jsonl"), "--out", str(out),
-                                 "--workers=2"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
-                                start_new_session=True)
-    below = {}
-    try:
-        below = _once_writing(proc, tmp, log)
-        assert len(below) >= 2, below                   # the two workers
-        if group:
-            os.killpg(proc.pid, signum)
-        else:
-            proc.send_signal(signum)
-        proc.wait(timeout=60)
-        left = _alive(below, within=20)
-    finally:
-        proc.kill()
-        _kill(below)
-    err = log.read_text()
-    assert not left, f"{len(left)} of data.py's {len(below)} worker processes still run 20 s after {signum.name}"
-    if signum == signal.SIGTERM:
-        assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err[-2000:]
-        assert err.strip().splitlines()[-1].startswith("stopped (SIGTERM): "), err[-2000:]
-        assert sorted(os.listdir(tmp_path)) == ["big.jsonl", "stderr"]      # no temp folder, nothing half-written
-    else:
-        assert proc.returncode == -signal.SIGKILL and tmp.is_dir()
-        data.prepare(str(tmp_path / "big.jsonl"), str(out), "byte", workers=1, max_tokens=10_000)
-        assert sorted(os.listdir(tmp_path)) == ["big.jsonl", "out", "stderr"]
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="finds the workers in /proc")
-@pytest.mark.parametrize("caller", ["train.py", "threaded"])
-def test_a_program_preparing_in_process_takes_its_workers_with_it(tmp_path, big_jsonl, caller):
-    """data.prepare() inside another program: train.py preparing the stdlib corpus on first use, SIGTERM
-    (it cleans up as Ctrl-C does: status 143, one line, no temp folder; its workers are forked, train.py their
-    parent), and a program that runs a thread, SIGKILL (its workers come from a fork server, their parent,
-    which outlives them otherwise). The workers, and the fork server and resource tracker with them, end
-    within seconds; the output folder is never written.
-    train.py's "stdlib" is big_jsonl here: the real one is prepared in a second, too soon to be stopped
-    mid-way for sure."""
-    if caller == "train.py":
-        out = tmp_path / "stdlib_byte"
-        script = ("import runpy, sys; from speedgpt import corpus; read = corpus.iter_texts; "
-                  f"corpus.iter_texts = lambda path, *a: read({str(big_jsonl)!r}, *a); "
-                  f"sys.argv = ['train.py', *{tiny_args(out, tmp_path / 'run', '--device=cpu')!r}]; "
-                  "runpy.run_path('train.py', run_name='__main__')")
-        cmd, signum = [sys.executable, "-c", script], signal.SIGTERM
-    else:
-        out = tmp_path / "out"
-        script = ("import sys, threading, time; threading.Thread(target=time.sleep, args=(600,), daemon=True).start(); "
-                  f"import data; data.prepare({str(big_jsonl)!r}, {str(out)!r}, 'byte', workers=2)")
-        cmd, signum = [sys.executable, "-c", script], signal.SIGKILL
-    log = tmp_path / "stderr"
-    with open(log, "w") as stderr:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
-    below = {}
-    try:
-        below = _once_writing(proc, tmp_path / f".{out.name}.preparing", log)
-        if caller == "threaded":                      # the case it is meant to be
-            assert any(b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes() for p in below), below
-        proc.send_signal(signum)
-        proc.wait(timeout=60)
-        left = _alive(below, within=20)
-    finally:
-        proc.kill()
-        _kill(below)
-    assert not left, f"{len(left)} of the {len(below)} processes under {caller} still run 20 s after {signum.name}"
-    assert not out.exists()
-    if caller == "threaded":
-        assert proc.returncode == -signum
-    else:
-        assert proc.returncode == 128 + signum, log.read_text()[-2000:]
-        assert log.read_text().strip().splitlines()[-1] == "SIGTERM: stopped before training, without saving"
-        assert not (tmp_path / f".{out.name}.preparing").exists()
-
-
-def test_files_are_read_for_what_they_are(tmp_path):
-    """Compression by content, kinds by name in any case: corpus.json.gz is a JSON array, UPPER.JSONL and
-    x.ndjson JSON lines, data.json JSON lines; binary files in a folder (a saved dataset's .arrow, an image,
-    a .pyc) are skipped and named, a save_to_disk folder inside the folder is read as a dataset."""
-    docs = ["first doc", "second doc", "third doc"]
-    folder = tmp_path / "in"
-    folder.mkdir()
-    with gzip.open(folder / "corpus.json.gz", "wt") as f:
-        json.dump([{"text": d} for d in docs], f)
-    _write_jsonl(folder / "UPPER.JSONL", docs)
-    _write_jsonl(folder / "data.json", docs)
-    (folder / "plain.txt.gz").write_bytes(gzip.compress(b"a gzipped text file"))
-    (folder / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" + bytes(100))
-    (folder / "mod.pyc").write_bytes(b"\xa7\r\r\n\0\0\0\0" + bytes(50))
-    texts = [d.text for d in corpus.iter_texts(str(folder / "corpus.json.gz"))]
-    assert texts == docs
-    (tmp_path / "crlf.txt").write_bytes(b"line one\r\nline two\rthree")        # text: universal newlines
-    assert [d.text for d in corpus.iter_texts(str(tmp_path / "crlf.txt"))] == ["line one\nline two\nthree"]
-    report = corpus.Report()
-    got = [d.text for d in corpus.iter_texts(str(folder), report=report)]
-    assert got == docs * 3 + ["a gzipped text file"]             # in sorted order: UPPER, corpus, data, plain
-    assert sorted(os.path.basename(p) for p in report.binary) == ["image.png", "mod.pyc"]
-    with pytest.raises(ValueError, match="image.png is a binary file"):
-        corpus.iter_texts(str(folder / "image.png"))
-    datasets = pytest.importorskip("datasets")
-    datasets.Dataset.from_dict({"text": ["from the dataset"]}).save_to_disk(str(folder / "saved"))
-    meta = data.prepare(str(folder), str(tmp_path / "o"), "byte", val_frac=0.2, workers=1)
-    assert meta["train_docs"] + meta["val_docs"] == 3 * 3 + 1 + 1 and meta["binary_files_skipped"] == 2
-    decoded = [bytes(d).decode() for s in ("train", "val") for d in _split_docs(_stream(tmp_path / "o", s), 256)]
-    assert "from the dataset" in decoded and not any("\0" in d for d in decoded)
-
-
-def test_a_dataset_dict_uses_its_own_validation_split(tmp_path, capsys):
-    datasets = pytest.importorskip("datasets")
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": [f"train {i}" for i in range(20)]}),
-                               "validation": datasets.Dataset.from_dict({"text": ["val a", "val b"]})})
-    dd.save_to_disk(str(tmp_path / "dd"))
-    meta = data.prepare(str(tmp_path / "dd"), str(tmp_path / "o"), "byte", val_frac=0.5, workers=1)
-    assert (meta["train_docs"], meta["val_docs"]) == (20, 2)
-    val = [bytes(d).decode() for d in _split_docs(_stream(tmp_path / "o", "val"), 256)]
-    assert val == ["val a", "val b"]
-    assert "the dataset's own 'validation' split (2 documents) is the val split" in capsys.readouterr().out
-    datasets.DatasetDict({"train": dd["train"], "test": dd["validation"]}).save_to_disk(str(tmp_path / "tt"))
-    meta = data.prepare(str(tmp_path / "tt"), str(tmp_path / "o2"), "byte", val_frac=0.2, workers=1)
-    assert meta["train_docs"] + meta["val_docs"] == 20
-    assert "without a validation split (splits: train, test)" in capsys.readouterr().out
-
-
 def test_a_one_document_val_split_is_noted(tmp_path, capsys):
     _write_docs(tmp_path / "in", ["one", "two", "three"])
     meta = data.prepare(str(tmp_path / "in"), str(tmp_path / "o"), "byte", val_frac=0.01, workers=1)
@@ -497,85 +143,6 @@ def test_a_train_split_smaller_than_a_batch_is_noted(tmp_path, capsys):
     assert f"fewer than the {2 * half} of one batch (batch_size={half} on each of 2 ranks)" in capsys.readouterr().out
     data.Loader(out, "val", 1000, 16)
     assert capsys.readouterr().out == ""
-
-
-def test_uint32_shards_never_wrap(tmp_path):
-    small, big = np.array([0, 65535, 7]), np.array([0, 65536, 70000, 2**31])
-    data.write_shard(str(tmp_path / "train_000000.bin"), small)
-    data.write_shard(str(tmp_path / "train_000001.bin"), big)
-    assert data.read_header(str(tmp_path / "train_000000.bin")) == (3, np.uint16)
-    assert data.read_header(str(tmp_path / "train_000001.bin")) == (4, np.uint32)
-    assert np.array_equal(data.read_shard(str(tmp_path / "train_000001.bin")), big)
-    assert np.array_equal(data.read_shard(str(tmp_path / "train_000000.bin")), small)
-
-
-def test_corrupt_and_missing_shards(tmp_path):
-    good = str(tmp_path / "train_000000.bin")
-    data.write_shard(good, np.arange(100))
-    raw = open(good, "rb").read()
-    cases = {"truncated": raw[:-10], "header": raw[:100], "magic": b"\0" * 4 + raw[4:],
-             "version": raw[:4] + np.int32(9).tobytes() + raw[8:]}
-    for name, content in cases.items():
-        path = str(tmp_path / f"{name}_train_000000.bin")
-        open(path, "wb").write(content)
-        with pytest.raises(ValueError, match=path.replace(".", r"\.")):
-            data.read_header(path)
-    with pytest.raises(ValueError, match="truncated"):
-        data.read_header(str(tmp_path / "truncated_train_000000.bin"))
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        data.find_shards(str(tmp_path / "nowhere"), "train")
-    with pytest.raises(FileNotFoundError, match="no val"):
-        data.find_shards(str(tmp_path), "val")
-    with pytest.raises(FileNotFoundError):
-        data.prepare(str(tmp_path / "missing_input"), str(tmp_path / "o"), "byte")
-
-
-def test_older_or_incomplete_meta_json_is_refused(byte_data, tmp_path):
-    import shutil
-    folder = tmp_path / "d"
-    shutil.copytree(byte_data, folder)
-    meta = json.load(open(folder / "meta.json"))
-    json.dump({**meta, "format": 1}, open(folder / "meta.json", "w"))
-    with pytest.raises(ValueError, match=f"format 1 .* older data.py.*python data.py --input {meta['input']} "
-                                         f"--out {folder} --tokenizer byte"):
-        data.Loader(str(folder), "train", 2, 16)
-    json.dump({**meta, "shards": {"train": [], "val": []}}, open(folder / "meta.json", "w"))
-    with pytest.raises(ValueError, match="does not list the shards in the folder .*train_000000.bin"):
-        data.load_meta(folder)
-    json.dump(meta, open(folder / "meta.json", "w"))
-    shutil.copy(folder / "train_000000.bin", folder / "fineweb_train_000001.bin")     # a foreign shard mixed in
-    with pytest.raises(ValueError, match="does not list the shards in the folder .*fineweb_train_000001.bin"):
-        data.Loader(str(folder), "train", 2, 16)
-    os.remove(folder / "fineweb_train_000001.bin")
-    os.remove(folder / "train_000000.idx.npz")
-    with pytest.raises(ValueError, match="train_000000.bin has no index"):
-        data.Loader(str(folder), "train", 2, 16)
-
-
-def _foreign_shards(folder, toks):
-    """Shards as llm.c's fineweb.py writes them: no meta.json, its file names, EOT before each document."""
-    header = np.zeros(256, dtype=np.int32)
-    header[0], header[1], header[2] = 20240520, 1, len(toks)
-    for split in ("train", "val"):
-        with open(folder / f"fineweb_{split}_000000.bin", "wb") as f:
-            f.write(header.tobytes())
-            f.write(toks.astype(np.uint16).tobytes())
-
-
-def test_llmc_fineweb_shard_loads_as_is(tmp_path):
-    toks = np.random.default_rng(0).integers(0, 50256, size=5000)
-    toks[::97] = 50256
-    _foreign_shards(tmp_path, toks)
-    loader = data.Loader(str(tmp_path), "train", batch_size=3, block_size=32, seed=0)
-    assert (tmp_path / "fineweb_train_000000.idx.npz").exists()      # indexed on first use, saved beside
-    b = next(loader)
-    assert loader.eot == 50256 and b.x.shape == (3, 32) and b.x.dtype == torch.int64 and b.n_valid == 3 * 32
-    for row_x, row_y, ids in zip(b.x.numpy(), b.y.numpy(), b.doc_ids.numpy()):
-        start = next(i for i in range(0, len(toks) - 32, 32) if np.array_equal(toks[i:i + 32], row_x))
-        assert np.array_equal(toks[start + 1:start + 33], row_y)
-        assert np.array_equal(ids, np.cumsum(row_x == 50256) - (row_x[0] == 50256))   # a BOS opens a document
-    padded = data.Loader(str(tmp_path), "train", batch_size=4, block_size=256, seed=0, packing=False)
-    assert padded.n_rows == len(np.flatnonzero(toks == 50256)) + (toks[0] != 50256)   # one piece per document
 
 
 def test_loader_batches_doc_ids_and_state(short_data):
@@ -726,40 +293,6 @@ def test_ids_outside_the_vocabulary_are_refused_at_construction(byte_data, tmp_p
     assert proc.stderr.strip().splitlines() == [
         f"error: shard {tmp_path}/foreign/fineweb_train_000000.bin holds token id 60000, "
         f"outside the vocabulary (50257 ids in meta.json): shards and meta.json disagree"]
-
-
-def test_data_dir_given_a_corpus_file_suggests_a_command_that_works(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    _write_jsonl(tmp_path / "corpus.jsonl", [f"story {i} " * 30 for i in range(50)])
-    with pytest.raises(FileNotFoundError) as e:
-        data.Loader("corpus.jsonl", "train", 2, 16)
-    command, data_dir = str(e.value).split("`")[1], str(e.value).rsplit("--data_dir=", 1)[1]
-    assert command.startswith("python data.py ")
-    subprocess.run([sys.executable, os.path.join(ROOT, "data.py"), *command.split()[2:]], check=True,
-                   capture_output=True)
-    assert next(data.Loader(data_dir, "train", 2, 16)).x.shape == (2, 16)
-    data.write_shard(str(tmp_path / "train_000000.bin"), np.arange(10))
-    with pytest.raises(FileNotFoundError, match=r"pass the folder that holds this shard: --data_dir=\."):
-        data.find_shards("train_000000.bin", "train")
-
-
-def test_bad_streams_prepared_folders_and_out_equal_to_input(tmp_path):
-    """A truncated .gz names the file; a folder data.py prepared inside an input folder is not read as
-    documents; --out equal to --input is refused."""
-    _write_jsonl(tmp_path / "a.jsonl", [f"document {i} " * 30 for i in range(2000)])
-    raw = gzip.compress((tmp_path / "a.jsonl").read_bytes())
-    (tmp_path / "t.jsonl.gz").write_bytes(raw[:len(raw) // 2])
-    with pytest.raises(ValueError, match=r"t.jsonl.gz: not readable after line \d+ .*truncated"):
-        data.prepare(str(tmp_path / "t.jsonl.gz"), str(tmp_path / "o1"), "byte", workers=1)
-    texts = tmp_path / "texts"
-    texts.mkdir()
-    for i in range(5):
-        (texts / f"{i}.txt").write_text(f"text number {i}\n" * 20)
-    first = data.prepare(str(texts), str(texts / "tok"), "byte", workers=1, val_frac=0.2)
-    again = data.prepare(str(texts), str(texts / "tok2"), "byte", workers=1, val_frac=0.2)
-    assert again["train_tokens"] + again["val_tokens"] == first["train_tokens"] + first["val_tokens"]
-    with pytest.raises(ValueError, match="is the input folder"):
-        data.prepare(str(texts), str(texts), "byte", workers=1)
 
 
 def test_a_disk_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys):

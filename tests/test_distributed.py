@@ -1,17 +1,27 @@
-"""torchrun with 2 CPU processes (gloo): DDP and FSDP2 give the single-process result."""
+"""speedgpt/distributed.py on the CPU. torchrun with 2 CPU processes (gloo): DDP and FSDP2 give the
+single-process result. One process: a signal saves a checkpoint the run resumes from exactly, a step that fails
+after a signal names the process group, the launch environment, and the batch plan (every README command's)."""
 import json
 import os
+import random
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
+import configurator
 import train
-from conftest import ROOT, read_metrics, tiny_args
+from conftest import ROOT, losses, read_metrics, tiny_args
+from speedgpt.distributed import plan_batch, setup_processes
 
-pytestmark = pytest.mark.slow      # torchrun with gloo: each test starts several processes
+# -----------------------------------------------------------------------------
+# torchrun with gloo: each of these tests starts several processes, so each is marked slow (the
+# one-process tests at the end are not)
 
 
 def torchrun(args, nproc=2):
@@ -29,6 +39,7 @@ def common(data_dir, out_dir, *extra):
                      "--eval_interval=2", "--dropout=0.0", "--device=cpu", *extra)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallelism, nproc, extra", [("ddp", 2, ()), ("ddp", 4, ()), ("fsdp", 2, ()),
                                                         ("fsdp", 2, ("--fused_ce=True",))])
 def test_one_optimizer_step_equals_single_process(short_data, tmp_path, parallelism, nproc, extra):
@@ -48,6 +59,7 @@ def test_one_optimizer_step_equals_single_process(short_data, tmp_path, parallel
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_distributed_resume_continues_exactly(short_data, tmp_path):
     """With dropout, each rank has a random stream of its own (the same initial weights, other dropout
     masks); the checkpoint keeps every rank's stream, so a resume at the same world size is exact."""
@@ -62,6 +74,7 @@ def test_distributed_resume_continues_exactly(short_data, tmp_path):
     assert sorted(part) == [0, 1, 2, 3] and all(part[s] == full[s] for s in (2, 3))
 
 
+@pytest.mark.slow
 def test_world_size_must_divide_the_batch(short_data, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
            *common(short_data, tmp_path, "--total_batch_size=384")]
@@ -73,6 +86,7 @@ def test_world_size_must_divide_the_batch(short_data, tmp_path):
         "Traceback (most recent call last)" not in out.split("error:")[0]
 
 
+@pytest.mark.slow
 def test_sigterm_under_torchrun_stops_every_rank_at_one_step(short_data, tmp_path):
     """torchrun forwards SIGTERM to its workers: they agree on a step, rank 0 saves, the resume matches."""
     import signal
@@ -99,6 +113,7 @@ def test_sigterm_under_torchrun_stops_every_rank_at_one_step(short_data, tmp_pat
     assert cut == pytest.approx(full, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_validation_is_the_same_for_any_launch(short_data, tmp_path):
     """The same weights give the same validation loss on 1 or 2 processes and at any micro-batch: the same
     val rows are evaluated (eval_tokens: 1,000 tokens are 16 rows of 64, which no batch here divides),
@@ -111,6 +126,7 @@ def test_validation_is_the_same_for_any_launch(short_data, tmp_path):
     assert small == pytest.approx(one, rel=1e-6) and two == pytest.approx(one, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_resume_on_fewer_processes_keeps_the_step(short_data, tmp_path, capsys):
     """total_batch_size=0 (one micro-batch per process) on 2 processes, resumed on 1: the step keeps the
     checkpoint's 2 x 2 x 64 tokens (2 micro-steps here), so the run goes on as it would have on 2."""
@@ -128,6 +144,7 @@ def test_a_resume_on_fewer_processes_keeps_the_step(short_data, tmp_path, capsys
     assert sorted(cut) == [0, 1, 2, 3] and [cut[s] for s in (2, 3)] == pytest.approx([two[s] for s in (2, 3)], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_muon_under_ddp_equals_single_process_and_fsdp_is_refused(short_data, tmp_path):
     """optimizer=muon works under DDP (each rank orthogonalises the same all-reduced gradient): the
     single-process result; FSDP, which shards the matrices Newton-Schulz needs whole, is refused in one line."""
@@ -144,3 +161,120 @@ def test_muon_under_ddp_equals_single_process_and_fsdp_is_refused(short_data, tm
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode != 0 and "error: optimizer='muon' needs whole matrices for its Newton-Schulz step, and " \
                                    "FSDP shards them: use --parallelism=ddp, or --optimizer=adamw" in proc.stderr
+
+
+# -----------------------------------------------------------------------------
+# one CPU process: signals, the launch environment, the batch plan
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_saves_a_checkpoint_and_resume_matches(byte_data, tmp_path, signum):
+    common = ["--max_iters=300", "--eval_interval=100", "--lr_decay_iters=300", "--dropout=0.1"]
+    cmd = [sys.executable, "train.py", *map(str, tiny_args(byte_data, tmp_path / "cut", *common))]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (tmp_path / "cut" / "metrics.jsonl").exists() or len(read_metrics(tmp_path / "cut")) < 2:
+        assert time.time() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(random.uniform(0, 1.0))                  # a random moment of the training
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, (out[-2000:], err)
+    m = re.search(r"stopped after step (\d+) with a checkpoint in .*ckpt.pt; continue with the same command and "
+                  r"--init_from=resume", err)
+    assert m and "Traceback" not in err, err
+    assert torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=True)["step"] == int(m.group(1)) + 1
+    assert not os.path.exists(tmp_path / "cut" / "ckpt.pt.tmp")
+    train.main(tiny_args(byte_data, tmp_path / "cut", *common, "--init_from=resume"))
+    train.main(tiny_args(byte_data, tmp_path / "whole", *common))
+    steps = [r["step"] for r in read_metrics(tmp_path / "cut") if "loss" in r]
+    assert steps == list(range(300))                    # every step once
+    assert losses(tmp_path / "cut") == losses(tmp_path / "whole")
+
+
+def test_a_step_that_fails_after_a_signal_names_the_process_group(byte_data, tmp_path, monkeypatch):
+    """A SIGTERM sent to the whole process group (plain `timeout`) also kills torch.compile's compiler
+    processes, and the step being compiled fails: the run stops with the signal's exit code and one line that
+    says why and how to signal the trainer alone. The same error with no signal propagates as it is."""
+    real, calls, handler = train.forward_backward, [], signal.getsignal(signal.SIGTERM)
+
+    def compile_killed(*args, signal_first=True):
+        calls.append(1)
+        if len(calls) == 3:
+            if signal_first:
+                os.kill(os.getpid(), signal.SIGTERM)     # the handler only sets the flag
+            raise RuntimeError("CppCompileError: C++ compile error\n(the compiler was killed)")
+        return real(*args)
+    monkeypatch.setattr(train, "forward_backward", compile_killed)
+    with pytest.raises(train.RunStopped) as e:
+        train.main(tiny_args(byte_data, tmp_path / "a", "--eval_interval=2"))
+    assert e.value.exit_code == 128 + signal.SIGTERM
+    msg = str(e.value)
+    assert msg.startswith("SIGTERM: the step in progress failed after the signal (RuntimeError: CppCompileError: "
+                          "C++ compile error); ") and "the whole process group" in msg and "timeout --foreground" in msg
+    assert f"{tmp_path / 'a' / 'ckpt.pt'} still holds step 2" in msg            # the checkpoint of step 2 is kept
+    assert json.load(open(tmp_path / "a" / "summary.json"))["stopped"] == msg
+    calls.clear()
+    monkeypatch.setattr(train, "forward_backward", lambda *a: compile_killed(*a, signal_first=False))
+    with pytest.raises(RuntimeError, match="CppCompileError"):
+        train.main(tiny_args(byte_data, tmp_path / "b", "--eval_interval=2"))
+    assert signal.getsignal(signal.SIGTERM) is handler                       # the trainer's handler is gone
+
+
+def test_launch_environment(byte_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")                 # one process, LOCAL_RANK unset: no process group
+    summary = train.main(tiny_args(byte_data, tmp_path, "--max_iters=2", "--device=cpu"))
+    assert summary["val_loss"] is not None
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="WORLD_SIZE=2 but LOCAL_RANK, MASTER_ADDR, MASTER_PORT not set: .*torchrun"):
+        train.main(tiny_args(byte_data, tmp_path, "--device=cpu"))
+
+
+def test_more_processes_than_gpus_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for k, v in dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="x",
+                     MASTER_PORT="1").items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError, match=r"2 processes per node but 1 visible GPU\(s\): "
+                                         r"use torchrun --nproc_per_node=1"):
+        setup_processes(configurator.Config())
+
+
+def readme_commands():
+    """(world size, train.py arguments) of every train.py command in the bash blocks of the README and docs/."""
+    import glob
+    text = "".join(open(p).read() for p in [os.path.join(ROOT, "README.md"),
+                                            *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))])
+    cmds = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("#")[0].split()
+            if "train.py" not in line:
+                continue
+            opts = dict(re.match(r"--(\w+)=(\d+)", a).groups() for a in line
+                        if re.match(r"--(nproc_per_node|nnodes)=\d+", a))
+            world = int(opts.get("nproc_per_node", 1)) * int(opts.get("nnodes", 1)) if line[0] == "torchrun" else 1
+            cmds.append((world, line[line.index("train.py") + 1:]))
+    return cmds
+
+
+def test_every_readme_command_plans_its_batch():
+    cmds = readme_commands()
+    assert any(w == 16 for w, _ in cmds) and any(w == 8 for w, _ in cmds) and any(w == 1 for w, _ in cmds)
+    for world, args in cmds:
+        cfg = configurator.load_config([a for a in args if not a.startswith("--init_from=gpt2")])   # no download
+        assert plan_batch(cfg, world) >= 1
+        if cfg.total_batch_size:
+            assert plan_batch(cfg, world) * cfg.batch_size * cfg.block_size * world == cfg.total_batch_size
+
+
+def test_batch_plan():
+    cfg = configurator.load_config(["--config", "config/fast.py"])
+    assert [plan_batch(cfg, w) for w in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    with pytest.raises(ValueError, match=r"total_batch_size=524,288 tokens is not a multiple of "
+                                         r"batch_size x block_size x processes = 64 x 1024 x 16 = 1,048,576"):
+        plan_batch(cfg, 16)
+    assert plan_batch(configurator.Config(), 3) == 1                    # 0: one micro-batch per process

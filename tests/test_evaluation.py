@@ -1,10 +1,18 @@
-"""speedgpt/evaluation.py: time to a target validation loss (target_val_loss) on the CPU."""
+"""speedgpt/evaluation.py on the CPU: time to a target validation loss (target_val_loss), and validation bits
+per byte (estimate_loss) against a direct count: the model's own probability of each target, document by
+document, over the UTF-8 bytes of the texts themselves."""
 import json
+import math
+from contextlib import nullcontext
 
+import numpy as np
 import pytest
+import torch
 
+import data
 import train
-from conftest import read_metrics, tiny_args
+from conftest import TEXTS, read_metrics, tiny_args
+from model import GPT, GPTConfig
 
 
 def test_the_run_stops_at_the_first_evaluation_at_or_below_the_target(byte_data, tmp_path, capsys):
@@ -38,3 +46,56 @@ def test_a_target_never_reached_says_so(byte_data, tmp_path, capsys):
 def test_a_target_without_evaluations_is_refused(byte_data, tmp_path):
     with pytest.raises(ValueError, match=r"target_val_loss=3.0 stops at the first evaluation .*: it needs eval_tokens > 0"):
         train.main(tiny_args(byte_data, tmp_path, "--target_val_loss=3.0", "--eval_tokens=0"))
+
+
+# -----------------------------------------------------------------------------
+# bits per byte
+
+
+def val_documents(out, tok):
+    """The val split's documents, decoded: the shards' tokens cut at each end-of-text (BOS)."""
+    stream = np.concatenate([data.read_shard(p) for p in data.find_shards(str(out), "val")]).tolist()
+    docs, current = [], None
+    for t in stream:
+        if t == tok.eot:
+            if current is not None:
+                docs.append(current)
+            current = []
+        else:
+            current.append(t)
+    return [tok.decode(d) for d in docs + [current]]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("tokenizer", ["byte", "gpt2"])
+def test_bits_per_byte_is_the_direct_count(tmp_path, tokenizer):
+    """estimate_loss's bits per byte = sum over targets of -log2 p / the UTF-8 bytes of the val texts, the
+    probabilities from the model run on each document alone ([EOT] + its tokens, targets its tokens and
+    the next EOT, whose loss counts and whose bytes are 0); its loss is the same sum in nats per target."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, text in enumerate(TEXTS):
+        (src / f"{i}.txt").write_text(text, encoding="utf-8")
+    data.prepare(str(src), str(tmp_path / "d"), tokenizer, val_frac=0.5, seed=0, workers=1)
+    tok = data.get_tokenizer(tokenizer)
+    docs = val_documents(tmp_path / "d", tok)
+    assert docs and all(d in TEXTS for d in docs)            # the val split holds some of the texts, whole
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=32))
+    # padded batches: each document (< 64 tokens) is one row, its targets its tokens and the next BOS
+    loader = data.Loader(str(tmp_path / "d"), "val", batch_size=2, block_size=64, packing=False,
+                         vocab_size=tok.vocab_size)
+    table = torch.as_tensor(tok.token_bytes())
+    loss, bpb = train.estimate_loss(model, loader, loader.n_rows, nullcontext(), table)
+    model.eval()
+    nats, targets = 0.0, 0
+    for text in docs:
+        ids = [tok.eot] + tok.encode(text)
+        logp = model(torch.tensor([ids]))[0][0, :, :tok.vocab_size].double().log_softmax(-1)    # (T, V)
+        y = ids[1:] + [tok.eot]
+        nats -= logp[torch.arange(len(ids)), torch.tensor(y)].sum().item()
+        targets += len(y)
+    n_bytes = sum(len(text.encode("utf-8")) for text in docs)
+    assert bpb == pytest.approx(nats / math.log(2) / n_bytes, rel=1e-5)
+    assert loss == pytest.approx(nats / targets, rel=1e-5)
+    assert loader.n_rows == len(docs)

@@ -1,9 +1,16 @@
 """speedgpt/fp8.py on the CPU: the rowwise recipe's math (float8 operands multiplied in float32, as
-torch._scaled_mm does on the GPU: tests/test_gpu.py compares the two), its conversion, and its refusals."""
+torch._scaled_mm does on the GPU: tests/test_gpu.py compares the two), its conversion, and its refusals; the
+conversion of exactly the eligible layers (torchao's recipes, fp8_layers) and the checks (a preset on the CPU,
+a resume's shapes); fp8_mm against torchao's Float8Linear, bit for bit (the CPU build of torch runs float8
+matmuls). The fused head in float8 (fp8_head) is in tests/test_fused_ce.py."""
 import pytest
 import torch
 
 import configurator
+import train
+from configurator import load_config
+from conftest import build_preset as build
+from conftest import tiny_args
 from model import GPT, GPTConfig
 from speedgpt import fp8
 
@@ -69,3 +76,79 @@ def test_the_rowwise_recipe_is_refused_where_it_cannot_run():
         fp8.check(configurator.Config(fp8_head=True, fused_ce=True, fp8_recipe="rowwise_bf16_wgrad"), cpu)
     with pytest.raises(ValueError, match="fp8_recipe"):
         configurator.load_config(["--fp8_recipe=rowwise_bf16"])
+
+
+def test_fp8_converts_exactly_the_eligible_layers():
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+    m = GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=512))
+    m.transformer.h[0].attn.c_proj = torch.nn.Linear(512, 256, bias=False)    # narrower than fp8_min_dim
+    m.transformer.h[1].mlp.c_proj = torch.nn.Linear(2048, 504, bias=False)    # 504: not a multiple of 16
+    converted = fp8.convert(m, configurator.Config(fp8=True, fp8_min_dim=512))
+    expected = ["transformer.h.0.attn.c_attn", "transformer.h.0.mlp.c_fc", "transformer.h.0.mlp.c_proj",
+                "transformer.h.1.attn.c_attn", "transformer.h.1.attn.c_proj", "transformer.h.1.mlp.c_fc"]
+    assert sorted(converted) == expected                                      # never the output head
+    assert sorted(n for n, mod in m.named_modules() if isinstance(mod, Float8Linear)) == expected
+    assert m.lm_head.weight is m.transformer.wte.weight
+    with pytest.raises(ValueError, match="no Linear layer is eligible"):
+        fp8.convert(GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32)),
+                    configurator.Config(fp8=True))
+
+
+def test_fp8_layers_picks_the_kinds_to_convert():
+    """fp8_layers converts the kinds it names (one kind at a time measures FP8 per kind end to end), refuses an
+    unknown kind naming the kinds, and is refused without fp8=True (it would do nothing)."""
+    pytest.importorskip("torchao")
+    for layers, ends in (("fc,mlp_proj", ("mlp.c_fc", "mlp.c_proj")), ("qkv", ("attn.c_attn",)),
+                         (" attn_proj ", ("attn.c_proj",))):
+        cfg = load_config(["--config", "config/gpt2-large.py", f"--fp8_layers={layers}"])
+        _, model = build("config/gpt2-large.py")
+        names = fp8.convert(model, cfg)
+        assert sorted(names) == sorted(f"transformer.h.{i}.{e}" for i in range(cfg.n_layer) for e in ends)
+    gpu = torch.device("cuda")                              # the kinds are checked before the device
+    for bad, message in (("fc,mlp", "unknown kind mlp; the kinds are qkv, attn_proj, fc, mlp_proj"),
+                         (",", "no kind; the kinds are")):
+        with pytest.raises(ValueError, match=f"fp8_layers={bad!r}: {message}"):
+            fp8.check(load_config(["--config", "config/gpt2-large.py", f"--fp8_layers={bad}"]), gpu)
+    with pytest.raises(ValueError, match=r"fp8_layers='fc' would do nothing: .* Add --fp8=True"):
+        fp8.check(load_config(["--config", "config/fast.py", "--fp8_layers=fc"]), gpu)
+
+
+def test_a_preset_on_the_cpu_names_the_way_out():
+    cfg = load_config(["--config", "config/gpt2-xl.py"])
+    with pytest.raises(ValueError, match=r"fp8=True and fp8_head=True need a GPU .* add --fp8=False --fp8_head=False"):
+        fp8.check(cfg, torch.device("cpu"))
+
+
+def test_resume_checks_fp8_shapes_of_the_checkpoint(byte_data, tmp_path):
+    """A resumed run takes n_embd from the checkpoint when it is not set: fp8_head's multiple-of-16 check
+    sees that shape (40), not the command's default (128), and refuses before any work."""
+    train.main(tiny_args(byte_data, tmp_path, "--n_embd=40", "--n_head=4", "--max_iters=2"))
+    shapeless = [a for a in tiny_args(byte_data, tmp_path, "--max_iters=4")
+                 if not a.startswith(("--n_embd", "--n_head"))]
+    with pytest.raises(ValueError, match=r"fp8_head=True needs n_embd \(40\)"):
+        train.main(shapeless + ["--init_from=resume", "--fp8_head=True", "--fused_ce=True"])
+
+
+def test_fp8_mm_is_torchao_float8_linear_tensorwise():
+    """fp8.fp8_mm follows torchao's tensorwise recipe bit for bit: the head's forward and grad-input
+    matmuls equal Float8Linear's (a gradient of amax 1, the bound fp8_mm assumes for softmax -
+    one-hot), the grad-weight one too in bf16 (fused_ce keeps it in float32). CPU float8 matmul."""
+    pytest.importorskip("torchao")
+    from torchao.float8 import Float8LinearConfig
+    from torchao.float8.float8_linear import Float8Linear
+    torch.manual_seed(0)
+    h = torch.randn(256, 64, dtype=torch.bfloat16, requires_grad=True)
+    lin = torch.nn.Linear(64, 512, bias=False).bfloat16()
+    head = Float8Linear.from_float(lin, config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    out = head(h)
+    g = torch.randn(256, 512, dtype=torch.bfloat16)
+    g = g / g.abs().max()
+    out.backward(g)
+    w = lin.weight.detach()
+    assert torch.equal(fp8.fp8_mm(h.detach(), w.t(), torch.bfloat16, fast_accum=True), out)
+    assert torch.equal(fp8.fp8_mm(g, w, torch.bfloat16, a_amax=1.0), h.grad)
+    assert torch.equal(fp8.fp8_mm(g.t(), h.detach(), torch.bfloat16, a_amax=1.0), head.weight.grad)
+    exact = g.float() @ w.float()
+    assert not torch.equal(h.grad.float(), exact)                           # FP8 did round
+    torch.testing.assert_close(h.grad.float(), exact, rtol=0.3, atol=0.3 * exact.abs().mean().item())

@@ -1,9 +1,7 @@
-"""HellaSwag (speedgpt/hellaswag.py, eval.py) on the CPU, without network, on tests/fixtures/hellaswag_fixture.jsonl:
-8 made-up examples in HellaSwag's format, labels 0, 1, 2, 3, 2, 0, 2, 3."""
+"""HellaSwag (speedgpt/hellaswag.py) on the CPU, without network, on tests/fixtures/hellaswag_fixture.jsonl:
+8 made-up examples in HellaSwag's format, labels 0, 1, 2, 3, 2, 0, 2, 3. eval.py's own tests are in
+tests/test_eval.py."""
 import json
-import os
-import subprocess
-import sys
 from contextlib import nullcontext
 
 import pytest
@@ -12,32 +10,17 @@ import torch.nn as nn
 
 import eval as eval_script
 import train
-from conftest import ROOT, read_metrics, tiny_args
+from conftest import HELLASWAG_FIXTURE as FIXTURE
+from conftest import read_metrics, tiny_args
 from model import GPT, GPTConfig
 from speedgpt import hellaswag
 from speedgpt.corpus import get_tokenizer
 
-FIXTURE = os.path.join(ROOT, "tests", "fixtures", "hellaswag_fixture.jsonl")
 LABELS = [0, 1, 2, 3, 2, 0, 2, 3]
 
 
 def examples():
     return hellaswag.load(FIXTURE)
-
-
-@pytest.fixture(scope="module")
-def hf_gpt2_dir(tmp_path_factory):
-    """A random tiny GPT-2 with GPT-2's vocabulary, saved as Hugging Face saves it."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=128,
-                                                              vocab_size=50257))
-    with torch.no_grad():              # weights off their init, so the endings' losses differ clearly
-        for p in hf.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    path = tmp_path_factory.mktemp("hf_gpt2_50257")
-    hf.save_pretrained(path)
-    return str(path)
 
 
 def test_the_fixture_is_hellaswag_format():
@@ -245,39 +228,3 @@ def test_a_run_logs_hellaswag_beside_the_loss(byte_data, tmp_path, monkeypatch):
         time.sleep(0.5)
     assert [(r["_step"], r["hellaswag_acc_norm"], r["val_bpb"]) for r in logged] == \
         [(r["step"], r["hellaswag_acc_norm"], r["val_bpb"]) for r in evals]
-
-
-@pytest.mark.parametrize("args, error", [
-    (["--out_dir={tmp}/nothing"], "error: no checkpoint at {tmp}/nothing/ckpt.pt: train first"),
-    (["--init_from={hf}", "--hellaswag_path={tmp}/no.jsonl"], "error: hellaswag_path='{tmp}/no.jsonl': no such file"),
-    (["--init_from={hf}", "--examples=-1"], "error: --examples must be >= 0"),
-    (["--init_from={tmp}/none", f"--hellaswag_path={FIXTURE}"], "error: --init_from '{tmp}/none': no such folder "
-     "(--init_from takes gpt2, gpt2-medium, gpt2-large, gpt2-xl or a Hugging Face GPT-2 folder)"),
-    (["--init_from={tmp}", f"--hellaswag_path={FIXTURE}"], "error: --init_from '{tmp}': a speedgpt run folder: score "
-     "its checkpoint with --out_dir {tmp}"),
-])
-def test_eval_bad_input_is_one_line(hf_gpt2_dir, tmp_path, capsys, args, error):
-    fill = dict(tmp=tmp_path, hf=hf_gpt2_dir)
-    (tmp_path / "ckpt.pt").write_bytes(b"")               # tmp_path: a run folder, which --init_from is not for
-    with pytest.raises(SystemExit) as e:
-        eval_script.main([a.format(**fill) for a in args] + ["--device=cpu"])
-    err = capsys.readouterr().err
-    assert e.value.code == 1 and err.startswith(error.format(**fill)) and err.count("\n") == 1, err
-
-
-@pytest.mark.slow
-def test_two_ranks_score_as_one(hf_gpt2_dir):
-    """eval.py under torchrun with 2 CPU processes (gloo), the fixture's examples split between them,
-    prints the single process's score (acc_norm, acc, n)."""
-    def score(*launch):
-        cmd = [sys.executable, *launch, "eval.py", f"--init_from={hf_gpt2_dir}", f"--hellaswag_path={FIXTURE}",
-               "--device=cpu", "--batch_size=3"]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        (line,) = [line for line in proc.stdout.splitlines() if "hellaswag acc_norm" in line]
-        return line.split(": ", 1)[1].rsplit(" | ", 2)[0], line
-    one, line1 = score()
-    two, line2 = score("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
-    assert one == two and "| 8 examples" in one, (line1, line2)
-    assert "1 process(es)" in line1 and "2 process(es)" in line2

@@ -1,10 +1,12 @@
 """speedgpt/memory.py: the estimate against measured peaks (the H200's, from BENCHMARKS.md and
 benchmarks/results/; a real CPU step), the refusal of the reported run (issue 37) in one line, the override,
-and where a CPU's and a GPU's memory are read from. Runs on the CPU: the GPU is faked where the check reads one."""
+where a CPU's and a GPU's memory are read from, and a micro-batch that does not fit ending the run in one line
+naming the knobs. Runs on the CPU: the GPU is faked where the check reads one."""
 import glob
 import json
 import os
 import re
+import subprocess
 import sys
 import types
 from dataclasses import replace
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 from configurator import Config, load_config
+from conftest import tiny_args
 from model import GPT, GPTConfig
 from speedgpt import attention, memory
 
@@ -205,3 +208,24 @@ def test_the_vocabulary_is_known_before_the_data_is_prepared(tmp_path):
     assert memory.vocab_size(str(tmp_path / "stdlib_byte")) == BYTE_VOCAB        # prepared on first use
     assert memory.vocab_size(str(tmp_path / "stdlib_gpt2") + "/") == GPT2_VOCAB
     assert memory.vocab_size(str(tmp_path / "fineweb")) == GPT2_VOCAB            # foreign shards: GPT-2's
+
+
+@pytest.mark.parametrize("error", ["torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 24.00 GiB')",
+                                   "RuntimeError(\"DefaultCPUAllocator: can't allocate memory: "
+                                   "you tried to allocate 6e11 bytes\")",
+                                   "MemoryError()"])
+def test_out_of_memory_is_one_line_naming_the_knobs(byte_data, tmp_path, error):
+    """A micro-batch that does not fit ends in one line naming batch_size, block_size and
+    grad_checkpointing, not a traceback: CUDA's OutOfMemoryError, the CPU allocator's error and numpy's
+    MemoryError, raised by the model's forward (a real allocation failure depends on the OS: where it
+    overcommits, the kernel kills the process instead)."""
+    launch = ("import runpy, sys, torch, model\n"
+              f"def oom(*a, **k): raise {error}\n"
+              "model.GPT.forward = oom\n"
+              "sys.argv = ['train.py'] + sys.argv[1:]\n"
+              "runpy.run_path('train.py', run_name='__main__')")
+    cmd = [sys.executable, "-c", launch, *tiny_args(byte_data, tmp_path / "o", "--device=cpu", "--eval_tokens=0")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: out of memory"), proc.stderr[-2000:]
+    assert "--batch_size" in proc.stderr and "--grad_checkpointing=full" in proc.stderr

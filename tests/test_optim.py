@@ -1,5 +1,5 @@
-"""speedgpt/optim.py: the schedules' shapes, the parameter groups of each optimizer, and Muon + AdamW as one
-optimizer whose state resumes exactly (CPU)."""
+"""speedgpt/optim.py: the schedules' shapes, the parameter groups of each optimizer, Muon + AdamW as one
+optimizer whose state resumes exactly, and fused AdamW stepping as the default one (CPU)."""
 import math
 import os
 
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import configurator
+from conftest import tiny_model
 from model import GPT, GPTConfig
 from speedgpt import optim
 
@@ -119,3 +120,19 @@ def test_muon_with_wsd_is_no_worse_than_adamw_on_the_quickstart_data(tmp_path):
     adamw = train.main([*common, f"--out_dir={tmp_path / 'adamw'}"])["val_loss"]
     muon = train.main([*common, f"--out_dir={tmp_path / 'muon'}", "--optimizer=muon", "--lr_schedule=wsd"])["val_loss"]
     assert muon < adamw + 0.02, (muon, adamw)
+
+
+def test_fused_adamw_matches_default():
+    cfgs = [configurator.Config(fused_adamw=f, learning_rate=1e-2) for f in (False, True)]
+    models = [tiny_model(), tiny_model()]
+    opts = [optim.build(m, c, torch.device("cpu")) for m, c in zip(models, cfgs)]
+    assert opts[1].defaults["fused"] and not opts[0].defaults.get("fused")
+    assert [len(g["params"]) for g in opts[0].param_groups] == [2 * 4 + 1 + 1, 2 * 2 + 1]  # matrices / vectors
+    for step in range(5):
+        for m, o in zip(models, opts):
+            g = torch.Generator().manual_seed(step)      # the same gradients for both
+            for p in m.parameters():
+                p.grad = torch.randn(p.shape, generator=g)
+            o.step()
+    for p, q in zip(*(m.parameters() for m in models)):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

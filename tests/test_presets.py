@@ -1,10 +1,14 @@
-"""The GPT-2 family's presets (config/fast.py and config/gpt2-*.py): each builds GPT-2's shape and
-parameter count, and converts to FP8 exactly the layers BENCHMARKS.md's measurements chose (CPU, meta device)."""
-import pytest
-import torch
+"""The presets of config/ (CPU). The GPT-2 family's (config/fast.py and config/gpt2-*.py): each builds GPT-2's
+shape and parameter count, and converts to FP8 exactly the layers BENCHMARKS.md's measurements chose (meta
+device). config/finetune_shakespeare.py: GPT-2 124M's shape, and the README's data command for its text."""
+import os
 
-from configurator import load_config
-from model import GPT, GPTConfig
+import pytest
+
+import configurator
+import data
+from conftest import ROOT
+from conftest import build_preset as build
 from speedgpt import fp8
 
 # Hugging Face's GPT-2 checkpoints: (n_layer, n_head, n_embd, parameters with biases and vocabulary 50,257)
@@ -12,12 +16,6 @@ GPT2 = {"config/fast.py": (12, 12, 768, 124_439_808), "config/gpt2-medium.py": (
         "config/gpt2-large.py": (36, 20, 1280, 774_030_080), "config/gpt2-xl.py": (48, 25, 1600, 1_557_611_200)}
 FP8 = {"config/fast.py": False, "config/gpt2-medium.py": "rowwise_bf16_wgrad", "config/gpt2-large.py": "tensorwise",
        "config/gpt2-xl.py": "tensorwise"}
-
-
-def build(path):
-    cfg = load_config(["--config", path])
-    with torch.device("meta"):
-        return cfg, GPT(GPTConfig.from_dict(vars(cfg), 50257, attention="sdpa"))   # auto resolves on the GPU
 
 
 @pytest.mark.parametrize("path", GPT2)
@@ -48,26 +46,17 @@ def test_preset_converts_the_block_linears_the_measurements_chose(path):
     assert sorted(names) == sorted(f"transformer.h.{i}.{k}" for i in range(cfg.n_layer) for k in kinds)
 
 
-def test_a_preset_on_the_cpu_names_the_way_out():
-    cfg = load_config(["--config", "config/gpt2-xl.py"])
-    with pytest.raises(ValueError, match=r"fp8=True and fp8_head=True need a GPU .* add --fp8=False --fp8_head=False"):
-        fp8.check(cfg, torch.device("cpu"))
-
-
-def test_fp8_layers_picks_the_kinds_to_convert():
-    """fp8_layers converts the kinds it names (one kind at a time measures FP8 per kind end to end), refuses an
-    unknown kind naming the kinds, and is refused without fp8=True (it would do nothing)."""
-    pytest.importorskip("torchao")
-    for layers, ends in (("fc,mlp_proj", ("mlp.c_fc", "mlp.c_proj")), ("qkv", ("attn.c_attn",)),
-                         (" attn_proj ", ("attn.c_proj",))):
-        cfg = load_config(["--config", "config/gpt2-large.py", f"--fp8_layers={layers}"])
-        _, model = build("config/gpt2-large.py")
-        names = fp8.convert(model, cfg)
-        assert sorted(names) == sorted(f"transformer.h.{i}.{e}" for i in range(cfg.n_layer) for e in ends)
-    gpu = torch.device("cuda")                              # the kinds are checked before the device
-    for bad, message in (("fc,mlp", "unknown kind mlp; the kinds are qkv, attn_proj, fc, mlp_proj"),
-                         (",", "no kind; the kinds are")):
-        with pytest.raises(ValueError, match=f"fp8_layers={bad!r}: {message}"):
-            fp8.check(load_config(["--config", "config/gpt2-large.py", f"--fp8_layers={bad}"]), gpu)
-    with pytest.raises(ValueError, match=r"fp8_layers='fc' would do nothing: .* Add --fp8=True"):
-        fp8.check(load_config(["--config", "config/fast.py", "--fp8_layers=fc"]), gpu)
+def test_finetune_shakespeare_config_and_data(tmp_path):
+    """config/finetune_shakespeare.py states GPT-2 124M's shape (so --init_from=resume matches it), and
+    the README's data command makes a train/val split of the committed text."""
+    cfg = configurator.load_config(["--config", "config/finetune_shakespeare.py"])
+    assert (cfg.init_from, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.bias, cfg.activation) == \
+        ("gpt2", 12, 12, 768, True, "gelu_tanh")
+    assert configurator.load_config(["--config", "config/finetune_shakespeare.py",
+                                     "--init_from=resume"]).init_from == "resume"
+    meta = data.prepare(os.path.join(ROOT, "data_sources", "shakespeare"), str(tmp_path), "byte", val_frac=0.1,
+                        workers=2)
+    assert meta["train_docs"] + meta["val_docs"] == 40 and meta["val_docs"] >= 2
+    folder = os.path.join(ROOT, "data_sources", "shakespeare")
+    size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+    assert meta["train_tokens"] + meta["val_tokens"] == size + 40 > 1_100_000   # every byte, one end-of-text per part

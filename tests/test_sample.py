@@ -1,13 +1,16 @@
 """sample.py on the CPU: a temperature or top_k that cannot sample is refused in one line before any
-checkpoint is read; good ones, in either flag form, sample, with the KV cache or without it."""
+checkpoint is read; good ones, in either flag form, sample, with the KV cache or without it; a prompt longer than
+block_size is cropped with a note, and a prompt file that is not UTF-8 is one line."""
 import re
+import subprocess
+import sys
 
 import pytest
 
 import sample
 import train
 from model import GPT
-from conftest import tiny_args
+from conftest import ROOT, tiny_args
 
 
 @pytest.mark.parametrize("flag, value, why", [
@@ -67,3 +70,20 @@ def test_kv_cache_flag(byte_data, tmp_path, capsys, monkeypatch):
         texts.append(capsys.readouterr().out)
     assert use_cache == [True, True, False, False, True, True]
     assert texts[0] == texts[1] == texts[2] and texts[0].startswith("def "), texts
+
+
+def test_sample_says_what_it_does_with_odd_prompts(byte_data, tmp_path):
+    """sample.py: a prompt longer than block_size is cropped with a note; a prompt file that is not UTF-8
+    is one line, not a traceback."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=1"))
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    run = lambda start: subprocess.run([sys.executable, "sample.py", f"--out_dir={tmp_path}", f"--start={start}",
+                                        "--num_samples=1", "--max_new_tokens=2", "--device=cpu"],
+                                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = run(f"FILE:{tmp_path / 'latin1.txt'}")
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"error: prompt file {tmp_path / 'latin1.txt'} is not UTF-8 text (byte 0xe9 at offset 3): "
+        "convert it to UTF-8 first"]
+    proc = run("x" * 100)
+    assert proc.returncode == 0 and "note: the prompt is 101 tokens (with its end-of-text), longer than block_size=64" \
+        in proc.stderr

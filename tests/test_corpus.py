@@ -1,0 +1,333 @@
+"""speedgpt/corpus.py on the CPU: every input kind (a folder of text files, .jsonl(.gz/.zst), .json, .parquet,
+datasets folders, the hub offline) read for what it is, text edge cases, bounded reading, the tokenizers' byte
+tables, and the tokenizer workers ending with the program that started them."""
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import data
+from conftest import DOCS, ROOT, TEXTS, _split_docs, _stream, _write_docs, _write_jsonl, tiny_args
+from speedgpt import corpus
+
+
+def test_every_input_kind_gives_the_same_shards(tmp_path):
+    """A folder of text files, .jsonl, .jsonl.gz, .jsonl.zst, .parquet (several row groups), a folder of
+    parquet files and a datasets save_to_disk folder holding the same texts give the same shards."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    zstandard, datasets = pytest.importorskip("zstandard"), pytest.importorskip("datasets")
+    docs = [f"doc {i}: " + "word " * (i % 13) for i in range(30)] + DOCS
+    _write_docs(tmp_path / "folder", docs)
+    _write_jsonl(tmp_path / "d.jsonl", docs)
+    _write_jsonl(tmp_path / "d.jsonl.gz", docs, gzip.open)
+    (tmp_path / "d.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress((tmp_path / "d.jsonl").read_bytes()))
+    pq.write_table(pa.table({"id": list(range(len(docs))), "text": docs}), tmp_path / "d.parquet", row_group_size=7)
+    (tmp_path / "pq").mkdir()
+    for i in range(0, len(docs), 10):
+        pq.write_table(pa.table({"text": docs[i:i + 10]}), tmp_path / "pq" / f"part_{i:03d}.parquet")
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(tmp_path / "hf"))
+    inputs = ["folder", "d.jsonl", "d.jsonl.gz", "d.jsonl.zst", "d.parquet", "pq", "hf"]
+    for name in inputs:
+        data.prepare(str(tmp_path / name), str(tmp_path / f"out_{name}"), "byte", val_frac=0.2, seed=3, workers=2,
+                     shard_tokens=300)
+    for split in ("train", "val"):
+        ref = _stream(tmp_path / "out_folder", split)
+        for name in inputs[1:]:
+            assert np.array_equal(_stream(tmp_path / f"out_{name}", split), ref), name
+    assert json.load(open(tmp_path / "out_hf" / "meta.json"))["train_docs"] + \
+        json.load(open(tmp_path / "out_hf" / "meta.json"))["val_docs"] == len(docs)
+
+
+def test_text_edge_cases(tmp_path):
+    """A lone surrogate is U+FFFD in both tokenizers; a BOM starting a .jsonl or a text file is dropped;
+    the errors that remain name the file and line."""
+    (tmp_path / "s.jsonl").write_text('{"text": "x \\ud800 y"}\n{"text": "fine"}\n')
+    (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "first"}\n{"text": "second"}\n')
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfhello")
+    texts = [d.text for d in corpus.iter_texts(str(tmp_path / "s.jsonl"))]
+    assert texts[0] == "x \ud800 y"
+    tokenizers = [data.get_tokenizer("byte")]
+    try:
+        tokenizers.append(data.get_tokenizer("gpt2"))
+    except FileNotFoundError:
+        pass                                  # offline without the GPT-2 files: the byte path still runs
+    for tok in tokenizers:   # encode, and encode_array as preparation calls it
+        assert tok.encode(texts[0]) == tok.encode_array(texts[0]).tolist() == tok.encode("x \ufffd y"), tok.name
+    data.prepare(str(tmp_path / "s.jsonl"), str(tmp_path / "s"), "byte", val_frac=0, workers=1)
+    assert _split_docs(_stream(tmp_path / "s", "train"), 256)[0] == list("x \ufffd y".encode())
+    assert [d.text for d in corpus.iter_texts(str(tmp_path / "bom.jsonl"))] == ["first", "second"]
+    assert [d.text for d in corpus.iter_texts(str(tmp_path / "bom.txt"))] == ["hello"]
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n\n{"text": "unterminated\n')
+    with pytest.raises(ValueError, match="bad.jsonl:3: expected a JSON object"):
+        data.prepare(str(tmp_path / "bad.jsonl"), str(tmp_path / "x"), "byte", workers=1)
+    (tmp_path / "num.jsonl").write_text('{"text": "ok"}\n{"text": 5}\n')
+    with pytest.raises(ValueError, match="num.jsonl:2: 'text' must be a string"):
+        data.prepare(str(tmp_path / "num.jsonl"), str(tmp_path / "x"), "byte", workers=1)
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"body": ["a"]}), tmp_path / "p.parquet")
+    with pytest.raises(ValueError, match=r"p.parquet: no column 'text' \(columns: body\)"):
+        data.prepare(str(tmp_path / "p.parquet"), str(tmp_path / "x"), "byte", workers=1)
+    pq.write_table(pa.table({"text": ["a", None]}), tmp_path / "n.parquet")
+    with pytest.raises(ValueError, match="n.parquet row 1: 'text' must be a string, got NoneType"):
+        data.prepare(str(tmp_path / "n.parquet"), str(tmp_path / "x"), "byte", workers=1)
+
+
+def test_files_are_read_for_what_they_are(tmp_path):
+    """Compression by content, kinds by name in any case: corpus.json.gz is a JSON array, UPPER.JSONL and
+    x.ndjson JSON lines, data.json JSON lines; binary files in a folder (a saved dataset's .arrow, an image,
+    a .pyc) are skipped and named, a save_to_disk folder inside the folder is read as a dataset."""
+    docs = ["first doc", "second doc", "third doc"]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    with gzip.open(folder / "corpus.json.gz", "wt") as f:
+        json.dump([{"text": d} for d in docs], f)
+    _write_jsonl(folder / "UPPER.JSONL", docs)
+    _write_jsonl(folder / "data.json", docs)
+    (folder / "plain.txt.gz").write_bytes(gzip.compress(b"a gzipped text file"))
+    (folder / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" + bytes(100))
+    (folder / "mod.pyc").write_bytes(b"\xa7\r\r\n\0\0\0\0" + bytes(50))
+    texts = [d.text for d in corpus.iter_texts(str(folder / "corpus.json.gz"))]
+    assert texts == docs
+    (tmp_path / "crlf.txt").write_bytes(b"line one\r\nline two\rthree")        # text: universal newlines
+    assert [d.text for d in corpus.iter_texts(str(tmp_path / "crlf.txt"))] == ["line one\nline two\nthree"]
+    report = corpus.Report()
+    got = [d.text for d in corpus.iter_texts(str(folder), report=report)]
+    assert got == docs * 3 + ["a gzipped text file"]             # in sorted order: UPPER, corpus, data, plain
+    assert sorted(os.path.basename(p) for p in report.binary) == ["image.png", "mod.pyc"]
+    with pytest.raises(ValueError, match="image.png is a binary file"):
+        corpus.iter_texts(str(folder / "image.png"))
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"text": ["from the dataset"]}).save_to_disk(str(folder / "saved"))
+    meta = data.prepare(str(folder), str(tmp_path / "o"), "byte", val_frac=0.2, workers=1)
+    assert meta["train_docs"] + meta["val_docs"] == 3 * 3 + 1 + 1 and meta["binary_files_skipped"] == 2
+    decoded = [bytes(d).decode() for s in ("train", "val") for d in _split_docs(_stream(tmp_path / "o", s), 256)]
+    assert "from the dataset" in decoded and not any("\0" in d for d in decoded)
+
+
+def test_a_dataset_dict_uses_its_own_validation_split(tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": [f"train {i}" for i in range(20)]}),
+                               "validation": datasets.Dataset.from_dict({"text": ["val a", "val b"]})})
+    dd.save_to_disk(str(tmp_path / "dd"))
+    meta = data.prepare(str(tmp_path / "dd"), str(tmp_path / "o"), "byte", val_frac=0.5, workers=1)
+    assert (meta["train_docs"], meta["val_docs"]) == (20, 2)
+    val = [bytes(d).decode() for d in _split_docs(_stream(tmp_path / "o", "val"), 256)]
+    assert val == ["val a", "val b"]
+    assert "the dataset's own 'validation' split (2 documents) is the val split" in capsys.readouterr().out
+    datasets.DatasetDict({"train": dd["train"], "test": dd["validation"]}).save_to_disk(str(tmp_path / "tt"))
+    meta = data.prepare(str(tmp_path / "tt"), str(tmp_path / "o2"), "byte", val_frac=0.2, workers=1)
+    assert meta["train_docs"] + meta["val_docs"] == 20
+    assert "without a validation split (splits: train, test)" in capsys.readouterr().out
+
+
+def test_bad_streams_prepared_folders_and_out_equal_to_input(tmp_path):
+    """A truncated .gz names the file; a folder data.py prepared inside an input folder is not read as
+    documents; --out equal to --input is refused."""
+    _write_jsonl(tmp_path / "a.jsonl", [f"document {i} " * 30 for i in range(2000)])
+    raw = gzip.compress((tmp_path / "a.jsonl").read_bytes())
+    (tmp_path / "t.jsonl.gz").write_bytes(raw[:len(raw) // 2])
+    with pytest.raises(ValueError, match=r"t.jsonl.gz: not readable after line \d+ .*truncated"):
+        data.prepare(str(tmp_path / "t.jsonl.gz"), str(tmp_path / "o1"), "byte", workers=1)
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for i in range(5):
+        (texts / f"{i}.txt").write_text(f"text number {i}\n" * 20)
+    first = data.prepare(str(texts), str(texts / "tok"), "byte", workers=1, val_frac=0.2)
+    again = data.prepare(str(texts), str(texts / "tok2"), "byte", workers=1, val_frac=0.2)
+    assert again["train_tokens"] + again["val_tokens"] == first["train_tokens"] + first["val_tokens"]
+    with pytest.raises(ValueError, match="is the input folder"):
+        data.prepare(str(texts), str(texts), "byte", workers=1)
+
+
+def test_hub_dataset_unreachable_is_a_one_line_error(tmp_path):
+    """hf:NAME streams from the Hugging Face hub; offline (as in CI) that is one line naming the dataset."""
+    pytest.importorskip("datasets")
+    proc = subprocess.run([sys.executable, "data.py", "--input", "hf:nobody/no_such_dataset",
+                           "--out", str(tmp_path / "o")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode != 0 and not (tmp_path / "o").exists()
+    assert proc.stderr.strip().startswith("error: cannot open the Hugging Face dataset hf:nobody/no_such_dataset")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_reading_stays_bounded():
+    """The tokenisation reads at most 2 chunks per worker ahead of what it has handed back."""
+    read = []
+
+    def docs():
+        for i in range(1000):
+            read.append(i)
+            yield corpus.Document(f"doc{i}", "0123456789")
+    chunks = corpus.tokenized_chunks(docs(), "byte", np.uint16, workers=1, chunk_chars=10)
+    tokens, lengths, _, splits = next(chunks)
+    assert tokens.tolist() == [256] + list(b"0123456789") and lengths.tolist() == [11] and splits == [None]
+    assert len(read) <= 3
+    chunks.close()
+
+
+def test_token_bytes_tables():
+    """Each id's UTF-8 bytes: GPT-2's add up to the text's bytes (tokens holding parts of characters
+    included); the byte tokenizer's are 1; end-of-text is 0 in both, and only it."""
+    for name in ("byte", "gpt2"):
+        tok = data.get_tokenizer(name)
+        table = tok.token_bytes()
+        assert table.shape == (tok.vocab_size,) and table[tok.eot] == 0 and (np.delete(table, tok.eot) >= 1).all()
+        for text in TEXTS:
+            assert table[tok.encode(text)].sum() == len(text.encode("utf-8"))
+    assert (data.get_tokenizer("byte").token_bytes()[:256] == 1).all()
+
+
+def _stat(pid):
+    """The fields of /proc/PID/stat after the command name (which may hold spaces): [state, ppid, ...];
+    None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _processes_under(pid):
+    """{pid: start time} of every process below `pid`: its children and theirs (a fork server's workers).
+    The start time (field 22 of /proc/PID/stat) tells a process from a later one given the same pid."""
+    stats = {int(p): s for p in os.listdir("/proc") if p.isdigit() and (s := _stat(p)) is not None}
+    below, frontier = {}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, s in stats.items():
+            if int(s[1]) == parent and child not in below:
+                below[child] = s[19]
+                frontier.append(child)
+    return below
+
+
+def _alive(processes, within=0.0):
+    """The processes of `processes` ({pid: start time}) still running after at most `within` seconds,
+    polled: a zombie has ended (a container's init may never reap it)."""
+    end = time.time() + within
+    while True:
+        left = {p: t for p, t in processes.items() if (s := _stat(p)) is not None and s[19] == t and s[0] != "Z"}
+        if not left or time.time() >= end:
+            return left
+        time.sleep(0.05)
+
+
+def _once_writing(proc, tmp, log, within=120):
+    """The processes under `proc` once its preparation has written into its temp folder `tmp`: its
+    workers start before the first chunk is tokenised, so all of them exist by then. `log`: its stderr."""
+    end = time.time() + within
+    while True:
+        try:
+            if os.listdir(tmp):
+                return _processes_under(proc.pid)
+        except FileNotFoundError:
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(f"ended with {proc.returncode} before writing: {log.read_text()[-2000:]}")
+        assert time.time() < end, f"nothing written into {tmp} after {within} s"
+        time.sleep(0.02)
+
+
+def _kill(processes):
+    """SIGKILL whatever of `processes` still runs: a failing test leaves no stray worker either."""
+    for pid in _alive(processes):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="finds the workers in /proc")
+@pytest.mark.parametrize("signum, group", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGKILL, False)],
+                         ids=["SIGTERM", "SIGTERM-to-group", "SIGKILL"])
+def test_a_stopped_preparation_leaves_no_worker_and_no_temp_folder(tmp_path, big_jsonl, signum, group):
+    """SIGTERM (kill PID, timeout, docker stop; to the whole process group, as Slurm sends it) or SIGKILL
+    to data.py mid-preparation: its tokenizer workers end within seconds, instead of running on, reparented.
+    SIGTERM takes Ctrl-C's way out: status 143, one line, no temp folder and no output folder left. A
+    SIGKILL leaves the temp folder (a killed process cleans nothing), which the next preparation removes."""
+    os.symlink(big_jsonl, tmp_path / "big.jsonl")
+    out, tmp = tmp_path / "out", tmp_path / ".out.preparing"
+    log = tmp_path / "stderr"
+    with open(log, "w") as stderr:                     # a file: a stray worker would hold a pipe open
+        proc = subprocess.Popen([sys.executable, "data.py", "--input", str(tmp_path / "big.jsonl"), "--out", str(out),
+                                 "--workers=2"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
+                                start_new_session=True)
+    below = {}
+    try:
+        below = _once_writing(proc, tmp, log)
+        assert len(below) >= 2, below                   # the two workers
+        if group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        proc.wait(timeout=60)
+        left = _alive(below, within=20)
+    finally:
+        proc.kill()
+        _kill(below)
+    err = log.read_text()
+    assert not left, f"{len(left)} of data.py's {len(below)} worker processes still run 20 s after {signum.name}"
+    if signum == signal.SIGTERM:
+        assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err[-2000:]
+        assert err.strip().splitlines()[-1].startswith("stopped (SIGTERM): "), err[-2000:]
+        assert sorted(os.listdir(tmp_path)) == ["big.jsonl", "stderr"]      # no temp folder, nothing half-written
+    else:
+        assert proc.returncode == -signal.SIGKILL and tmp.is_dir()
+        data.prepare(str(tmp_path / "big.jsonl"), str(out), "byte", workers=1, max_tokens=10_000)
+        assert sorted(os.listdir(tmp_path)) == ["big.jsonl", "out", "stderr"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="finds the workers in /proc")
+@pytest.mark.parametrize("caller", ["train.py", "threaded"])
+def test_a_program_preparing_in_process_takes_its_workers_with_it(tmp_path, big_jsonl, caller):
+    """data.prepare() inside another program: train.py preparing the stdlib corpus on first use, SIGTERM
+    (it cleans up as Ctrl-C does: status 143, one line, no temp folder; its workers are forked, train.py their
+    parent), and a program that runs a thread, SIGKILL (its workers come from a fork server, their parent,
+    which outlives them otherwise). The workers, and the fork server and resource tracker with them, end
+    within seconds; the output folder is never written.
+    train.py's "stdlib" is big_jsonl here: the real one is prepared in a second, too soon to be stopped
+    mid-way for sure."""
+    if caller == "train.py":
+        out = tmp_path / "stdlib_byte"
+        script = ("import runpy, sys; from speedgpt import corpus; read = corpus.iter_texts; "
+                  f"corpus.iter_texts = lambda path, *a: read({str(big_jsonl)!r}, *a); "
+                  f"sys.argv = ['train.py', *{tiny_args(out, tmp_path / 'run', '--device=cpu')!r}]; "
+                  "runpy.run_path('train.py', run_name='__main__')")
+        cmd, signum = [sys.executable, "-c", script], signal.SIGTERM
+    else:
+        out = tmp_path / "out"
+        script = ("import sys, threading, time; threading.Thread(target=time.sleep, args=(600,), daemon=True).start(); "
+                  f"import data; data.prepare({str(big_jsonl)!r}, {str(out)!r}, 'byte', workers=2)")
+        cmd, signum = [sys.executable, "-c", script], signal.SIGKILL
+    log = tmp_path / "stderr"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+    below = {}
+    try:
+        below = _once_writing(proc, tmp_path / f".{out.name}.preparing", log)
+        if caller == "threaded":                      # the case it is meant to be
+            assert any(b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes() for p in below), below
+        proc.send_signal(signum)
+        proc.wait(timeout=60)
+        left = _alive(below, within=20)
+    finally:
+        proc.kill()
+        _kill(below)
+    assert not left, f"{len(left)} of the {len(below)} processes under {caller} still run 20 s after {signum.name}"
+    assert not out.exists()
+    if caller == "threaded":
+        assert proc.returncode == -signum
+    else:
+        assert proc.returncode == 128 + signum, log.read_text()[-2000:]
+        assert log.read_text().strip().splitlines()[-1] == "SIGTERM: stopped before training, without saving"
+        assert not (tmp_path / f".{out.name}.preparing").exists()

@@ -1,0 +1,146 @@
+"""speedgpt/measure.py on the CPU: the metrics file (every key, tokens/s and MFU, each step and evaluation once
+across a resume, a torn last line dropped, a full disk while logging in one line), W&B offline, and the
+profiler's table and trace."""
+import json
+import os
+import shutil
+import sys
+import time
+
+import pytest
+import torch
+
+import train
+from conftest import read_metrics, run_with_file_limit, tiny_args
+from model import GPT, GPTConfig
+
+
+def test_metrics_timing_and_checkpoint(byte_data, tmp_path):
+    summary = train.main(tiny_args(byte_data, tmp_path, "--peak_flops=1e12"))
+    rows = [r for r in read_metrics(tmp_path) if "loss" in r]
+    for key in ("step", "loss", "lr", "step_ms", "tokens_per_sec", "mfu", "mem_gb", "pad_frac"):
+        assert all(key in r for r in rows)
+    assert rows[0]["tokens_per_sec"] is None                        # warm-up step: untimed
+    timed = [r for r in rows if r["tokens_per_sec"] is not None]
+    assert len(timed) == 7 and all(r["mfu"] > 0 for r in timed)
+    fpt = GPT(GPTConfig(vocab_size=257, block_size=64, n_layer=2, n_head=2, n_embd=32)).flops_per_token()
+    for r in timed:
+        assert r["mfu"] == pytest.approx(fpt * r["tokens_per_sec"] / 1e12)
+    assert summary["median_tokens_per_sec"] in [r["tokens_per_sec"] for r in timed]
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == 8 and set(ckpt) >= {"model", "optimizer", "loader", "rng", "config", "meta"}
+    assert not os.path.exists(tmp_path / "ckpt.pt.tmp")
+    assert json.load(open(tmp_path / "config.json"))["n_embd"] == 32
+
+
+def test_resume_keeps_the_checkpoint_steps_evaluation_once(byte_data, tmp_path):
+    """The evaluation a run made at its last step, before saving, stays in metrics.jsonl after a resume:
+    once, whether the resumed run evaluates that step again (same eval_interval) or not (another)."""
+    common = ["--max_iters=8", "--lr_decay_iters=8", "--eval_interval=4"]
+    for name, resume in (("same", ["--eval_interval=4"]), ("other", ["--eval_interval=100"])):
+        train.main(tiny_args(byte_data, tmp_path / name, *common))
+        before = [r for r in read_metrics(tmp_path / name) if "val_loss" in r]
+        train.main(tiny_args(byte_data, tmp_path / name, *common, *resume, "--max_iters=10", "--init_from=resume"))
+        evals = {}
+        for r in read_metrics(tmp_path / name):
+            if "val_loss" in r:
+                evals.setdefault(r["step"], []).append(r["val_loss"])
+        assert [r["step"] for r in before] == [0, 4, 8] and evals[8] == [before[-1]["val_loss"]], (name, evals)
+        assert sorted(evals) == [0, 4, 8, 10]
+
+
+def test_a_torn_last_metrics_line_is_dropped_on_resume(byte_data, tmp_path, capsys):
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "loss": 4.1, "lr"')                     # a crash mid-record
+    capsys.readouterr()
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=6", "--init_from=resume"))
+    assert f"resume: the last line of {tmp_path / 'metrics.jsonl'} was cut short" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(tmp_path) if "loss" in r] == list(range(6))
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    lines.insert(2, "not json")
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl line 3 is not JSON .*: fix or delete that line"):
+        train.main(tiny_args(byte_data, tmp_path, "--max_iters=8", "--init_from=resume"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE as a full disk: Linux")
+def test_a_full_disk_while_logging_ends_the_run_in_one_line(byte_data, tmp_path):
+    out = tmp_path / "out"
+    train.main(tiny_args(byte_data, out, "--max_iters=4"))            # a checkpoint at step 4
+    size = (out / "metrics.jsonl").stat().st_size
+    p = run_with_file_limit(tiny_args(byte_data, out, "--max_iters=60", "--init_from=resume", "--eval_interval=100"),
+                            size + 6000, tmp_path)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"could not write {out / 'metrics.jsonl'}: file too large" in errors[0]
+    assert f"{out / 'ckpt.pt'} still holds step 4" in errors[0]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]   # no torn record
+    assert rows and rows[-1]["step"] > 4
+    summary = out / "summary.json"
+    assert not summary.exists() or json.loads(summary.read_text())
+
+
+def test_wandb_offline_records_metrics(byte_data, tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="W&B is in requirements.txt; this machine lacks it")
+    from wandb_reader import history, record_types
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    train.main(tiny_args(byte_data, tmp_path / "out", "--wandb_log=True", "--peak_flops=1e12", "--wandb_run_name=t"))
+    import time
+    import wandb
+    wandb.teardown()                  # stop the W&B service so it closes (flushes) the run's log
+    for _ in range(60):               # and give a loaded machine time to finish writing it
+        rows = history(tmp_path)
+        steps = [r for r in rows if "tokens_per_sec" in r]
+        if len(steps) >= 8:
+            break
+        time.sleep(0.5)
+    assert [r["_step"] for r in steps] == list(range(8)), (rows, record_types(tmp_path))
+    timed = [r for r in steps if r["tokens_per_sec"] is not None]
+    assert len(timed) == 7 and all(r["tokens_per_sec"] > 0 and r["mfu"] > 0 for r in timed)
+    assert any("val_loss" in r for r in rows)
+
+
+@pytest.mark.slow
+def test_metrics_and_wandb_continue_across_a_resume(byte_data, tmp_path, monkeypatch):
+    """Killed after step 6 with a checkpoint at step 4, then resumed: each step once in metrics.jsonl,
+    one W&B run id, each step's training row and each evaluation sent to W&B exactly once (the resumed
+    step's training row too, though W&B already holds that step's evaluation)."""
+    pytest.importorskip("wandb", reason="W&B is in requirements.txt; this machine lacks it")
+    from wandb_reader import runs
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    out = tmp_path / "out"
+    args = ["--wandb_log=True", "--eval_interval=4"]
+    train.main(tiny_args(byte_data, out, *args, "--max_iters=4"))
+    shutil.copy(out / "ckpt.pt", tmp_path / "step4.pt")
+    train.main(tiny_args(byte_data, out, *args, "--max_iters=7", "--init_from=resume"))     # logs 4, 5, 6
+    for f in out.glob("ckpt*.pt"):                                                        # ... then "killed":
+        f.unlink()                                                                        # no later checkpoint
+    shutil.copy(tmp_path / "step4.pt", out / "ckpt.pt")
+    train.main(tiny_args(byte_data, out, *args, "--max_iters=8", "--init_from=resume"))
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows if "loss" in r] == list(range(8))
+    assert [r["step"] for r in rows if "val_loss" in r] == [0, 4, 8]
+    import wandb
+    wandb.teardown()
+    for _ in range(60):                 # the W&B service may still be writing its logs
+        found = runs(tmp_path)
+        if len(found) == 3 and sum(len(h) for _, h in found) >= 8 + 3:
+            break
+        time.sleep(0.5)
+    assert len({run_id for run_id, _ in found}) == 1, [r for r, _ in found]
+    rows = [r for _, h in found for r in h]                 # W&B merges what is logged at one step into one row
+    assert sorted(r["_step"] for r in rows if "loss" in r) == list(range(8)), rows        # every step once
+    assert sorted(r["_step"] for r in rows if "val_loss" in r) == [0, 4, 7, 8], rows     # 7: the "killed" run's end
+
+
+def test_profile_writes_a_table_and_a_trace(byte_data, tmp_path):
+    train.main(tiny_args(byte_data, tmp_path, "--profile=True", "--timing_warmup=2", "--max_iters=4"))
+    table = (tmp_path / "profile.txt").read_text()
+    assert "aten::" in table and "Self CPU" in table
+    import gzip, json
+    trace = json.load(gzip.open(tmp_path / "profile_trace.json.gz"))
+    assert any(e.get("name", "").startswith("aten::mm") for e in trace["traceEvents"])

@@ -1,0 +1,143 @@
+"""speedgpt/shards.py on the CPU: the shard format (uint16 and uint32 tokens; llm.c's fineweb shards load as they
+are), corrupt or missing shards, meta.json (older, incomplete, corrupt), the hints for a data folder that is not
+one, and a preparation that replaces its folder whole or leaves it as it was."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import data
+import train
+from conftest import ROOT, _folder_state, _foreign_shards, _write_jsonl, tiny_args
+
+
+def test_uint32_shards_never_wrap(tmp_path):
+    small, big = np.array([0, 65535, 7]), np.array([0, 65536, 70000, 2**31])
+    data.write_shard(str(tmp_path / "train_000000.bin"), small)
+    data.write_shard(str(tmp_path / "train_000001.bin"), big)
+    assert data.read_header(str(tmp_path / "train_000000.bin")) == (3, np.uint16)
+    assert data.read_header(str(tmp_path / "train_000001.bin")) == (4, np.uint32)
+    assert np.array_equal(data.read_shard(str(tmp_path / "train_000001.bin")), big)
+    assert np.array_equal(data.read_shard(str(tmp_path / "train_000000.bin")), small)
+
+
+def test_corrupt_and_missing_shards(tmp_path):
+    good = str(tmp_path / "train_000000.bin")
+    data.write_shard(good, np.arange(100))
+    raw = open(good, "rb").read()
+    cases = {"truncated": raw[:-10], "header": raw[:100], "magic": b"\0" * 4 + raw[4:],
+             "version": raw[:4] + np.int32(9).tobytes() + raw[8:]}
+    for name, content in cases.items():
+        path = str(tmp_path / f"{name}_train_000000.bin")
+        open(path, "wb").write(content)
+        with pytest.raises(ValueError, match=path.replace(".", r"\.")):
+            data.read_header(path)
+    with pytest.raises(ValueError, match="truncated"):
+        data.read_header(str(tmp_path / "truncated_train_000000.bin"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        data.find_shards(str(tmp_path / "nowhere"), "train")
+    with pytest.raises(FileNotFoundError, match="no val"):
+        data.find_shards(str(tmp_path), "val")
+    with pytest.raises(FileNotFoundError):
+        data.prepare(str(tmp_path / "missing_input"), str(tmp_path / "o"), "byte")
+
+
+def test_older_or_incomplete_meta_json_is_refused(byte_data, tmp_path):
+    import shutil
+    folder = tmp_path / "d"
+    shutil.copytree(byte_data, folder)
+    meta = json.load(open(folder / "meta.json"))
+    json.dump({**meta, "format": 1}, open(folder / "meta.json", "w"))
+    with pytest.raises(ValueError, match=f"format 1 .* older data.py.*python data.py --input {meta['input']} "
+                                         f"--out {folder} --tokenizer byte"):
+        data.Loader(str(folder), "train", 2, 16)
+    json.dump({**meta, "shards": {"train": [], "val": []}}, open(folder / "meta.json", "w"))
+    with pytest.raises(ValueError, match="does not list the shards in the folder .*train_000000.bin"):
+        data.load_meta(folder)
+    json.dump(meta, open(folder / "meta.json", "w"))
+    shutil.copy(folder / "train_000000.bin", folder / "fineweb_train_000001.bin")     # a foreign shard mixed in
+    with pytest.raises(ValueError, match="does not list the shards in the folder .*fineweb_train_000001.bin"):
+        data.Loader(str(folder), "train", 2, 16)
+    os.remove(folder / "fineweb_train_000001.bin")
+    os.remove(folder / "train_000000.idx.npz")
+    with pytest.raises(ValueError, match="train_000000.bin has no index"):
+        data.Loader(str(folder), "train", 2, 16)
+
+
+def test_corrupt_meta_json(byte_data, tmp_path):
+    import shutil
+    data_dir = tmp_path / "d"
+    shutil.copytree(byte_data, data_dir)
+    (data_dir / "meta.json").write_text("{'tokenizer': 'byte'")
+    with pytest.raises(ValueError, match="meta.json is not valid JSON"):
+        train.main(tiny_args(data_dir, tmp_path / "o"))
+    (data_dir / "meta.json").write_text('{"tokenizer": "byte", "vocab_size": 257}')
+    with pytest.raises(ValueError, match="meta.json lacks eot_id"):
+        train.main(tiny_args(data_dir, tmp_path / "o"))
+
+
+def test_llmc_fineweb_shard_loads_as_is(tmp_path):
+    toks = np.random.default_rng(0).integers(0, 50256, size=5000)
+    toks[::97] = 50256
+    _foreign_shards(tmp_path, toks)
+    loader = data.Loader(str(tmp_path), "train", batch_size=3, block_size=32, seed=0)
+    assert (tmp_path / "fineweb_train_000000.idx.npz").exists()      # indexed on first use, saved beside
+    b = next(loader)
+    assert loader.eot == 50256 and b.x.shape == (3, 32) and b.x.dtype == torch.int64 and b.n_valid == 3 * 32
+    for row_x, row_y, ids in zip(b.x.numpy(), b.y.numpy(), b.doc_ids.numpy()):
+        start = next(i for i in range(0, len(toks) - 32, 32) if np.array_equal(toks[i:i + 32], row_x))
+        assert np.array_equal(toks[start + 1:start + 33], row_y)
+        assert np.array_equal(ids, np.cumsum(row_x == 50256) - (row_x[0] == 50256))   # a BOS opens a document
+    padded = data.Loader(str(tmp_path), "train", batch_size=4, block_size=256, seed=0, packing=False)
+    assert padded.n_rows == len(np.flatnonzero(toks == 50256)) + (toks[0] != 50256)   # one piece per document
+
+
+def test_data_dir_given_a_corpus_file_suggests_a_command_that_works(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _write_jsonl(tmp_path / "corpus.jsonl", [f"story {i} " * 30 for i in range(50)])
+    with pytest.raises(FileNotFoundError) as e:
+        data.Loader("corpus.jsonl", "train", 2, 16)
+    command, data_dir = str(e.value).split("`")[1], str(e.value).rsplit("--data_dir=", 1)[1]
+    assert command.startswith("python data.py ")
+    subprocess.run([sys.executable, os.path.join(ROOT, "data.py"), *command.split()[2:]], check=True,
+                   capture_output=True)
+    assert next(data.Loader(data_dir, "train", 2, 16)).x.shape == (2, 16)
+    data.write_shard(str(tmp_path / "train_000000.bin"), np.arange(10))
+    with pytest.raises(FileNotFoundError, match=r"pass the folder that holds this shard: --data_dir=\."):
+        data.find_shards("train_000000.bin", "train")
+
+
+def test_missing_data_dir(tmp_path):
+    with pytest.raises(FileNotFoundError, match="prepare it"):
+        train.main(tiny_args(tmp_path / "no_data", tmp_path))
+
+
+def test_a_failed_preparation_leaves_the_old_folder_as_it_was(tmp_path):
+    """Preparing over a good folder from an input that fails part way (a bad line after shards were
+    written; a parquet whose text is null at row 30) leaves the good folder byte for byte, and no temp
+    folder beside it; it still loads. A preparation that succeeds replaces it whole."""
+    good = [f"document {i} " * 15 for i in range(40_000)]                # 8 MB: several 1 MB chunks
+    _write_jsonl(tmp_path / "good.jsonl", good)
+    _write_jsonl(tmp_path / "bad.jsonl", good)
+    with open(tmp_path / "bad.jsonl", "a") as f:
+        f.write("not json\n")
+    out, kw = tmp_path / "out", dict(val_frac=0.1, workers=2, shard_tokens=500_000)
+    data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **kw)
+    before = _folder_state(out)
+    with pytest.raises(ValueError, match="bad.jsonl:40001"):
+        data.prepare(str(tmp_path / "bad.jsonl"), str(out), "byte", **kw)
+    assert _folder_state(out) == before and sorted(os.listdir(tmp_path)) == ["bad.jsonl", "good.jsonl", "out"]
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"text": good[:30] + [None] + good[:10]}), tmp_path / "n.parquet", row_group_size=8)
+    with pytest.raises(ValueError, match="n.parquet row 30: 'text' must be a string, got NoneType"):
+        data.prepare(str(tmp_path / "n.parquet"), str(out), "byte", **kw)
+    assert _folder_state(out) == before and next(data.Loader(str(out), "train", 2, 16)).x.shape == (2, 16)
+    data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **{**kw, "max_tokens": 1000})
+    assert json.load(open(out / "meta.json"))["max_tokens"] == 1000 and _folder_state(out) != before
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds files data.py did not write .notes.txt."):
+        data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **kw)
