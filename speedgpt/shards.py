@@ -94,9 +94,22 @@ def write_index(shard, n_tokens, max_id, doc_starts, eot):
     """Write the index of `shard` beside it (NAME.idx.npz; temp file, then rename): its token count,
     largest id (-1 if empty), end-of-text id, and doc_starts, the offset of each BOS (int64, ascending)."""
     tmp = index_tmp_path(shard)
-    with open(tmp, "wb") as f:
+    with signals_held(), open(tmp, "wb") as f:   # Ctrl-C inside savez's zip write would leave zipfile's errors instead
         np.savez(f, n_tokens=n_tokens, max_id=max_id, eot=eot, doc_starts=np.asarray(doc_starts, dtype=np.int64))
     os.replace(tmp, index_path(shard))
+
+
+@contextmanager
+def signals_held():
+    """SIGINT and SIGTERM held off inside the block (delivered when it ends), where the platform can
+    (pthread_sigmask, in the main thread): for short writes an interrupt must not cut in two."""
+    mask = hasattr(signal, "pthread_sigmask")
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if mask else None
+    try:
+        yield
+    finally:
+        if mask:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def read_index(shard, n_tokens, eot, foreign, with_starts=True):
@@ -163,9 +176,7 @@ def prepared_folder(out_dir):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    mask = hasattr(signal, "pthread_sigmask")
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if mask else None
-    try:
+    with signals_held():
         if os.path.isdir(out_dir):
             os.rename(out_dir, old)
         try:
@@ -175,9 +186,6 @@ def prepared_folder(out_dir):
                 os.rename(old, out_dir)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    finally:
-        if mask:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
     shutil.rmtree(old, ignore_errors=True)
 
 
