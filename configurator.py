@@ -37,6 +37,7 @@ class Config:
     save_checkpoints: bool = True          # write out_dir/ckpt.pt at each evaluation
     target_val_loss: float = 0.0           # stop at the first evaluation at or below this val loss; 0: off
     keep_checkpoints: int = 3              # step-numbered checkpoints kept (ckpt_stepN.pt); ckpt.pt: the latest
+    async_checkpoint: bool = True          # write checkpoints in a thread: the loop waits for the CPU copy only
     resume_from: str = ""                  # a step (of a kept checkpoint) or a checkpoint path to resume from
     log_interval: int = 10                 # a console line and a metrics record every this many steps
     timing_warmup: int = 3                 # steps after start/resume left out of tokens/s (compile, caches)
@@ -104,6 +105,7 @@ CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backe
                optimizer=("adamw", "muon"), lr_schedule=("cosine", "wsd"))
 MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention", "activation")   # GPTConfig's
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
+DATA_KEYS = ("data_dir", "packing", "document_mask")    # what a resumed run reads: the checkpoint's unless set
 SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule", "wsd_decay_frac",
                  "muon_lr")                    # kept on resume unless set
 LEGACY_EVAL_ITERS = ("it is replaced by eval_tokens, the validation tokens of each evaluation, the same whatever the "
@@ -315,6 +317,8 @@ def load_config(argv, with_explicit=False):
         raise ValueError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if not cfg.out_dir:
         raise ValueError("config key 'out_dir' must not be empty")
+    if not cfg.data_dir:
+        raise ValueError("config key 'data_dir' must not be empty: give the folder data.py prepared (--data_dir=data/NAME)")
     hf_folder = os.path.isfile(os.path.join(cfg.init_from, "config.json"))
     if cfg.init_from not in ("scratch", "resume", *HF_GPT2) and not hf_folder:
         raise ValueError(f"config key 'init_from' must be scratch, resume, {', '.join(HF_GPT2)} or a Hugging Face "
@@ -355,13 +359,16 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
     """The config a resumed run continues with. `cfg` is this command's config, `explicit` the keys its
     config files and overrides set, `saved` the checkpoint's config (a dict). The model's shape must
     match (ValueError naming the key; dropout and attention may change: the weights do not depend on
-    them; shape keys not set explicitly are taken from the checkpoint). The schedule (SCHEDULE_KEYS) is
-    the saved one unless set explicitly, so extending max_iters keeps the decay horizon the run
-    started with; lr_decay_iters=0 set explicitly means the new max_iters. With total_batch_size=0 (one
+    them; shape keys not set explicitly are taken from the checkpoint). The optimizer, the schedule
+    (SCHEDULE_KEYS) and the data (DATA_KEYS: the loader's position is a position in them) are the saved
+    ones unless set explicitly, so extending max_iters keeps the decay horizon the run started with;
+    lr_decay_iters=0 set explicitly means the new max_iters. With total_batch_size=0 (one
     micro-batch per process) a resume on `world` processes keeps the checkpoint's `saved_tokens` per step
     unless total_batch_size is set explicitly. Returns (config, lines to print); resume_changes()
     describes what differs, once the flags are resolved."""
     defaults = Config()          # a key a checkpoint predates has its default (activation: gelu)
+    if "optimizer" not in explicit:
+        cfg = replace(cfg, optimizer=saved.get("optimizer", "adamw"))
     if saved.get("optimizer", "adamw") != cfg.optimizer:
         raise ValueError(f"optimizer={cfg.optimizer!r} differs from the checkpoint's {saved.get('optimizer', 'adamw')!r}: "
                          "its state cannot carry over. Resume with the checkpoint's, or start afresh (another out_dir)")
@@ -372,7 +379,7 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
         elif k not in RUN_STATE_KEYS and old != getattr(cfg, k):
             raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {old!r}: "
                              "the model's shape cannot change on resume")
-    kept = {k: saved[k] for k in SCHEDULE_KEYS if k not in explicit and k in saved}
+    kept = {k: saved[k] for k in SCHEDULE_KEYS + DATA_KEYS if k not in explicit and k in saved}
     if kept.get("lr_decay_iters") == 0:          # unresolved: an older checkpoint, or a run that ended in warm-up
         started = Config(**{k: saved[k] for k in ("max_iters", "warmup_iters")})
         kept["lr_decay_iters"] = resolve_decay(started).lr_decay_iters

@@ -20,7 +20,7 @@ import sys
 import time
 import warnings
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -30,8 +30,9 @@ from data import DataError, Loader, get_tokenizer, load_meta, prepare, sigterm_a
 from model import GPT, GPTConfig
 from speedgpt import activation_checkpointing, attention, compilation, evaluation, fp8, fused_ce, hellaswag, memory, optim
 from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, target_reached
-from speedgpt.checkpoint import (check_disk, check_out_dir, checkpoint_bytes, last_good, load_checkpoint, load_weights,
-                                 remove_stale_tmp, restore_state, resume_path, rewind_notes, save_run)
+from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, check_disk, check_out_dir, checkpoint_bytes, finish_write,
+                                 last_good, load_checkpoint, load_weights, remove_stale_tmp, restore_state, resume_path,
+                                 rewind_notes, save_run)
 from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, failed_after_signal, leave,
                                   on_every_rank, plan_batch, print0, rng_states, seed_rank_stream, setup_processes)
 from speedgpt.distributed import check as check_parallelism
@@ -262,10 +263,16 @@ class Run:
     tokens: float = 0                   # real tokens trained by this process's run (the job's under torchrun)
     eval_s: float = 0.0                 # seconds of evaluations and checkpoints, kept out of the training time
     target: dict = None                 # where target_val_loss was reached (evaluation.target_reached)
+    writer: BackgroundWrite = field(default_factory=BackgroundWrite)    # async_checkpoint's write in flight
 
     @property
     def ckpt_path(self):
         return os.path.join(self.cfg.out_dir, "ckpt.pt")
+
+    def last_good(self, then=DIVERGED):
+        """What a stopped run says of ckpt.pt (checkpoint.last_good), once a background write has ended."""
+        self.writer.wait()
+        return last_good(self.ckpt_path, then)
 
     def summary(self):
         """The run's summary (MetricsLogger.summary), with the last bits per byte and HellaSwag acc_norm."""
@@ -280,7 +287,7 @@ class Run:
                                                     self.ctx, self.token_bytes)
         if not math.isfinite(self.val_loss):
             raise RunStopped(f"error: step {step}: the validation loss is {self.val_loss}: the run diverged; "
-                             f"{last_good(self.ckpt_path)}", 1)
+                             f"{self.last_good()}", 1)
         self.best_val = self.val_loss if self.best_val is None else min(self.best_val, self.val_loss)
         self.evaluated = step
         print0(f"step {step}: val loss {self.val_loss:.4f} ({self.val_bpb:.4f} bits/byte)")
@@ -291,9 +298,9 @@ class Run:
             print0(f"step {step}: {hellaswag.describe(record)}")
         self.logger.log(record)
 
-    def save(self, step):
+    def save(self, step, background=False):
         """Write the checkpoint of `step` (speedgpt/checkpoint.py's save_run: every rank calls it)."""
-        save_run(self, step)
+        save_run(self, step, background)
 
 
 def train(run, stop):
@@ -312,7 +319,7 @@ def train(run, stop):
                 run.evaluate(step)
             reached = target_reached(cfg, run.val_loss, step, time.perf_counter() - started - run.eval_s, run.tokens)
             if cfg.save_checkpoints and (step > run.start_step or last_step):
-                run.save(step)
+                run.save(step, background=cfg.async_checkpoint and not last_step)   # the last one before the end
             run.eval_s += time.perf_counter() - paused
             timer.resume()
             if reached:
@@ -362,15 +369,16 @@ def train(run, stop):
             run.logger.step(step, loss, lr, grad_norm, 1 - n_valid / tokens_per_step, timer.read())
         if skipped > cfg.max_skipped_steps:
             raise RunStopped(f"error: step {step}: the loss or gradient norm is not finite: the run diverged; "
-                             f"{last_good(run.ckpt_path)}", 1)
+                             f"{run.last_good()}", 1)
         if signum:
             name = signal.Signals(signum).name
+            done = f"{name}: stopped after step {step} ({step + 1:,} steps done)"
             if not cfg.save_checkpoints:
-                raise RunStopped(f"{name}: stopped after step {step}; no checkpoint (save_checkpoints=False)",
-                                 128 + signum)
+                raise RunStopped(f"{done}; no checkpoint (save_checkpoints=False)", 128 + signum)
             run.save(step + 1)
-            raise RunStopped(f"{name}: stopped after step {step} with a checkpoint in {run.ckpt_path}; "
-                             "continue with the same command and --init_from=resume", 128 + signum)
+            raise RunStopped(f"{done} with a checkpoint in {run.ckpt_path}; continue with the same command and "
+                             "--init_from=resume", 128 + signum)
+    finish_write(run)                           # target_val_loss's stop may leave one in flight
     return run.summary()
 
 # -----------------------------------------------------------------------------
@@ -414,14 +422,20 @@ def main(argv=None):
         summary = {**run.summary(), "stopped": str(e)}
         exit_code, clean = e.exit_code, True
         raise
+    except KeyboardInterrupt:          # a second Ctrl-C (StopSignals): abort now, without saving
+        stopped = RunStopped(f"SIGINT: aborted at once (a second Ctrl-C) after step {run.step - 1}, without saving; "
+                             f"{run.last_good('with the same command')}", 128 + signal.SIGINT)
+        summary, exit_code = {**run.summary(), "stopped": str(stopped)}, stopped.exit_code
+        raise stopped from None
     except Exception as e:             # after a signal: likely torch.compile's compilers, signalled with the trainer
         if not stop.signum:
             raise
-        stopped = failed_after_signal(e, stop.signum, last_good(run.ckpt_path, "with the same command"))
+        stopped = failed_after_signal(e, stop.signum, run.last_good("with the same command"))
         summary, exit_code = {**run.summary(), "stopped": str(stopped)}, stopped.exit_code
         raise stopped from e
     finally:
         stop.restore()
+        run.writer.wait()                          # never leave with a checkpoint half written
         logger.close(summary, exit_code)           # writes summary.json and prints the run's last line
         leave(proc, clean)
 
@@ -446,5 +460,6 @@ if __name__ == "__main__":
         sys.exit(memory.out_of_memory_line(e))
     except KeyboardInterrupt as e:             # before the loop's own handler (setup, data preparation)
         signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT   # SIGTERM: preparation
-        print(f"{signal.Signals(signum).name}: stopped before training, without saving", file=sys.stderr)
+        print(f"{signal.Signals(signum).name}: " + ("aborted at once (a second Ctrl-C)" if _setup_done else
+                                                    "stopped before training, without saving"), file=sys.stderr)
         sys.exit(128 + signum)

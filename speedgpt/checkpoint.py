@@ -9,6 +9,8 @@ In out_dir (keep_checkpoints=N):
   ckpt.pt             the latest of them (a hard link: no second copy), what init_from=resume, sample.py,
                       eval.py and hf.py read
   ckpt_best.pt        the one of the lowest validation loss so far (a hard link), kept apart from the N
+With async_checkpoint the file is written by a thread from a CPU copy while training goes on (one write in
+flight; the last checkpoint of a run, and one after a signal, are written before the run ends).
 """
 import errno
 import glob
@@ -16,6 +18,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 
 import torch
 
@@ -40,11 +43,12 @@ def check_out_dir(out_dir):
         raise ValueError(f"out_dir={out_dir!r} is not writable: {describe_os_error(e)}") from None
 
 
-def model_state(model, optimizer=None):
-    """Full (unsharded) state dicts of the raw module, without _orig_mod. / module. prefixes, on the CPU.
-    A collective under FSDP: every rank must call it."""
+def model_state(model, optimizer=None, cpu=True):
+    """Full (unsharded) state dicts of the raw module, without _orig_mod. / module. prefixes, on the CPU
+    (cpu=False: where they live, the live tensors themselves when unsharded). A collective under FSDP:
+    every rank must call it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=cpu)
     sd = get_model_state_dict(model, options=opts)
     return sd if optimizer is None else (sd, get_optimizer_state_dict(model, optimizer, options=opts))
 
@@ -311,29 +315,117 @@ def last_good(path, then=DIVERGED):
     return f"{path} still holds step {step}: resume from it (--init_from=resume) {then}"
 
 
-def save_run(run, step):
+class BackgroundWrite:
+    """At most one checkpoint write in flight, in a thread (async_checkpoint): the loop waits only for the
+    copy of the state to the CPU, not for the disk (a 1.5B checkpoint is ~19 GB). A failed write is kept
+    for wait(), which the next save, the end of the run and any stop call first."""
+
+    def __init__(self):
+        self.thread, self.error, self.step = None, None, None
+        self.buffers = {}                      # own_copy's pinned CPU tensors, reused by every write
+
+    def start(self, path, ckpt, keep, best):
+        self.wait()
+        self.step = ckpt["step"]
+        self.thread = threading.Thread(target=self._write, args=(path, ckpt, keep, best),
+                                       name=f"checkpoint step {ckpt['step']}")
+        self.thread.start()
+
+    def _write(self, path, ckpt, keep, best):
+        try:
+            save_checkpoint(path, ckpt, keep=keep, best=best)
+        except Exception as e:                 # kept for the loop: a thread's traceback would reach nobody
+            self.error = e if isinstance(e, CheckpointNotWritten) else \
+                CheckpointNotWritten(f"could not write the checkpoint of step {ckpt['step']}: {write_cause(e, path)}")
+
+    def wait(self):
+        """Block until the write in flight (if any) ends; returns its failure (then forgotten), or None."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        error, self.error = self.error, None
+        return error
+
+
+def own_copy(ckpt, model, optimizer, buffers):
+    """`ckpt` with every tensor on the CPU and sharing no memory with the live weights or optimizer state,
+    so training can go on while a thread writes it. A GPU tensor is copied into a pinned CPU buffer kept in
+    `buffers` for the next write (a pinned copy runs at the bus's speed; a fresh pageable one is several
+    times slower: BENCHMARKS.md, "Checkpoints"); a CPU tensor of the live state is cloned; the rest is kept."""
+    live = {t.untyped_storage().data_ptr() for t in model.parameters()}
+    live |= {t.untyped_storage().data_ptr() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)}
+    cuda, seen = False, {}                     # seen: one copy of a tensor held twice (the tied embedding / head)
+
+    def copy(x, key):
+        if torch.is_tensor(x) and (x.data_ptr(), x.shape, x.dtype, x.device) in seen:
+            return seen[x.data_ptr(), x.shape, x.dtype, x.device]
+        if torch.is_tensor(x):
+            seen[x.data_ptr(), x.shape, x.dtype, x.device] = y = own(x, key)
+            return y
+        if isinstance(x, dict):
+            return {k: copy(v, key + (k,)) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(copy(v, key + (i,)) for i, v in enumerate(x))
+        return x
+
+    def own(x, key):
+        nonlocal cuda
+        if x.device.type != "cpu":
+            buf = buffers.get(key)
+            if buf is None or buf.shape != x.shape or buf.dtype != x.dtype:
+                buf = buffers[key] = torch.empty(x.shape, dtype=x.dtype, pin_memory=x.is_cuda)
+            cuda |= x.is_cuda
+            return buf.copy_(x, non_blocking=True)
+        return x.clone() if x.untyped_storage().data_ptr() in live else x
+    out = copy(ckpt, ())
+    if cuda:
+        torch.cuda.synchronize()               # the copies are done before training touches the state again
+    return out
+
+
+def finish_write(run):
+    """Wait for `run`'s background checkpoint write (every rank calls it); raise RunStopped on every rank,
+    in one line naming the checkpoint and the last good one, if it failed."""
+    from speedgpt.distributed import RunStopped, on_every_rank
+    failed_step = run.writer.step
+    error = run.writer.wait() if run.proc.master else None
+    if not on_every_rank(torch.tensor(error is None, device=run.proc.device), run.proc):
+        raise RunStopped(f"error: step {failed_step}: {error or 'rank 0 could not write the checkpoint'} (written in "
+                         f"the background; the run stopped at step {run.step}); "
+                         f"{last_good(run.ckpt_path, 'once the disk has room')}", 1)
+
+
+def save_run(run, step, background=False):
     """Write the checkpoint of train.py's Run `run` after `step` optimizer steps (every rank calls it: a
-    collective under FSDP), ckpt_best.pt too when this step's evaluation is the best so far. Non-finite
-    weights or optimizer moments, or a write that fails on rank 0, raise RunStopped on every rank in one
-    line naming the last good checkpoint; nothing is written then."""
+    collective under FSDP), ckpt_best.pt too when this step's evaluation is the best so far; with
+    `background`, in a thread from a CPU copy (BackgroundWrite), else before returning. Non-finite
+    weights or optimizer moments, or a write that fails on rank 0 (this one, or the background write
+    before it), raise RunStopped on every rank in one line naming the last good checkpoint; nothing is
+    written then."""
     from dataclasses import asdict
     from speedgpt.distributed import RunStopped, on_every_rank, rng_states
     device, proc, cfg, path = run.proc.device, run.proc, run.cfg, run.ckpt_path
+    finish_write(run)
     if not on_every_rank(state_is_finite(run.raw_model, run.optimizer, device), proc):
         raise RunStopped(f"error: step {step}: the weights are not finite: the run diverged; {last_good(path)}", 1)
-    sd, osd = model_state(run.raw_model, run.optimizer)
+    sharded = proc.world > 1 and cfg.parallelism == "fsdp"       # gathered to rank 0's CPU, never whole on a GPU
+    sd, osd = model_state(run.raw_model, run.optimizer, cpu=not background or sharded)
     rng, error = rng_states(proc), None
     if proc.master:
         best = run.val_loss is not None and run.val_loss == run.best_val and run.evaluated == step
-        try:
-            save_checkpoint(path, {
-                "model": sd, "optimizer": osd, "scaler": run.scaler.state_dict(), "step": step,
+        ckpt = {"model": sd, "optimizer": osd, "scaler": run.scaler.state_dict(), "step": step,
                 "best_val_loss": run.best_val, "config": asdict(cfg), "meta": run.meta,
                 "loader": run.train_loader.state_dict(), "wandb_run_id": run.logger.wandb_run_id,
                 "tokens_per_step": cfg.batch_size * cfg.block_size * run.grad_accum_steps * proc.world,
-                "rng": {"cpu": rng[0][0], "cuda": rng[0][1], "ranks": rng}}, keep=cfg.keep_checkpoints, best=best)
-        except CheckpointNotWritten as e:
-            error = e
+                "rng": {"cpu": rng[0][0], "cuda": rng[0][1], "ranks": rng}}
+        if background:
+            run.writer.start(path, own_copy(ckpt, run.raw_model, run.optimizer, run.writer.buffers),
+                             cfg.keep_checkpoints, best)
+        else:
+            try:
+                save_checkpoint(path, ckpt, keep=cfg.keep_checkpoints, best=best)
+            except CheckpointNotWritten as e:
+                error = e
     if not on_every_rank(torch.tensor(error is None, device=device), proc):   # every rank stops together
         raise RunStopped(f"error: step {step}: {error or 'rank 0 could not write the checkpoint'}; "
                          f"{last_good(path, 'once the disk has room')}", 1)

@@ -173,6 +173,56 @@ def test_a_full_disk_while_saving_stops_in_one_line_and_keeps_the_checkpoint(byt
     assert (tmp_path / "ckpt.pt").read_bytes() == before and not list(tmp_path.glob("*.tmp"))
 
 
+def test_a_background_write_holds_the_state_of_its_step_and_the_sync_write_equals_it(byte_data, tmp_path):
+    """async_checkpoint: the thread writes a copy of the state at its step (training goes on meanwhile and
+    must not reach into it), so its file equals the file a synchronous write of the same run makes."""
+    for mode in ("True", "False"):
+        train.main(tiny_args(byte_data, tmp_path / mode, "--max_iters=8", f"--async_checkpoint={mode}"))
+    bg, fg = (checkpoint.load_checkpoint(str(tmp_path / m / "ckpt_step000004.pt")) for m in ("True", "False"))
+    for key in ("model", "optimizer"):
+        flat_bg, flat_fg = (torch.utils._pytree.tree_leaves(c[key]) for c in (bg, fg))
+        assert len(flat_bg) == len(flat_fg) > 0
+        assert all(torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(flat_bg, flat_fg))
+    assert bg["step"] == 4 and bg["loader"] == fg["loader"]
+
+
+def test_own_copy_shares_nothing_with_the_live_state_but_keeps_a_tied_tensor_one():
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    sd = model.state_dict()
+    ckpt = {"model": sd, "tied": {"again": sd["weight"]}, "optimizer": opt.state_dict(), "step": 3}
+    copied = checkpoint.own_copy(ckpt, model, opt, {})
+    assert copied["model"]["weight"] is copied["tied"]["again"]                       # one copy, as saved
+    for live, mine in ((sd["weight"], copied["model"]["weight"]),
+                       (opt.state[model.weight]["exp_avg"], copied["optimizer"]["state"][0]["exp_avg"])):
+        assert torch.equal(live, mine) and live.untyped_storage().data_ptr() != mine.untyped_storage().data_ptr()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    assert not torch.equal(copied["model"]["weight"], model.weight)
+
+
+def test_a_failed_background_write_stops_the_run_at_the_next_save_in_one_line(byte_data, tmp_path, monkeypatch):
+    save = checkpoint.torch.save
+
+    def full_disk_at_step_8(obj, f):
+        if isinstance(obj, dict) and obj.get("step") == 8:
+            f.write(b"part of a checkpoint")
+            raise RuntimeError("basic_ios::clear: iostream error")
+        save(obj, f)
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk_at_step_8)
+    monkeypatch.setattr(train, "check_disk", lambda *a: "checkpoints: (the disk check: tests/test_checkpoint.py)")
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 10**12, 0))
+    with pytest.raises(train.RunStopped, match=r"^error: step 8: could not write .*ckpt_step000008.pt: no space left "
+                                               r"on the device \(0 MB free\) \(written in the background; the run "
+                                               r"stopped at step 12\); .*ckpt.pt still holds step 4: resume") as e:
+        train.main(tiny_args(byte_data, tmp_path, "--max_iters=16"))
+    assert e.value.exit_code == 1 and "\n" not in str(e.value)
+    assert sorted(checkpoint.saved_steps(str(tmp_path))) == [4] and not list(tmp_path.glob("*.tmp"))
+    assert json.loads((tmp_path / "summary.json").read_text())["stopped"].startswith("error: step 8: could not")
+
+
 def test_an_out_dir_that_cannot_be_written_is_refused_before_any_work(byte_data, tmp_path, monkeypatch):
     import errno
     import tempfile

@@ -245,3 +245,17 @@ def test_resume_messages_name_only_what_applies(byte_data, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "resume: warmup_iters 30 -> 1 (set explicitly)" in out
     assert "resume: lr_decay_iters 0 -> 8 (0 resolved: decay to the end of the run)" in out
+
+
+def test_a_resume_reads_the_checkpoints_data_and_optimizer_unless_set(byte_data, tmp_path, capsys):
+    """data_dir, packing, document_mask and the optimizer are the run's: `--init_from=resume` alone continues
+    on them (the loader's position is a position in that data) instead of the defaults."""
+    first = tiny_args(byte_data, tmp_path, "--max_iters=4", "--packing=False", "--optimizer=muon")
+    train.main(first)
+    again = [a for a in tiny_args(byte_data, tmp_path, "--max_iters=6", "--init_from=resume")
+             if not a.startswith("--data_dir=")]
+    summary = train.main(again)
+    assert summary["val_loss"] is not None
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert (cfg["data_dir"], cfg["packing"], cfg["optimizer"]) == (str(byte_data), False, "muon")
+    assert "resume: data_dir" not in capsys.readouterr().out

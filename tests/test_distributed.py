@@ -17,6 +17,7 @@ import torch
 import configurator
 import train
 from conftest import ROOT, losses, read_metrics, tiny_args
+from speedgpt import checkpoint
 from speedgpt.distributed import plan_batch, setup_processes
 
 # -----------------------------------------------------------------------------
@@ -181,8 +182,8 @@ def test_signal_saves_a_checkpoint_and_resume_matches(byte_data, tmp_path, signu
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, (out[-2000:], err)
-    m = re.search(r"stopped after step (\d+) with a checkpoint in .*ckpt.pt; continue with the same command and "
-                  r"--init_from=resume", err)
+    m = re.search(r"stopped after step (\d+) \([\d,]+ steps done\) with a checkpoint in .*ckpt.pt; continue with "
+                  r"the same command and --init_from=resume", err)
     assert m and "Traceback" not in err, err
     assert torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=True)["step"] == int(m.group(1)) + 1
     assert not os.path.exists(tmp_path / "cut" / "ckpt.pt.tmp")
@@ -191,6 +192,21 @@ def test_signal_saves_a_checkpoint_and_resume_matches(byte_data, tmp_path, signu
     steps = [r["step"] for r in read_metrics(tmp_path / "cut") if "loss" in r]
     assert steps == list(range(300))                    # every step once
     assert losses(tmp_path / "cut") == losses(tmp_path / "whole")
+
+
+def test_a_second_ctrl_c_aborts_at_once_in_one_line_naming_the_last_checkpoint(byte_data, tmp_path, monkeypatch):
+    set_lr = train.optim.set_lr
+
+    def ctrl_c_twice_at_step_6(optimizer, step, cfg):
+        if step == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return set_lr(optimizer, step, cfg)
+    monkeypatch.setattr(train.optim, "set_lr", ctrl_c_twice_at_step_6)
+    with pytest.raises(train.RunStopped, match=r"^SIGINT: aborted at once \(a second Ctrl-C\) after step 5, without "
+                                               r"saving; .*ckpt.pt still holds step 4: resume from it") as e:
+        train.main(tiny_args(byte_data, tmp_path, "--max_iters=12"))
+    assert e.value.exit_code == 130 and sorted(checkpoint.saved_steps(str(tmp_path))) == [4]
 
 
 def test_a_step_that_fails_after_a_signal_names_the_process_group(byte_data, tmp_path, monkeypatch):

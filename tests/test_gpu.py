@@ -311,3 +311,24 @@ def test_rowwise_fp8_linear_matches_its_math_and_bf16(compiled):
     assert y.dtype == torch.bfloat16 and rel(y, y_ref) < 0.06
     assert rel(x.grad, x2.grad) < 0.06
     assert rel(lin.weight.grad, ref.weight.grad) < 1e-2                   # the weight gradient stays bf16
+
+
+def test_a_background_checkpoint_copies_the_gpu_state_into_reused_pinned_buffers():
+    from speedgpt import checkpoint
+    model = torch.nn.Linear(64, 64).cuda()
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    model(torch.randn(8, 64, device="cuda")).sum().backward()
+    opt.step()
+    buffers = {}
+    sd, osd = checkpoint.model_state(model, opt, cpu=False)
+    first = checkpoint.own_copy({"model": sd, "optimizer": osd}, model, opt, buffers)
+    w = first["model"]["weight"]
+    assert w.device.type == "cpu" and w.is_pinned() and torch.equal(w, model.weight.detach().cpu())
+    exp_avg = first["optimizer"]["state"]["weight"]["exp_avg"]
+    assert torch.equal(exp_avg, opt.state[model.weight]["exp_avg"].cpu())
+    with torch.no_grad():
+        model.weight.add_(1.0)                 # training goes on: the copy keeps the state of its step
+    assert not torch.equal(w, model.weight.detach().cpu())
+    second = checkpoint.own_copy({"model": checkpoint.model_state(model, cpu=False)}, model, opt, buffers)
+    assert second["model"]["weight"] is buffers[("model", "weight")]          # the buffer is reused
+    assert torch.equal(second["model"]["weight"], model.weight.detach().cpu())
