@@ -45,6 +45,22 @@ UNDO = {"bf16 autocast": dict(dtype="float32", tf32=False), "torch.compile": dic
         "FP8 head": dict(fp8_head=False)}
 
 
+# the docstring's CPU line, a bench that fits in a CPU's memory: named whole when a rung does not fit
+CPU_EXAMPLE = ("python bench.py --steps 2 --no_loo --batch_size 4 --out bench_cpu -- --n_layer=2 --n_head=2 "
+               "--n_embd=64 --block_size=64")
+
+
+def failed_line(row, batch_size, cuda):
+    """The one line for a rung that failed: train.py's error without its own "error: ", its log, and for a
+    run that does not fit in memory bench.py's way out (a smaller --batch_size of bench.py's, or on a CPU
+    the small example): train.py's advice names its --batch_size and --attention, which bench.py sets
+    itself on every rung and refuses after --."""
+    line = f"error: rung {row['rung']!r} failed: {row['error'].removeprefix('error: ')} (log: {row['log']})"
+    if "lower --batch_size" in row["error"]:       # speedgpt/memory.py's estimate and its out-of-memory line
+        line += f"; in bench.py: --batch_size below {batch_size}" + ("" if cuda else f", or on a CPU: {CPU_EXAMPLE}")
+    return line
+
+
 def fp8_supported():
     """A GPU of compute capability 8.9+ with torchao installed: the FP8 rung (and its leave-one-out row) runs."""
     import importlib.util
@@ -140,7 +156,7 @@ def bench(args, extra):
             continue
         rungs.append(run_rung(name, dict(config), args, extra, done))
         if not rungs[-1]["ok"]:                     # every later rung builds on this one: stop here
-            raise SystemExit(f"error: rung {name!r} failed: {rungs[-1]['error']} (log: {rungs[-1]['log']})")
+            raise SystemExit(failed_line(rungs[-1], args.batch_size, cuda))
     all_on = {**config} if fp8_supported() else {**config, "fp8_head": False}
     ok = [r for r in rungs if r["ok"]]
     for prev, r in zip([None] + ok, ok):
@@ -159,7 +175,7 @@ def bench(args, extra):
                 loo_config["attention"] = "flex"       # FlashAttention's varlen kernels take bf16/fp16 only
             r = run_rung(f"all on - {change}", loo_config, args, extra, done)
             if not r["ok"]:
-                raise SystemExit(f"error: {r['rung']!r} failed: {r['error']} (log: {r['log']})")
+                raise SystemExit(failed_line(r, args.batch_size, cuda))
             r["x_prev"] = full["tokens_per_sec"] / r["tokens_per_sec"]    # what this change is worth
             r["x_base"] = r["tokens_per_sec"] / ok[0]["tokens_per_sec"]
             loo.append(r)
@@ -279,8 +295,9 @@ def main(argv=None):
     parser.add_argument("--max_batch", type=int, default=512)
     parser.add_argument("extra", nargs="*", help="after --: train.py overrides for every rung, e.g. -- --batch_size=8")
     args = parser.parse_args(argv)
-    if not os.path.isfile(args.config):
-        parser.error(f"config file {args.config} not found")
+    if not os.path.isfile(args.config):       # a folder exists: say so, as train.py does (configurator.py)
+        parser.error(f"config file {args.config} "
+                     + ("is a folder, not a file" if os.path.isdir(args.config) else "not found"))
     args.loo = [] if args.no_loo or args.loo == "none" else list(UNDO) if args.loo == "all" else \
         [c.strip() for c in args.loo.split(",")]
     unknown = [c for c in args.loo if c not in UNDO]

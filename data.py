@@ -26,7 +26,6 @@ index saved beside it when the folder is writable.
 """
 from __future__ import annotations   # torch.Tensor annotations without importing torch
 
-import argparse
 import itertools
 import json
 import os
@@ -40,6 +39,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from configurator import FlagParser
 from speedgpt import corpus
 from speedgpt.corpus import ByteTokenizer, GPT2Tokenizer, get_tokenizer   # noqa: F401 (data.get_tokenizer is public)
 from speedgpt.shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, SHARD_TOKENS,  # noqa: F401 (data.X is public)
@@ -437,8 +437,9 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(signum)
 
 
-def main():
-    parser = argparse.ArgumentParser(description="Tokenise a corpus into llm.c-format shards.")
+def main(argv=None):
+    # FlagParser, as every other script: full flag names only (--max_token is no --max_tokens), one-line errors
+    parser = FlagParser(prog="data.py", description="Tokenise a corpus into llm.c-format shards.")
     parser.add_argument("--input", default=None, help="a folder (recursive), a text, JSON lines, JSON or parquet file "
                         "(gzip or zstd too), a datasets save_to_disk folder or hf:NAME[:CONFIG]; default: this "
                         "Python's stdlib sources")
@@ -452,20 +453,23 @@ def main():
     parser.add_argument("--shard_tokens", type=int, default=SHARD_TOKENS)
     parser.add_argument("--max_tokens", type=int, default=None,
                         help="stop after the document that reaches this many tokens")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.out is None:
         if args.input is not None:
-            parser.error("--out is required with --input")
+            parser.error("--out is required with --input: add --out FOLDER, where the shards go")
         args.out = f"data/stdlib_{args.tokenizer}"
     try:
         with sigterm_as_interrupt():
             prepare(args.input, args.out, args.tokenizer, args.val_frac, args.seed, args.workers,
                     args.shard_tokens, args.text_field, args.max_tokens)
-    except (FileNotFoundError, ValueError) as e:
+    except ValueError as e:
         raise SystemExit(f"error: {e}")
-    except OSError as e:                           # a full or read-only disk
-        raise SystemExit(f"error: cannot write {e.filename or args.out}: {describe_os_error(e)}; "
-                         f"{args.out} is as it was before")
+    except OSError as e:
+        if e.errno is None:                        # our own FileNotFoundError (a missing input): its message says it
+            raise SystemExit(f"error: {e}")
+        # a write that failed (a full disk, the folder removed): the temp folder it was in is internal, not named
+        raise SystemExit(f"error: cannot write the output folder {args.out}: {describe_os_error(e)}; "
+                         f"{args.out} is as it was before; free space there, or choose another --out")
     except KeyboardInterrupt as e:                 # Ctrl-C, or SIGTERM through _interrupt
         signum = e.args[0] if e.args else signal.SIGINT
         print(f"{'interrupted' if signum == signal.SIGINT else 'stopped (SIGTERM)'}: {args.out} is as it was before "

@@ -28,6 +28,7 @@ from configurator import HF_GPT2, FlagParser
 from model import GPT, GPTConfig
 from speedgpt.checkpoint import load_checkpoint, load_weights
 from speedgpt.distributed import print0
+from speedgpt.shards import describe_os_error, folder_creation_error
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")   # HF (in, out)
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -214,8 +215,9 @@ def export_hf(ckpt_path, to):
     changes nothing); byte-level data gives a model of vocabulary 257 (ids 0-255 the UTF-8 bytes,
     256 end-of-text) and no tokenizer files. Before writing, the HF model's logits are checked against
     ours on a few tokens. Returns `to`. Raises FileNotFoundError (no checkpoint) or ValueError
-    (transformers missing, `to` a file or the checkpoint's folder, untied weights, a parameter or
-    setting GPT-2 cannot express), each in one line."""
+    (transformers missing, `to` a file, the checkpoint's folder or a folder that cannot be created,
+    untied weights, a parameter or setting GPT-2 cannot express), each in one line; OSError for a write
+    that fails."""
     if os.path.isfile(to):
         raise ValueError(f"--to {to} is a file, not a folder")
     if os.path.abspath(to) == os.path.abspath(os.path.dirname(ckpt_path) or "."):
@@ -260,7 +262,10 @@ def export_hf(ckpt_path, to):
     if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
         raise ValueError(f"exported logits differ from the checkpoint's by {(got - want).abs().max().item():.2e}: "
                          "the model has a setting this exporter does not map")
-    os.makedirs(to, exist_ok=True)
+    try:
+        os.makedirs(to, exist_ok=True)
+    except OSError as e:
+        raise folder_creation_error(to, e, "--to") from None
     hf.save_pretrained(to)
     umask = os.umask(0)
     os.umask(umask)
@@ -291,10 +296,17 @@ def main(argv=None):
     ex.add_argument("--out_dir", default="out", help="the training run's folder, holding ckpt.pt")
     ex.add_argument("--to", default=None, help="the folder to write (default: OUT_DIR/hf)")
     args = parser.parse_args(argv)
+    to = args.to or os.path.join(args.out_dir, "hf")
     try:
-        export_hf(os.path.join(args.out_dir, "ckpt.pt"), args.to or os.path.join(args.out_dir, "hf"))
-    except (ValueError, FileNotFoundError) as e:
+        export_hf(os.path.join(args.out_dir, "ckpt.pt"), to)
+    except ValueError as e:
         raise SystemExit(f"error: {e}")
+    except OSError as e:
+        if e.errno is None:                    # our own FileNotFoundError (no checkpoint): its message says it
+            raise SystemExit(f"error: {e}")
+        # a write that failed: a full disk, a read-only folder
+        raise SystemExit(f"error: cannot write the output folder {to}: {describe_os_error(e)}; free space there, "
+                         "or choose another --to")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 A picture of one run or several: training loss with validation loss, real tokens/s, MFU and the learning
 rate against the step, one line per run, labelled by its folder, from each run's out_dir/metrics.jsonl.
 
-    python plot.py out                                  # -> runs.png
-    python plot.py out-fast out-mine --out runs.png --log_step
+    python plot.py out                                  # -> out/runs.png
+    python plot.py out-fast out-mine --out compare.png --log_step
 
 A run still training (or one that crashed) plots too: a last line cut short mid-write is dropped, with a
 warning. Needs matplotlib (pip install matplotlib); the format follows --out's suffix (.png, .pdf, .svg).
@@ -24,7 +24,8 @@ PANELS = [("loss", "loss (train solid, val dashed)"), ("tokens_per_sec", "real t
 def load_run(folder):
     """The records of `folder`/metrics.jsonl (train.py's out_dir), a list of dicts with "step". A last line
     cut short (a crash or a run still writing) is dropped with a one-line warning. Raises ValueError in
-    one line for a missing folder, no metrics.jsonl, an empty one, or a broken line before the last."""
+    one line for a missing folder, no metrics.jsonl, an empty one, or a corrupt one (a broken line before the
+    last, or no line that is JSON)."""
     path = os.path.join(folder, "metrics.jsonl")
     if not os.path.isdir(folder):
         raise ValueError(f"{folder} {'is a file' if os.path.exists(folder) else 'does not exist'}: give run folders "
@@ -32,7 +33,15 @@ def load_run(folder):
     if not os.path.isfile(path):
         raise ValueError(f"{folder} has no metrics.jsonl: is it a train.py out_dir? (a run writes it from its "
                          "first step)")
-    records, note = read_metrics(path)
+    try:
+        records, note = read_metrics(path)
+    except ValueError as e:     # a broken line before the last: no crash tears those, the file is corrupt
+        raise ValueError(f"{path} is corrupt: {str(e).removeprefix(f'{path} ')}") from None
+    if not records and note:    # its one line is not JSON: a torn last line is a run's later one, not its only
+        with open(path) as f:
+            n = next(i for i, line in enumerate(f, 1) if line.strip())
+        raise ValueError(f"{path} is corrupt: line {n}, its only line, is not JSON: is it train.py's? "
+                         "(delete it and train again)")
     if note:
         print(f"warning: {note}")
     if not records:
@@ -82,9 +91,10 @@ def figure(runs, log_step=False):
 def main(argv=None):
     parser = FlagParser(prog="plot.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="run folders (train.py's out_dir), one line each")
-    parser.add_argument("--out", default="runs.png", help="the picture (default runs.png)")
+    parser.add_argument("--out", default="", help="the picture (default runs.png in the first run's folder)")
     parser.add_bool("--log_step", help="a log-scale step axis")
     args = parser.parse_args(argv)
+    args.out = args.out or os.path.join(args.runs[0], "runs.png")      # beside its run, not in the repository
     runs = {}
     for folder in args.runs:                # every folder checked before matplotlib is needed
         label = os.path.normpath(folder)

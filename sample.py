@@ -82,7 +82,9 @@ def main(argv=None):
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA GPU is available")
     if args.start.startswith("FILE:") and not os.path.isfile(args.start[5:]):
-        parser.error(f"prompt file {args.start[5:]} not found")
+        # a folder exists, so "not found" would send the user looking for it (configurator.py's wording)
+        parser.error(f"prompt file {args.start[5:]} "
+                     + ("is a folder, not a file" if os.path.isdir(args.start[5:]) else "not found"))
     torch.manual_seed(args.seed)
     try:
         model, meta = load_model(args.out_dir, args.device)

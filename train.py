@@ -280,8 +280,9 @@ class Run:
                 "hellaswag_acc_norm": self.hellaswag_acc_norm, "target_val_loss": self.cfg.target_val_loss or None,
                 "target_reached": self.target}
 
-    def evaluate(self, step):
-        """Validation loss and bits per byte at `step` (and HellaSwag when on), logged; RunStopped when the
+    def evaluate(self, step, train_seconds):
+        """Validation loss and bits per byte at `step` (and HellaSwag when on), logged with the training
+        seconds and real tokens so far (time to a target: benchmarks/time_to_target.py); RunStopped when the
         loss is not finite (nothing is saved then)."""
         self.val_loss, self.val_bpb = estimate_loss(self.model, self.val_loader, eval_rows(self.cfg, self.val_loader),
                                                     self.ctx, self.token_bytes)
@@ -291,7 +292,8 @@ class Run:
         self.best_val = self.val_loss if self.best_val is None else min(self.best_val, self.val_loss)
         self.evaluated = step
         print0(f"step {step}: val loss {self.val_loss:.4f} ({self.val_bpb:.4f} bits/byte)")
-        record = {"step": step, "val_loss": self.val_loss, "val_bpb": self.val_bpb}
+        record = {"step": step, "val_loss": self.val_loss, "val_bpb": self.val_bpb,
+                  "train_seconds": round(train_seconds, 3), "tokens": self.tokens}
         if self.hellaswag is not None:
             record.update(self.hellaswag.evaluate(self.model, self.ctx))
             self.hellaswag_acc_norm = record["hellaswag_acc_norm"]
@@ -315,9 +317,10 @@ def train(run, stop):
         if step % cfg.eval_interval == 0 or last_step:
             timer.pause()                       # evaluation and checkpoints are not training time
             paused = time.perf_counter()
+            train_seconds = paused - started - run.eval_s
             if cfg.eval_tokens > 0:
-                run.evaluate(step)
-            reached = target_reached(cfg, run.val_loss, step, time.perf_counter() - started - run.eval_s, run.tokens)
+                run.evaluate(step, train_seconds)
+            reached = target_reached(cfg, run.val_loss, step, train_seconds, run.tokens)
             if cfg.save_checkpoints and (step > run.start_step or last_step):
                 run.save(step, background=cfg.async_checkpoint and not last_step)   # the last one before the end
             run.eval_s += time.perf_counter() - paused

@@ -148,14 +148,31 @@ def describe_os_error(e):
     return causes.get(e.errno, e.strerror or str(e))
 
 
+def folder_creation_error(folder, e, flag):
+    """The one-line ValueError for an output `folder` that os.makedirs could not create (OSError `e`): it
+    names the folder the user chose by `flag` (never a temp folder beside it), where and why it failed in
+    words, and the way out."""
+    near = os.path.dirname(os.path.abspath(folder))
+    while not os.path.exists(near):          # the deepest part of the path that exists: where mkdir failed
+        near = os.path.dirname(near)
+    if not os.path.isdir(near):
+        why = f"{near} is a file, not a folder"
+    elif e.errno == errno.ENOENT:            # mkdir in a folder that exists: /proc, /sys and the like take none
+        why = f"{near} does not take new folders"
+    else:
+        why = f"{describe_os_error(e)} in {near}"
+    fix = f", or fix the permissions of {near}" if e.errno in (errno.EACCES, errno.EPERM) else ""
+    return ValueError(f"cannot create the output folder {folder}: {why}; choose another {flag}{fix}")
+
+
 @contextmanager
 def prepared_folder(out_dir):
     """Yield a new, empty folder beside `out_dir` (.NAME.preparing) to prepare into. When the block ends
     without an error it replaces out_dir, as checkpoints are written: two renames, with Ctrl-C held off
     between them; a failure or an interrupt removes it and leaves out_dir exactly as it was. A folder left
     by a process killed mid-way is cleaned up (or, between the two renames, put back) first. Raises
-    ValueError for an out_dir that is a file or holds anything data.py does not write, and OSError when
-    the parent folder cannot be written (read-only, no space)."""
+    ValueError for an out_dir that is a file or holds anything data.py does not write, or that cannot be
+    created (naming out_dir and --out, not the temp folder), and OSError for a later write that fails."""
     out_dir = os.path.normpath(out_dir)
     parent, name = os.path.split(os.path.abspath(out_dir))
     tmp, old = os.path.join(parent, f".{name}.preparing"), os.path.join(parent, f".{name}.old")
@@ -170,7 +187,10 @@ def prepared_folder(out_dir):
         os.rename(old, out_dir)
     for stale in (tmp, old):
         shutil.rmtree(stale, ignore_errors=True)
-    os.makedirs(tmp)
+    try:
+        os.makedirs(tmp)
+    except OSError as e:
+        raise folder_creation_error(out_dir, e, "--out") from None
     try:
         yield tmp
     except BaseException:
@@ -189,6 +209,12 @@ def prepared_folder(out_dir):
     shutil.rmtree(old, ignore_errors=True)
 
 
+def tokenizer_flag(data_dir):
+    """The --tokenizer a preparation hint for `data_dir` needs: the presets' folders say it in their names
+    (data/stdlib_gpt2, data/shakespeare_gpt2)."""
+    return " --tokenizer gpt2" if os.path.basename(str(data_dir).rstrip("/")).endswith("gpt2") else ""
+
+
 def find_shards(data_dir, split):
     """Sorted shard paths of `split` ("train" or "val") in `data_dir`: ours are train_000000.bin,
     llm.c's fineweb_train_000000.bin. Raises FileNotFoundError when there are none (for a corpus file
@@ -201,13 +227,14 @@ def find_shards(data_dir, split):
             out = os.path.join("data", os.path.basename(data_dir).split(".")[0] or "corpus")
             hint = f"prepare it with `python data.py --input {data_dir} --out {out}`, then pass --data_dir={out}"
         raise FileNotFoundError(f"data folder {data_dir!r} is a file, not a folder: {hint}")
+    tok = tokenizer_flag(data_dir)
     if not os.path.isdir(data_dir):
         raise FileNotFoundError(f"data folder {data_dir!r} does not exist: prepare it with "
-                                f"`python data.py --input CORPUS --out {data_dir}`")
+                                f"`python data.py --input CORPUS --out {data_dir}{tok}`")
     paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*{split}_*.bin")))
     if not paths:
         hint = " (prepared with --val_frac=0? then train with --eval_tokens=0)" if split == "val" else \
-            (f": prepare it with `python data.py --input CORPUS --out {data_dir}` "
+            (f": prepare it with `python data.py --input CORPUS --out {data_dir}{tok}` "
              "(an interrupted preparation leaves none)")
         raise FileNotFoundError(f"no {split}_*.bin shards in {data_dir}{hint}")
     return paths
@@ -223,7 +250,7 @@ def load_meta(data_dir, verbose=True):
     path = os.path.join(data_dir, "meta.json")
     shards = sorted(n for n in os.listdir(data_dir) if n.endswith(".bin"))
     ours = [n for n in shards if OUR_SHARD.fullmatch(n)]
-    again = f"prepare the folder again: python data.py --input CORPUS --out {data_dir}"
+    again = f"prepare the folder again: python data.py --input CORPUS --out {data_dir}{tokenizer_flag(data_dir)}"
     if not os.path.exists(path):
         if ours:
             raise ValueError(f"{data_dir} holds shards ({ours[0]}, ...) but no meta.json: their preparation "

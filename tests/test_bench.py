@@ -76,10 +76,37 @@ def test_bench_stops_at_the_first_failed_rung_in_one_line(tmp_path):
                            f"--data_dir={tmp_path / 'no_data'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [
-        f"error: rung 'baseline' failed: error: data folder '{tmp_path / 'no_data'}' "
+        f"error: rung 'baseline' failed: data folder '{tmp_path / 'no_data'}' "
         f"does not exist: prepare it with `python data.py --input CORPUS --out "
         f"{tmp_path / 'no_data'}` (log: {tmp_path / 'b' / 'runs' / 'baseline' / 'stdout.log'})"]
     assert "=== + bf16 autocast" not in proc.stdout
+
+
+def test_failed_rung_that_does_not_fit_names_bench_ways_out():
+    """train.py's memory advice names its --batch_size and --attention, which bench.py sets itself and refuses
+    after --: the line ends with bench.py's own way out (on a CPU, the docstring's CPU example, whole)."""
+    need = ("error: this run needs about 23.8 GB per process (weights + optimizer 1.4, activations 22.3, head 0.1), "
+            "more than 90% of the 24.3 GB cpu has available: lower --batch_size (total_batch_size keeps the step's "
+            "tokens), or --block_size, or use --grad_checkpointing=full, or --attention=sdpa (no T x T scores); "
+            "--memory_check=False skips this check")
+    row = {"rung": "baseline", "error": need, "log": "b/runs/baseline/stdout.log"}
+    cpu, gpu = bench.failed_line(row, 16, cuda=False), bench.failed_line(row, 16, cuda=True)
+    assert cpu == (f"error: rung 'baseline' failed: {need[len('error: '):]} (log: b/runs/baseline/stdout.log); "
+                   f"in bench.py: --batch_size below 16, or on a CPU: {bench.CPU_EXAMPLE}")
+    assert cpu.count("error: ") == 1 and gpu.endswith("(log: b/runs/baseline/stdout.log); in bench.py: "
+                                                      "--batch_size below 16")
+    assert " ".join(bench.__doc__.replace("\\\n", " ").split()).count(bench.CPU_EXAMPLE) == 1   # the --help's line
+    other = {"rung": "all on - packing", "error": "error: data folder 'x' does not exist", "log": "l"}
+    assert bench.failed_line(other, 16, cuda=False) == "error: rung 'all on - packing' failed: data folder 'x' " \
+        "does not exist (log: l)"                  # no memory advice where the error is another
+
+
+def test_bench_config_that_is_a_folder_is_one_line(tmp_path, capsys):
+    for config, why in ((tmp_path, "is a folder, not a file"), (tmp_path / "missing.py", "not found")):
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--config", str(config), "--out", str(tmp_path / "b")])
+        assert e.value.code == 2 and capsys.readouterr().err == f"error: config file {config} {why}\n"
+    assert not (tmp_path / "b").exists()
 
 
 def test_bench_refuses_overrides_it_sets_itself(tmp_path):

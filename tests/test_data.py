@@ -1,8 +1,10 @@
 """data.py on the CPU: preparation (the BOS convention in the shards, a deterministic split by document,
-text_field and max_tokens, its notes, Ctrl-C, a disk that cannot be written) and the loader (batches, doc_ids
+text_field and max_tokens, its notes, Ctrl-C, a disk that cannot be written, an --out that cannot be created,
+its flags) and the loader (batches, doc_ids
 and state, padding, every row once per epoch without replacement, ids outside the vocabulary)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -295,17 +297,64 @@ def test_ids_outside_the_vocabulary_are_refused_at_construction(byte_data, tmp_p
         f"outside the vocabulary (50257 ids in meta.json): shards and meta.json disagree"]
 
 
-def test_a_disk_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys):
-    """data.py onto a read-only filesystem: one line naming the cause, the output folder as it was."""
+def test_a_disk_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    """data.py onto a read-only filesystem, or a disk that fills mid-way: one line naming the output folder
+    (not the temp folder beside it), the cause and the way out; the output folder as it was."""
     import errno
     from speedgpt import shards
     _write_docs(tmp_path / "in", DOCS)
+    out = tmp_path / "o"
+    monkeypatch.setattr(sys, "argv", ["data.py", "--input", str(tmp_path / "in"), "--out", str(out)])
 
-    def read_only(path, *args, **kwargs):
-        raise OSError(errno.EROFS, "Read-only file system", path)
-    monkeypatch.setattr(shards.os, "makedirs", read_only)
-    monkeypatch.setattr(sys, "argv", ["data.py", "--input", str(tmp_path / "in"), "--out", str(tmp_path / "o")])
-    with pytest.raises(SystemExit, match=r"^error: cannot write .*\.o\.preparing: read-only filesystem; "
-                                         r".*o is as it was"):
+    def fail(code):
+        def raise_it(path, *args, **kwargs):
+            raise OSError(code, os.strerror(code), path)
+        return raise_it
+    monkeypatch.setattr(shards.os, "makedirs", fail(errno.EROFS))
+    with pytest.raises(SystemExit, match=re.escape(f"error: cannot create the output folder {out}: read-only "
+                                                   f"filesystem in {tmp_path}; choose another --out")):
         data.main()
-    assert not (tmp_path / "o").exists()
+    monkeypatch.undo()
+    monkeypatch.setattr(sys, "argv", ["data.py", "--input", str(tmp_path / "in"), "--out", str(out)])
+    monkeypatch.setattr(data, "write_index", fail(errno.ENOSPC))
+    with pytest.raises(SystemExit, match=re.escape(f"error: cannot write the output folder {out}: no space left on "
+                                                   f"the device; {out} is as it was before; free space there, or "
+                                                   "choose another --out")) as e:
+        data.main()
+    assert ".preparing" not in str(e.value) and not out.exists()
+
+
+def test_an_out_that_cannot_be_created_is_one_line(tmp_path):
+    """--out under a regular file (or on /proc): one line naming --out's folder, why, and the way out."""
+    _write_docs(tmp_path / "in", DOCS)
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / "sub"
+    with pytest.raises(SystemExit, match=re.escape(f"error: cannot create the output folder {out}: {tmp_path}/afile "
+                                                   "is a file, not a folder; choose another --out")):
+        data.main(["--input", str(tmp_path / "in"), "--out", str(out)])
+    assert sorted(os.listdir(tmp_path)) == ["afile", "in"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--max_token=10"], "unknown flag '--max_token': did you mean --max_tokens?"),     # a misspelling
+    (["--val", "0.5"], "unknown flag '--val': did you mean --val_frac?"),               # an abbreviation
+    (["--in", "x", "--ou", "y"], "unknown flag '--in': did you mean --input?"),
+    (["--val_frac=abc"], "argument --val_frac: invalid float value: 'abc'"),
+    (["--tokenizer=foo"], "argument --tokenizer: invalid choice: 'foo'"),
+    (["--input", "x"], "--out is required with --input: add --out FOLDER"),
+])
+def test_flags_are_named_in_full_and_refused_in_one_line(tmp_path, monkeypatch, capsys, argv, says):
+    """data.py parses flags as every script does (configurator.FlagParser): no abbreviations, the closest
+    flag named, one line and exit status 2, before anything is read or written."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        data.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: {says}") and err.count("\n") == 1, err
+    assert os.listdir(tmp_path) == []
+
+
+def test_both_flag_forms_prepare(tmp_path):
+    _write_docs(tmp_path / "in", DOCS)
+    data.main([f"--input={tmp_path / 'in'}", "--out", str(tmp_path / "o"), "--val_frac", "0.3", "--workers=1"])
+    assert json.load(open(tmp_path / "o" / "meta.json"))["val_frac"] == 0.3

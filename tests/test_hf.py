@@ -2,6 +2,7 @@
 a folder stands in for OpenAI's GPT-2 (the real `gpt2` download cannot be tried here)."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -255,6 +256,10 @@ def test_errors_are_one_line(byte_data, hf_dir, tmp_path, monkeypatch):
     check(FileNotFoundError, "no checkpoint at", hf.export_hf, str(tmp_path / "none" / "ckpt.pt"), str(tmp_path / "x"))
     with pytest.raises(SystemExit, match="^error: no checkpoint at"):
         hf.main(["export", f"--out_dir={tmp_path / 'none'}"])
+    (tmp_path / "afile").write_text("")                      # --to under a file: the folder named, and the way out
+    with pytest.raises(SystemExit, match=re.escape(f"error: cannot create the output folder {tmp_path}/afile/sub: "
+                                                   f"{tmp_path}/afile is a file, not a folder; choose another --to")):
+        hf.main(["export", f"--out_dir={tmp_path / 'run'}", f"--to={tmp_path / 'afile' / 'sub'}"])
     ckpt = torch.load(ckpt_path, weights_only=True)
     ckpt["model"]["lm_head.weight"] = ckpt["model"]["lm_head.weight"].clone() + 1
     torch.save(ckpt, tmp_path / "untied.pt")

@@ -54,6 +54,12 @@ def test_plot_draws_two_runs_into_a_png(tmp_path):
     assert png_size(out) == (1200, 800) and out.stat().st_size > 20_000     # 12 x 8 inches at 100 dpi, drawn on
 
 
+def test_the_picture_goes_beside_the_first_run_by_default(tmp_path):
+    pytest.importorskip("matplotlib", reason=NO_MATPLOTLIB)
+    a, _ = write_run(tmp_path / "out-fast", 20, mfu=0.4)
+    assert plot.main([str(a)]) == str(a / "runs.png") and png_size(a / "runs.png") == (1200, 800)
+
+
 def test_plot_panels_hold_each_run(tmp_path):
     pytest.importorskip("matplotlib", reason=NO_MATPLOTLIB)
     runs = {"out-fast": write_run(tmp_path / "a", 20, mfu=0.4)[1],
@@ -88,6 +94,8 @@ def test_plot_refuses_bad_input_in_one_line(tmp_path, capsys):
     broken, _ = write_run(tmp_path / "broken", 10, mfu=None)
     lines = (broken / "metrics.jsonl").read_text().splitlines(keepends=True)
     (broken / "metrics.jsonl").write_text("".join(lines[:3] + ['{"step": 2, "lo\n'] + lines[3:]))
+    (tmp_path / "corrupt").mkdir()           # no line parses: corrupt, not a torn last line of an empty run
+    (tmp_path / "corrupt" / "metrics.jsonl").write_text("\nnot json\n")
     cases = [
         ([str(tmp_path / "missing")], f"error: {tmp_path / 'missing'} does not exist: give run folders"),
         ([str(tmp_path / "a_file")], f"error: {tmp_path / 'a_file'} is a file: give run folders"),
@@ -95,15 +103,18 @@ def test_plot_refuses_bad_input_in_one_line(tmp_path, capsys):
                                                      "is it a train.py out_dir?"),
         ([str(tmp_path / "empty")], f"error: {tmp_path / 'empty' / 'metrics.jsonl'} is empty: the run has logged "
                                     "no step yet"),
-        ([str(broken)], f"error: {broken / 'metrics.jsonl'} line 4 is not JSON"),
+        ([str(broken)], f"error: {broken / 'metrics.jsonl'} is corrupt: line 4 is not JSON"),
+        ([str(tmp_path / "corrupt")], f"error: {tmp_path / 'corrupt' / 'metrics.jsonl'} is corrupt: line 2, its "
+                                      "only line, is not JSON"),
         ([str(good), f"{good}/"], f"error: {good}/ is given twice"),
         ([], "error: the following arguments are required: runs"),
     ]
     for argv, start in cases:
         with pytest.raises(SystemExit) as e:
             plot.main([*argv, "--out", str(tmp_path / "runs.png")])
-        err = capsys.readouterr().err
+        out, err = capsys.readouterr()
         assert e.value.code == 2 and len(err.splitlines()) == 1 and err.startswith(start), (argv, err)
+        assert out == "", (argv, out)            # the one line only: no "cut short" warning before it
     assert not (tmp_path / "runs.png").exists()
 
 

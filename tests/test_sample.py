@@ -1,6 +1,6 @@
 """sample.py on the CPU: a temperature or top_k that cannot sample is refused in one line before any
 checkpoint is read; good ones, in either flag form, sample, with the KV cache or without it; a prompt longer than
-block_size is cropped with a note, and a prompt file that is not UTF-8 is one line."""
+block_size is cropped with a note, and a prompt file that is not UTF-8, or is a folder, is one line."""
 import re
 import subprocess
 import sys
@@ -36,6 +36,14 @@ def test_bad_sampling_flags_are_one_line(tmp_path, capsys, flag, value, why, for
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith(f"error: argument {flag}: ") and f"got {value!r}" in err and re.search(why, err), err
+
+
+def test_prompt_file_that_is_a_folder_is_one_line(tmp_path, capsys):
+    """A folder exists: "not found" would send the user looking for it (train.py's --config says the same)."""
+    for start, why in ((tmp_path, "is a folder, not a file"), (tmp_path / "missing.txt", "not found")):
+        with pytest.raises(SystemExit) as e:           # before the (missing) checkpoint is looked for
+            sample.main([f"--out_dir={tmp_path}", "--device=cpu", f"--start=FILE:{start}"])
+        assert e.value.code == 2 and capsys.readouterr().err == f"error: prompt file {start} {why}\n"
 
 
 def test_good_flags_sample(byte_data, tmp_path, capsys):

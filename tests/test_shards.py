@@ -40,6 +40,8 @@ def test_corrupt_and_missing_shards(tmp_path):
         data.read_header(str(tmp_path / "truncated_train_000000.bin"))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         data.find_shards(str(tmp_path / "nowhere"), "train")
+    with pytest.raises(FileNotFoundError, match=r"--out .*shakespeare_gpt2 --tokenizer gpt2`"):   # the name says it
+        data.find_shards(str(tmp_path / "shakespeare_gpt2"), "train")
     with pytest.raises(FileNotFoundError, match="no val"):
         data.find_shards(str(tmp_path), "val")
     with pytest.raises(FileNotFoundError):
@@ -141,3 +143,19 @@ def test_a_failed_preparation_leaves_the_old_folder_as_it_was(tmp_path):
     (out / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="holds files data.py did not write .notes.txt."):
         data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **kw)
+
+
+def test_an_output_folder_that_cannot_be_created_is_named_with_the_way_out(tmp_path):
+    """folder_creation_error names the user's folder and where and why mkdir failed, in words."""
+    import errno
+    from speedgpt.shards import folder_creation_error
+    (tmp_path / "afile").write_text("")
+    cases = [(tmp_path / "afile" / "a" / "b", errno.ENOTDIR, f"{tmp_path}/afile is a file, not a folder; "
+                                                             "choose another --out"),
+             (tmp_path / "new" / "x", errno.EACCES, f"permission denied in {tmp_path}; choose another --out, "
+                                                     f"or fix the permissions of {tmp_path}")]
+    if os.path.isdir("/proc"):                 # Linux: mkdir there fails with ENOENT, in a folder that exists
+        cases.append(("/proc/x/y", errno.ENOENT, "/proc does not take new folders; choose another --out"))
+    for folder, code, says in cases:
+        e = folder_creation_error(str(folder), OSError(code, os.strerror(code)), "--out")
+        assert str(e) == f"cannot create the output folder {folder}: {says}"

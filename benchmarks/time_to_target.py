@@ -1,0 +1,240 @@
+"""
+Time to a target validation loss, the field's measure of a trainer (modded-nanogpt: time to 3.28 on FineWeb):
+our recipes, and optionally karpathy/nanoGPT's own train.py, on the same tokens, scored by the same evaluator.
+
+    python benchmarks/time_to_target.py                                   # AdamW + cosine vs Muon + WSD, two seeds
+    python benchmarks/time_to_target.py --nanogpt ../nanoGPT --target 1.6 --max_iters 200
+
+1. The corpus: every .py file of this Python installation (its standard library, site-packages and the folders
+   on sys.path outside this repository), one document each, files deduplicated by content hash: hundreds of MB of
+   real text with no download. Prepared once with the GPT-2 tokenizer into --out/data (or give --data_dir).
+2. Each recipe of --runs (adamw: config/fast.py as shipped; muon: the same with --optimizer=muon
+   --lr_schedule=wsd), for each seed, for --max_iters steps (the schedules' horizon), evaluating every
+   --eval_interval steps on the whole val split (the same tokens for every run and seed).
+3. With --nanogpt: nanoGPT's train.py (once: its seed is fixed in its file) on the same train tokens (flat uint16 train.bin / val.bin written from our
+   shards), the same tokens per step, learning rate and schedule as config/fast.py; at each of its evaluations a
+   copy of its weights is kept, and afterwards each copy is scored by our evaluator on our val tokens (without our
+   document mask and per-document positions, as it was trained). Its file is run unedited: a launcher times its
+   loop around its evaluations and keeps the copies (LAUNCHER below).
+
+The target is --target, or by default the highest final val loss of the runs (so every run reaches it). Each row:
+the first evaluation at or below it, its step, tokens, and seconds of training (compile included, evaluations
+left out; ours from metrics.jsonl's val rows). Prints a Markdown table (BENCHMARKS.md, "Time to a target loss").
+Needs a CUDA GPU for the presets' speed; --config and --train_args let it run anywhere (tests/test_time_to_target.py).
+"""
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+RECIPES = {"adamw": [], "muon": ["--optimizer=muon", "--lr_schedule=wsd"]}
+LAUNCHER = r'''import json, os, sys, time
+import torch
+sys.path.insert(0, os.getcwd())
+snapshots, clock = {snapshots!r}, {{"start": None, "paused": 0.0, "since": None, "rows": []}}
+src = open("train.py").read()
+anchors = ("t0 = time.time()\nlocal_iter_num = 0", "        losses = estimate_loss()\n")
+missing = [a for a in anchors if a not in src]
+if missing:
+    sys.exit(f"error: nanoGPT's train.py has changed (no {{missing[0].strip()!r}}): use the pinned commit")
+def _tt_start():
+    clock["start"] = time.perf_counter()
+def _tt_eval(iter_num, raw_model, tokens):
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    now = time.perf_counter()
+    if iter_num > 0:
+        path = os.path.join(snapshots, f"iter{{iter_num:06d}}.pt")
+        torch.save({{k.removeprefix("_orig_mod."): v for k, v in raw_model.state_dict().items()}}, path)
+        clock["rows"].append({{"step": iter_num, "tokens": iter_num * tokens, "path": path,
+                              "train_seconds": now - clock["start"] - clock["paused"]}})
+        with open(os.path.join(snapshots, "rows.json"), "w") as f:
+            json.dump(clock["rows"], f)
+    clock["since"] = now
+def _tt_resume():
+    clock["paused"] += time.perf_counter() - clock["since"]
+src = src.replace(anchors[0], "_tt_start()\n" + anchors[0])
+src = src.replace(anchors[1], "        _tt_eval(iter_num, raw_model, tokens_per_iter)\n" + anchors[1]
+                  + "        _tt_resume()\n")
+sys.argv = ["train.py", *{argv!r}]
+exec(compile(src, "train.py", "exec"), {{"__name__": "__main__", "_tt_start": _tt_start, "_tt_eval": _tt_eval,
+                                       "_tt_resume": _tt_resume}})
+'''
+
+
+def python_files(roots=None):
+    """[(path, bytes)] of every .py file under `roots` (default: this Python's library folders and sys.path
+    outside ROOT), sorted by path, the first of each content kept."""
+    if roots is None:
+        paths = sysconfig.get_paths()
+        roots = {paths[k] for k in ("stdlib", "purelib", "platlib")} | set(sys.path)
+        roots = {os.path.realpath(r) for r in roots if r and os.path.isdir(r)}
+        roots = {r for r in roots if not r.startswith(os.path.realpath(ROOT))}
+    seen, out = set(), []
+    for path in sorted({os.path.join(d, f) for r in roots for d, _, fs in os.walk(r) for f in fs if f.endswith(".py")}):
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        digest = hashlib.sha256(data).digest()
+        if digest not in seen:
+            seen.add(digest)
+            out.append((path, data))
+    return out
+
+
+def prepare_corpus(out, roots=None, tokenizer="gpt2", val_frac=0.01):
+    """Write the .py files as JSON lines and prepare them with data.py into out/data; returns that folder."""
+    data_dir = os.path.join(out, "data")
+    if os.path.isfile(os.path.join(data_dir, "meta.json")):
+        return data_dir
+    files = python_files(roots)
+    corpus = os.path.join(out, "python_files.jsonl")
+    with open(corpus, "w") as f:
+        for _, data in files:
+            f.write(json.dumps({"text": data.decode("utf-8", errors="replace")}) + "\n")
+    print(f"corpus: {len(files):,} distinct .py files, {sum(len(d) for _, d in files) / 1e6:,.1f} MB", flush=True)
+    subprocess.run([sys.executable, "data.py", "--input", corpus, "--out", data_dir, "--tokenizer", tokenizer,
+                    "--val_frac", str(val_frac)], cwd=ROOT, check=True)
+    return data_dir
+
+
+def evals(out_dir):
+    """[(step, val_loss, tokens, train_seconds)] of a run's metrics.jsonl."""
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [(r["step"], r["val_loss"], r.get("tokens"), r.get("train_seconds")) for r in rows if "val_loss" in r]
+
+
+def first_at_or_below(rows, target):
+    """The first (step, val_loss, tokens, train_seconds) of `rows` past step 0 with val_loss <= target, or None."""
+    return next((r for r in rows if r[0] > 0 and r[1] is not None and r[1] <= target), None)
+
+
+def flat_bins(data_dir, out):
+    """nanoGPT's train.bin / val.bin (flat uint16 tokens) from our shards; returns the folder."""
+    from data import read_shard
+    from speedgpt.shards import find_shards
+    for split in ("train", "val"):
+        with open(os.path.join(out, f"{split}.bin"), "wb") as f:
+            for path in find_shards(data_dir, split):
+                f.write(np.asarray(read_shard(path), dtype=np.uint16).tobytes())
+    return out
+
+
+def launch_nanogpt(nanogpt, argv, run_dir):
+    """nanoGPT's train.py with `argv`, through LAUNCHER; returns its evaluations' rows (step, tokens, seconds of
+    training, the path of the weights' copy), [] when it made none (its log: run_dir/train.log)."""
+    snapshots = os.path.abspath(os.path.join(run_dir, "snapshots"))
+    os.makedirs(snapshots, exist_ok=True)
+    launcher = os.path.join(run_dir, "launch_train.py")
+    with open(launcher, "w") as f:
+        f.write(LAUNCHER.format(snapshots=snapshots, argv=argv))
+    with open(os.path.join(run_dir, "train.log"), "w") as log:
+        subprocess.run([sys.executable, os.path.abspath(launcher)], cwd=os.path.abspath(nanogpt), stdout=log,
+                       stderr=subprocess.STDOUT)
+    rows = os.path.join(snapshots, "rows.json")
+    if not os.path.isfile(rows):
+        return []
+    with open(rows) as f:
+        return json.load(f)
+
+
+def nanogpt_run(nanogpt, data_dir, out, args):
+    """nanoGPT's train.py on our data (config/fast.py's step, learning rate and schedule); its evaluations'
+    copies scored by our evaluator: [(step, val_loss, tokens, train_seconds)]."""
+    run_dir = os.path.join(out, "nanogpt")
+    os.makedirs(run_dir, exist_ok=True)
+    bins = flat_bins(data_dir, run_dir)
+    argv = [f"--dataset={os.path.abspath(bins)}", f"--out_dir={os.path.abspath(run_dir)}", "--batch_size=64",
+            "--gradient_accumulation_steps=8", f"--max_iters={args.max_iters}", f"--lr_decay_iters={args.max_iters}",
+            "--warmup_iters=100", "--learning_rate=6e-4", "--min_lr=6e-5", f"--eval_interval={args.eval_interval}",
+            "--eval_iters=1", "--always_save_checkpoint=False", "--log_interval=10"]
+    return [(r["step"], score(r["path"], data_dir), r["tokens"], r["train_seconds"])
+            for r in launch_nanogpt(nanogpt, argv, run_dir)]
+
+
+def score(weights, data_dir):
+    """Our evaluator's val loss of a nanoGPT snapshot (GPT-2 124M's shape, its state dict) on our whole val
+    split, without the document mask (it was trained on the plain token stream)."""
+    import torch
+    from contextlib import nullcontext
+    from data import Loader, load_meta
+    from model import GPT, GPTConfig
+    from speedgpt.evaluation import estimate_loss
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    meta = load_meta(data_dir)
+    model = GPT(GPTConfig(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768, bias=False))
+    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    model.to(device)
+    loader = Loader(data_dir, "val", batch_size=16, block_size=1024, device=device, seed=1, packing=True,
+                    document_mask=False, eot=meta["eot_id"], vocab_size=meta["vocab_size"])
+    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else nullcontext()
+    token_bytes = torch.ones(meta["vocab_size"], device=device)
+    return estimate_loss(model, loader, loader.n_rows, ctx, token_bytes)[0]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--runs", default="adamw,muon", help="comma-separated recipes: " + ", ".join(RECIPES))
+    p.add_argument("--seeds", default="1337,1338")
+    p.add_argument("--target", type=float, default=0.0, help="val loss; 0: the highest final val loss of the runs")
+    p.add_argument("--max_iters", type=int, default=150, help="optimizer steps of every run (the schedules' horizon)")
+    p.add_argument("--eval_interval", type=int, default=10)
+    p.add_argument("--config", default="config/fast.py", help="our preset; '' for train.py's defaults")
+    p.add_argument("--data_dir", default="", help="a prepared folder instead of the .py files of this Python")
+    p.add_argument("--train_args", default="", help="more train.py flags for our runs (space-separated)")
+    p.add_argument("--nanogpt", help="a clone of karpathy/nanoGPT: its train.py on the same tokens (GPT-2 124M)")
+    p.add_argument("--out", default="bench_out/time_to_target")
+    args = p.parse_args(argv)
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    if not runs or any(r not in RECIPES for r in runs):
+        sys.exit(f"error: --runs {args.runs!r}: the recipes are {', '.join(RECIPES)}")
+    if args.nanogpt and not os.path.isfile(os.path.join(args.nanogpt, "train.py")):
+        sys.exit(f"error: no nanoGPT train.py in {args.nanogpt!r}: give --nanogpt PATH (a clone of karpathy/nanoGPT)")
+    if args.max_iters < 1 or args.eval_interval < 1 or args.target < 0:
+        sys.exit("error: --max_iters and --eval_interval must be positive, --target 0 or more")
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    os.makedirs(args.out, exist_ok=True)
+    data_dir = args.data_dir or prepare_corpus(args.out)
+    curves = {}
+    for name in runs:
+        for seed in seeds:
+            out_dir = os.path.join(args.out, f"{name}_{seed}")
+            cmd = [sys.executable, "train.py", *([f"--config={args.config}"] if args.config else []),
+                   f"--data_dir={os.path.abspath(data_dir)}", f"--out_dir={os.path.abspath(out_dir)}",
+                   f"--max_iters={args.max_iters}", f"--lr_decay_iters={args.max_iters}", f"--seed={seed}",
+                   f"--eval_interval={args.eval_interval}", "--eval_tokens=1000000000", "--save_checkpoints=False",
+                   "--hellaswag=off", *RECIPES[name], *args.train_args.split()]
+            with open(out_dir + ".log", "w") as log:
+                subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            curves[f"ours, {name}", seed] = evals(out_dir) if os.path.isfile(os.path.join(out_dir, "metrics.jsonl")) else []
+            print(f"{name} seed {seed}: " + (f"final val {curves[f'ours, {name}', seed][-1][1]:.4f}"
+                                             if curves[f"ours, {name}", seed] else f"failed (see {out_dir}.log)"), flush=True)
+    if args.nanogpt:
+        curves["nanoGPT train.py", 1337] = nanogpt_run(args.nanogpt, data_dir, args.out, args)
+    finals = [c[-1][1] for c in curves.values() if c]
+    target = args.target or (max(finals) if finals else 0.0)
+    rows = [f"Target val loss {target:.4f} ({'given' if args.target else 'the highest final'}); {args.max_iters} steps, "
+            f"evaluated every {args.eval_interval} on the whole val split of {data_dir}", "",
+            "| trainer, recipe | seed | reached at step | tokens | training seconds | final val loss |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for (name, seed), curve in curves.items():
+        hit = first_at_or_below(curve, target)
+        final = f"{curve[-1][1]:.4f}" if curve else "failed"
+        rows.append(f"| {name} | {seed} | " + (f"{hit[0]} | {hit[2]:,.0f} | {hit[3]:.1f} | {final} |" if hit else
+                                                f"not reached | | | {final} |"))
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""benchmarks/time_to_target.py on the CPU: the corpus of .py files (deduplicated by content), the first
+evaluation at or below the target from a run's metrics.jsonl, two tiny recipes end to end, and the launcher that
+times nanoGPT's train.py around its evaluations (a stand-in train.py with the same lines) or refuses a changed one."""
+import json
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import time_to_target as ttt  # noqa: E402
+
+
+def test_python_files_keep_one_file_of_each_content(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.py").write_text("print(1)\n")
+    (tmp_path / "a" / "copy.py").write_text("print(1)\n")
+    (tmp_path / "a" / "y.py").write_text("print(2)\n")
+    (tmp_path / "a" / "notes.txt").write_text("not python\n")
+    files = ttt.python_files([str(tmp_path)])
+    assert [os.path.basename(p) for p, _ in files] == ["copy.py", "y.py"]           # sorted; x.py repeats copy.py
+    assert [d for _, d in files] == [b"print(1)\n", b"print(2)\n"]
+
+
+def test_the_first_evaluation_at_or_below_the_target_counts():
+    rows = [(0, 5.0, 0, 0.0), (10, 3.0, 100, 1.5), (20, 2.4, 200, 3.0), (30, 2.5, 300, 4.5)]
+    assert ttt.first_at_or_below(rows, 2.5) == (20, 2.4, 200, 3.0)
+    assert ttt.first_at_or_below(rows, 6.0) == (10, 3.0, 100, 1.5)                 # step 0 never counts
+    assert ttt.first_at_or_below(rows, 1.0) is None
+
+
+def test_two_recipes_train_and_the_table_names_where_each_reached_the_target(byte_data, tmp_path, capsys):
+    tiny = "--n_layer=1 --n_head=2 --n_embd=32 --block_size=64 --batch_size=4 --warmup_iters=1 --log_interval=1"
+    ttt.main(["--config", "", "--data_dir", str(byte_data), "--seeds", "1", "--max_iters", "4", "--eval_interval", "2",
+              "--train_args", tiny, "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    rows = ttt.evals(str(tmp_path / "adamw_1"))
+    assert [r[0] for r in rows] == [0, 2, 4] and all(r[3] is not None and r[2] >= 0 for r in rows)
+    assert rows[2][2] > rows[1][2] > 0                                             # tokens grow
+    target = max(ttt.evals(str(tmp_path / name))[-1][1] for name in ("adamw_1", "muon_1"))
+    assert f"Target val loss {target:.4f} (the highest final)" in out
+    assert "| ours, adamw | 1 |" in out and "| ours, muon | 1 |" in out and "not reached" not in out
+    config = json.loads((tmp_path / "muon_1" / "config.json").read_text())
+    assert (config["optimizer"], config["lr_schedule"], config["max_iters"]) == ("muon", "wsd", 4)
+
+
+FAKE_TRAIN = '''import time
+import torch
+raw_model = torch.nn.Linear(2, 2)
+tokens_per_iter = 8
+def estimate_loss():
+    time.sleep(0.05)
+    return {"val": 1.0}
+t0 = time.time()
+local_iter_num = 0
+for iter_num in range(0, 7):
+    if iter_num % 3 == 0:
+        losses = estimate_loss()
+    time.sleep(0.01)
+'''
+
+
+def test_the_launcher_keeps_a_copy_and_the_training_time_at_each_evaluation(tmp_path):
+    nanogpt = tmp_path / "nanogpt"
+    nanogpt.mkdir()
+    (nanogpt / "train.py").write_text(FAKE_TRAIN)
+    rows = ttt.launch_nanogpt(str(nanogpt), ["--x=1"], str(tmp_path / "run"))
+    assert [(r["step"], r["tokens"]) for r in rows] == [(3, 24), (6, 48)]          # iteration 0: nothing trained
+    assert 0 < rows[0]["train_seconds"] <= rows[1]["train_seconds"]
+    assert all(os.path.isfile(r["path"]) for r in rows)
+
+
+def test_a_changed_nanogpt_train_py_is_refused_in_one_line(tmp_path):
+    nanogpt = tmp_path / "nanogpt"
+    nanogpt.mkdir()
+    (nanogpt / "train.py").write_text(FAKE_TRAIN.replace("        losses = estimate_loss()\n", "        pass\n"))
+    assert ttt.launch_nanogpt(str(nanogpt), [], str(tmp_path / "run")) == []
+    log = (tmp_path / "run" / "train.log").read_text().strip().splitlines()
+    assert log == ["error: nanoGPT's train.py has changed (no 'losses = estimate_loss()'): use the pinned commit"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--runs", "sgd"], "--runs 'sgd': the recipes are adamw, muon"),
+    (["--nanogpt", "/nonexistent"], "no nanoGPT train.py in '/nonexistent'"),
+    (["--max_iters", "0"], "--max_iters and --eval_interval must be positive"),
+])
+def test_bad_input_is_refused_in_one_line(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        ttt.main(argv)
