@@ -105,6 +105,7 @@ CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backe
                optimizer=("adamw", "muon"), lr_schedule=("cosine", "wsd"))
 MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention", "activation")   # GPTConfig's
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
+FEATURE_DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim")}   # a feature's keys that mean nothing without it
 DATA_KEYS = ("data_dir", "packing", "document_mask")    # what a resumed run reads: the checkpoint's unless set
 SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule", "wsd_decay_frac",
                  "muon_lr")                    # kept on resume unless set
@@ -291,6 +292,12 @@ def load_config(argv, with_explicit=False):
         except (ValueError, SyntaxError):
             value = raw
         values.update(_legacy(key, value, "command line") or {key: _typed(key, value, "command line")})
+    given = {key for key, _ in overrides}
+    for feature, details in FEATURE_DETAILS.items():   # --fp8=False on gpt2-medium.py: its fp8_recipe goes too,
+        if feature in given and values.get(feature) is False:    # else it would be refused as doing nothing
+            for key in details:
+                if key not in given:
+                    values.pop(key, None)
     cfg = Config(**values)
     positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval",
                 "fused_ce_chunk", "keep_checkpoints")

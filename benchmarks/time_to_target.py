@@ -19,7 +19,7 @@ our recipes, and optionally karpathy/nanoGPT's own train.py, on the same tokens,
 
 The target is --target, or by default the highest final val loss of the runs (so every run reaches it). Each row:
 the first evaluation at or below it, its step, tokens, and seconds of training (compile included, evaluations
-left out; ours from metrics.jsonl's val rows). Prints a Markdown table (BENCHMARKS.md, "Time to a target loss").
+left out; ours from metrics.jsonl's val rows). Prints a Markdown table (BENCHMARKS.md, "Optimizers and schedules").
 Needs a CUDA GPU for the presets' speed; --config and --train_args let it run anywhere (tests/test_time_to_target.py).
 """
 import argparse
@@ -192,7 +192,8 @@ def main(argv=None):
     p.add_argument("--eval_interval", type=int, default=10)
     p.add_argument("--config", default="config/fast.py", help="our preset; '' for train.py's defaults")
     p.add_argument("--data_dir", default="", help="a prepared folder instead of the .py files of this Python")
-    p.add_argument("--train_args", default="", help="more train.py flags for our runs (space-separated)")
+    p.add_argument("--train_args", default="", help="more train.py flags for our runs, space-separated: "
+                   "--train_args=\"--a=1 --b=2\" (with the =: they start with dashes)")
     p.add_argument("--nanogpt", help="a clone of karpathy/nanoGPT: its train.py on the same tokens (GPT-2 124M)")
     p.add_argument("--out", default="bench_out/time_to_target")
     args = p.parse_args(argv)

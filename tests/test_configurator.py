@@ -259,3 +259,14 @@ def test_a_resume_reads_the_checkpoints_data_and_optimizer_unless_set(byte_data,
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert (cfg["data_dir"], cfg["packing"], cfg["optimizer"]) == (str(byte_data), False, "muon")
     assert "resume: data_dir" not in capsys.readouterr().out
+
+
+def test_turning_fp8_off_on_the_command_line_drops_the_presets_fp8_details():
+    """gpt2-medium.py sets fp8_recipe for its FP8 blocks: --fp8=False turns them off without being refused
+    for a recipe that would do nothing; a recipe given on the command line too stays (and fp8.check refuses it)."""
+    from configurator import load_config
+    off = load_config(["--config", "config/gpt2-medium.py", "--fp8=False"])
+    assert (off.fp8, off.fp8_recipe, off.fp8_head) == (False, "tensorwise", True)
+    assert load_config(["--config", "config/gpt2-medium.py"]).fp8_recipe == "rowwise_bf16_wgrad"
+    both = load_config(["--config", "config/gpt2-medium.py", "--fp8=False", "--fp8_recipe=rowwise_bf16_wgrad"])
+    assert both.fp8_recipe == "rowwise_bf16_wgrad"

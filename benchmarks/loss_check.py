@@ -1,0 +1,91 @@
+"""
+Does a new numerics path (an FP8 recipe, a kernel, a scaling) train as well as the one it replaces? Each recipe,
+for each seed, trains a preset for --steps optimizer steps of one micro-batch each from the same start, and the
+validation loss on the same tokens is compared: the difference of the recipes' means against the seed-to-seed
+spread (the largest difference between two seeds of one recipe).
+
+    python benchmarks/loss_check.py --config config/gpt2-medium.py --base=--fp8=False --candidate=
+    python benchmarks/loss_check.py --config config/fast.py --base=--fp8_head=False --candidate= --steps 300
+
+--base and --candidate are train.py flags (space-separated; written --base="--a=1 --b=2", with the "=", since
+they start with dashes) added to the preset; every run also gets
+--total_batch_size=0 --batch_size=--batch_size, a warm-up of a tenth of the steps, a cosine decay to --steps,
+one evaluation at the end on --eval_tokens tokens, and no checkpoints. Prints one row per run (val loss, median
+tokens/s) and the verdict. Logs and run folders go to --out.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def train(config, flags, seed, args, out_dir):
+    """(val loss, median tokens/s) of one run, or None if it failed (its log: out_dir + '.log')."""
+    cmd = [sys.executable, "train.py", *([f"--config={config}"] if config else []), "--total_batch_size=0",
+           f"--batch_size={args.batch_size}", f"--max_iters={args.steps}", f"--warmup_iters={max(1, args.steps // 10)}",
+           f"--lr_decay_iters={args.steps}", f"--eval_interval={args.steps}", f"--eval_tokens={args.eval_tokens}",
+           "--save_checkpoints=False", "--hellaswag=off", f"--seed={seed}", f"--out_dir={out_dir}", *flags.split()]
+    with open(out_dir + ".log", "w") as log:
+        subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout)
+    try:
+        with open(os.path.join(out_dir, "summary.json")) as f:
+            s = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return (s["val_loss"], s.get("median_tokens_per_sec")) if s.get("val_loss") is not None else None
+
+
+def verdict(losses):
+    """The line comparing {"base": [val losses], "candidate": [...]}: the means' difference against the largest
+    seed-to-seed difference within one recipe."""
+    mean = {k: sum(v) / len(v) for k, v in losses.items()}
+    spread = max(max(v) - min(v) for v in losses.values())
+    diff = mean["candidate"] - mean["base"]
+    where = "within" if abs(diff) <= spread else ("better than" if diff < 0 else "outside")
+    return (f"candidate - base: {diff:+.4f} (means {mean['candidate']:.4f} / {mean['base']:.4f}); seed-to-seed "
+            f"spread {spread:.4f}: {where} the spread")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--config", default="config/gpt2-medium.py", help="the preset; '' for train.py's defaults")
+    p.add_argument("--base", default="--fp8=False", help="train.py flags of the reference recipe")
+    p.add_argument("--candidate", default="", help="train.py flags of the recipe checked")
+    p.add_argument("--seeds", default="1337,1338")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--eval_tokens", type=int, default=1048576)
+    p.add_argument("--timeout", type=int, default=1800, help="seconds each run may take")
+    p.add_argument("--out", default="bench_out/loss_check")
+    args = p.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    if len(seeds) < 2:
+        sys.exit("error: --seeds needs two or more seeds (the spread is between seeds), e.g. --seeds 1337,1338")
+    if args.steps < 1 or args.batch_size < 1 or args.eval_tokens < 1:
+        sys.exit("error: --steps, --batch_size and --eval_tokens must be positive")
+    if args.base.split() == args.candidate.split():
+        sys.exit("error: --base and --candidate are the same flags: nothing to compare")
+    os.makedirs(args.out, exist_ok=True)
+    rows = ["| recipe | flags | seed | val loss | tok/s |", "|---|---|---:|---:|---:|"]
+    losses = {"base": [], "candidate": []}
+    for seed in seeds:                     # alternated, so a slow stretch of the machine hits both alike
+        for name, flags in (("base", args.base), ("candidate", args.candidate)):
+            r = train(args.config, flags, seed, args, os.path.join(os.path.abspath(args.out), f"{name}_{seed}"))
+            rows.append(f"| {name} | `{flags or '(the preset)'}` | {seed} | " +
+                        (f"{r[0]:.4f} | {r[1] or 0:,.0f} |" if r else f"failed (see {args.out}/{name}_{seed}.log) | |"))
+            if r:
+                losses[name].append(r[0])
+            print(rows[-1], flush=True)
+    print("\n".join(rows))
+    if all(len(v) >= 2 for v in losses.values()):
+        print(verdict(losses))
+    else:
+        sys.exit("error: fewer than two runs of a recipe finished: no verdict (see the logs)")
+
+
+if __name__ == "__main__":
+    main()

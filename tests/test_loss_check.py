@@ -1,0 +1,39 @@
+"""benchmarks/loss_check.py on the CPU: the verdict against the seed-to-seed spread, two tiny recipes end to end
+(the same seed gives the same loss, so the spread is between seeds), and bad input refused in one line."""
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import loss_check  # noqa: E402
+
+
+def test_the_verdict_compares_the_means_with_the_seed_spread():
+    assert loss_check.verdict({"base": [2.60, 2.62], "candidate": [2.61, 2.63]}).endswith(
+        "spread 0.0200: within the spread")
+    assert "+0.1000" in loss_check.verdict({"base": [2.60, 2.62], "candidate": [2.70, 2.72]})
+    assert loss_check.verdict({"base": [2.60, 2.62], "candidate": [2.70, 2.72]}).endswith("outside the spread")
+    assert loss_check.verdict({"base": [2.60, 2.62], "candidate": [2.50, 2.52]}).endswith("better than the spread")
+
+
+def test_two_recipes_two_seeds_end_to_end(byte_data, tmp_path, capsys):
+    tiny = f"--data_dir={byte_data} --n_layer=1 --n_head=2 --n_embd=32 --block_size=64"
+    loss_check.main(["--config", "", f"--base={tiny}", f"--candidate={tiny} --optimizer=muon", "--steps", "4",
+                     "--batch_size", "4", "--eval_tokens", "512", "--seeds", "1,2", "--out", str(tmp_path)])
+    out = capsys.readouterr().out.splitlines()
+    runs = [line for line in out if line.startswith("| base |") or line.startswith("| candidate |")]
+    assert len(runs) == 8 and "failed" not in "".join(runs)                 # each row printed as it ends, then the table
+    assert out[-1].startswith("candidate - base: ") and "seed-to-seed spread" in out[-1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seeds", "1"], "--seeds needs two or more seeds"),
+    (["--steps", "0"], "must be positive"),
+    (["--base=--fp8=False", "--candidate=--fp8=False"], "the same flags: nothing to compare"),
+])
+def test_bad_input_is_refused_in_one_line(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        loss_check.main(argv)
