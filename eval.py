@@ -92,7 +92,7 @@ def evaluate(args):
 
 def main(argv=None):
     parser = FlagParser(prog="eval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out_dir", default="out", help="the training run's folder, holding ckpt.pt")
+    parser.add_argument("--out_dir", default="", help="the training run's folder, holding ckpt.pt (default out)")
     parser.add_argument("--init_from", default="", help="instead of a checkpoint: gpt2[-medium|-large|-xl] or a "
                         "Hugging Face GPT-2 folder")
     parser.add_argument("--hellaswag_path", default="", help=f"HellaSwag's jsonl (default: {hellaswag.CACHE}, "
@@ -102,6 +102,9 @@ def main(argv=None):
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (torchrun: each rank its GPU)")
     parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES), help="autocast precision")
     args = parser.parse_args(argv)
+    if args.out_dir and args.init_from:          # one model is scored: say which instead of ignoring one
+        parser.error(f"--out_dir {args.out_dir} and --init_from {args.init_from} name two models: give one of them")
+    args.out_dir = args.out_dir or "out"
     try:
         return evaluate(args)
     except (ValueError, FileNotFoundError) as e:             # bad input: one line, no traceback

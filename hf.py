@@ -152,6 +152,19 @@ def copy_hf_state(model, hf_state, name):
         p.copy_(t)
 
 
+def check_tokens(init_from, data_dir):
+    """Raise ValueError before any download when `init_from` (GPT-2 weights: a hub name or a folder) meets a
+    data_dir prepared with another tokenizer (its meta.json, when there)."""
+    meta = os.path.join(data_dir, "meta.json")
+    if not os.path.isfile(meta):
+        return
+    with open(meta) as f:
+        tokenizer = json.load(f).get("tokenizer")
+    if tokenizer not in (None, "gpt2"):
+        raise ValueError(f"init_from={init_from!r} is GPT-2 weights, for GPT-2 tokens, but {data_dir} holds {tokenizer} "
+                         "tokens: prepare the data with `python data.py --tokenizer gpt2 ...`, or train from scratch")
+
+
 def load_hf_gpt2(name_or_path, config=None):
     """A GPT (float32, on the CPU) holding the weights of the Hugging Face GPT-2 `name_or_path`: one of
     gpt2, gpt2-medium, gpt2-large, gpt2-xl (read from the Hugging Face cache, else downloaded by

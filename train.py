@@ -82,6 +82,9 @@ def settle_config(cfg, explicit, proc):
         print0(f"removed the .tmp files in {cfg.out_dir}, left by a run stopped while saving")
     if cfg.init_from != "resume":
         cfg = check_flags(cfg, proc)
+        if cfg.init_from != "scratch":
+            from hf import check_tokens
+            check_tokens(cfg.init_from, cfg.data_dir)
         if cfg.save_checkpoints and "init_from" not in explicit and os.path.isfile(latest):
             raise ValueError(f"{path} holds a run: continue it with --init_from=resume, or start afresh with "
                              "--init_from=scratch (which replaces it) or another out_dir")
@@ -293,7 +296,7 @@ class Run:
         self.evaluated = step
         print0(f"step {step}: val loss {self.val_loss:.4f} ({self.val_bpb:.4f} bits/byte)")
         record = {"step": step, "val_loss": self.val_loss, "val_bpb": self.val_bpb,
-                  "train_seconds": round(train_seconds, 3), "tokens": self.tokens}
+                  "train_seconds": round(train_seconds, 3), "tokens": int(self.tokens)}
         if self.hellaswag is not None:
             record.update(self.hellaswag.evaluate(self.model, self.ctx))
             self.hellaswag_acc_norm = record["hellaswag_acc_norm"]

@@ -62,7 +62,9 @@ def load_checkpoint(path, required=CKPT_KEYS):
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?") from e
+        others = [s for s, p in sorted(saved_steps(os.path.dirname(path) or ".").items()) if not os.path.samefile(p, path)]
+        hint = f"; resume from a kept one: --resume_from=STEP (steps: {', '.join(map(str, others))})" if others else ""
+        raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?{hint}") from e
     missing = [k for k in required if k not in ckpt] if isinstance(ckpt, dict) else list(required)
     if missing:
         raise ValueError(f"{path} is not a speedgpt checkpoint: it lacks {', '.join(missing)}")

@@ -267,3 +267,12 @@ def hf_gpt2_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("hf_gpt2_50257")
     hf.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(autouse=True)
+def wandb_session_ends_with_its_test():
+    """A W&B session outlives train.main: a test that fails before its wandb.teardown() would leave it to the
+    next test, whose WANDB_DIR it would then ignore. End it after every test that started one."""
+    yield
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()

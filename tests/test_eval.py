@@ -45,3 +45,11 @@ def test_two_ranks_score_as_one(hf_gpt2_dir):
     two, line2 = score("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
     assert one == two and "| 8 examples" in one, (line1, line2)
     assert "1 process(es)" in line1 and "2 process(es)" in line2
+
+
+def test_a_checkpoint_and_hugging_face_weights_together_are_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        eval_script.main(["--out_dir=out-mine", "--init_from=gpt2"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == "error: --out_dir out-mine and --init_from gpt2 name two models: give one of " \
+                                        "them\n", err

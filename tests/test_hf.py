@@ -287,3 +287,12 @@ def test_errors_are_one_line(byte_data, hf_dir, tmp_path, monkeypatch):
           tiny_args(byte_data, tmp_path / "o", f"--init_from={hf_dir}"))
     check(ValueError, "export needs the transformers package", hf.export_hf, ckpt_path, str(tmp_path / "x"))
     assert all("\n" not in e for e in errors), errors
+
+
+def test_gpt2_weights_on_data_of_another_tokenizer_are_refused_before_any_download(byte_data, tmp_path, monkeypatch):
+    def no_download(*args, **kwargs):
+        raise AssertionError("downloaded before the check")
+    monkeypatch.setattr(hf, "load_hf_gpt2", no_download)
+    with pytest.raises(ValueError, match=r"init_from='gpt2' is GPT-2 weights, for GPT-2 tokens, but .* holds byte "
+                                         r"tokens: prepare the data with `python data.py --tokenizer gpt2"):
+        train.main(tiny_args(byte_data, tmp_path, "--init_from=gpt2"))

@@ -91,7 +91,7 @@ def test_wandb_offline_records_metrics(byte_data, tmp_path, monkeypatch):
     import time
     import wandb
     wandb.teardown()                  # stop the W&B service so it closes (flushes) the run's log
-    for _ in range(60):               # and give a loaded machine time to finish writing it
+    for _ in range(240):              # and give a loaded machine time to finish writing it (returns when it has)
         rows = history(tmp_path)
         steps = [r for r in rows if "tokens_per_sec" in r]
         if len(steps) >= 8:
