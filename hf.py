@@ -153,10 +153,11 @@ def copy_hf_state(model, hf_state, name):
 
 
 def check_tokens(init_from, data_dir):
-    """Raise ValueError before any download when `init_from` (GPT-2 weights: a hub name or a folder) meets a
-    data_dir prepared with another tokenizer (its meta.json, when there)."""
+    """Raise ValueError before any download when `init_from` names OpenAI's GPT-2 weights (HF_GPT2) but
+    data_dir was prepared with another tokenizer (its meta.json, when there). A folder may hold a GPT-2 of
+    any vocabulary: its size is checked against the data's once it is read."""
     meta = os.path.join(data_dir, "meta.json")
-    if not os.path.isfile(meta):
+    if init_from not in HF_GPT2 or not os.path.isfile(meta):
         return
     with open(meta) as f:
         tokenizer = json.load(f).get("tokenizer")

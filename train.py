@@ -429,7 +429,7 @@ def main(argv=None):
         exit_code, clean = e.exit_code, True
         raise
     except KeyboardInterrupt:          # a second Ctrl-C (StopSignals): abort now, without saving
-        stopped = RunStopped(f"SIGINT: aborted at once (a second Ctrl-C) after step {run.step - 1}, without saving; "
+        stopped = RunStopped(f"SIGINT: aborted at once (a second Ctrl-C) with {run.step:,} steps done, without saving; "
                              f"{run.last_good('with the same command')}", 128 + signal.SIGINT)
         summary, exit_code = {**run.summary(), "stopped": str(stopped)}, stopped.exit_code
         raise stopped from None

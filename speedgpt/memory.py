@@ -222,9 +222,10 @@ def out_of_memory_line(e):
 
 def check_run(cfg, device, world=1):
     """train.py's call: check() on the vocabulary of cfg.data_dir, its line printed on rank 0. Skipped when
-    data_dir does not exist and is not a corpus prepared on first use: train.py then refuses the folder in its
-    own line, the mistake to fix first."""
+    data_dir holds no data (missing, or without meta.json and shards) and is not a corpus prepared on first use:
+    train.py then refuses the folder in its own line, the mistake to fix first."""
     from speedgpt.distributed import print0
     name = os.path.basename(str(cfg.data_dir).rstrip("/"))
-    if os.path.isdir(cfg.data_dir) or name in ("stdlib_byte", "stdlib_gpt2"):
+    has_data = os.path.isdir(cfg.data_dir) and any(n == "meta.json" or n.endswith(".bin") for n in os.listdir(cfg.data_dir))
+    if has_data or name in ("stdlib_byte", "stdlib_gpt2"):
         print0(check(cfg, vocab_size(cfg.data_dir), device, world))

@@ -152,6 +152,21 @@ def test_checkpoint_with_non_finite_weights_is_refused(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def full_disk_at(monkeypatch, step=None):
+    """torch.save as on a full disk ("basic_ios::clear: iostream error", part of the file written) for the
+    checkpoint of `step` (None: every one), the free space reported as 0."""
+    save = checkpoint.torch.save
+
+    def full_disk(obj, f):
+        if step is not None and not (isinstance(obj, dict) and obj.get("step") == step):
+            return save(obj, f)
+        f.write(b"part of a checkpoint")
+        raise RuntimeError("basic_ios::clear: iostream error")
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    monkeypatch.setattr(train, "check_disk", lambda *a: "checkpoints: (the disk check: tests/test_checkpoint.py)")
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 10**12, 0))
+
+
 def test_a_full_disk_while_saving_stops_in_one_line_and_keeps_the_checkpoint(byte_data, tmp_path, monkeypatch):
     """torch.save on a full disk fails with "basic_ios::clear: iostream error": the run stops with one line
     naming the path and the cause, and the previous checkpoint survives, with no temp file beside it."""
@@ -159,12 +174,7 @@ def test_a_full_disk_while_saving_stops_in_one_line_and_keeps_the_checkpoint(byt
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
     before = (tmp_path / "ckpt.pt").read_bytes()
 
-    def full_disk(obj, f):
-        f.write(b"part of a checkpoint")
-        raise RuntimeError("basic_ios::clear: iostream error")
-    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
-    monkeypatch.setattr(train, "check_disk", lambda *a: "checkpoints: (the disk check: tests/test_checkpoint.py)")
-    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 10**12, 0))
+    full_disk_at(monkeypatch)
     with pytest.raises(train.RunStopped, match=r"^error: step 8: could not write .*ckpt_step000008.pt: "
                                                r"no space left on the device "
                                                r"\(0 MB free\); .*ckpt.pt still holds step 4: resume from it") as e:
@@ -204,16 +214,7 @@ def test_own_copy_shares_nothing_with_the_live_state_but_keeps_a_tied_tensor_one
 
 
 def test_a_failed_background_write_stops_the_run_at_the_next_save_in_one_line(byte_data, tmp_path, monkeypatch):
-    save = checkpoint.torch.save
-
-    def full_disk_at_step_8(obj, f):
-        if isinstance(obj, dict) and obj.get("step") == 8:
-            f.write(b"part of a checkpoint")
-            raise RuntimeError("basic_ios::clear: iostream error")
-        save(obj, f)
-    monkeypatch.setattr(checkpoint.torch, "save", full_disk_at_step_8)
-    monkeypatch.setattr(train, "check_disk", lambda *a: "checkpoints: (the disk check: tests/test_checkpoint.py)")
-    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 10**12, 0))
+    full_disk_at(monkeypatch, step=8)
     with pytest.raises(train.RunStopped, match=r"^error: step 8: could not write .*ckpt_step000008.pt: no space left "
                                                r"on the device \(0 MB free\) \(written in the background; the run "
                                                r"stopped at step 12\); .*ckpt.pt still holds step 4: resume") as e:

@@ -203,7 +203,7 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line_naming_the_last_checkpoint(b
             os.kill(os.getpid(), signal.SIGINT)
         return set_lr(optimizer, step, cfg)
     monkeypatch.setattr(train.optim, "set_lr", ctrl_c_twice_at_step_6)
-    with pytest.raises(train.RunStopped, match=r"^SIGINT: aborted at once \(a second Ctrl-C\) after step 5, without "
+    with pytest.raises(train.RunStopped, match=r"^SIGINT: aborted at once \(a second Ctrl-C\) with 6 steps done, without "
                                                r"saving; .*ckpt.pt still holds step 4: resume from it") as e:
         train.main(tiny_args(byte_data, tmp_path, "--max_iters=12"))
     assert e.value.exit_code == 130 and sorted(checkpoint.saved_steps(str(tmp_path))) == [4]
