@@ -9,7 +9,8 @@ our recipes, and optionally karpathy/nanoGPT's own train.py, on the same tokens,
    on sys.path outside this repository), one document each, files deduplicated by content hash: hundreds of MB of
    real text with no download. Prepared once with the GPT-2 tokenizer into --out/data (or give --data_dir).
 2. Each recipe of --runs (adamw: config/fast.py as shipped; muon: the same with --optimizer=muon
-   --lr_schedule=wsd), for each seed, for --max_iters steps (the schedules' horizon), evaluating every
+   --lr_schedule=wsd), for each seed, for --max_iters steps (the schedules' horizon; the warm-up fast.py's
+   100 steps, at most a fifth of the run), evaluating every
    --eval_interval steps on the whole val split (the same tokens for every run and seed).
 3. With --nanogpt: nanoGPT's train.py (once: its seed is fixed in its file) on the same train tokens (flat uint16 train.bin / val.bin written from our
    shards), the same tokens per step, learning rate and schedule as config/fast.py; at each of its evaluations a
@@ -114,6 +115,11 @@ def evals(out_dir):
     return [(r["step"], r["val_loss"], r.get("tokens"), r.get("train_seconds")) for r in rows if "val_loss" in r]
 
 
+def warmup(args):
+    """Warm-up steps of every run: config/fast.py's 100, at most a fifth of a short run."""
+    return min(100, max(1, args.max_iters // 5))
+
+
 def first_at_or_below(rows, target):
     """The first (step, val_loss, tokens, train_seconds) of `rows` past step 0 with val_loss <= target, or None."""
     return next((r for r in rows if r[0] > 0 and r[1] is not None and r[1] <= target), None)
@@ -156,7 +162,7 @@ def nanogpt_run(nanogpt, data_dir, out, args):
     bins = flat_bins(data_dir, run_dir)
     argv = [f"--dataset={os.path.abspath(bins)}", f"--out_dir={os.path.abspath(run_dir)}", "--batch_size=64",
             "--gradient_accumulation_steps=8", f"--max_iters={args.max_iters}", f"--lr_decay_iters={args.max_iters}",
-            "--warmup_iters=100", "--learning_rate=6e-4", "--min_lr=6e-5", f"--eval_interval={args.eval_interval}",
+            f"--warmup_iters={warmup(args)}", "--learning_rate=6e-4", "--min_lr=6e-5", f"--eval_interval={args.eval_interval}",
             "--eval_iters=1", "--always_save_checkpoint=False", "--log_interval=10"]
     return [(r["step"], score(r["path"], data_dir), r["tokens"], r["train_seconds"])
             for r in launch_nanogpt(nanogpt, argv, run_dir)]
@@ -214,6 +220,7 @@ def main(argv=None):
             cmd = [sys.executable, "train.py", *([f"--config={args.config}"] if args.config else []),
                    f"--data_dir={os.path.abspath(data_dir)}", f"--out_dir={os.path.abspath(out_dir)}",
                    f"--max_iters={args.max_iters}", f"--lr_decay_iters={args.max_iters}", f"--seed={seed}",
+                   f"--warmup_iters={warmup(args)}",
                    f"--eval_interval={args.eval_interval}", "--eval_tokens=1000000000", "--save_checkpoints=False",
                    "--hellaswag=off", *RECIPES[name], *args.train_args.split()]
             with open(out_dir + ".log", "w") as log:
