@@ -24,6 +24,8 @@ import sys
 
 import torch
 
+from speedgpt.measure import error_line
+
 # each rung: (name, overrides added to the rung before); the baseline sets every speed flag off
 LADDER = [
     ("baseline", dict(dtype="float32", tf32=False, compile=False, attention="naive", fused_adamw=False,
@@ -100,10 +102,8 @@ def run_rung(name, overrides, args, extra, done=None):
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
     row = {"rung": name, "ok": proc.returncode == 0, "command": " ".join(cmd), "settings": settings(args, extra)}
     if proc.returncode != 0:
-        lines = [l for l in open(os.path.join(out_dir, "stdout.log")).read().strip().splitlines()
-                 if l.strip() and not l.startswith("warning: ")]        # the rung's own warnings are not its error
-        errors = [l for l in lines if l.startswith("error: ")]
-        return {**row, "error": (errors or lines or ["no output"])[-1], "log": os.path.join(out_dir, "stdout.log")}
+        log = os.path.join(out_dir, "stdout.log")
+        return {**row, "error": error_line(log), "log": log}
     summary = json.load(open(os.path.join(out_dir, "summary.json")))
     steps = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
     steps = [s for s in steps if s.get("tokens_per_sec")]

@@ -411,7 +411,7 @@ def resume_changes(cfg, explicit, saved):
         return " (set explicitly)" if k in SCHEDULE_KEYS and k in explicit else \
             " (0 resolved: decay to the end of the run)" if k == "lr_decay_iters" else ""
     changes = [f"{k} {saved[k]!r} -> {v!r}{why(k)}" for k, v in asdict(cfg).items()
-               if k in saved and saved[k] != v and k != "init_from"]
+               if k in saved and saved[k] != v and k not in ("init_from", "resume_from")]   # this command's own
     if 0 < cfg.lr_decay_iters < cfg.max_iters:       # 0: a run still in warm-up decays to its end
         changes.append(f"the learning rate decays until lr_decay_iters={cfg.lr_decay_iters}, then stays at "
                        f"min_lr={cfg.min_lr} up to max_iters={cfg.max_iters} (set --lr_decay_iters to decay over "

@@ -454,6 +454,8 @@ def main(argv=None):
     parser.add_argument("--max_tokens", type=int, default=None,
                         help="stop after the document that reaches this many tokens")
     args = parser.parse_args(argv)
+    if args.out == "":
+        parser.error("--out is empty: give the folder the shards go to, e.g. --out data/mine")
     if args.out is None:
         if args.input is not None:
             parser.error("--out is required with --input: add --out FOLDER, where the shards go")

@@ -112,9 +112,13 @@ def main(argv=None):
     if os.path.splitext(args.out)[1].lstrip(".").lower() not in kinds:     # savefig would guess or raise
         parser.error(f"--out {args.out}: give a file ending in .png (or .{', .'.join(k for k in kinds if k != 'png')})")
     fig = figure(runs, args.log_step)
-    if os.path.dirname(args.out):
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    fig.savefig(args.out, dpi=100)
+    try:
+        if os.path.dirname(args.out):
+            os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        fig.savefig(args.out, dpi=100)
+    except OSError as e:
+        from speedgpt.shards import describe_os_error
+        parser.error(f"--out {args.out}: cannot write it ({describe_os_error(e)}): choose another --out")
     print(f"wrote {args.out}: {', '.join(runs)}")
     return args.out
 

@@ -407,7 +407,7 @@ def main(argv=None):
     for message in dict.fromkeys(str(w.message) for w in caught):
         print0(f"warning: {message}")
     if ckpt is not None and ckpt["step"] == cfg.max_iters:
-        print0(f"this run is finished: {cfg.out_dir}/ckpt.pt is at step {ckpt['step']:,} = max_iters; "
+        print0(f"this run is finished: {resume_path(cfg, explicit)[1]} is at step {ckpt['step']:,} = max_iters; "
                "to train on, give a larger --max_iters")
         leave(proc, True)
         return {"finished": True, "step": ckpt["step"], "best_val_loss": ckpt["best_val_loss"]}

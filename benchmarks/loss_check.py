@@ -8,34 +8,43 @@ spread (the largest difference between two seeds of one recipe).
     python benchmarks/loss_check.py --config config/fast.py --base=--fp8_head=False --candidate= --steps 300
 
 --base and --candidate are train.py flags (space-separated; written --base="--a=1 --b=2", with the "=", since
-they start with dashes) added to the preset; every run also gets
---total_batch_size=0 --batch_size=--batch_size, a warm-up of a tenth of the steps, a cosine decay to --steps,
-one evaluation at the end on --eval_tokens tokens, and no checkpoints. Prints one row per run (val loss, median
-tokens/s) and the verdict. Logs and run folders go to --out.
+they start with dashes) added to the preset; every run also gets --total_batch_size=0, this script's --batch_size,
+a warm-up of a tenth of the steps, a cosine decay to --steps, one evaluation at the end on --eval_tokens tokens,
+and no checkpoints. Prints one row per run (val loss, median tokens/s) and the verdict; the first run that fails
+stops it, in one line with that run's error. Logs and run folders go to --out (each run's folder made afresh).
 """
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from speedgpt.measure import error_line  # noqa: E402
 
 
 def train(config, flags, seed, args, out_dir):
-    """(val loss, median tokens/s) of one run, or None if it failed (its log: out_dir + '.log')."""
+    """(val loss, median tokens/s) of one run in a fresh out_dir; exits in one line if it failed (its log:
+    out_dir + '.log')."""
+    shutil.rmtree(out_dir, ignore_errors=True)          # never a summary left by an earlier invocation
     cmd = [sys.executable, "train.py", *([f"--config={config}"] if config else []), "--total_batch_size=0",
            f"--batch_size={args.batch_size}", f"--max_iters={args.steps}", f"--warmup_iters={max(1, args.steps // 10)}",
            f"--lr_decay_iters={args.steps}", f"--eval_interval={args.steps}", f"--eval_tokens={args.eval_tokens}",
            "--save_checkpoints=False", "--hellaswag=off", f"--seed={seed}", f"--out_dir={out_dir}", *flags.split()]
     with open(out_dir + ".log", "w") as log:
-        subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout)
-    try:
-        with open(os.path.join(out_dir, "summary.json")) as f:
-            s = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return (s["val_loss"], s.get("median_tokens_per_sec")) if s.get("val_loss") is not None else None
+        try:
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
+        except subprocess.TimeoutExpired:
+            sys.exit(f"error: run {os.path.basename(out_dir)} took over --timeout {args.timeout} s (log: {out_dir}.log)")
+    summary = os.path.join(out_dir, "summary.json")
+    if rc != 0 or not os.path.isfile(summary):
+        sys.exit(f"error: run {os.path.basename(out_dir)} failed: {error_line(out_dir + '.log').removeprefix('error: ')} "
+                 f"(log: {out_dir}.log)")
+    with open(summary) as f:
+        s = json.load(f)
+    return s["val_loss"], s.get("median_tokens_per_sec")
 
 
 def verdict(losses):
@@ -50,8 +59,9 @@ def verdict(losses):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    head, rest = __doc__.strip().split("\n\n", 1)
+    p = argparse.ArgumentParser(description=head, epilog=rest, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="config/gpt2-medium.py", help="the preset; '' for train.py's defaults")
     p.add_argument("--base", default="--fp8=False", help="train.py flags of the reference recipe")
     p.add_argument("--candidate", default="", help="train.py flags of the recipe checked")
@@ -62,29 +72,30 @@ def main(argv=None):
     p.add_argument("--timeout", type=int, default=1800, help="seconds each run may take")
     p.add_argument("--out", default="bench_out/loss_check")
     args = p.parse_args(argv)
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    if len(seeds) < 2:
-        sys.exit("error: --seeds needs two or more seeds (the spread is between seeds), e.g. --seeds 1337,1338")
-    if args.steps < 1 or args.batch_size < 1 or args.eval_tokens < 1:
-        sys.exit("error: --steps, --batch_size and --eval_tokens must be positive")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        sys.exit(f"error: --seeds {args.seeds!r}: comma-separated integers, e.g. --seeds 1337,1338")
+    if len(set(seeds)) < 2 or len(set(seeds)) != len(seeds):
+        sys.exit("error: --seeds needs two or more different seeds (the spread is between seeds), e.g. --seeds 1337,1338")
+    if min(args.steps, args.batch_size, args.eval_tokens, args.timeout) < 1:
+        sys.exit("error: --steps, --batch_size, --eval_tokens and --timeout must be positive")
     if args.base.split() == args.candidate.split():
         sys.exit("error: --base and --candidate are the same flags: nothing to compare")
-    os.makedirs(args.out, exist_ok=True)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        sys.exit(f"error: cannot create --out {args.out}: {e.strerror}; choose another --out")
     rows = ["| recipe | flags | seed | val loss | tok/s |", "|---|---|---:|---:|---:|"]
     losses = {"base": [], "candidate": []}
     for seed in seeds:                     # alternated, so a slow stretch of the machine hits both alike
         for name, flags in (("base", args.base), ("candidate", args.candidate)):
-            r = train(args.config, flags, seed, args, os.path.join(os.path.abspath(args.out), f"{name}_{seed}"))
-            rows.append(f"| {name} | `{flags or '(the preset)'}` | {seed} | " +
-                        (f"{r[0]:.4f} | {r[1] or 0:,.0f} |" if r else f"failed (see {args.out}/{name}_{seed}.log) | |"))
-            if r:
-                losses[name].append(r[0])
+            loss, tps = train(args.config, flags, seed, args, os.path.join(os.path.abspath(args.out), f"{name}_{seed}"))
+            rows.append(f"| {name} | `{flags or '(the preset)'}` | {seed} | {loss:.4f} | {tps or 0:,.0f} |")
+            losses[name].append(loss)
             print(rows[-1], flush=True)
     print("\n".join(rows))
-    if all(len(v) >= 2 for v in losses.values()):
-        print(verdict(losses))
-    else:
-        sys.exit("error: fewer than two runs of a recipe finished: no verdict (see the logs)")
+    print(verdict(losses))
 
 
 if __name__ == "__main__":

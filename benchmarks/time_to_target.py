@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -35,6 +36,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from speedgpt.measure import error_line  # noqa: E402
 RECIPES = {"adamw": [], "muon": ["--optimizer=muon", "--lr_schedule=wsd"]}
 LAUNCHER = r'''import json, os, sys, time
 import torch
@@ -140,7 +142,8 @@ def launch_nanogpt(nanogpt, argv, run_dir):
     """nanoGPT's train.py with `argv`, through LAUNCHER; returns its evaluations' rows (step, tokens, seconds of
     training, the path of the weights' copy), [] when it made none (its log: run_dir/train.log)."""
     snapshots = os.path.abspath(os.path.join(run_dir, "snapshots"))
-    os.makedirs(snapshots, exist_ok=True)
+    shutil.rmtree(snapshots, ignore_errors=True)        # never the rows of an earlier invocation
+    os.makedirs(snapshots)
     launcher = os.path.join(run_dir, "launch_train.py")
     with open(launcher, "w") as f:
         f.write(LAUNCHER.format(snapshots=snapshots, argv=argv))
@@ -189,8 +192,9 @@ def score(weights, data_dir):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    head, rest = __doc__.strip().split("\n\n", 1)
+    p = argparse.ArgumentParser(description=head, epilog=rest, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", default="adamw,muon", help="comma-separated recipes: " + ", ".join(RECIPES))
     p.add_argument("--seeds", default="1337,1338")
     p.add_argument("--target", type=float, default=0.0, help="val loss; 0: the highest final val loss of the runs")
@@ -210,8 +214,16 @@ def main(argv=None):
         sys.exit(f"error: no nanoGPT train.py in {args.nanogpt!r}: give --nanogpt PATH (a clone of karpathy/nanoGPT)")
     if args.max_iters < 1 or args.eval_interval < 1 or args.target < 0:
         sys.exit("error: --max_iters and --eval_interval must be positive, --target 0 or more")
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    os.makedirs(args.out, exist_ok=True)
+    try:
+        seeds = list(dict.fromkeys(int(s) for s in args.seeds.split(",") if s.strip()))
+    except ValueError:
+        sys.exit(f"error: --seeds {args.seeds!r}: comma-separated integers, e.g. --seeds 1337,1338")
+    if not seeds:
+        sys.exit("error: --seeds is empty: give one or more, e.g. --seeds 1337,1338")
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        sys.exit(f"error: cannot create --out {args.out}: {e.strerror}; choose another --out")
     data_dir = args.data_dir or prepare_corpus(args.out)
     curves = {}
     for name in runs:
@@ -223,13 +235,19 @@ def main(argv=None):
                    f"--warmup_iters={warmup(args)}",
                    f"--eval_interval={args.eval_interval}", "--eval_tokens=1000000000", "--save_checkpoints=False",
                    "--hellaswag=off", *RECIPES[name], *args.train_args.split()]
+            shutil.rmtree(out_dir, ignore_errors=True)      # never the metrics of an earlier invocation
             with open(out_dir + ".log", "w") as log:
-                subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-            curves[f"ours, {name}", seed] = evals(out_dir) if os.path.isfile(os.path.join(out_dir, "metrics.jsonl")) else []
-            print(f"{name} seed {seed}: " + (f"final val {curves[f'ours, {name}', seed][-1][1]:.4f}"
-                                             if curves[f"ours, {name}", seed] else f"failed (see {out_dir}.log)"), flush=True)
+                rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+            if rc != 0:                                     # the next runs would fail alike (data, device, flags)
+                sys.exit(f"error: run {name} seed {seed} failed: {error_line(out_dir + '.log').removeprefix('error: ')} "
+                         f"(log: {out_dir}.log)")
+            curves[f"ours, {name}", seed] = evals(out_dir)
+            print(f"{name} seed {seed}: final val {curves[f'ours, {name}', seed][-1][1]:.4f}", flush=True)
     if args.nanogpt:
         curves["nanoGPT train.py", 1337] = nanogpt_run(args.nanogpt, data_dir, args.out, args)
+    if args.nanogpt and not curves["nanoGPT train.py", 1337]:
+        sys.exit(f"error: nanoGPT's train.py made no evaluation: {error_line(os.path.join(args.out, 'nanogpt', 'train.log'))}"
+                 f" (log: {os.path.join(args.out, 'nanogpt', 'train.log')})")
     finals = [c[-1][1] for c in curves.values() if c]
     target = args.target or (max(finals) if finals else 0.0)
     rows = [f"Target val loss {target:.4f} ({'given' if args.target else 'the highest final'}); {args.max_iters} steps, "

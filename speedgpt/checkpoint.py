@@ -31,10 +31,14 @@ def check_out_dir(out_dir):
     """Make `out_dir` if needed and check that this process can write there, before any work. Raises
     ValueError naming the folder and the cause: a file in its place, a read-only filesystem, no
     permission, no space left."""
+    from speedgpt.shards import folder_creation_error
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"out_dir={out_dir!r} is a file, not a folder")
     try:
         os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise folder_creation_error(out_dir, e, "--out_dir") from None
+    try:
         with tempfile.TemporaryFile(dir=out_dir) as f:
             f.write(b"\0" * 4096)
             f.flush()
@@ -63,7 +67,7 @@ def load_checkpoint(path, required=CKPT_KEYS):
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         others = [s for s, p in sorted(saved_steps(os.path.dirname(path) or ".").items()) if not os.path.samefile(p, path)]
-        hint = f"; resume from a kept one: --resume_from=STEP (steps: {', '.join(map(str, others))})" if others else ""
+        hint = f" Resume from a kept one: --resume_from=STEP (steps: {', '.join(map(str, others))})" if others else ""
         raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?{hint}") from e
     missing = [k for k in required if k not in ckpt] if isinstance(ckpt, dict) else list(required)
     if missing:

@@ -392,3 +392,12 @@ class MetricsLogger:
             if summary:
                 self.wandb.summary.update({k: v for k, v in strict(summary).items() if v is not None})
             self.wandb.finish(exit_code=exit_code)
+
+
+def error_line(log_path):
+    """The line that says why a train.py process failed, from its log (bench.py and benchmarks/ scripts):
+    its last `error: ` line, else its last line that is not a warning."""
+    with open(log_path, errors="replace") as f:
+        lines = [l for l in f.read().strip().splitlines() if l.strip() and not l.startswith("warning: ")]
+    errors = [l for l in lines if l.startswith("error: ")]
+    return (errors or lines or ["no output"])[-1]

@@ -239,7 +239,8 @@ def test_an_out_dir_that_cannot_be_written_is_refused_before_any_work(byte_data,
     monkeypatch.setattr(checkpoint.tempfile, "TemporaryFile", tempfile.TemporaryFile)
     monkeypatch.setattr(checkpoint.os, "makedirs",
                         lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space")))
-    with pytest.raises(ValueError, match="is not writable: no space left on the device"):
+    with pytest.raises(ValueError, match=r"cannot create the output folder .*/o2: no space left on the device in .*; "
+                                         r"choose another --out_dir"):
         train.main(tiny_args(byte_data, tmp_path / "o2"))
 
 
@@ -247,6 +248,13 @@ def test_a_corrupt_ckpt_pt_points_at_the_kept_checkpoints(byte_data, tmp_path):
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=8"))
     (tmp_path / "ckpt.pt").unlink()
     (tmp_path / "ckpt.pt").write_bytes(b"garbage")              # a file of its own, not the step file's link
-    with pytest.raises(ValueError, match=r"cannot be read \(UnpicklingError\); is it corrupt\?; resume from a kept "
+    with pytest.raises(ValueError, match=r"cannot be read \(UnpicklingError\); is it corrupt\? Resume from a kept "
                                          r"one: --resume_from=STEP \(steps: 4, 8\)"):
         train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=10"))
+
+
+def test_an_out_dir_that_cannot_be_made_names_why(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match=r"cannot create the output folder .*afile/sub: .*afile is a file, not a folder; "
+                                         r"choose another --out_dir"):
+        checkpoint.check_out_dir(str(tmp_path / "afile" / "sub"))

@@ -342,6 +342,7 @@ def test_an_out_that_cannot_be_created_is_one_line(tmp_path):
     (["--val_frac=abc"], "argument --val_frac: invalid float value: 'abc'"),
     (["--tokenizer=foo"], "argument --tokenizer: invalid choice: 'foo'"),
     (["--input", "x"], "--out is required with --input: add --out FOLDER"),
+    (["--out", ""], "--out is empty: give the folder the shards go to"),
 ])
 def test_flags_are_named_in_full_and_refused_in_one_line(tmp_path, monkeypatch, capsys, argv, says):
     """data.py parses flags as every script does (configurator.FlagParser): no abbreviations, the closest

@@ -29,8 +29,22 @@ def test_two_recipes_two_seeds_end_to_end(byte_data, tmp_path, capsys):
     assert out[-1].startswith("candidate - base: ") and "seed-to-seed spread" in out[-1]
 
 
+def test_a_failed_run_stops_it_in_one_line_and_no_earlier_result_is_reused(byte_data, tmp_path):
+    tiny = f"--data_dir={byte_data} --n_layer=1 --n_head=2 --n_embd=32 --block_size=64"
+    args = ["--config", "", f"--base={tiny}", "--steps", "2", "--batch_size", "4", "--eval_tokens", "512", "--seeds",
+            "1,2", "--out", str(tmp_path)]
+    loss_check.main([*args, f"--candidate={tiny} --optimizer=muon"])
+    with pytest.raises(SystemExit, match=r"^error: run candidate_1 failed: unknown config key 'optimizr'.* \(log: "):
+        loss_check.main([*args, f"--candidate={tiny} --optimizr=muon"])
+    assert not (tmp_path / "candidate_1" / "summary.json").exists()          # the earlier run's is gone
+
+
 @pytest.mark.parametrize("argv, message", [
-    (["--seeds", "1"], "--seeds needs two or more seeds"),
+    (["--seeds", "1"], "--seeds needs two or more different seeds"),
+    (["--seeds", "1,1"], "--seeds needs two or more different seeds"),
+    (["--seeds", "abc"], "--seeds 'abc': comma-separated integers"),
+    (["--timeout", "0"], "must be positive"),
+    (["--out", "/proc/x/y"], "cannot create --out /proc/x/y"),
     (["--steps", "0"], "must be positive"),
     (["--base=--fp8=False", "--candidate=--fp8=False"], "the same flags: nothing to compare"),
 ])

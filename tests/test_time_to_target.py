@@ -81,8 +81,14 @@ def test_a_changed_nanogpt_train_py_is_refused_in_one_line(tmp_path):
     assert log == ["error: nanoGPT's train.py has changed (no 'losses = estimate_loss()'): use the pinned commit"]
 
 
+def test_a_failed_run_stops_it_in_one_line(tmp_path):
+    with pytest.raises(SystemExit, match=r"^error: run adamw seed 1 failed: .*does not exist.* \(log: "):
+        ttt.main(["--config", "", "--data_dir", str(tmp_path / "none"), "--seeds", "1", "--out", str(tmp_path)])
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--runs", "sgd"], "--runs 'sgd': the recipes are adamw, muon"),
+    (["--seeds", "x"], "--seeds 'x': comma-separated integers"),
     (["--nanogpt", "/nonexistent"], "no nanoGPT train.py in '/nonexistent'"),
     (["--max_iters", "0"], "--max_iters and --eval_interval must be positive"),
 ])
