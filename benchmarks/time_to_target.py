@@ -16,7 +16,9 @@ our recipes, and optionally karpathy/nanoGPT's own train.py, on the same tokens,
    shards), the same tokens per step, learning rate and schedule as config/fast.py; at each of its evaluations a
    copy of its weights is kept, and afterwards each copy is scored by our evaluator on our val tokens (without our
    document mask and per-document positions, as it was trained). Its file is run unedited: a launcher times its
-   loop around its evaluations and keeps the copies (LAUNCHER below).
+   loop around its evaluations and keeps the copies (LAUNCHER below); --nanogpt_args adds flags of its own
+   (on a CPU: --nanogpt_args="--device=cpu --compile=False --dtype=float32" and a small shape, with the same
+   shape in --train_args for ours).
 
 The target is --target, or by default the highest final val loss of the runs (so every run reaches it). Each row:
 the first evaluation at or below it, its step, tokens, and seconds of training (compile included, evaluations
@@ -49,13 +51,14 @@ if missing:
     sys.exit(f"error: nanoGPT's train.py has changed (no {{missing[0].strip()!r}}): use the pinned commit")
 def _tt_start():
     clock["start"] = time.perf_counter()
-def _tt_eval(iter_num, raw_model, tokens):
+def _tt_eval(iter_num, raw_model, tokens, model_args):
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     now = time.perf_counter()
     if iter_num > 0:
         path = os.path.join(snapshots, f"iter{{iter_num:06d}}.pt")
-        torch.save({{k.removeprefix("_orig_mod."): v for k, v in raw_model.state_dict().items()}}, path)
+        torch.save({{"model": {{k.removeprefix("_orig_mod."): v for k, v in raw_model.state_dict().items()}},
+                    "model_args": model_args}}, path)
         clock["rows"].append({{"step": iter_num, "tokens": iter_num * tokens, "path": path,
                               "train_seconds": now - clock["start"] - clock["paused"]}})
         with open(os.path.join(snapshots, "rows.json"), "w") as f:
@@ -64,7 +67,7 @@ def _tt_eval(iter_num, raw_model, tokens):
 def _tt_resume():
     clock["paused"] += time.perf_counter() - clock["since"]
 src = src.replace(anchors[0], "_tt_start()\n" + anchors[0])
-src = src.replace(anchors[1], "        _tt_eval(iter_num, raw_model, tokens_per_iter)\n" + anchors[1]
+src = src.replace(anchors[1], "        _tt_eval(iter_num, raw_model, tokens_per_iter, model_args)\n" + anchors[1]
                   + "        _tt_resume()\n")
 sys.argv = ["train.py", *{argv!r}]
 exec(compile(src, "train.py", "exec"), {{"__name__": "__main__", "_tt_start": _tt_start, "_tt_eval": _tt_eval,
@@ -128,9 +131,15 @@ def first_at_or_below(rows, target):
 
 
 def flat_bins(data_dir, out):
-    """nanoGPT's train.bin / val.bin (flat uint16 tokens) from our shards; returns the folder."""
-    from data import read_shard
+    """nanoGPT's train.bin / val.bin (flat uint16 tokens) from our shards, and for a vocabulary other than
+    GPT-2's its meta.pkl (nanoGPT pads GPT-2's to 50,304 without one); returns the folder."""
+    import pickle
+    from data import load_meta, read_shard
     from speedgpt.shards import find_shards
+    meta = load_meta(data_dir)
+    if meta["tokenizer"] != "gpt2":
+        with open(os.path.join(out, "meta.pkl"), "wb") as f:
+            pickle.dump({"vocab_size": meta["vocab_size"]}, f)
     for split in ("train", "val"):
         with open(os.path.join(out, f"{split}.bin"), "wb") as f:
             for path in find_shards(data_dir, split):
@@ -166,14 +175,14 @@ def nanogpt_run(nanogpt, data_dir, out, args):
     argv = [f"--dataset={os.path.abspath(bins)}", f"--out_dir={os.path.abspath(run_dir)}", "--batch_size=64",
             "--gradient_accumulation_steps=8", f"--max_iters={args.max_iters}", f"--lr_decay_iters={args.max_iters}",
             f"--warmup_iters={warmup(args)}", "--learning_rate=6e-4", "--min_lr=6e-5", f"--eval_interval={args.eval_interval}",
-            "--eval_iters=1", "--always_save_checkpoint=False", "--log_interval=10"]
+            "--eval_iters=1", "--always_save_checkpoint=False", "--log_interval=10", *args.nanogpt_args.split()]
     return [(r["step"], score(r["path"], data_dir), r["tokens"], r["train_seconds"])
             for r in launch_nanogpt(nanogpt, argv, run_dir)]
 
 
 def score(weights, data_dir):
-    """Our evaluator's val loss of a nanoGPT snapshot (GPT-2 124M's shape, its state dict) on our whole val
-    split, without the document mask (it was trained on the plain token stream)."""
+    """Our evaluator's val loss of a nanoGPT snapshot (its state dict and model_args) on our whole val split,
+    without the document mask (it was trained on the plain token stream)."""
     import torch
     from contextlib import nullcontext
     from data import Loader, load_meta
@@ -181,10 +190,16 @@ def score(weights, data_dir):
     from speedgpt.evaluation import estimate_loss
     device = "cuda" if torch.cuda.is_available() else "cpu"
     meta = load_meta(data_dir)
-    model = GPT(GPTConfig(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768, bias=False))
-    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    snapshot = torch.load(weights, map_location="cpu", weights_only=True)
+    shape = {k: snapshot["model_args"][k] for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias")}
+    model = GPT(GPTConfig(**shape))
+    state = snapshot["model"]
+    for key in ("transformer.wte.weight", "lm_head.weight"):     # our table pads the vocabulary to a multiple of 64
+        rows = model.state_dict()[key].size(0) - state[key].size(0)
+        state[key] = torch.nn.functional.pad(state[key], (0, 0, 0, rows))
+    model.load_state_dict(state)
     model.to(device)
-    loader = Loader(data_dir, "val", batch_size=16, block_size=1024, device=device, seed=1, packing=True,
+    loader = Loader(data_dir, "val", batch_size=16, block_size=shape["block_size"], device=device, seed=1, packing=True,
                     document_mask=False, eot=meta["eot_id"], vocab_size=meta["vocab_size"])
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else nullcontext()
     token_bytes = torch.ones(meta["vocab_size"], device=device)
@@ -205,6 +220,8 @@ def main(argv=None):
     p.add_argument("--train_args", default="", help="more train.py flags for our runs, space-separated: "
                    "--train_args=\"--a=1 --b=2\" (with the =: they start with dashes)")
     p.add_argument("--nanogpt", help="a clone of karpathy/nanoGPT: its train.py on the same tokens (GPT-2 124M)")
+    p.add_argument("--nanogpt_args", default="", help="more flags for nanoGPT's train.py, space-separated: "
+                   "--nanogpt_args=\"--device=cpu --compile=False --n_layer=2\" (with the =)")
     p.add_argument("--out", default="bench_out/time_to_target")
     args = p.parse_args(argv)
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]

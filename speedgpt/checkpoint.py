@@ -381,7 +381,7 @@ def own_copy(ckpt, model, optimizer, buffers):
             if buf is None or buf.shape != x.shape or buf.dtype != x.dtype:
                 buf = buffers[key] = torch.empty(x.shape, dtype=x.dtype, pin_memory=x.is_cuda)
             cuda |= x.is_cuda
-            return buf.copy_(x, non_blocking=True)
+            return buf.copy_(x, non_blocking=x.is_cuda)           # pinned: one synchronize below
         return x.clone() if x.untyped_storage().data_ptr() in live else x
     out = copy(ckpt, ())
     if cuda:

@@ -56,6 +56,7 @@ def estimate_loss():
 t0 = time.time()
 local_iter_num = 0
 for iter_num in range(0, 7):
+    model_args = dict(n_layer=1)
     if iter_num % 3 == 0:
         losses = estimate_loss()
     time.sleep(0.01)
@@ -95,3 +96,22 @@ def test_a_failed_run_stops_it_in_one_line(tmp_path):
 def test_bad_input_is_refused_in_one_line(argv, message):
     with pytest.raises(SystemExit, match=message):
         ttt.main(argv)
+
+
+def test_a_nanogpt_snapshot_is_scored_by_our_evaluator_on_our_val_tokens(byte_data, tmp_path):
+    """A snapshot in nanoGPT's layout (its vocabulary unpadded, model_args beside the weights) scores what our
+    own model with those weights scores on the whole val split without the document mask."""
+    import torch
+    from data import Loader
+    from model import GPT, GPTConfig
+    from speedgpt.evaluation import estimate_loss
+    torch.manual_seed(0)
+    args = dict(n_layer=1, n_head=2, n_embd=32, block_size=64, bias=False, vocab_size=257, dropout=0.0)
+    model = GPT(GPTConfig(**{k: v for k, v in args.items() if k != "dropout"}))
+    theirs = {k: (v[:257] if k in ("transformer.wte.weight", "lm_head.weight") else v)
+              for k, v in model.state_dict().items()}
+    torch.save({"model": theirs, "model_args": args}, tmp_path / "iter000010.pt")
+    loader = Loader(str(byte_data), "val", batch_size=16, block_size=64, seed=1, document_mask=False, eot=256,
+                    vocab_size=257)
+    want = estimate_loss(model, loader, loader.n_rows, __import__("contextlib").nullcontext(), torch.ones(257))[0]
+    assert abs(ttt.score(str(tmp_path / "iter000010.pt"), str(byte_data)) - want) < 1e-6
