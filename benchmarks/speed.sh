@@ -50,7 +50,7 @@
 # microbenchmarks); full logs in /tmp/speed_runs.
 set -u
 export PYTHONUNBUFFERED=1
-for d in .carry/tiktoken_cache ../shared/tiktoken_cache; do   # the image's own TIKTOKEN_CACHE_DIR lacks GPT-2
+for d in .carry/tiktoken_cache; do   # a copy of the GPT-2 BPE files beside the repository (offline machines)
   [ -d "$d" ] && { export TIKTOKEN_CACHE_DIR=$(cd "$d" && pwd); break; }
 done
 if ! python3 -c "import torchao" 2>/dev/null && ls .whl/*.whl > /dev/null 2>&1; then   # torchao (fp8_head), carried
