@@ -67,7 +67,8 @@ def load_checkpoint(path, required=CKPT_KEYS):
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         others = [s for s, p in sorted(saved_steps(os.path.dirname(path) or ".").items()) if not os.path.samefile(p, path)]
-        hint = f" Resume from a kept one: --resume_from=STEP (steps: {', '.join(map(str, others))})" if others else ""
+        hint = (f" The kept steps {', '.join(map(str, others))} may still load (train.py: --resume_from=STEP)"
+                if others else "")
         raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?{hint}") from e
     missing = [k for k in required if k not in ckpt] if isinstance(ckpt, dict) else list(required)
     if missing:

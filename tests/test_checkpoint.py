@@ -248,8 +248,8 @@ def test_a_corrupt_ckpt_pt_points_at_the_kept_checkpoints(byte_data, tmp_path):
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=8"))
     (tmp_path / "ckpt.pt").unlink()
     (tmp_path / "ckpt.pt").write_bytes(b"garbage")              # a file of its own, not the step file's link
-    with pytest.raises(ValueError, match=r"cannot be read \(UnpicklingError\); is it corrupt\? Resume from a kept "
-                                         r"one: --resume_from=STEP \(steps: 4, 8\)"):
+    with pytest.raises(ValueError, match=r"cannot be read \(UnpicklingError\); is it corrupt\? The kept steps 4, 8 may "
+                                         r"still load \(train.py: --resume_from=STEP\)"):
         train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=10"))
 
 

@@ -245,6 +245,21 @@ def _kill(processes):
             pass
 
 
+def _stop_while_writing(proc, tmp, log, stop, check=lambda below: None):
+    """Once `proc` writes into `tmp` (its workers found), check(workers), stop() it and wait; returns (its
+    workers, those still alive 20 s later). Whatever happens, nothing of it is left running."""
+    below = {}
+    try:
+        below = _once_writing(proc, tmp, log)
+        check(below)
+        stop()
+        proc.wait(timeout=60)
+        return below, _alive(below, within=20)
+    finally:
+        proc.kill()
+        _kill(below)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="finds the workers in /proc")
 @pytest.mark.parametrize("signum, group", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGKILL, False)],
@@ -261,19 +276,10 @@ def test_a_stopped_preparation_leaves_no_worker_and_no_temp_folder(tmp_path, big
         proc = subprocess.Popen([sys.executable, "data.py", "--input", str(tmp_path / "big.jsonl"), "--out", str(out),
                                  "--workers=2"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
                                 start_new_session=True)
-    below = {}
-    try:
-        below = _once_writing(proc, tmp, log)
-        assert len(below) >= 2, below                   # the two workers
-        if group:
-            os.killpg(proc.pid, signum)
-        else:
-            proc.send_signal(signum)
-        proc.wait(timeout=60)
-        left = _alive(below, within=20)
-    finally:
-        proc.kill()
-        _kill(below)
+    def two_workers(below):
+        assert len(below) >= 2, below
+    below, left = _stop_while_writing(proc, tmp, log, lambda: os.killpg(proc.pid, signum) if group else
+                                      proc.send_signal(signum), two_workers)
     err = log.read_text()
     assert not left, f"{len(left)} of data.py's {len(below)} worker processes still run 20 s after {signum.name}"
     if signum == signal.SIGTERM:
@@ -312,17 +318,11 @@ def test_a_program_preparing_in_process_takes_its_workers_with_it(tmp_path, big_
     log = tmp_path / "stderr"
     with open(log, "w") as stderr:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
-    below = {}
-    try:
-        below = _once_writing(proc, tmp_path / f".{out.name}.preparing", log)
-        if caller == "threaded":                      # the case it is meant to be
+    def from_a_fork_server(below):                      # the case it is meant to be
+        if caller == "threaded":
             assert any(b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes() for p in below), below
-        proc.send_signal(signum)
-        proc.wait(timeout=60)
-        left = _alive(below, within=20)
-    finally:
-        proc.kill()
-        _kill(below)
+    below, left = _stop_while_writing(proc, tmp_path / f".{out.name}.preparing", log,
+                                      lambda: proc.send_signal(signum), from_a_fork_server)
     assert not left, f"{len(left)} of the {len(below)} processes under {caller} still run 20 s after {signum.name}"
     assert not out.exists()
     if caller == "threaded":
