@@ -93,6 +93,7 @@ class Config:
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
     fp8_layers: str = "qkv,attn_proj,fc,mlp_proj"   # which block Linears fp8 converts (kinds, comma-separated)
     fp8_head: bool = False                 # the fused head's matmuls in float8 (needs fused_ce; Ada/Hopper, torchao)
+    fp8_head_kernel: bool = False          # the FP8 head's softmax pass as our Triton kernels (speedgpt/softmax_pass.py)
     fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward
     fused_ce_chunk: int = 16384            # tokens per chunk of fused_ce (memory against speed: docs/flags.md)
     parallelism: str = "ddp"               # ddp | fsdp, under torchrun
@@ -105,7 +106,7 @@ CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backe
                optimizer=("adamw", "muon"), lr_schedule=("cosine", "wsd"))
 MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention", "activation")   # GPTConfig's
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
-FEATURE_DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim")}   # a feature's keys that mean nothing without it
+FEATURE_DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim"), "fp8_head": ("fp8_head_kernel",)}   # a feature's keys that mean nothing without it
 DATA_KEYS = ("data_dir", "packing", "document_mask")    # what a resumed run reads: the checkpoint's unless set
 SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule", "wsd_decay_frac",
                  "muon_lr")                    # kept on resume unless set

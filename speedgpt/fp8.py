@@ -17,6 +17,8 @@ import importlib.util
 
 import torch
 
+from speedgpt import softmax_pass
+
 
 # fp8_layers' kinds: the block Linears of model.py, by the end of their names
 KINDS = {"qkv": "attn.c_attn", "attn_proj": "attn.c_proj", "fc": "mlp.c_fc", "mlp_proj": "mlp.c_proj"}
@@ -38,14 +40,15 @@ def check(cfg, device):
     """Raise ValueError naming the flags and the way out unless the run's FP8 settings can work on
     `device` (a torch.device): fp8_head needs fused_ce; fp8_recipe='rowwise' needs fp8 (the head is
     tensorwise only); the head's matmul shapes (n_embd, batch_size * block_size, fused_ce_chunk) must be
-    multiples of 16; FP8 needs a GPU of compute capability 8.9+ (Ada, Hopper) and torchao. Called again
-    on resume, where the shape may come from the checkpoint."""
+    multiples of 16; FP8 needs a GPU of compute capability 8.9+ (Ada, Hopper) and torchao; fp8_head_kernel
+    its own (softmax_pass.check). Called again on resume, where the shape may come from the checkpoint."""
     if cfg.fp8_layers != ALL_KINDS:
         layer_kinds(cfg)
         if not cfg.fp8:
             raise ValueError(f"fp8_layers={cfg.fp8_layers!r} would do nothing: it picks the block Linears fp8=True "
                              "converts. Add --fp8=True, or leave fp8_layers out")
     if not (cfg.fp8 or cfg.fp8_head):
+        softmax_pass.check(cfg, device)          # refuses fp8_head_kernel without fp8_head
         return
     if cfg.fp8_head and not cfg.fused_ce:
         raise ValueError("fp8_head=True runs the fused head's matmuls in float8: it needs fused_ce=True "
@@ -69,6 +72,7 @@ def check(cfg, device):
                          f"{where}: add {off}")
     if (cfg.fp8_head or cfg.fp8_recipe != "rowwise_bf16_wgrad") and importlib.util.find_spec("torchao") is None:
         raise ValueError(f"{asking} torchao: pip install torchao, or add {off}")
+    softmax_pass.check(cfg, device)
 
 
 def convert(model, cfg):
@@ -113,24 +117,29 @@ def cast_rhs(b):
     return to_fp8_saturated(b.float() * scale, torch.float8_e4m3fn).t().contiguous().t(), scale
 
 
+E5M2_MAX = 57344.0       # torch.finfo(torch.float8_e5m2).max
+
+
 def fp8_mm(a, b, out_dtype, fast_accum=False, a_amax=None):
     """a (m, k) @ b (k, n) in float8 with torchao's tensorwise dynamic scaling, the recipe of its
     Float8Linear: each operand scaled by fp8_max / amax (torchao.float8.float8_utils.tensor_to_scale)
     and cast with saturation; e4m3 for operands without a known bound (activations, weights), e5m2 for
     a gradient (a_amax given: |a| <= a_amax, so no amax pass over it). b may also be cast_rhs(b), already
-    cast. The product runs in torch._scaled_mm (torchao's addmm_float8_unwrapped), which wants `a`
+    cast, and a (a8, a_scale): a8 row-major float8 with a ~= a8 / a_scale (softmax_pass.py's gradient). The product runs in torch._scaled_mm (torchao's addmm_float8_unwrapped), which wants `a`
     row-major and `b` column-major: both are laid out so here. fast_accum: Hopper's fast FP8 accumulation
     (torchao uses it for the forward GEMM only). Returns (m, n) in out_dtype (bfloat16 or float32). Needs
     torchao, and a GPU of compute capability 8.9+ or a CPU build of torch with float8 _scaled_mm; raises
     what torch._scaled_mm raises otherwise (k and n must be multiples of 16 on the GPU)."""
     from torchao.float8.float8_ops import addmm_float8_unwrapped
     from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
+    b8, b_scale = b if isinstance(b, tuple) else cast_rhs(b)                                   # column-major
+    if isinstance(a, tuple):
+        return addmm_float8_unwrapped(*a, b8, b_scale, out_dtype, use_fast_accum=fast_accum)
     if a_amax is None:
         a_dtype, a_scale = torch.float8_e4m3fn, tensor_to_scale(a, torch.float8_e4m3fn)
     else:
         a_dtype = torch.float8_e5m2
         a_scale = torch.full((), torch.finfo(a_dtype).max / a_amax, dtype=torch.float32, device=a.device)
-    b8, b_scale = b if isinstance(b, tuple) else cast_rhs(b)                                   # column-major
     a8 = to_fp8_saturated(a.float() * a_scale, a_dtype).contiguous()                           # row-major
     return addmm_float8_unwrapped(a8, a_scale, b8, b_scale, out_dtype, use_fast_accum=fast_accum)
 

@@ -4,7 +4,8 @@ gradients made in the forward. The plain path (model.py: logits = lm_head(x), th
 (tokens, vocab) logits for the backward and passes over them twice, softmax in the forward and
 softmax - one-hot in the backward; here each chunk of tokens is turned into logits, loss and both
 gradients at once, and the backward only scales what the forward stored (its speed and memory:
-BENCHMARKS.md). With fp8_head the three matmuls run in float8 (speedgpt/fp8.py's fp8_mm).
+BENCHMARKS.md). With fp8_head the three matmuls run in float8 (speedgpt/fp8.py's fp8_mm), and with
+fp8_head_kernel the softmax pass between them runs as speedgpt/softmax_pass.py's Triton kernels.
 
 The trainer installs it on the model (install(): model.head_loss), so it runs inside the model's forward,
 where FSDP has gathered the head's weight and compilation sees it, and the model's config and checkpoints
@@ -27,14 +28,14 @@ class FusedHeadLoss:
     cross-entropy of h @ w.T over y != -1, by LinearCrossEntropy in chunks of `chunk` tokens, its matmuls in
     float8 when fp8 (fp8_head)."""
 
-    def __init__(self, chunk, fp8=False):
-        self.chunk, self.fp8 = chunk, fp8
+    def __init__(self, chunk, fp8=False, kernel=False):
+        self.chunk, self.fp8, self.kernel = chunk, fp8, kernel
 
     def __call__(self, h, w, y, vocab_size):
-        return LinearCrossEntropy.apply(h, w, y, vocab_size, self.chunk, self.fp8)
+        return LinearCrossEntropy.apply(h, w, y, vocab_size, self.chunk, self.fp8, self.kernel)
 
     def __repr__(self):
-        return f"FusedHeadLoss(chunk={self.chunk}, fp8={self.fp8})"
+        return f"FusedHeadLoss(chunk={self.chunk}, fp8={self.fp8}, kernel={self.kernel})"
 
 
 def install(model, cfg):
@@ -42,25 +43,37 @@ def install(model, cfg):
     cfg.fused_ce_chunk, cfg.fp8_head). Returns a line saying what was installed, or None."""
     if not cfg.fused_ce:
         return None
-    model.head_loss = FusedHeadLoss(cfg.fused_ce_chunk, cfg.fp8_head)
+    kernel = cfg.fp8_head and cfg.fp8_head_kernel
+    if kernel:
+        import speedgpt.softmax_pass  # noqa: F401  (registers torch.ops.speedgpt.softmax_grad_fp8)
+    model.head_loss = FusedHeadLoss(cfg.fused_ce_chunk, cfg.fp8_head, kernel)
     return f"fused_ce: head + cross-entropy in chunks of {cfg.fused_ce_chunk:,} tokens, matmuls in " + \
-        ("float8 (tensorwise)" if cfg.fp8_head else cfg.dtype)
+        ("float8 (tensorwise)" if cfg.fp8_head else cfg.dtype) + \
+        (", softmax pass in Triton (speedgpt/softmax_pass.py)" if kernel else "")
 
 
-def head_ce_chunk(h, w, y, vocab_size, fp8=False, w8=None):
+def head_ce_chunk(h, w, y, vocab_size, fp8=False, w8=None, kernel=False):
     """The summed cross-entropy of the logits h @ w.T over targets y != -1, and its gradients.
     h (n, C) and w (V, C) in the compute dtype, y (n,) int64 with -1 ignored; the softmax runs in
     float32 (float64 for float64 inputs) over the first vocab_size columns (the padded ids are no
     tokens). The gradient of the logits is softmax - one-hot (zero rows for ignored targets).
     fp8=True: the three matmuls in float8 (speedgpt.fp8.fp8_mm; h and w in e4m3, the logits' gradient in e5m2);
     w8 = (cast_rhs(w.t()), cast_rhs(w)): the weight already cast, as LinearCrossEntropy does once for all chunks.
+    kernel=True (with fp8, on a CUDA GPU): the softmax pass runs as speedgpt/softmax_pass.py's Triton kernels,
+    which write the float8 gradient in both layouts at once.
     Returns (loss: 0-dim, grad_h (n, C) in h's dtype, grad_w (V, C)), the gradients of the sum
     itself; loss and grad_w in float32 (float64)."""
     acc = torch.promote_types(h.dtype, torch.float32)
     if fp8:
-        from speedgpt.fp8 import fp8_mm
+        from speedgpt.fp8 import E5M2_MAX, fp8_mm
         w_t8, w_8 = w8 or (w.t(), w)
-        logits = fp8_mm(h, w_t8, out_dtype=h.dtype, fast_accum=True).to(acc)       # (n, V)
+        logits = fp8_mm(h, w_t8, out_dtype=h.dtype, fast_accum=True)                 # (n, V)
+        if kernel:              # g in e5m2, scaled by E5M2_MAX: |softmax - one-hot| <= 1
+            loss, g8, g8t = torch.ops.speedgpt.softmax_grad_fp8(logits, y, vocab_size, E5M2_MAX)
+            scale = torch.full((), E5M2_MAX, dtype=torch.float32, device=h.device)
+            return (loss.to(acc).sum(), fp8_mm((g8, scale), w_8, out_dtype=h.dtype),
+                    fp8_mm((g8t, scale), h, out_dtype=acc))
+        logits = logits.to(acc)
     else:
         logits = (h @ w.t()).to(acc)                                               # (n, V)
     col = torch.arange(w.size(0), device=h.device)
@@ -94,7 +107,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     only when training. Raises what the matmuls raise on mismatched shapes, and ValueError for chunk = 0."""
 
     @staticmethod
-    def forward(ctx, h, w, y, vocab_size, chunk, fp8=False):
+    def forward(ctx, h, w, y, vocab_size, chunk, fp8=False, kernel=False):
         on = torch.is_autocast_enabled(h.device.type)
         dtype = torch.get_autocast_dtype(h.device.type) if on else h.dtype
         hc, wc = h.to(dtype), w.to(dtype)
@@ -108,7 +121,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             w8 = cast_rhs(wc.t()), cast_rhs(wc)
         for s in range(0, h.size(0), chunk):
             loss_c, grad_h[s:s + chunk], grad_w_c = head_ce_chunk(hc[s:s + chunk], wc, y[s:s + chunk], vocab_size,
-                                                                  fp8, w8)
+                                                                  fp8, w8, kernel)
             loss = loss + loss_c          # out of place: the in-place version gave wrong results compiled
             grad_w = grad_w + grad_w_c    # on the GPU (torch 2.11; tests/test_gpu.py -k fused) though not on the CPU
         ctx.save_for_backward(grad_h, grad_w)
@@ -118,4 +131,4 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         grad_h, grad_w = ctx.saved_tensors
-        return (grad_h * grad).to(ctx.dtypes[0]), (grad_w * grad).to(ctx.dtypes[1]), None, None, None, None
+        return (grad_h * grad).to(ctx.dtypes[0]), (grad_w * grad).to(ctx.dtypes[1]), None, None, None, None, None

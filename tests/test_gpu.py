@@ -245,6 +245,76 @@ def test_fused_ce_trains_like_the_plain_head(short_data, tmp_path):
         assert fp8 != fused and fp8[-1] < fp8[0]
         for step, (a, b) in enumerate(zip(fused, fp8)):
             assert abs(a - b) < 3e-2 * a, f"step {step}: fused_ce {a} vs fused_ce in FP8 {b}"
+        if importlib.util.find_spec("triton") is not None:       # the softmax pass in Triton: the same run
+            kern = _gpu_run(short_data, tmp_path / "kern", "--compile=True", "--fused_ce=True", "--fp8_head=True",
+                            "--fp8_head_kernel=True")
+            assert kern[-1] < kern[0]
+            for step, (a, b) in enumerate(zip(fp8, kern)):
+                assert abs(a - b) < 1e-2 * a, f"step {step}: FP8 head {a} vs its Triton softmax pass {b}"
+
+
+def _fp8_kernels_or_skip():
+    if torch.cuda.get_device_capability() < (8, 9) or importlib.util.find_spec("triton") is None:
+        pytest.skip("the FP8 head's Triton kernels need Triton and a GPU of compute capability 8.9+")
+    from speedgpt import softmax_pass
+    return softmax_pass
+
+
+@pytest.mark.parametrize("n", [1002, 4096])
+def test_softmax_pass_kernels_give_the_pytorch_math(n):
+    """speedgpt/softmax_pass.py, every tile shape it may pick: per-row losses as the PyTorch ops give them,
+    the float8 bytes equal but where exp's rounding crosses a rounding boundary of e5m2 (then one step
+    apart), the transposed copy exact, ignored rows and padded columns zero. Rows not a multiple of a tile."""
+    sp = _fp8_kernels_or_skip()
+    torch.manual_seed(0)
+    V, vocab = 50304, 50257
+    logits = (4 * torch.randn(n, V, device="cuda")).bfloat16()
+    y = torch.randint(0, vocab, (n,), device="cuda")
+    y[::7] = -1
+    y[1] = vocab - 1                                             # the last real column
+    ref_loss, ref8, ref8t = sp.reference(logits, y, vocab, 57344.0)
+    out = (torch.empty(n, device="cuda"), torch.empty_like(ref8), torch.empty_like(ref8t))
+    for stats in sp.STATS_CONFIGS:
+        for grad in sp.GRAD_CONFIGS + ((128, 64, 4, 0),):
+            for t in out:                             # NaN everywhere first: a value not written shows
+                t.view(torch.uint8).fill_(0xFF)
+            loss, g8, g8t = sp.run(logits, y, vocab, 57344.0, sp.kernels((stats,), (grad,)), out)
+            torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+            for got, want in ((g8, ref8), (g8t, ref8t)):
+                a, b = got.float(), want.float()
+                differ = a != b
+                assert differ.float().mean() < 1e-4, f"{stats} {grad}: {differ.sum().item()} float8 values differ"
+                gap = (a - b).abs()[differ]                         # one e5m2 step: 2 ** (exponent - 2)
+                assert (gap <= 0.25 * torch.maximum(a.abs(), b.abs())[differ] + 1e-30).all(), f"{stats} {grad}"
+            assert torch.equal(g8t.view(torch.uint8), g8.view(torch.uint8).t()), f"{stats} {grad}"
+            a = g8.float()
+            assert (a[y == -1] == 0).all() and (a[:, vocab:] == 0).all()
+
+
+def test_fp8_head_kernel_gives_the_fp8_heads_loss_and_gradients():
+    """fused_ce in FP8 with fp8_head_kernel, compiled fullgraph (the kernels' op is one opaque call): the
+    loss and both gradients of the same head without the kernels, to float8's rounding."""
+    _fp8_kernels_or_skip()
+    from speedgpt.fused_ce import LinearCrossEntropy
+    torch.manual_seed(0)
+    N, C, V = 2048, 256, 50304
+    h = torch.randn(N, C, device="cuda", requires_grad=True)
+    w = torch.nn.Parameter(0.02 * torch.randn(V, C, device="cuda"))
+    y = torch.randint(0, 50257, (N,), device="cuda")
+    y[::13] = -1
+    out = []
+    for kernel in (False, True):
+        torch._dynamo.reset()
+        f = torch.compile(lambda h, w, y: LinearCrossEntropy.apply(h, w, y, 50257, 1024, True, kernel), fullgraph=True)
+        h.grad = w.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = f(h, w, y)
+        loss.backward()
+        out.append((loss.item(), h.grad.clone(), w.grad.clone()))
+    assert abs(out[0][0] - out[1][0]) < 1e-5 * abs(out[0][0])
+    for a, b in zip(out[0][1:], out[1][1:]):     # row by row: one token's or one vocabulary row's error shows
+        assert torch.isfinite(b).all() and ((a - b).norm(dim=1) <= 2e-2 * a.norm(dim=1) + 1e-6).all()
+    torch._dynamo.reset()
 
 
 def _torchrun(nproc, args):

@@ -1,0 +1,192 @@
+"""
+The FP8 head's softmax pass as two Triton kernels (fp8_head_kernel=True; the feature is fp8_head's, in
+speedgpt/fused_ce.py). The pass turns a chunk of logits (n, V) into each row's loss and softmax - one-hot,
+scaled and cast to float8 e5m2 in the two layouts the gradient matmuls need: row-major for grad_h = g @ w,
+and transposed for grad_w = g.T @ h (torch._scaled_mm takes K-major operands only on Hopper). Without
+this flag torch.compile fuses the same math into one reduction kernel that walks each row twice and
+writes the transposed copy one byte per row; the roofline of a step (BENCHMARKS.md) puts it well above
+its memory floor. Here:
+
+  row_stats  one program per block of rows: an online logsumexp over the vocabulary, then the row's loss
+             lse - logit[y]; reads the logits once.
+  grad_fp8   one program per (rows, vocabulary) tile: softmax - one-hot from the row's lse, times `scale`,
+             cast to e5m2 and stored as is into g8 and transposed into g8t, each a run of whole rows. The
+             programs walk the vocabulary first, so the logits are read and g8 written in long runs.
+
+Both are autotuned over a few tile shapes on their first call. softmax_grad_fp8 is a torch custom op, so
+torch.compile keeps it as one opaque call. Needs Triton and a CUDA GPU (check() refuses the flag otherwise);
+tests/test_gpu.py compares it with the PyTorch ops of fused_ce.head_ce_chunk.
+"""
+import importlib.util
+
+import torch
+
+# in the kernels: exp(x) = 2 ** (x * log2(e)), 1.4426950408889634 (exp2 is the GPU's native exponential), and
+# ln(s) = log2(s) * ln(2), 0.6931471805599453 (literals: a kernel reads no global of the module)
+
+# tile shapes tried on the first call (triton.autotune): (BLOCK_M, BLOCK_V, num_warps, variant).
+# row_stats' variant: 0 keeps one running max and sum per row (a reduction across the tile at every step),
+# 1 one per element of the tile (two exponentials per logit, one reduction at the end). grad_fp8's: 1 walks
+# the vocabulary first, 0 the rows first. How each shape measured: BENCHMARKS.md, "The roofline of a step".
+STATS_CONFIGS = ((8, 256, 8, 0), (1, 4096, 8, 0), (4, 256, 4, 1), (2, 1024, 8, 1))
+GRAD_CONFIGS = ((128, 64, 4, 1), (64, 64, 4, 1), (128, 64, 8, 1), (256, 32, 4, 1))
+
+_kernels = {}                    # (stats configs, grad configs) -> (row_stats, grad_fp8)
+
+
+def check(cfg, device):
+    """Raise ValueError naming the way out unless fp8_head_kernel=True can run: it needs fp8_head=True (whose
+    own checks come first) and Triton on a CUDA GPU."""
+    if not cfg.fp8_head_kernel:
+        return
+    if not cfg.fp8_head:
+        raise ValueError("fp8_head_kernel=True would do nothing: it is the FP8 head's softmax pass. Add "
+                         "--fp8_head=True (and fused_ce=True), or leave fp8_head_kernel out")
+    if device.type != "cuda" or importlib.util.find_spec("triton") is None:
+        raise ValueError("fp8_head_kernel=True needs Triton on a CUDA GPU (pip install triton); add "
+                         "--fp8_head_kernel=False")
+
+
+def kernels(stats_configs=STATS_CONFIGS, grad_configs=GRAD_CONFIGS):
+    """Build (once per set of configs) and return (row_stats, grad_fp8), each a triton.autotune over its
+    configs; benchmarks/softmax_pass.py passes one config at a time to time each shape."""
+    key = (stats_configs, grad_configs)
+    if key in _kernels:
+        return _kernels[key]
+    import triton
+    import triton.language as tl
+
+    def config(m, v, w, variant):
+        return triton.Config({"BLOCK_M": m, "BLOCK_V": v, "VARIANT": variant}, num_warps=w)
+
+    @triton.autotune([config(*c) for c in key[0]], key=["n", "V"])
+    @triton.jit
+    def row_stats(logits, y, loss, lse, n, V, vocab, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+                  VARIANT: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < n
+        base = logits + rows.to(tl.int64)[:, None] * V
+        # the vocabulary in full tiles (no column mask) and then one last tile, masked at vocab: only there
+        # can a running max still be -inf (which the where()s keep from making nan)
+        full = vocab // BLOCK_V * BLOCK_V
+        if VARIANT == 1:
+            mm = tl.full((BLOCK_M, BLOCK_V), float("-inf"), tl.float32)  # per element of the tile
+            ss = tl.zeros((BLOCK_M, BLOCK_V), tl.float32)
+            for v0 in range(0, full, BLOCK_V):
+                x = tl.load(base + (v0 + tl.arange(0, BLOCK_V))[None, :], mask=rmask[:, None])
+                x = x.to(tl.float32) * 1.4426950408889634
+                m_new = tl.maximum(mm, x)
+                ss = ss * tl.exp2(mm - m_new) + tl.exp2(x - m_new)
+                mm = m_new
+            cols = full + tl.arange(0, BLOCK_V)
+            x = tl.load(base + cols[None, :], mask=rmask[:, None] & (cols < V)[None, :])
+            x = tl.where((cols < vocab)[None, :], x.to(tl.float32) * 1.4426950408889634, float("-inf"))
+            m_new = tl.maximum(mm, x)
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            ss = ss * tl.exp2(mm - m_ref) + tl.exp2(x - m_ref)
+            mm = m_new
+            m = tl.max(mm, 1)
+            m_ref = tl.where(m == float("-inf"), 0.0, m)
+            s = tl.sum(ss * tl.exp2(mm - m_ref[:, None]), 1)
+        else:
+            m = tl.full((BLOCK_M,), float("-inf"), tl.float32)       # running max of x * log2(e)
+            s = tl.zeros((BLOCK_M,), tl.float32)                     # running sum of 2 ** (x * log2(e) - m)
+            for v0 in range(0, full, BLOCK_V):
+                x = tl.load(base + (v0 + tl.arange(0, BLOCK_V))[None, :], mask=rmask[:, None])
+                x = x.to(tl.float32) * 1.4426950408889634
+                m_new = tl.maximum(m, tl.max(x, 1))
+                s = s * tl.exp2(m - m_new) + tl.sum(tl.exp2(x - m_new[:, None]), 1)
+                m = m_new
+            for v0 in range(full, vocab, BLOCK_V):                  # the last tile, if any
+                cols = v0 + tl.arange(0, BLOCK_V)
+                x = tl.load(base + cols[None, :], mask=rmask[:, None] & (cols < V)[None, :])
+                x = tl.where((cols < vocab)[None, :], x.to(tl.float32) * 1.4426950408889634, float("-inf"))
+                m_new = tl.maximum(m, tl.max(x, 1))
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: keep s = 0
+                s = s * tl.exp2(m - m_ref) + tl.sum(tl.exp2(x - m_ref[:, None]), 1)
+                m = m_new
+        row_lse = (m + tl.log2(s)) * 0.6931471805599453
+        t = tl.load(y + rows, mask=rmask, other=-1)
+        x_t = tl.load(logits + rows.to(tl.int64) * V + tl.maximum(t, 0), mask=rmask, other=0.0).to(tl.float32)
+        tl.store(loss + rows, tl.where(t != -1, row_lse - x_t, 0.0), mask=rmask)
+        tl.store(lse + rows, row_lse, mask=rmask)
+
+    @triton.autotune([config(*c) for c in key[1]], key=["n", "V"])
+    @triton.jit
+    def grad_fp8(logits, y, lse, g8, g8t, n, V, vocab, scale, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+                 VARIANT: tl.constexpr):
+        pid = tl.program_id(0)
+        if VARIANT == 0:
+            n_mblocks = tl.cdiv(n, BLOCK_M)
+            pm, pv = pid % n_mblocks, pid // n_mblocks
+        else:                                                             # the vocabulary varies fastest
+            n_vblocks = tl.cdiv(V, BLOCK_V)
+            pm, pv = pid // n_vblocks, pid % n_vblocks
+        rows = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pv * BLOCK_V + tl.arange(0, BLOCK_V)
+        r, c = rows[:, None], cols[None, :]
+        # masked at V (a multiple of 16), not at vocab: the loads stay vectorized; vocab is applied after
+        x = tl.load(logits + r.to(tl.int64) * V + c, mask=(r < n) & (c < V))
+        x = tl.where(c < vocab, x.to(tl.float32), float("-inf"))
+        t = tl.load(y + r, mask=r < n, other=-1).to(tl.int32)
+        lse2 = tl.load(lse + r, mask=r < n, other=0.0) * 1.4426950408889634
+        g = tl.exp2(x * 1.4426950408889634 - lse2)                        # softmax; 0 at padded columns
+        g = tl.where(c == t, g - 1.0, g)
+        g = tl.where(t != -1, g * scale, 0.0)                             # |g| <= scale: no saturation
+        b = g.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        tl.store(g8 + r.to(tl.int64) * V + c, b, mask=(r < n) & (c < V))
+        tl.store(g8t + cols.to(tl.int64)[:, None] * n + rows[None, :], tl.trans(b),
+                 mask=(cols < V)[:, None] & (rows < n)[None, :])
+
+    _kernels[key] = row_stats, grad_fp8
+    return _kernels[key]
+
+
+def run(logits, y, vocab_size, scale, built=None, out=None):
+    """The pass with `built` = kernels(...) (default: the autotuned STATS_CONFIGS and GRAD_CONFIGS), into `out`
+    = (loss, g8, g8t) when given (the tests fill them first, so that a value the kernels do not write shows);
+    see softmax_grad_fp8."""
+    row_stats, grad_fp8 = built or kernels()
+    logits, y = logits.contiguous(), y.contiguous()
+    n, V = logits.shape
+    loss, g8, g8t = out or (torch.empty(n, dtype=torch.float32, device=logits.device),
+                            torch.empty((n, V), dtype=torch.float8_e5m2, device=logits.device),
+                            torch.empty((V, n), dtype=torch.float8_e5m2, device=logits.device))
+    lse = torch.empty_like(loss)
+    row_stats[lambda a: (-(-n // a["BLOCK_M"]),)](logits, y, loss, lse, n, V, vocab_size)
+    grad_fp8[lambda a: (-(-n // a["BLOCK_M"]) * -(-V // a["BLOCK_V"]),)](
+        logits, y, lse, g8.view(torch.uint8), g8t.view(torch.uint8), n, V, vocab_size, scale)
+    return loss, g8, g8t
+
+
+def reference(logits, y, vocab_size, scale):
+    """softmax_grad_fp8's math in PyTorch ops (fused_ce.head_ce_chunk's, which torch.compile fuses without
+    this flag): the reference of the GPU tests and of benchmarks/softmax_pass.py. Same arguments and returns."""
+    lf = logits.float()
+    col = torch.arange(lf.size(1), device=lf.device)
+    lf = lf.masked_fill(col >= vocab_size, float("-inf"))
+    lse = torch.logsumexp(lf, dim=-1)
+    valid = y != -1
+    loss = torch.where(valid, lse - lf.gather(1, y.clamp(min=0)[:, None])[:, 0], 0.0)
+    g = (torch.exp(lf - lse[:, None]) - (col == y[:, None]).float()) * valid[:, None] * scale
+    return loss, g.to(torch.float8_e5m2), g.t().to(torch.float8_e5m2).contiguous()
+
+
+@torch.library.custom_op("speedgpt::softmax_grad_fp8", mutates_args=())
+def softmax_grad_fp8(logits: torch.Tensor, y: torch.Tensor, vocab_size: int,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The FP8 head's softmax pass. logits (n, V) bfloat16 (or float16 / float32) on a CUDA GPU; y (n,) int64
+    targets, -1 ignored; the softmax in float32 over the first vocab_size columns (the rest are padding).
+    Returns (loss (n,) float32: lse - logit[y], 0 for an ignored row; g8 (n, V) and g8t (V, n), both
+    row-major float8 e5m2: (softmax - one-hot) * scale, zero rows for ignored targets, zero padded columns).
+    scale <= 57344 (e5m2's largest finite), since |softmax - one-hot| <= 1. The math of
+    fused_ce.head_ce_chunk's PyTorch ops; its float8 bytes may differ from theirs where exp's rounding
+    crosses a float8 rounding boundary."""
+    return run(logits, y, vocab_size, scale)
+
+
+@softmax_grad_fp8.register_fake
+def _(logits, y, vocab_size, scale):
+    n, V = logits.shape
+    return (logits.new_empty(n, dtype=torch.float32), logits.new_empty((n, V), dtype=torch.float8_e5m2),
+            logits.new_empty((V, n), dtype=torch.float8_e5m2))
