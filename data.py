@@ -192,41 +192,23 @@ class Batch(NamedTuple):
 # -----------------------------------------------------------------------------
 # varlen attention metadata, built in the loader's thread (numpy), not in the model's forward
 
-VARLEN_TOKENS_PER_DOC = 128  # a fixed-length cu_seqlens is sized for documents of this mean length (varlen_capacity)
 VARLEN_MAX_SEQS = 65535      # CUDA's grid limit in y and z, where FlashAttention-2's kernels put the sequence
 
 
-def varlen_capacity(B, T, n_seqs=0):
-    """The fixed length of a (B, T) batch's padded cu_seqlens, for CUDA graphs (which replay fixed
-    shapes): room for B*T // VARLEN_TOKENS_PER_DOC + B sequences (documents averaging
-    VARLEN_TOKENS_PER_DOC tokens, each row cut once more), plus one: 577 at B=64, T=1024, where the
-    stdlib and stories corpora hold ~90-350. A batch of n_seqs > room doubles it until they fit (a new
-    shape: one re-recording), up to B*T. Each padding entry is an empty sequence, which the kernels pay
-    for: FA3 541.6k vs 526.0k tok/s in fast.py exact vs padded (BENCHMARKS.md), so only fixed_shapes
-    loaders pad. Raises ValueError past VARLEN_MAX_SEQS (the kernels' limit)."""
-    if n_seqs > VARLEN_MAX_SEQS:
-        raise ValueError(f"a batch of {n_seqs:,} documents exceeds the {VARLEN_MAX_SEQS:,} sequences a FlashAttention "
-                         "varlen call can take: lower batch_size, or use attention='flex'")
-    room = min(B * T // VARLEN_TOKENS_PER_DOC + B, B * T, VARLEN_MAX_SEQS)
-    while room < n_seqs:
-        room = min(2 * room, B * T, VARLEN_MAX_SEQS)
-    return room + 1
-
-
-def varlen_metadata(doc_ids, padded=False):
+def varlen_metadata(doc_ids):
     """doc_ids (B, T) int -> cu_seqlens (n + 1,) int32 and position_ids (B, T) int64, for the n runs of
     equal doc_ids (each one sequence; a row's start always opens one, so no sequence spans two rows):
-    cu_seqlens holds the flattened offset of each sequence, then B*T. `padded`: cu_seqlens has the fixed
-    length varlen_capacity(B, T, n), its tail B*T repeated (empty sequences); unpadded, its length
-    changes per batch and torch.compile recompiles once, with the length dynamic. position_ids restart at
-    0 at each sequence start (model.position_ids' rule). Raises ValueError past VARLEN_MAX_SEQS sequences."""
+    cu_seqlens holds the flattened offset of each sequence, then B*T. Its length changes per batch:
+    torch.compile recompiles once, with the length dynamic. position_ids restart at 0 at each sequence
+    start (model.position_ids' rule). Raises ValueError past VARLEN_MAX_SEQS sequences (the kernels' limit)."""
     B, T = doc_ids.shape
     start = np.ones((B, T), dtype=bool)
     start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
     offsets = np.flatnonzero(start)                                  # ascending flattened starts
-    room = varlen_capacity(B, T, len(offsets))                      # raises past VARLEN_MAX_SEQS
-    cu_seqlens = np.full(room if padded else len(offsets) + 1, B * T, dtype=np.int32)
-    cu_seqlens[:len(offsets)] = offsets
+    if len(offsets) > VARLEN_MAX_SEQS:
+        raise ValueError(f"a batch of {len(offsets):,} documents exceeds the {VARLEN_MAX_SEQS:,} sequences a "
+                         "FlashAttention varlen call can take: lower batch_size, or use attention='flex'")
+    cu_seqlens = np.append(offsets, B * T).astype(np.int32)
     t = np.arange(T)
     position_ids = t - np.maximum.accumulate(np.where(start, t, 0), axis=1)
     return cu_seqlens, position_ids
@@ -264,19 +246,18 @@ class Loader:
     Start-up reads each shard's header and index, never its tokens (read_index). Shards are memory-mapped
     afresh for each batch (a long-lived np.memmap keeps every page it touched resident). The next
     `prefetch` batches are built in a background thread, in pinned memory, and copied non-blocking.
-    fixed_shapes=True pads cu_seqlens to a fixed length (CUDA graphs need it; it costs the kernels).
     Raises FileNotFoundError / ValueError for missing, corrupt, incomplete or too-short shards, and for
     a shard holding an id >= vocab_size (when given), naming the shard."""
 
     def __init__(self, data_dir, split, batch_size, block_size, device="cpu", seed=0,
                  packing=True, document_mask=True, eot=None, rank=0, world_size=1, vocab_size=None,
-                 prefetch=2, fixed_shapes=False):
+                 prefetch=2):
         meta = load_meta(data_dir, verbose=eot is None)
         self.paths = find_shards(data_dir, split)
         self.eot = meta["eot_id"] if eot is None else eot
-        import torch      # here, not at the top: data.py prepares a corpus without loading torch (2 s)
+        import torch      # here, not at the top: data.py prepares a corpus without loading torch
         self.B, self.T, self.device = batch_size, block_size, torch.device(device)
-        self.packing, self.document_mask, self.fixed_shapes = packing, packing and document_mask, fixed_shapes
+        self.packing, self.document_mask = packing, packing and document_mask
         self.vocab_size, self.split, self.data_dir = vocab_size, split, data_dir
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
@@ -373,7 +354,7 @@ class Loader:
         tensors = [torch.from_numpy(a) for a in (x, y)]
         if self.document_mask:             # doc_ids, varlen cu_seqlens and positions: here, not in the step
             doc_ids = doc_ids_from_tokens(x, self.eot)
-            tensors += [torch.from_numpy(a) for a in (doc_ids, *varlen_metadata(doc_ids, padded=self.fixed_shapes))]
+            tensors += [torch.from_numpy(a) for a in (doc_ids, *varlen_metadata(doc_ids))]
         if self._pin:
             tensors = [t.pin_memory() for t in tensors]
         return tensors, int((y != -1).sum())

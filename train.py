@@ -33,8 +33,8 @@ from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, targe
 from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, check_disk, check_out_dir, checkpoint_bytes, finish_write,
                                  last_good, load_checkpoint, load_weights, remove_stale_tmp, restore_state, resume_path,
                                  rewind_notes, save_run)
-from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, failed_after_signal, leave,
-                                  on_every_rank, plan_batch, print0, rng_states, seed_rank_stream, setup_processes)
+from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, exit_status, failed_after_signal,
+                                  leave, plan_batch, print0, seed_rank_stream, setup_processes)
 from speedgpt.distributed import check as check_parallelism
 from speedgpt.mask_check import check_attention_mask
 from speedgpt.measure import (MetricsLogger, Timer, peak_flops_for, remove_profile, start_profile, write_json,
@@ -227,14 +227,6 @@ def forward_backward(model, batches, n_global, ctx, scaler, grad_sync=None):
         loss_sum = loss_sum + loss.detach()
     return loss_sum
 
-
-def grad_norm_and_clip(raw_model, optimizer, scaler, grad_clip):
-    """Unscale (float16), then the global gradient norm, clipped to grad_clip when > 0 (a 0-dim tensor,
-    also under FSDP: no host sync). The norm is computed even without clipping: divergence is caught by it."""
-    scaler.unscale_(optimizer)
-    norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-
 # -----------------------------------------------------------------------------
 # the run and its loop
 
@@ -352,7 +344,7 @@ def train(run, stop):
             for b in batches:
                 mask = run.raw_model.attention_mask(b.doc_ids, cfg.block_size, device, b.cu_seqlens)
                 check_attention_mask(mask, b.doc_ids)
-        grad_norm = grad_norm_and_clip(run.raw_model, run.optimizer, run.scaler, cfg.grad_clip)
+        grad_norm = optim.clip_grad_norm(run.raw_model, run.optimizer, run.scaler, cfg.grad_clip)
         loss, nonfinite, signum = agree(loss, grad_norm, stop.signum, proc, cfg.dtype == "float16")
         if step == run.start_step:              # agree() synced: the first step's wall time, compile included
             run.logger.first_step_s = time.perf_counter() - started
@@ -442,30 +434,11 @@ def main(argv=None):
     finally:
         stop.restore()
         run.writer.wait()                          # never leave with a checkpoint half written
-        logger.close(summary, exit_code)           # writes summary.json and prints the run's last line
-        leave(proc, clean)
+        try:
+            logger.close(summary, exit_code)       # writes summary.json and prints the run's last line
+        finally:
+            leave(proc, clean)
 
 
-if __name__ == "__main__":
-    try:
-        main()
-    except RunStopped as e:                    # divergence or a signal: one line, after saving
-        print0(e, file=sys.stderr)
-        sys.exit(e.exit_code)
-    except (ValueError, TypeError, FileNotFoundError) as e:   # bad input: one clear line, no traceback
-        if _setup_done and not isinstance(e, DataError):      # DataError: bad data met in training
-            raise
-        if int(os.environ.get("LOCAL_RANK", 0)) == 0:       # once per node; the other ranks wait a moment,
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        else:                                               # as torchrun stops every worker when one exits
-            time.sleep(3)
-        sys.exit(1)
-    except (RuntimeError, MemoryError) as e:   # out of memory: CUDA's OutOfMemoryError, the CPU allocator's, numpy's
-        if memory.out_of_memory_line(e) is None:
-            raise
-        sys.exit(memory.out_of_memory_line(e))
-    except KeyboardInterrupt as e:             # before the loop's own handler (setup, data preparation)
-        signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT   # SIGTERM: preparation
-        print(f"{signal.Signals(signum).name}: " + ("aborted at once (a second Ctrl-C)" if _setup_done else
-                                                    "stopped before training, without saving"), file=sys.stderr)
-        sys.exit(128 + signum)
+if __name__ == "__main__":        # every way a run ends early, in one line and an exit status
+    sys.exit(exit_status(main, lambda: _setup_done, DataError, memory.out_of_memory_line))

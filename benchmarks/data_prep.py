@@ -9,7 +9,7 @@ start-up on 100 shards, then a few training steps on the prepared parquet corpus
 Needs psutil (memory polling; pip install psutil), pyarrow, git, and the GPT-2 tokenizer files
 (offline: TIKTOKEN_CACHE_DIR). Prints a markdown report; the corpora and shards under --workdir
 are deleted at the end unless --keep. Steps:
- 1. corpora of --gb GB of text: this Python's stdlib sources and stories.jsonl, copied over and over,
+ 1. corpora of --gb GB of text: this Python's stdlib sources (and --stories, if given), copied over and over,
     each copy with its documents shuffled and a first line "# copy N", as .jsonl and as .parquet
     (row groups of 1,000 documents);
  2. before each preparation, one process's tiktoken GPT-2 rate on 32 MB of that text (tokens per
@@ -43,7 +43,8 @@ def make_corpus(workdir, gb, stories):
     """Write corpus_{gb}gb.jsonl and .parquet of about gb * 1e9 bytes of text; return their paths."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    texts = [d.text for d in corpus.iter_texts(None) if d.text] + [d.text for d in corpus.iter_texts(stories)]
+    texts = [d.text for d in corpus.iter_texts(None) if d.text] + \
+        ([d.text for d in corpus.iter_texts(stories)] if stories else [])
     stem = os.path.join(workdir, f"corpus_{gb:g}gb")
     writer = pq.ParquetWriter(stem + ".parquet", pa.schema([("text", pa.string())]))
     written, copy, batch = 0, 0, []
@@ -171,7 +172,8 @@ def main():
     p.add_argument("--workers", type=int, default=os.cpu_count())
     p.add_argument("--old_max_gb", type=float, default=0.5, help="run the old preparation on corpora up to this "
                    "size only: it holds the whole corpus in memory (~4.7 GiB per GB of text)")
-    p.add_argument("--stories", default=os.path.join(ROOT, "..", "shared", "data", "stories.jsonl"))
+    p.add_argument("--stories", default="", help="a .jsonl of varied-length documents mixed into the corpora "
+                   "(optional; without it, the stdlib sources alone)")
     p.add_argument("--only", choices=["prep", "startup", "train"], nargs="+", default=["prep", "startup", "train"])
     p.add_argument("--keep", action="store_true", help="keep the corpora and shards under --workdir")
     args = p.parse_args()

@@ -191,6 +191,39 @@ def failed_after_signal(error, signum, checkpoint_note):
                       "cache (TORCHINDUCTOR_CACHE_DIR, by default /tmp/torchinductor_$USER)", 128 + signum)
 
 
+def exit_status(main, setup_done, data_error, out_of_memory_line):
+    """Run main() for train.py's command line; return the process's exit status, every early end in one
+    line on stderr: a RunStopped (divergence, a signal, a failed write) its own status; bad input or a failed
+    write in setup (ValueError, TypeError, OSError before setup_done(), or a `data_error` met in training) 1, printed once per node (the
+    other ranks wait a moment, as torchrun stops every worker when one exits); out of memory (CUDA's, the
+    CPU allocator's, numpy's: out_of_memory_line(e) names it) that line; a signal before the loop's own
+    handler 128 + its number. Anything else keeps its traceback: after setup, an error is a bug."""
+    import sys
+    try:
+        main()
+        return 0
+    except RunStopped as e:
+        print0(e, file=sys.stderr)
+        return e.exit_code
+    except (ValueError, TypeError, OSError) as e:      # OSError: a write in setup (a full disk, a read-only folder)
+        if setup_done() and not isinstance(e, data_error):
+            raise
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(3)
+        return 1
+    except (RuntimeError, MemoryError) as e:
+        if out_of_memory_line(e) is None:
+            raise
+        return out_of_memory_line(e)
+    except KeyboardInterrupt as e:             # setup or data preparation (SIGTERM there arrives as one)
+        signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
+        print(f"{signal.Signals(signum).name}: " + ("aborted at once (a second Ctrl-C)" if setup_done() else
+                                                    "stopped before training, without saving"), file=sys.stderr)
+        return 128 + signum
+
+
 def agree(loss, grad_norm, signum, proc, fp16):
     """Every rank's view of the step, with one host sync (and one all-reduce under torchrun): the job's
     mean loss (a float), whether any rank saw a non-finite loss or gradient norm (float16: an

@@ -9,7 +9,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 import warnings
 
@@ -265,7 +264,13 @@ class MetricsLogger:
             self.wandb = wandb
             # the run id is in the checkpoint
             same_run = {"id": wandb_run_id, "resume": "allow"} if wandb_run_id and not new_wandb_run else {}
-            wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None, config=asdict(cfg), **same_run)
+            try:
+                wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None, config=asdict(cfg), **same_run)
+            except Exception as e:           # an unwritable folder, no login online: before any step
+                os.close(self.fd)
+                raise ValueError(f"W&B could not start ({type(e).__name__}: {e}); its files go to WANDB_DIR (now "
+                                 f"{os.environ.get('WANDB_DIR') or os.getcwd()}): point it at a writable folder, set "
+                                 "WANDB_MODE=offline, or add --wandb_log=False") from None
 
     def _rewrite(self, records):
         with open(self.path + ".tmp", "w") as f:         # rewritten whole, then renamed: never half a file
@@ -374,24 +379,32 @@ class MetricsLogger:
 
     def close(self, summary=None, exit_code=0):
         """Write out_dir/summary.json (strict JSON) and print the run's summary line when there is a
-        summary; close the file and the W&B run."""
+        summary; close the file and the W&B run. A write that fails here (a full disk) after a run that
+        ended well raises RunStopped (one line naming the file, the cause and the last good checkpoint; exit
+        status 1); after a run that already failed (exit_code != 0, its line said) it stays quiet."""
         if not self.master:
             return
         from speedgpt.shards import describe_os_error
-        for path, fn in ((self.path, self._flush_held), (os.path.join(self.cfg.out_dir, "summary.json"),
-                                                         lambda: summary is not None and write_json(path, strict(summary)))):
+        error = None
+        summary_path = os.path.join(self.cfg.out_dir, "summary.json")
+        for path, fn in ((self.path, self._flush_held),
+                         (summary_path, lambda: summary is not None and write_json(summary_path, strict(summary)))):
             try:
                 fn()
-            except OSError as e:             # the run is over: say so in one line (once), keep its exit status
-                if not self.failed:
-                    print(f"error: could not write {path}: {describe_os_error(e)}", file=sys.stderr, flush=True)
-                self.failed = True
+            except OSError as e:
+                error = error or f"could not write {path}: {describe_os_error(e)}"
         if summary is not None:
             print(summary_line(summary), flush=True)
         if self.wandb is not None:
-            if summary:
-                self.wandb.summary.update({k: v for k, v in strict(summary).items() if v is not None})
-            self.wandb.finish(exit_code=exit_code)
+            try:
+                if summary:
+                    self.wandb.summary.update({k: v for k, v in strict(summary).items() if v is not None})
+                self.wandb.finish(exit_code=exit_code)
+            except Exception as e:           # its files or its service: the run itself is saved
+                error = error or f"could not finish the W&B run: {type(e).__name__}: {e}"
+        if error and exit_code == 0 and not self.failed:
+            self.failed = True
+            raise RunStopped(f"error: {error}; {self.last_good() if callable(self.last_good) else self.last_good}", 1)
 
 
 def error_line(log_path):

@@ -114,6 +114,15 @@ def set_lr(optimizer, step, cfg):
     return lr_at(step, cfg)
 
 
+def clip_grad_norm(model, optimizer, scaler, grad_clip):
+    """Unscale (float16), then the global gradient norm of `model`, clipped to grad_clip when > 0 (a 0-dim
+    tensor, also under FSDP: no host sync). The norm is computed even without clipping: divergence is caught
+    by it."""
+    scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon for some parameter groups and AdamW for the others, as one torch.optim.Optimizer: one param_groups
     list and one state dict, so the GradScaler, torch.distributed.checkpoint's state dicts and checkpoints

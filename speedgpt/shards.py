@@ -114,8 +114,8 @@ def signals_held():
 
 def read_index(shard, n_tokens, eot, foreign, with_starts=True):
     """(max_id, doc_starts or None) of `shard`, which holds n_tokens, from its index. A foreign shard
-    without a matching index is scanned now (0.04 s per 100M tokens from the page cache) and its index
-    saved beside it when the folder is writable. Raises ValueError, naming the shard, when one of our
+    without a matching index is scanned now (one pass over its tokens) and its index saved beside it when
+    the folder is writable. Raises ValueError, naming the shard, when one of our
     shards lacks a matching index (an interrupted or mixed preparation)."""
     path = index_path(shard)
     if os.path.isfile(path):

@@ -258,3 +258,23 @@ def test_an_out_dir_that_cannot_be_made_names_why(tmp_path):
     with pytest.raises(ValueError, match=r"cannot create the output folder .*afile/sub: .*afile is a file, not a folder; "
                                          r"choose another --out_dir"):
         checkpoint.check_out_dir(str(tmp_path / "afile" / "sub"))
+
+
+def test_a_checkpoint_from_before_the_pure_model_still_resumes_and_loads(byte_data, tmp_path):
+    """Checkpoints written before the model lost its training flags carry them in their config (cuda_graphs,
+    fused_ce, fp8_head, fused_ce_chunk): sample.py and eval.py load the weights with the plain head, and a
+    resume continues as the same checkpoint without those keys does."""
+    import sample
+    for name in ("old", "new"):
+        train.main(tiny_args(byte_data, tmp_path / name, "--max_iters=4"))
+    ckpt = torch.load(tmp_path / "old" / "ckpt.pt", weights_only=True)
+    ckpt["config"].update(cuda_graphs=False, fused_ce=True, fp8_head=False, fused_ce_chunk=16384)
+    torch.save(ckpt, tmp_path / "old" / "ckpt.pt")
+    model, meta = sample.load_model(str(tmp_path / "old"), "cpu")
+    assert model.head_loss is None and not hasattr(model.config, "fused_ce")
+    idx = torch.zeros(1, 8, dtype=torch.long)
+    new_model, _ = sample.load_model(str(tmp_path / "new"), "cpu")
+    assert torch.equal(model(idx)[0], new_model(idx)[0])
+    for name in ("old", "new"):
+        train.main(tiny_args(byte_data, tmp_path / name, "--max_iters=8", "--init_from=resume"))
+    assert losses(tmp_path / "old") == losses(tmp_path / "new")

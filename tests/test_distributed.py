@@ -148,14 +148,22 @@ def test_a_resume_on_fewer_processes_keeps_the_step(short_data, tmp_path, capsys
 @pytest.mark.slow
 def test_muon_under_ddp_equals_single_process_and_fsdp_is_refused(short_data, tmp_path):
     """optimizer=muon works under DDP (each rank orthogonalises the same all-reduced gradient): the
-    single-process result; FSDP, which shards the matrices Newton-Schulz needs whole, is refused in one line."""
+    single-process result; FSDP, which shards the matrices Newton-Schulz needs whole, is refused in one line.
+    torch.optim.Muon runs Newton-Schulz in bfloat16, which turns the all-reduce's last-bit differences into a
+    few percent of a matrix's update (measured: 1.7-3.0%), and the next AdamW step follows them (0.01-0.06%):
+    so the updates are compared, each to within 10% (Muon) or 0.5% (AdamW). A rank that stepped on its own
+    gradient, or skipped the sync, would be off by about 100%."""
+    from model import GPT, GPTConfig
     args = ("--packing=False", "--optimizer=muon", "--lr_schedule=wsd")       # 2 steps, as the AdamW test above
     train.main(common(short_data, tmp_path / "single", *args))
     torchrun(common(short_data, tmp_path / "multi", *args))
-    single = torch.load(tmp_path / "single" / "ckpt.pt", weights_only=True)["model"]
-    multi = torch.load(tmp_path / "multi" / "ckpt.pt", weights_only=True)["model"]
-    for name, p in single.items():
-        torch.testing.assert_close(multi[name], p, rtol=1e-5, atol=1e-6, msg=name)
+    single, multi = (torch.load(tmp_path / d / "ckpt.pt", weights_only=True) for d in ("single", "multi"))
+    torch.manual_seed(single["config"]["seed"])                              # the initial weights, as train.py
+    start = GPT(GPTConfig.from_dict(single["config"], single["meta"]["vocab_size"])).state_dict()
+    for name, p in single["model"].items():
+        ours, theirs = p - start[name], multi["model"][name] - start[name]
+        bound = 0.1 if name.endswith(".weight") and p.dim() == 2 and ".h." in name else 5e-3   # Muon's matrices
+        assert (theirs - ours).norm() <= bound * ours.norm(), (name, ((theirs - ours).norm() / ours.norm()).item())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
            *map(str, common(short_data, tmp_path / "fsdp", "--optimizer=muon", "--parallelism=fsdp"))]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,

@@ -1,6 +1,6 @@
 """speedgpt/measure.py on the CPU: the metrics file (every key, tokens/s and MFU, each step and evaluation once
-across a resume, a torn last line dropped, a full disk while logging in one line), W&B offline, and the
-profiler's table and trace."""
+across a resume, a torn last line dropped, a full disk while logging in one line, summary.json and config.json
+that cannot be written), W&B offline (and one that cannot start), and the profiler's table and trace."""
 import json
 import os
 import shutil
@@ -80,6 +80,48 @@ def test_a_full_disk_while_logging_ends_the_run_in_one_line(byte_data, tmp_path)
     assert rows and rows[-1]["step"] > 4
     summary = out / "summary.json"
     assert not summary.exists() or json.loads(summary.read_text())
+
+
+def _train_subprocess(args):
+    import subprocess
+    from conftest import ROOT
+    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_a_summary_that_cannot_be_written_ends_a_finished_run_non_zero_in_one_line(byte_data, tmp_path):
+    """The run trains to the end and saves its checkpoint, but summary.json cannot be written (here a folder
+    stands in its place, as a full disk would fail the write): exit status 1, one line naming the file, the
+    cause and the checkpoint that holds the run, no traceback."""
+    out = tmp_path / "out"
+    (out / "summary.json").mkdir(parents=True)
+    p = _train_subprocess(tiny_args(byte_data, out, "--max_iters=4"))
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"could not write {out / 'summary.json'}:" in errors[0], p.stderr[-2000:]
+    assert f"{out / 'ckpt.pt'} still holds step 4" in errors[0]
+    assert [r["step"] for r in read_metrics(out) if "loss" in r] == [0, 1, 2, 3]
+
+
+def test_a_config_that_cannot_be_written_is_refused_before_any_step(byte_data, tmp_path):
+    out = tmp_path / "out"
+    (out / "config.json").mkdir(parents=True)
+    p = _train_subprocess(tiny_args(byte_data, out))
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    lines = [line for line in p.stderr.splitlines() if line.strip() and not line.startswith("warning")]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "config.json" in lines[0], p.stderr[-2000:]
+    assert not (out / "ckpt.pt").exists()
+
+
+def test_wandb_that_cannot_start_is_refused_before_any_step(byte_data, tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb", reason="W&B is in requirements.txt; this machine lacks it")
+
+    def unwritable(**kwargs):
+        raise PermissionError(13, "Permission denied", "wandb")
+    monkeypatch.setattr(wandb, "init", unwritable)
+    with pytest.raises(ValueError, match=r"W&B could not start \(PermissionError: .*\); its files go to WANDB_DIR .*"
+                                         r"--wandb_log=False"):
+        train.main(tiny_args(byte_data, tmp_path, "--wandb_log=True"))
+    assert not (tmp_path / "ckpt.pt").exists()
 
 
 def test_wandb_offline_records_metrics(byte_data, tmp_path, monkeypatch):

@@ -40,9 +40,10 @@ def tiny(attention, T=16, **kw):
 def test_mask_block_diagonal_hand_built(attention, case):
     doc_ids = torch.tensor([HAND_BUILT[case], HAND_BUILT["one-token documents"]])
     check_attention_mask(tiny(attention).attention_mask(doc_ids, 16, "cpu"), doc_ids)
-    if attention == "varlen":                        # the loader's cu_seqlens (numpy, exact and padded) too
-        for padded in (False, True):
-            check_attention_mask(torch.from_numpy(data.varlen_metadata(doc_ids.numpy(), padded)[0]), doc_ids)
+    if attention == "varlen":                        # the loader's cu_seqlens (numpy), and with empty sequences after
+        cu = torch.from_numpy(data.varlen_metadata(doc_ids.numpy())[0])
+        for tail in (0, 5):
+            check_attention_mask(torch.cat([cu, cu[-1:].repeat(tail)]), doc_ids)
 
 
 @pytest.mark.parametrize("attention", BACKENDS)
@@ -238,7 +239,7 @@ def test_flex_block_mask_exact_on_random_doc_ids(seed):
 
 def test_varlen_metadata_hand_built():
     """The loader's cu_seqlens and positions (numpy) on the cases that break offset logic: a row starting
-    mid-document, one-token documents, rows of one document, and the padding to a fixed length."""
+    mid-document, one-token documents, rows of one document."""
     rows = [[0] * 5 + [1] * 6 + [2] * 5,                           # starts mid-document (doc 0 is a piece)
             [0, 1, 2, 2, 3, 4, 4, 4, 5, 6, 6, 6, 6, 6, 7, 8],      # one-token documents, one at each end
             [0] * 16, [3] * 16]                                    # rows of one document
@@ -246,10 +247,6 @@ def test_varlen_metadata_hand_built():
     cu, pos = data.varlen_metadata(doc_ids)
     want = [0, 5, 11, 16, 17, 18, 20, 21, 24, 25, 30, 31, 32, 48]  # every run, row starts included
     assert cu.dtype == np.int32 and cu.tolist() == want + [64]     # exact: the loader's default
-    padded, pos_padded = data.varlen_metadata(doc_ids, padded=True) # fixed_shapes (CUDA graphs)
-    assert padded.dtype == np.int32 and len(padded) == data.varlen_capacity(4, 16, len(want))
-    assert padded[:len(want)].tolist() == want and (padded[len(want):] == 64).all() and len(padded) > len(want) + 1
-    assert np.array_equal(pos, pos_padded)
     assert torch.equal(torch.from_numpy(pos), position_ids(torch.from_numpy(doc_ids)))
     assert pos[2].tolist() == list(range(16)) and pos[1, :4].tolist() == [0, 0, 0, 1]
     # the model's torch twin gives the same sequences, at its own (worst-case) length
@@ -257,32 +254,21 @@ def test_varlen_metadata_hand_built():
     assert len(twin) == 4 * 16 + 1 and twin[:len(want)].tolist() == want and (twin[len(want):] == 64).all()
 
 
-def test_varlen_capacity_is_fixed_then_doubles():
-    B, T = 64, 1024
-    base = data.varlen_capacity(B, T)
-    assert base == B * T // data.VARLEN_TOKENS_PER_DOC + B + 1                 # the shape every usual batch gets
-    assert data.varlen_capacity(B, T, base - 1) == base
-    assert data.varlen_capacity(B, T, base) == 2 * (base - 1) + 1               # one more: the next doubling
-    assert data.varlen_capacity(2, 8, 16) == 17                                  # never more than B*T + 1
-    assert data.varlen_capacity(B, T, 40_000) == data.VARLEN_MAX_SEQS + 1        # nor the kernels' grid limit
+def test_varlen_metadata_refuses_more_sequences_than_the_kernels_take():
+    assert len(data.varlen_metadata(np.zeros((2, 8), dtype=np.int64))[0]) == 3   # two rows, two sequences
+    assert len(data.varlen_metadata(np.arange(65_535)[None])[0]) == 65_536      # one-token documents, at the limit
     with pytest.raises(ValueError, match="exceeds the 65,535 sequences"):
-        data.varlen_capacity(B, T, 70_000)
-    assert len(data.varlen_metadata(np.zeros((2, 8), dtype=np.int64))[0]) == 3   # unpadded: two rows, two sequences
-    with pytest.raises(ValueError, match="exceeds the 65,535 sequences"):        # unpadded batches are checked too
         data.varlen_metadata(np.arange(70_000 * 2).reshape(2, 70_000))
 
 
 def test_varlen_paths_agree_with_sdpa_forward_and_grads(short_data):
-    """varlen (its CPU reference) with the loader's cu_seqlens and positions (exact, and padded as a
-    fixed_shapes loader gives them), and with doc_ids alone, against sdpa's boolean document mask: the
-    same logits and gradients, on loader batches."""
-    batches = []
-    for fixed_shapes in (False, True):
-        loader = data.Loader(str(short_data), "train", batch_size=4, block_size=64, seed=4, fixed_shapes=fixed_shapes)
-        batches.append(next(b for _, b in zip(range(50), loader) if b.doc_ids.max() >= 2))
-    b, bp = batches
-    assert torch.equal(b.x, bp.x) and torch.equal(b.position_ids, bp.position_ids)
-    assert len(b.cu_seqlens) == (b.cu_seqlens < 4 * 64).sum() + 1 < len(bp.cu_seqlens)     # exact; padded
+    """varlen (its CPU reference) with the loader's cu_seqlens and positions (exact, and padded with empty
+    sequences at the end), and with doc_ids alone, against sdpa's boolean document mask: the same logits and
+    gradients, on a loader batch."""
+    loader = data.Loader(str(short_data), "train", batch_size=4, block_size=64, seed=4)
+    b = next(b for _, b in zip(range(50), loader) if b.doc_ids.max() >= 2)
+    assert len(b.cu_seqlens) == (b.cu_seqlens < 4 * 64).sum() + 1                            # exact
+    bp = b._replace(cu_seqlens=torch.cat([b.cu_seqlens, torch.full((9,), 4 * 64, dtype=torch.int32)]))
     out = {}
     for name, attention, kw in [("sdpa", "sdpa", {}), ("varlen, doc_ids only", "varlen", {}),
                                 ("varlen, loader", "varlen",
