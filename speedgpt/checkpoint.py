@@ -54,6 +54,13 @@ def model_state(model, optimizer=None, cpu=True):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
     opts = StateDictOptions(full_state_dict=True, cpu_offload=cpu)
     sd = get_model_state_dict(model, options=opts)
+    tied = {}                 # the tied embedding / head: offloaded key by key it would be two copies in the file
+    for name, p in model.named_parameters(remove_duplicate=False):
+        tied.setdefault(id(p), []).append(name)
+    for first, *rest in tied.values():
+        for name in rest:
+            if first in sd and name in sd:
+                sd[name] = sd[first]
     return sd if optimizer is None else (sd, get_optimizer_state_dict(model, optimizer, options=opts))
 
 
@@ -285,16 +292,17 @@ def checkpoint_bytes(n_params):
 
 def check_disk(out_dir, ckpt_bytes, keep):
     """(line to print, or raise ValueError): the disk use of keep_checkpoints=keep checkpoints of ckpt_bytes
-    each (+ ckpt_best.pt, which may be one more) against the free space of out_dir, counting the step files
-    already there as space the run will reuse."""
-    need = ckpt_bytes * (keep + 1)
+    each, + ckpt_best.pt (which may be one more), + the next one while it is written (the oldest is deleted
+    after it), against the free space of out_dir, counting the step files already there as space the run
+    will reuse."""
+    need = ckpt_bytes * (keep + 2)
     have = sum(os.path.getsize(p) for p in saved_steps(out_dir).values())
     free = shutil.disk_usage(out_dir).free
-    line = (f"checkpoints: ~{ckpt_bytes / 1e9:.2f} GB each, keeping {keep} (keep_checkpoints) and the best: up to "
-            f"~{need / 1e9:.2f} GB in {out_dir} ({free / 1e9:.1f} GB free)")
+    line = (f"checkpoints: ~{ckpt_bytes / 1e9:.2f} GB each, keeping {keep} (keep_checkpoints) and the best "
+            f"(ckpt_best.pt), one more while written: up to ~{need / 1e9:.2f} GB in {out_dir} ({free / 1e9:.1f} GB free)")
     if need - have > free:
         raise ValueError(f"{out_dir} has {free / 1e9:.1f} GB free but keep_checkpoints={keep} needs up to "
-                         f"~{need / 1e9:.1f} GB ({ckpt_bytes / 1e9:.2f} GB per checkpoint, plus the best): free space, "
+                         f"~{need / 1e9:.1f} GB ({ckpt_bytes / 1e9:.2f} GB per checkpoint, the best and the one being written): free space, "
                          "lower --keep_checkpoints, or choose another --out_dir")
     return line
 

@@ -47,6 +47,13 @@ def test_resume_from_an_older_step_continues_as_the_straight_run(byte_data, tmp_
     assert losses(out) == want
     with pytest.raises(FileNotFoundError, match=r"resume_from=3: .* has no checkpoint of step 3 \(its steps: 2, 4, 6, 8"):
         train.main(tiny_args(byte_data, out, "--resume_from=3"))
+    kept = tmp_path / "step6.pt"                       # a path: a checkpoint kept elsewhere, resumed into out_dir
+    shutil.copy(out / "ckpt_step000006.pt", kept)
+    train.main(tiny_args(byte_data, out, "--max_iters=8", "--eval_interval=2", "--keep_checkpoints=5",
+                         f"--resume_from={kept}"))
+    assert [r["step"] for r in read_metrics(out) if "loss" in r] == list(range(8)) and losses(out) == want
+    with pytest.raises(FileNotFoundError, match=r"resume_from='.*/nothing.pt': no such checkpoint file"):
+        train.main(tiny_args(byte_data, out, f"--resume_from={tmp_path / 'nothing.pt'}"))
     with pytest.raises(ValueError, match="resume_from='4' resumes a run: it cannot go with init_from='scratch'"):
         train.main(tiny_args(byte_data, out, "--resume_from=4", "--init_from=scratch"))
 
@@ -65,6 +72,18 @@ def test_a_disk_too_small_for_the_checkpoints_is_refused_before_any_step(byte_da
                                          r"--keep_checkpoints, or choose another --out_dir"):
         train.main(tiny_args(byte_data, tmp_path))
     assert not (tmp_path / "metrics.jsonl").exists() or not read_metrics(tmp_path)
+
+
+def test_the_disk_use_of_the_checkpoints_is_printed_at_start(byte_data, tmp_path, capsys):
+    """keep_checkpoints step files, the best one apart, and one more while the next is written."""
+    import re
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=1", "--keep_checkpoints=2"))
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("checkpoints: ~"))
+    each, total = (float(x) for x in re.search(r"~([0-9.]+) GB each, .* up to ~([0-9.]+) GB", line).groups())
+    assert "keeping 2 (keep_checkpoints) and the best" in line and total == pytest.approx(4 * each, abs=0.011)
+    weights = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"].values()
+    n_params = sum({t.data_ptr(): t.numel() for t in weights}.values())       # the tied head counted once
+    assert os.path.getsize(tmp_path / "ckpt.pt") <= checkpoint.checkpoint_bytes(n_params)   # an upper bound
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE as a full disk: Linux")
