@@ -125,8 +125,9 @@ def fp8_mm(a, b, out_dtype, fast_accum=False, a_amax=None):
     Float8Linear: each operand scaled by fp8_max / amax (torchao.float8.float8_utils.tensor_to_scale)
     and cast with saturation; e4m3 for operands without a known bound (activations, weights), e5m2 for
     a gradient (a_amax given: |a| <= a_amax, so no amax pass over it). b may also be cast_rhs(b), already
-    cast, and a (a8, a_scale): a8 row-major float8 with a ~= a8 / a_scale (softmax_pass.py's gradient). The product runs in torch._scaled_mm (torchao's addmm_float8_unwrapped), which wants `a`
-    row-major and `b` column-major: both are laid out so here. fast_accum: Hopper's fast FP8 accumulation
+    cast, and a (a8, a_scale): a8 row-major float8 with a ~= a8 / a_scale (softmax_pass.py's gradient). The
+    product runs in torch._scaled_mm (torchao's addmm_float8_unwrapped), which wants `a` row-major and `b`
+    column-major: both are laid out so here. fast_accum: Hopper's fast FP8 accumulation
     (torchao uses it for the forward GEMM only). Returns (m, n) in out_dtype (bfloat16 or float32). Needs
     torchao, and a GPU of compute capability 8.9+ or a CPU build of torch with float8 _scaled_mm; raises
     what torch._scaled_mm raises otherwise (k and n must be multiples of 16 on the GPU)."""
