@@ -277,15 +277,19 @@ def load_config(argv, with_explicit=False):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"config file {path!r} "
                                     + ("is a folder, not a file" if os.path.isdir(path) else "not found"))
-        ns = {}
+        ns, python = {}, "config files are Python assignments, one key each (n_layer = 12), as config/*.py"
+        if path.endswith((".json", ".jsonl")):      # a run's config.json is its record, not a config file
+            raise ValueError(f"config file {path!r} is JSON: {python}; a run's config.json is a record of it")
         try:
             with open(path) as f:
                 exec(compile(f.read(), path, "exec"), {}, ns)
         except Exception as e:        # a syntax error or a bad name in the file
             raise ValueError(f"config file {path!r} does not run: {type(e).__name__}: {e}") from e
-        for k, v in ns.items():
-            if not k.startswith("_") and not isinstance(v, types.ModuleType):   # `import math` is no key
-                values.update(_legacy(k, v, path) or {k: _typed(k, v, path)})
+        keys = [k for k, v in ns.items() if not k.startswith("_") and not isinstance(v, types.ModuleType)]
+        if not keys:                  # `import math` is no key; a file that sets none is a mistake
+            raise ValueError(f"config file {path!r} sets no key: {python}")
+        for k in keys:
+            values.update(_legacy(k, ns[k], path) or {k: _typed(k, ns[k], path)})
     for key, raw in overrides:
         want = {f.name: f.type for f in fields(Config)}.get(key)
         try:
@@ -302,9 +306,10 @@ def load_config(argv, with_explicit=False):
     cfg = Config(**values)
     positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval",
                 "fused_ce_chunk", "keep_checkpoints")
+    way_out = {"keep_checkpoints": " (to keep none, --save_checkpoints=False)"}
     for key in positive:
         if getattr(cfg, key) <= 0:
-            raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}")
+            raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}{way_out.get(key, '')}")
     for key in ("max_iters", "eval_tokens", "timing_warmup", "warmup_iters", "lr_decay_iters", "fp8_min_dim",
                 "total_batch_size", "max_skipped_steps", "hellaswag_examples"):
         if getattr(cfg, key) < 0:
@@ -315,7 +320,8 @@ def load_config(argv, with_explicit=False):
         raise ValueError(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
     for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "peak_flops", "target_val_loss"):
         if getattr(cfg, key) < 0:
-            raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")
+            off = " (0 turns it off)" if key in ("grad_clip", "target_val_loss") else ""
+            raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}{off}")
     for key in ("beta1", "beta2"):
         if not 0 <= getattr(cfg, key) < 1:
             raise ValueError(f"config key {key!r} (AdamW) must be in [0, 1), got {getattr(cfg, key)}")

@@ -28,7 +28,8 @@ import torch.distributed as dist
 from configurator import MODEL_KEYS, help_text, load_config, non_defaults, resolve_decay, resume_changes, resume_config
 from data import DataError, Loader, get_tokenizer, load_meta, prepare, sigterm_as_interrupt
 from model import GPT, GPTConfig
-from speedgpt import activation_checkpointing, attention, compilation, evaluation, fp8, fused_ce, hellaswag, memory, optim
+from speedgpt import (activation_checkpointing, attention, compilation, evaluation, fp8, fused_ce, hellaswag, measure,
+                      memory, optim)
 from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, target_reached
 from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, check_disk, check_out_dir, checkpoint_bytes, finish_write,
                                  last_good, load_checkpoint, load_weights, remove_stale_tmp, restore_state, resume_path,
@@ -60,6 +61,7 @@ def check_flags(cfg, proc):
         raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(proc.device)}; use float16")
     fused_ce.check(resolved)
     evaluation.check(resolved)
+    measure.check(resolved)
     fp8.check(resolved, proc.device)
     optim.check(resolved, proc.world)
     compilation.check(resolved)
@@ -89,11 +91,12 @@ def settle_config(cfg, explicit, proc):
             raise ValueError(f"{path} holds a run: continue it with --init_from=resume, or start afresh with "
                              "--init_from=scratch (which replaces it) or another out_dir")
         return resolve_decay(cfg), None
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, missing=": nothing to resume (to start afresh, leave out --init_from=resume)")
     cfg, notes = resume_config(cfg, explicit, ckpt["config"], ckpt.get("tokens_per_step"), proc.world)
     cfg = check_flags(cfg, proc)                                        # the shape may be the checkpoint's
     if ckpt["step"] > cfg.max_iters:
-        raise ValueError(f"checkpoint {path} is at step {ckpt['step']}, past max_iters={cfg.max_iters}")
+        raise ValueError(f"checkpoint {path} is at step {ckpt['step']}, past max_iters={cfg.max_iters}: give a larger "
+                         "--max_iters, or --resume_from an earlier step")
     if cfg.profile and ckpt["step"] + cfg.timing_warmup > cfg.max_iters:
         raise ValueError(f"profile=True profiles step {ckpt['step'] + cfg.timing_warmup - 1} of this resumed run: "
                          f"max_iters={cfg.max_iters} ends before it")

@@ -64,12 +64,12 @@ def model_state(model, optimizer=None, cpu=True):
     return sd if optimizer is None else (sd, get_optimizer_state_dict(model, optimizer, options=opts))
 
 
-def load_checkpoint(path, required=CKPT_KEYS):
+def load_checkpoint(path, required=CKPT_KEYS, missing=""):
     """The dict save_checkpoint wrote at `path` (on the CPU). Raises FileNotFoundError if there is none,
     ValueError if it cannot be read or lacks a key of `required` (a nanoGPT checkpoint, say); a resume
-    needs them all, sampling only model, config and meta."""
+    needs them all, sampling only model, config and meta. `missing`: what the missing file's error adds."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no checkpoint at {path}")
+        raise FileNotFoundError(f"no checkpoint at {path}{missing}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:

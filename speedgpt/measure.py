@@ -29,6 +29,14 @@ PEAK_FLOPS = {   # dense FLOP/s by device-name substring (first match wins) and 
 }
 
 
+def check(cfg):
+    """Raise ValueError unless the logging settings can work: wandb_log=True needs the wandb package."""
+    import importlib.util
+    if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
+        raise ValueError("wandb_log=True needs the wandb package: pip install wandb (offline: WANDB_MODE=offline), "
+                         "or add --wandb_log=False")
+
+
 def peak_flops_for(device, cfg):
     """Peak dense FLOP/s of `device` at the run's precision (bf16 for bfloat16/float16 and for FP8,
     whose MFU is reported against the bf16 peak; tf32 or fp32 for float32), or cfg.peak_flops when

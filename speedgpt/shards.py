@@ -183,6 +183,9 @@ def prepared_folder(out_dir):
         if foreign:
             raise ValueError(f"output {out_dir} holds files data.py did not write ({', '.join(foreign[:3])}"
                              f"{', ...' if len(foreign) > 3 else ''}): prepare into a new folder, or empty this one")
+        if os.listdir(out_dir):
+            print(f"note: {out_dir} holds prepared data: it is replaced once this preparation is whole (a run "
+                  "trained on it resumes only on the same data: keep it by preparing into another --out)", flush=True)
     elif os.path.isdir(old):                 # killed between the two renames: the old folder goes back
         os.rename(old, out_dir)
     for stale in (tmp, old):

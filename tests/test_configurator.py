@@ -151,6 +151,17 @@ def test_config_file_errors(tmp_path):
     assert (cfg.n_layer, cfg.batch_size) == (12, 4)                                     # the file, wherever
     (tmp_path / "m.py").write_text("import math\nlearning_rate = math.sqrt(1e-6)\n")    # modules are no keys
     assert configurator.load_config(["--config", str(tmp_path / "m.py")]).learning_rate == 1e-3
+    (tmp_path / "e.jsonl").write_text('{"text": "hello"}\n')                           # runs, sets nothing
+    with pytest.raises(ValueError, match=r"e.jsonl.* is JSON: config files are Python assignments"):
+        configurator.load_config(["--config", str(tmp_path / "e.jsonl")])
+    (tmp_path / "n.py").write_text('"""a docstring only"""\nimport os\n')
+    with pytest.raises(ValueError, match=r"n.py.* sets no key: config files are Python assignments, one key each"):
+        configurator.load_config(["--config", str(tmp_path / "n.py")])
+    with pytest.raises(ValueError, match=r"'keep_checkpoints' must be positive, got 0 \(to keep none, "
+                                         r"--save_checkpoints=False\)"):
+        configurator.load_config(["--keep_checkpoints=0"])
+    with pytest.raises(ValueError, match=r"'target_val_loss' must be >= 0, got -1.0 \(0 turns it off\)"):
+        configurator.load_config(["--target_val_loss=-1"])
 
 
 @pytest.mark.parametrize("args, match", [

@@ -112,6 +112,16 @@ def test_a_config_that_cannot_be_written_is_refused_before_any_step(byte_data, t
     assert not (out / "ckpt.pt").exists()
 
 
+def test_wandb_log_without_wandb_is_refused_before_any_write(byte_data, tmp_path, monkeypatch):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    with pytest.raises(ValueError, match=r"wandb_log=True needs the wandb package: pip install wandb .* "
+                                         r"or add --wandb_log=False"):
+        train.main(tiny_args(byte_data, tmp_path / "out", "--wandb_log=True"))
+    assert not (tmp_path / "out" / "config.json").exists()
+
+
 def test_wandb_that_cannot_start_is_refused_before_any_step(byte_data, tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb", reason="W&B is in requirements.txt; this machine lacks it")
 

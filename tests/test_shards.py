@@ -118,7 +118,7 @@ def test_missing_data_dir(tmp_path):
         train.main(tiny_args(tmp_path / "no_data", tmp_path))
 
 
-def test_a_failed_preparation_leaves_the_old_folder_as_it_was(tmp_path):
+def test_a_failed_preparation_leaves_the_old_folder_as_it_was(tmp_path, capsys):
     """Preparing over a good folder from an input that fails part way (a bad line after shards were
     written; a parquet whose text is null at row 30) leaves the good folder byte for byte, and no temp
     folder beside it; it still loads. A preparation that succeeds replaces it whole."""
@@ -138,8 +138,10 @@ def test_a_failed_preparation_leaves_the_old_folder_as_it_was(tmp_path):
     with pytest.raises(ValueError, match="n.parquet row 30: 'text' must be a string, got NoneType"):
         data.prepare(str(tmp_path / "n.parquet"), str(out), "byte", **kw)
     assert _folder_state(out) == before and next(data.Loader(str(out), "train", 2, 16)).x.shape == (2, 16)
+    capsys.readouterr()
     data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **{**kw, "max_tokens": 1000})
     assert json.load(open(out / "meta.json"))["max_tokens"] == 1000 and _folder_state(out) != before
+    assert f"note: {out} holds prepared data: it is replaced once this preparation is whole" in capsys.readouterr().out
     (out / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="holds files data.py did not write .notes.txt."):
         data.prepare(str(tmp_path / "good.jsonl"), str(out), "byte", **kw)
