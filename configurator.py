@@ -93,7 +93,7 @@ class Config:
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
     fp8_layers: str = "qkv,attn_proj,fc,mlp_proj"   # which block Linears fp8 converts (kinds, comma-separated)
     fp8_head: bool = False                 # the fused head's matmuls in float8 (needs fused_ce; Ada/Hopper, torchao)
-    fp8_head_kernel: bool = False          # the FP8 head's softmax pass as our Triton kernels (speedgpt/softmax_pass.py)
+    fp8_head_kernel: bool = False          # the FP8 head's softmax pass in Triton kernels (speedgpt/softmax_pass.py)
     fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward
     fused_ce_chunk: int = 16384            # tokens per chunk of fused_ce (memory against speed: docs/flags.md)
     parallelism: str = "ddp"               # ddp | fsdp, under torchrun
@@ -106,7 +106,8 @@ CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backe
                optimizer=("adamw", "muon"), lr_schedule=("cosine", "wsd"))
 MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention", "activation")   # GPTConfig's
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
-FEATURE_DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim"), "fp8_head": ("fp8_head_kernel",)}   # a feature's keys that mean nothing without it
+FEATURE_DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim"),    # a feature's keys that mean nothing
+                   "fp8_head": ("fp8_head_kernel",)}                         # without it
 DATA_KEYS = ("data_dir", "packing", "document_mask")    # what a resumed run reads: the checkpoint's unless set
 SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule", "wsd_decay_frac",
                  "muon_lr")                    # kept on resume unless set
@@ -277,9 +278,9 @@ def load_config(argv, with_explicit=False):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"config file {path!r} "
                                     + ("is a folder, not a file" if os.path.isdir(path) else "not found"))
-        ns, python = {}, "config files are Python assignments, one key each (n_layer = 12), as config/*.py"
+        ns, how = {}, "config files are Python assignments, one key each (n_layer = 12), as config/*.py"
         if path.endswith((".json", ".jsonl")):      # a run's config.json is its record, not a config file
-            raise ValueError(f"config file {path!r} is JSON: {python}; a run's config.json is a record of it")
+            raise ValueError(f"config file {path!r} is JSON: {how}; a run's config.json is a record of it")
         try:
             with open(path) as f:
                 exec(compile(f.read(), path, "exec"), {}, ns)
@@ -287,7 +288,7 @@ def load_config(argv, with_explicit=False):
             raise ValueError(f"config file {path!r} does not run: {type(e).__name__}: {e}") from e
         keys = [k for k, v in ns.items() if not k.startswith("_") and not isinstance(v, types.ModuleType)]
         if not keys:                  # `import math` is no key; a file that sets none is a mistake
-            raise ValueError(f"config file {path!r} sets no key: {python}")
+            raise ValueError(f"config file {path!r} sets no key: {how}")
         for k in keys:
             values.update(_legacy(k, ns[k], path) or {k: _typed(k, ns[k], path)})
     for key, raw in overrides:
@@ -309,7 +310,8 @@ def load_config(argv, with_explicit=False):
     way_out = {"keep_checkpoints": " (to keep none, --save_checkpoints=False)"}
     for key in positive:
         if getattr(cfg, key) <= 0:
-            raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}{way_out.get(key, '')}")
+            raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}"
+                             + way_out.get(key, ""))
     for key in ("max_iters", "eval_tokens", "timing_warmup", "warmup_iters", "lr_decay_iters", "fp8_min_dim",
                 "total_batch_size", "max_skipped_steps", "hellaswag_examples"):
         if getattr(cfg, key) < 0:

@@ -34,8 +34,8 @@ from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, targe
 from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, check_disk, check_out_dir, checkpoint_bytes, finish_write,
                                  last_good, load_checkpoint, load_weights, remove_stale_tmp, restore_state, resume_path,
                                  rewind_notes, save_run)
-from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, exit_status, failed_after_signal,
-                                  leave, plan_batch, print0, seed_rank_stream, setup_processes)
+from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, exit_status,
+                                  failed_after_signal, leave, plan_batch, print0, seed_rank_stream, setup_processes)
 from speedgpt.distributed import check as check_parallelism
 from speedgpt.mask_check import check_attention_mask
 from speedgpt.measure import (MetricsLogger, Timer, peak_flops_for, remove_profile, start_profile, write_json,

@@ -299,11 +299,12 @@ def check_disk(out_dir, ckpt_bytes, keep):
     have = sum(os.path.getsize(p) for p in saved_steps(out_dir).values())
     free = shutil.disk_usage(out_dir).free
     line = (f"checkpoints: ~{ckpt_bytes / 1e9:.2f} GB each, keeping {keep} (keep_checkpoints) and the best "
-            f"(ckpt_best.pt), one more while written: up to ~{need / 1e9:.2f} GB in {out_dir} ({free / 1e9:.1f} GB free)")
+            f"(ckpt_best.pt), one more while written: up to ~{need / 1e9:.2f} GB in {out_dir} "
+            f"({free / 1e9:.1f} GB free)")
     if need - have > free:
         raise ValueError(f"{out_dir} has {free / 1e9:.1f} GB free but keep_checkpoints={keep} needs up to "
-                         f"~{need / 1e9:.1f} GB ({ckpt_bytes / 1e9:.2f} GB per checkpoint, the best and the one being written): free space, "
-                         "lower --keep_checkpoints, or choose another --out_dir")
+                         f"~{need / 1e9:.1f} GB ({ckpt_bytes / 1e9:.2f} GB per checkpoint, the best and the one "
+                         "being written): free space, lower --keep_checkpoints, or choose another --out_dir")
     return line
 
 

@@ -194,10 +194,11 @@ def failed_after_signal(error, signum, checkpoint_note):
 def exit_status(main, setup_done, data_error, out_of_memory_line):
     """Run main() for train.py's command line; return the process's exit status, every early end in one
     line on stderr: a RunStopped (divergence, a signal, a failed write) its own status; bad input or a failed
-    write in setup (ValueError, TypeError, OSError before setup_done(), or a `data_error` met in training) 1, printed once per node (the
-    other ranks wait a moment, as torchrun stops every worker when one exits); out of memory (CUDA's, the
-    CPU allocator's, numpy's: out_of_memory_line(e) names it) that line; a signal before the loop's own
-    handler 128 + its number. Anything else keeps its traceback: after setup, an error is a bug."""
+    write in setup (ValueError, TypeError, OSError before setup_done(), or a `data_error` met in training) 1,
+    printed once per node (the other ranks wait a moment, as torchrun stops every worker when one exits);
+    out of memory (CUDA's, the CPU allocator's, numpy's: out_of_memory_line(e) names it) that line, as
+    sys.exit prints a string; a signal before the loop's own handler 128 + its number. Anything else keeps
+    its traceback: after setup, an error is a bug."""
     import sys
     try:
         main()
@@ -214,9 +215,10 @@ def exit_status(main, setup_done, data_error, out_of_memory_line):
             time.sleep(3)
         return 1
     except (RuntimeError, MemoryError) as e:
-        if out_of_memory_line(e) is None:
+        line = out_of_memory_line(e)
+        if line is None:
             raise
-        return out_of_memory_line(e)
+        return line
     except KeyboardInterrupt as e:             # setup or data preparation (SIGTERM there arrives as one)
         signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
         print(f"{signal.Signals(signum).name}: " + ("aborted at once (a second Ctrl-C)" if setup_done() else

@@ -37,8 +37,9 @@ def test_train_refuses_the_kernel_flag_in_one_line(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (for its interpreter)")
 @pytest.mark.parametrize("n, V, vocab", [(48, 320, 300), (37, 320, 320), (16, 64, 50)])
 def test_the_kernels_layout_and_masks_in_the_interpreter(n, V, vocab, monkeypatch):
-    """Both row_stats variants and both grad_fp8 orders, in tiles that do not divide the rows or the vocabulary: each row's loss, g8t exactly g8 transposed, zero rows for ignored
-    targets and zero padded columns, and each value within the interpreter's float8 rounding of the reference."""
+    """Both row_stats variants and both grad_fp8 orders, in tiles that do not divide the rows or the
+    vocabulary: each row's loss, g8t exactly g8 transposed, zero rows for ignored targets and zero padded
+    columns, and each value within the interpreter's float8 rounding of the reference."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     torch.manual_seed(0)
     logits = (3 * torch.randn(n, V)).bfloat16()
