@@ -30,6 +30,7 @@ attention = "auto"                  # the document mask's fastest kernel install
 fused_adamw = True
 fused_ce = True                     # the head + cross-entropy as one function: no (tokens, vocab) logits kept
 fp8_head = True                     # ... with its three matmuls in float8 (torchao tensorwise)
+fp8_head_kernel = True              # ... and its softmax pass in our Triton kernels (speedgpt/softmax_pass.py)
 fused_ce_chunk = 65536              # one chunk per micro-batch (38 GB at peak); with --compile=False give 16384:
                                     # uncompiled, a chunk holds ~4 float32 (chunk, vocab) temporaries
 packing = True

@@ -30,6 +30,7 @@ attention = "auto"                  # the document mask's fastest kernel install
 fused_adamw = True
 fused_ce = True                     # the head + cross-entropy fused (no logits kept for the backward)
 fp8_head = True                     # ... its three matmuls in float8 (torchao tensorwise)
+fp8_head_kernel = True              # ... and its softmax pass in our Triton kernels (speedgpt/softmax_pass.py)
 fp8 = True                          # every block Linear in float8 ...
 fp8_recipe = "rowwise_bf16_wgrad"   # ... with speedgpt/fp8.py's own rowwise recipe (BENCHMARKS.md, FP8)
 packing = True

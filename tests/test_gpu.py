@@ -261,7 +261,7 @@ def _fp8_kernels_or_skip():
 
 
 _SOFTMAX_SHAPES = [(stats, grad) for stats in ((8, 256, 8, 0), (1, 4096, 8, 0), (4, 256, 4, 1), (2, 1024, 8, 1))
-                   for grad in ((128, 64, 4, 1), (64, 64, 4, 1), (128, 64, 8, 1), (256, 32, 4, 1), (128, 64, 4, 0))]
+                   for grad in ((128, 64, 4, 1), (64, 64, 4, 1))]
 
 
 @pytest.mark.parametrize("n", [1002, 4096, 16384])
@@ -271,9 +271,10 @@ def test_softmax_pass_kernels_give_the_pytorch_math(n, stats, grad):
     per-row losses as the PyTorch ops give them, the float8 bytes of both layouts equal but where exp's
     rounding crosses a rounding boundary of e5m2 (then one step apart), the transposed copy exact, ignored
     rows and padded columns zero. The outputs are NaN first, so a value the kernels do not write shows. Rows
-    not a multiple of a tile (1,002), and multiples of 16 (16-byte stores along the tokens)."""
+    not a multiple of a tile (1,002), and multiples of 16 (where Triton, allowed to assume it, miscompiled the
+    8-bit stores of some shapes)."""
     sp = _fp8_kernels_or_skip()
-    assert stats in sp.STATS_CONFIGS and grad in sp.GRAD_CONFIGS + ((128, 64, 4, 0),)
+    assert stats in sp.STATS_CONFIGS and grad in sp.GRAD_CONFIGS
     torch.manual_seed(0)
     V, vocab = 50304, 50257
     logits = (4 * torch.randn(n, V, device="cuda")).bfloat16()
@@ -291,8 +292,9 @@ def test_softmax_pass_kernels_give_the_pytorch_math(n, stats, grad):
         differ = (a != b) | a.isnan()
         rows = differ.any(1).nonzero()[:8, 0].tolist()
         assert differ.float().mean() < 1e-4, f"{name}: {differ.sum().item()} values differ, in rows {rows}..."
-        gap = (a - b).abs()[differ]                             # one e5m2 step: 2 ** (exponent - 2)
-        assert (gap <= 0.25 * torch.maximum(a.abs(), b.abs())[differ]).all(), f"{name}: rows {rows}"
+        gap = (a - b).abs()[differ]            # one e5m2 step: 2 ** (exponent - 2), 2 ** -16 among subnormals
+        step = torch.clamp(0.25 * torch.maximum(a.abs(), b.abs())[differ], min=2.0 ** -16)
+        assert (gap <= step).all(), f"{name}: rows {rows}, gaps {gap[gap > step][:4].tolist()}"
     assert torch.equal(g8t.view(torch.uint8), g8.view(torch.uint8).t())
     a = g8.float()
     assert (a[y == -1] == 0).all() and (a[:, vocab:] == 0).all()

@@ -27,6 +27,11 @@ def test_preset_is_gpt2s_shape_and_size(path):
     assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.bias) == (L, H, C, 1024, False)
     assert model.num_params(non_embedding=False) == hf_params - (11 * L + 1) * C + 47 * C
     assert cfg.total_batch_size == 524288 and cfg.dtype == "bfloat16" and cfg.compile and cfg.fused_ce
+    # the FP8 head with its softmax pass in our Triton kernels (measured faster at 124M, BENCHMARKS.md); one
+    # --fp8_head=False (a GPU without FP8, the CPU) drops both
+    assert cfg.fp8_head and cfg.fp8_head_kernel
+    off = configurator.load_config(["--config", path, "--fp8_head=False"])
+    assert not off.fp8_head and not off.fp8_head_kernel
 
 
 @pytest.mark.parametrize("path", GPT2)
