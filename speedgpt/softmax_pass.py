@@ -14,8 +14,10 @@ its memory floor. Here:
              programs walk the vocabulary first, so the logits are read and g8 written in long runs.
 
 Both are autotuned over a few tile shapes on their first call. softmax_grad_fp8 is a torch custom op, so
-torch.compile keeps it as one opaque call. Needs Triton and a CUDA GPU (check() refuses the flag otherwise);
-tests/test_gpu.py compares it with the PyTorch ops of fused_ce.head_ce_chunk.
+torch.compile keeps it as one opaque call. Needs Triton and a CUDA GPU (check() refuses the flag otherwise),
+and check() runs every tile shape once against the PyTorch math on the GPU at hand (verify), so a Triton that
+miscompiles one stops the run before it starts; tests/test_gpu.py compares them with the PyTorch ops of
+fused_ce.head_ce_chunk.
 """
 import importlib.util
 
@@ -31,6 +33,7 @@ import torch
 # grad_fp8 is compiled without Triton's assumption that n is a multiple of 16 (do_not_specialize): with it,
 # Triton 3.6 on Hopper put bytes of the 8-bit tiles in the wrong places at several of these shapes (the
 # transposed copy at 128 x 64 with 4 warps, the row-major one at 256 x 32), and tests/test_gpu.py caught it.
+# Neither kernel specializes on vocab (it only masks), so verify() at one vocabulary runs the binaries of all.
 STATS_CONFIGS = ((8, 256, 8, 0), (1, 4096, 8, 0), (4, 256, 4, 1), (2, 1024, 8, 1))
 GRAD_CONFIGS = ((128, 64, 4, 1), (64, 64, 4, 1))
 
@@ -48,6 +51,70 @@ def check(cfg, device):
     if device.type != "cuda" or importlib.util.find_spec("triton") is None:
         raise ValueError("fp8_head_kernel=True needs Triton on a CUDA GPU (pip install triton); add "
                          "--fp8_head_kernel=False")
+    problem = verify(device)
+    if problem:
+        raise ValueError(f"fp8_head_kernel=True: {problem}; add --fp8_head_kernel=False")
+
+
+_verified = {}                   # device -> verify's answer, once per process
+
+
+def verify(device, n=1024, V=50304, vocab=50257):
+    """Run every tile shape the kernels may pick (STATS_CONFIGS x GRAD_CONFIGS, the binaries training uses:
+    row counts a multiple of 16) on random logits of `n` rows and compare with reference(); return None, or a
+    line saying what differs and at which shape (V columns, the first vocab real). A Triton version can miscompile a shape (3.6 did: see the
+    comment on GRAD_CONFIGS) and the gradients would be silently wrong, so check() refuses the flag instead.
+    Leaves the global RNG as it was; the compiled kernels are the ones autotuning reuses."""
+    if device in _verified:
+        return _verified[device]
+    row_stats, grad_fp8 = kernels()
+    gen = torch.Generator(device).manual_seed(0)
+    logits = (4 * torch.randn(n, V, device=device, generator=gen)).bfloat16()
+    y = torch.randint(0, vocab, (n,), device=device, generator=gen)
+    y[::7] = -1
+    y[1] = vocab - 1
+    ref = reference(logits, y, vocab, 57344.0)
+    problem = None
+    # each shape launched as triton.autotune launches it (its Config's arguments), so the binaries are its own
+    for stats, s_config in zip(STATS_CONFIGS, row_stats.configs):
+        for grad, g_config in zip(GRAD_CONFIGS, grad_fp8.configs):
+            out = [torch.full_like(t.view(torch.uint8), 0xFF).view(t.dtype) for t in ref]    # NaN: unwritten shows
+            lse = torch.empty_like(out[0])
+            row_stats.fn[(-(-n // stats[0]),)](logits, y, out[0], lse, n, V, vocab, **s_config.all_kwargs())
+            grad_fp8.fn[(-(-n // grad[0]) * -(-V // grad[1]),)](
+                logits, y, lse, out[1].view(torch.uint8), out[2].view(torch.uint8), n, V, vocab, 57344.0,
+                **g_config.all_kwargs())
+            problem = compare(out, ref)
+            if problem:
+                import triton
+                problem = f"Triton {triton.__version__} compiled the softmax pass's kernels wrongly on this GPU " \
+                          f"(tile shapes {stats} and {grad}: {problem})"
+                break
+        if problem:
+            break
+    del logits, ref, out
+    torch.cuda.empty_cache()
+    _verified[device] = problem
+    return problem
+
+
+def compare(out, ref):
+    """None if the kernels' (loss, g8, g8t) are reference()'s: losses to 1e-5, the float8 bytes equal but
+    where exp's rounding crosses an e5m2 rounding boundary (then one step apart, at most 1 in 10,000), the
+    transposed copy exactly the row-major one. Otherwise what differs, in a few words."""
+    if not torch.allclose(out[0], ref[0], rtol=1e-5, atol=1e-5):
+        return f"{(~torch.isclose(out[0], ref[0], rtol=1e-5, atol=1e-5)).sum().item()} row losses differ"
+    for name, got, want in (("g8", out[1], ref[1]), ("g8t", out[2], ref[2])):
+        a, b = got.float(), want.float()
+        differ = (a != b) | a.isnan()
+        if differ.float().mean() > 1e-4:
+            return f"{100 * differ.float().mean().item():.2g}% of the bytes of {name} differ"
+        step = torch.clamp(0.25 * torch.maximum(a.abs(), b.abs())[differ], min=2.0 ** -16)   # one e5m2 step
+        if not ((a - b).abs()[differ] <= step).all():
+            return f"values of {name} more than one float8 step off"
+    if not torch.equal(out[2].view(torch.uint8), out[1].view(torch.uint8).t()):
+        return "the transposed copy is not the row-major one transposed"
+    return None
 
 
 def kernels(stats_configs=STATS_CONFIGS, grad_configs=GRAD_CONFIGS):
@@ -63,7 +130,7 @@ def kernels(stats_configs=STATS_CONFIGS, grad_configs=GRAD_CONFIGS):
         return triton.Config({"BLOCK_M": m, "BLOCK_V": v, "VARIANT": variant}, num_warps=w)
 
     @triton.autotune([config(*c) for c in key[0]], key=["n", "V"])
-    @triton.jit
+    @triton.jit(do_not_specialize=["vocab"])
     def row_stats(logits, y, loss, lse, n, V, vocab, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
                   VARIANT: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -115,7 +182,7 @@ def kernels(stats_configs=STATS_CONFIGS, grad_configs=GRAD_CONFIGS):
         tl.store(lse + rows, row_lse, mask=rmask)
 
     @triton.autotune([config(*c) for c in key[1]], key=["n", "V"])
-    @triton.jit(do_not_specialize=["n"])
+    @triton.jit(do_not_specialize=["n", "vocab"])
     def grad_fp8(logits, y, lse, g8, g8t, n, V, vocab, scale, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
                  VARIANT: tl.constexpr):
         pid = tl.program_id(0)

@@ -300,6 +300,16 @@ def test_softmax_pass_kernels_give_the_pytorch_math(n, stats, grad):
     assert (a[y == -1] == 0).all() and (a[:, vocab:] == 0).all()
 
 
+def test_verify_finds_every_tile_shape_right_on_this_gpu():
+    """check()'s self-test of fp8_head_kernel (softmax_pass.verify) on this GPU: no shape differs from the
+    PyTorch math, and the RNG of the run is untouched."""
+    sp = _fp8_kernels_or_skip()
+    sp._verified.clear()
+    rng = torch.cuda.get_rng_state()
+    assert sp.verify(torch.device("cuda")) is None
+    assert torch.equal(torch.cuda.get_rng_state(), rng)
+
+
 def test_fp8_head_kernel_gives_the_fp8_heads_loss_and_gradients():
     """fused_ce in FP8 with fp8_head_kernel, compiled fullgraph (the kernels' op is one opaque call): the
     loss and both gradients of the same head without the kernels, to float8's rounding."""

@@ -34,6 +34,59 @@ def test_train_refuses_the_kernel_flag_in_one_line(tmp_path):
                                                "fp8_head_kernel out"]
 
 
+def test_a_gpu_whose_triton_miscompiles_the_kernels_is_refused_in_one_line(monkeypatch):
+    """check() runs verify() on the GPU at hand (tests/test_gpu.py runs it for real); what it reports stops
+    the run with the way out."""
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setattr(softmax_pass, "verify", lambda device: "Triton 9.9 compiled ... (tile shapes ...: 37% of "
+                                                               "the bytes of g8t differ)")
+    cfg = configurator.Config(fp8_head=True, fused_ce=True, fp8_head_kernel=True)
+    with pytest.raises(ValueError) as e:
+        softmax_pass.check(cfg, torch.device("cuda"))
+    assert str(e.value) == ("fp8_head_kernel=True: Triton 9.9 compiled ... (tile shapes ...: 37% of the bytes of g8t "
+                            "differ); add --fp8_head_kernel=False")
+    monkeypatch.setattr(softmax_pass, "verify", lambda device: None)
+    softmax_pass.check(cfg, torch.device("cuda"))
+
+
+def test_compare_accepts_float8_rounding_and_names_anything_else():
+    """verify()'s judge, on the CPU: the reference itself passes; a few values one e5m2 step off (exp rounding
+    across a boundary, also among subnormals) pass; misplaced bytes, an unwritten (NaN) value, a value two
+    steps off, a wrong loss or a transposed copy that is not the transpose are each named."""
+    torch.manual_seed(0)
+    n, V, vocab = 64, 256, 250
+    logits = (4 * torch.randn(n, V)).bfloat16()
+    y = torch.randint(0, vocab, (n,))
+    y[::7] = -1
+    ref = softmax_pass.reference(logits, y, vocab, 57344.0)
+    assert softmax_pass.compare(ref, ref) is None
+
+    def with_bytes(i, edit):                     # a copy of ref with output i's uint8 view edited in place
+        out = [t.clone() for t in ref]
+        edit(out[i].view(torch.uint8))
+        if i == 1:                               # keep the transposed copy consistent unless testing it
+            out[2] = out[1].t().contiguous()
+        return out
+
+    big = (ref[1].float().abs() > 1).nonzero()[0].tolist()
+    sub = ((ref[1].float().abs() > 0) & (ref[1].float().abs() < 2 ** -14)).nonzero()
+
+    def step_at(r, c):                           # the next float8 code: one step further from zero
+        return lambda u: u.__setitem__((r, c), u[r, c] + 1)
+    assert softmax_pass.compare(with_bytes(1, step_at(*big)), ref) is None
+    if len(sub):
+        assert softmax_pass.compare(with_bytes(1, step_at(*sub[0].tolist())), ref) is None
+    assert "of the bytes of g8 differ" in softmax_pass.compare(with_bytes(1, lambda u: u.copy_(u.roll(1, 1))), ref)
+    unwritten = with_bytes(1, lambda u: u[big[0], big[1]].fill_(0xFF))
+    assert "more than one float8 step off" in softmax_pass.compare(unwritten, ref)
+    assert "more than one float8 step off" in softmax_pass.compare(
+        with_bytes(1, lambda u: u.__setitem__(tuple(big), u[big[0], big[1]] + 4)), ref)
+    assert "the transposed copy" in softmax_pass.compare(with_bytes(2, step_at(*big[::-1])), ref)
+    out = [t.clone() for t in ref]
+    out[0][0] += 0.01
+    assert softmax_pass.compare(out, ref) == "1 row losses differ"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (for its interpreter)")
 @pytest.mark.parametrize("n, V, vocab", [(48, 320, 300), (37, 320, 320), (16, 64, 50)])
 def test_the_kernels_layout_and_masks_in_the_interpreter(n, V, vocab, monkeypatch):
@@ -55,3 +108,33 @@ def test_the_kernels_layout_and_masks_in_the_interpreter(n, V, vocab, monkeypatc
             assert (a[y == -1] == 0).all() and (a[:, vocab:] == 0).all()
             tiny = (b.abs() < 2 ** -14) * b.abs()          # below e5m2's normal range, the interpreter may give 0
             assert ((a * b) >= 0).all() and ((a - b).abs() <= 0.5 * torch.maximum(a.abs(), b.abs()) + tiny).all()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (for its interpreter)")
+def test_verify_runs_every_tile_shape_once_and_leaves_the_rng_alone(monkeypatch):
+    """verify()'s launches in Triton's interpreter: one comparison per (row_stats, grad_fp8) shape, on outputs
+    the kernels wrote in full (the interpreter's float8 rounding is not the GPU's, so the bytes are judged
+    here only by what it gets right: the losses and the transposed copy), the answer kept per device, and the
+    global RNG as it was."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(softmax_pass, "_kernels", {})
+    monkeypatch.setattr(softmax_pass, "_verified", {})
+    seen = []
+
+    def judge(out, ref):
+        seen.append(1)
+        torch.testing.assert_close(out[0], ref[0], rtol=1e-5, atol=1e-5)
+        assert torch.equal(out[2].view(torch.uint8), out[1].view(torch.uint8).t())
+        assert not out[1].float().isnan().any()
+        return None
+    monkeypatch.setattr(softmax_pass, "compare", judge)
+    rng = torch.get_rng_state()
+    cpu = torch.device("cpu")
+    assert softmax_pass.verify(cpu, n=32, V=320, vocab=300) is None
+    assert len(seen) == len(softmax_pass.STATS_CONFIGS) * len(softmax_pass.GRAD_CONFIGS)
+    assert torch.equal(torch.get_rng_state(), rng)
+    monkeypatch.setattr(softmax_pass, "compare", lambda out, ref: "2% of the bytes of g8t differ")
+    assert softmax_pass.verify(cpu, n=32, V=320, vocab=300) is None          # once per process and device
+    softmax_pass._verified.clear()
+    assert softmax_pass.verify(cpu, n=32, V=320, vocab=300).endswith("(tile shapes (8, 256, 8, 0) and "
+                                                                      "(128, 64, 4, 1): 2% of the bytes of g8t differ)")
