@@ -19,7 +19,8 @@ keeps. This script then sums the kernels by class:
   Triton          each kernel Inductor generated (the name without its number), tagged: the head's softmax
                   pass (a logsumexp), FP8 casts (float8 written), fused elementwise (LayerNorm, GELU, residual
                   adds, ...); floor = its bytes (Inductor's count) at the bandwidth of a device-to-device copy
-                  measured here
+                  measured here. With fp8_head_kernel the softmax pass is our two kernels instead, one row
+                  (floor: 4 bytes per logit)
   optimizer       the fused AdamW kernels; floor = parameters, gradients and both moments read once, and all but the
                   gradients written once, at the copy bandwidth
   other           the rest (copies, memsets, ATen's elementwise kernels); floor = the bytes of their operation's
@@ -43,6 +44,10 @@ GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm")
 ATTENTION = re.compile(r"flash|fmha|flex_attention|FlashAttn|attention", re.IGNORECASE)
 BACKWARD = re.compile(r"bwd|backward|Bwd", re.IGNORECASE)
 OPTIMIZER = re.compile(r"adam|multi_tensor", re.IGNORECASE)
+# the FP8 head's softmax pass in speedgpt/softmax_pass.py's kernels (fp8_head_kernel): its floor reads each bf16
+# logit once and writes both float8 copies, 4 bytes per logit (the row statistics' own read is above the floor)
+SOFTMAX_PASS_OP = "speedgpt::softmax_grad_fp8"
+SOFTMAX_PASS = "the head's softmax pass (speedgpt/softmax_pass.py: row_stats + grad_fp8)"
 GEMM_KERNEL = re.compile(r"gemm|cutlass|nvjet|cublas|xmma|wgmma", re.IGNORECASE)
 ELEMENT_SIZE = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
                 "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "bool": 1, "unsigned char": 1, "signed char": 1,
@@ -197,6 +202,11 @@ def classify(events, vocab=None):
             classes["optimizer (AdamW)"]["op_bytes"] = classes["optimizer (AdamW)"].get("op_bytes", {})
             if op is not None:         # _fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, ...): grads only read
                 classes["optimizer (AdamW)"]["op_bytes"][op["ts"]] = args_bytes(op, written=(0, 2, 3))
+        elif oname == SOFTMAX_PASS_OP or kname in ("row_stats", "grad_fp8"):
+            add(SOFTMAX_PASS, "Triton", e["dur"])
+            per_op = classes[SOFTMAX_PASS].setdefault("op_bytes", {})
+            if op is not None and op.get("args", {}).get("Input Dims"):   # logits (n, V): 4 bytes per logit
+                per_op[op["ts"]] = 4 * math.prod(op["args"]["Input Dims"][0])
         elif kname.startswith("triton_") or oname.startswith("triton_"):
             name = re.sub(r"_\d+$", "", oname if oname.startswith("triton_") else kname)
             args = op.get("args", {}) if op else {}
@@ -211,9 +221,9 @@ def classify(events, vocab=None):
         else:
             nbytes = e.get("args", {}).get("bytes", 0) if e["cat"] != "kernel" else args_bytes(op)
             add(f"other: {(oname or kname)[:60]}", "other", e["dur"], nbytes=nbytes)
-    opt = classes.get("optimizer (AdamW)")
-    if opt is not None:                  # per AdamW call, not per kernel: a call launches several
-        opt["bytes"] = sum(opt.pop("op_bytes", {}).values())
+    for name in ("optimizer (AdamW)", SOFTMAX_PASS):  # per call, not per kernel: a call launches several
+        if name in classes:
+            classes[name]["bytes"] = sum(classes[name].pop("op_bytes", {}).values())
     return classes
 
 

@@ -27,7 +27,8 @@ def kernel(name, ts, dur, corr):
 def tiny_trace():
     """One step: a block GEMM (its kernel launched inside aten::mm, itself inside a Python-level record), a
     head GEMM on another thread (the backward's), a Triton kernel with Inductor's byte count, attention forward
-    and backward, an AdamW call over two tensors, and a memset."""
+    and backward, an AdamW call over two tensors, a memset, and the FP8 head's softmax pass in our kernels (one
+    op, two kernels)."""
     f32 = "float"
     return [
         op("## forward ##", 0, 1000, kind="user"),
@@ -55,6 +56,12 @@ def tiny_trace():
         kernel("void multi_tensor_apply_kernel<...>", 3100, 40, 6),
         {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 3200, "dur": 10, "tid": 7,
          "args": {"bytes": 4096}},
+        op("speedgpt::softmax_grad_fp8", 3300, 100, **{"Input Dims": [[64, 128], [64], [], []],
+                                                        "Input type": ["c10::BFloat16", "long int", "Scalar", "Scalar"]}),
+        launch(3310, 7),
+        kernel("row_stats", 3400, 20, 7),
+        launch(3320, 8),
+        kernel("grad_fp8", 3420, 30, 8),
     ]
 
 
@@ -79,6 +86,8 @@ def test_kernels_are_classed_by_the_operation_that_launched_them():
     assert classes["block GEMM 64x32 @ 32x48 float32"]["flops"] == 2 * 64 * 32 * 48
     assert classes["optimizer (AdamW)"]["bytes"] == (2 + 1) * (32 * 48 + 48) * 4   # params read + written, grads read
     assert classes["other: Memset (Device)"]["bytes"] == 4096
+    softmax = classes[roofline.SOFTMAX_PASS]             # fp8_head_kernel: both kernels, 4 bytes per logit once
+    assert softmax["calls"] == 2 and softmax["ms"] == pytest.approx(0.05) and softmax["bytes"] == 4 * 64 * 128
 
 
 def test_the_table_puts_each_class_against_its_measured_floor(run_dir, capsys):
