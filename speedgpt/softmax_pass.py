@@ -20,6 +20,7 @@ miscompiles one stops the run before it starts; tests/test_gpu.py compares them 
 fused_ce.head_ce_chunk.
 """
 import importlib.util
+import itertools
 
 import torch
 
@@ -61,10 +62,11 @@ _verified = {}                   # device -> verify's answer, once per process
 
 def verify(device, n=1024, V=50304, vocab=50257):
     """Run every tile shape the kernels may pick (STATS_CONFIGS x GRAD_CONFIGS, the binaries training uses:
-    row counts a multiple of 16) on random logits of `n` rows and compare with reference(); return None, or a
-    line saying what differs and at which shape (V columns, the first vocab real). A Triton version can miscompile a shape (3.6 did: see the
-    comment on GRAD_CONFIGS) and the gradients would be silently wrong, so check() refuses the flag instead.
-    Leaves the global RNG as it was; the compiled kernels are the ones autotuning reuses."""
+    row counts a multiple of 16) on random logits of `n` rows (V columns, the first vocab real) and compare
+    with reference(); return None, or a line saying what differs and at which shape. A Triton version can
+    miscompile a shape (3.6 did: see the comment on GRAD_CONFIGS) and the gradients would be silently wrong,
+    so check() refuses the flag instead. Leaves the global RNG as it was; the compiled kernels are the ones
+    autotuning reuses."""
     if device in _verified:
         return _verified[device]
     row_stats, grad_fp8 = kernels()
@@ -76,21 +78,19 @@ def verify(device, n=1024, V=50304, vocab=50257):
     ref = reference(logits, y, vocab, 57344.0)
     problem = None
     # each shape launched as triton.autotune launches it (its Config's arguments), so the binaries are its own
-    for stats, s_config in zip(STATS_CONFIGS, row_stats.configs):
-        for grad, g_config in zip(GRAD_CONFIGS, grad_fp8.configs):
-            out = [torch.full_like(t.view(torch.uint8), 0xFF).view(t.dtype) for t in ref]    # NaN: unwritten shows
-            lse = torch.empty_like(out[0])
-            row_stats.fn[(-(-n // stats[0]),)](logits, y, out[0], lse, n, V, vocab, **s_config.all_kwargs())
-            grad_fp8.fn[(-(-n // grad[0]) * -(-V // grad[1]),)](
-                logits, y, lse, out[1].view(torch.uint8), out[2].view(torch.uint8), n, V, vocab, 57344.0,
-                **g_config.all_kwargs())
-            problem = compare(out, ref)
-            if problem:
-                import triton
-                problem = f"Triton {triton.__version__} compiled the softmax pass's kernels wrongly on this GPU " \
-                          f"(tile shapes {stats} and {grad}: {problem})"
-                break
+    for (stats, s_config), (grad, g_config) in itertools.product(zip(STATS_CONFIGS, row_stats.configs),
+                                                                 zip(GRAD_CONFIGS, grad_fp8.configs)):
+        out = [torch.full_like(t.view(torch.uint8), 0xFF).view(t.dtype) for t in ref]    # NaN: unwritten shows
+        lse = torch.empty_like(out[0])
+        row_stats.fn[(-(-n // stats[0]),)](logits, y, out[0], lse, n, V, vocab, **s_config.all_kwargs())
+        grad_fp8.fn[(-(-n // grad[0]) * -(-V // grad[1]),)](
+            logits, y, lse, out[1].view(torch.uint8), out[2].view(torch.uint8), n, V, vocab, 57344.0,
+            **g_config.all_kwargs())
+        problem = compare(out, ref)
         if problem:
+            import triton
+            problem = f"Triton {triton.__version__} compiled the softmax pass's kernels wrongly on this GPU " \
+                      f"(tile shapes {stats} and {grad}: {problem})"
             break
     del logits, ref, out
     torch.cuda.empty_cache()

@@ -286,16 +286,8 @@ def test_softmax_pass_kernels_give_the_pytorch_math(n, stats, grad):
     for t in out:
         t.view(torch.uint8).fill_(0xFF)
     loss, g8, g8t = sp.run(logits, y, vocab, 57344.0, sp.kernels((stats,), (grad,)), out)
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
-    for name, got, want in (("g8", g8, ref8), ("g8t", g8t, ref8t)):
-        a, b = got.float(), want.float()
-        differ = (a != b) | a.isnan()
-        rows = differ.any(1).nonzero()[:8, 0].tolist()
-        assert differ.float().mean() < 1e-4, f"{name}: {differ.sum().item()} values differ, in rows {rows}..."
-        gap = (a - b).abs()[differ]            # one e5m2 step: 2 ** (exponent - 2), 2 ** -16 among subnormals
-        step = torch.clamp(0.25 * torch.maximum(a.abs(), b.abs())[differ], min=2.0 ** -16)
-        assert (gap <= step).all(), f"{name}: rows {rows}, gaps {gap[gap > step][:4].tolist()}"
-    assert torch.equal(g8t.view(torch.uint8), g8.view(torch.uint8).t())
+    problem = sp.compare((loss, g8, g8t), (ref_loss, ref8, ref8t))    # its judgement tested on the CPU
+    assert problem is None, problem
     a = g8.float()
     assert (a[y == -1] == 0).all() and (a[:, vocab:] == 0).all()
 

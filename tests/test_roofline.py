@@ -56,8 +56,8 @@ def tiny_trace():
         kernel("void multi_tensor_apply_kernel<...>", 3100, 40, 6),
         {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 3200, "dur": 10, "tid": 7,
          "args": {"bytes": 4096}},
-        op("speedgpt::softmax_grad_fp8", 3300, 100, **{"Input Dims": [[64, 128], [64], [], []],
-                                                        "Input type": ["c10::BFloat16", "long int", "Scalar", "Scalar"]}),
+        op("speedgpt::softmax_grad_fp8", 3300, 100, **{
+            "Input Dims": [[64, 128], [64], [], []], "Input type": ["c10::BFloat16", "long int", "Scalar", "Scalar"]}),
         launch(3310, 7),
         kernel("row_stats", 3400, 20, 7),
         launch(3320, 8),
