@@ -107,7 +107,8 @@ CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backe
 MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention", "activation")   # GPTConfig's
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
 FEATURE_DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim"),    # a feature's keys that mean nothing
-                   "fp8_head": ("fp8_head_kernel",)}                         # without it
+                   "fp8_head": ("fp8_head_kernel",),                         # without it
+                   "compile": ("compile_regional",)}
 DATA_KEYS = ("data_dir", "packing", "document_mask")    # what a resumed run reads: the checkpoint's unless set
 SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule", "wsd_decay_frac",
                  "muon_lr")                    # kept on resume unless set
@@ -249,7 +250,8 @@ def _typed(key, value, where):
     if want is float and str(value).lower().lstrip("+-") in ("nan", "inf", "infinity"):   # a float or its text
         raise ValueError(f"config key {key!r} ({where}) must be a finite number, got {value!r}")
     if type(value) is not want:
-        raise TypeError(f"config key {key!r} ({where}) must be {want.__name__}, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"config key {key!r} ({where}) must be {want.__name__}, got {value!r} ({type(value).__name__})"
+                        + (": give True or False" if want is bool else ""))
     if key in CHOICES and value not in CHOICES[key]:
         raise ValueError(f"config key {key!r} ({where}) must be one of {CHOICES[key]}, got {value!r}")
     return value

@@ -359,7 +359,11 @@ def main(argv=None):
     import torch
     device = torch.device("cuda" if torch.cuda.is_available() and not args.no_measure else "cpu")
     ms = timer(device)
-    events = load_trace(trace)
+    try:
+        events = load_trace(trace)
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as e:   # not gzip, cut short, not a trace
+        sys.exit(f"error: {trace} is not a torch.profiler trace ({type(e).__name__}: {e}): profile again with "
+                 "train.py --profile=True")
     vocab, meta = 50304, os.path.join(cfg.get("data_dir", ""), "meta.json")   # GPT-2's padded vocabulary
     if os.path.isfile(meta):
         with open(meta) as f:

@@ -152,8 +152,8 @@ def apply_parallelism(model, parallelism, param_dtype, device, local_rank):
 
 class StopSignals:
     """SIGINT (Ctrl-C) and SIGTERM (what schedulers send before preemption) only set a flag: the loop
-    finishes its optimizer step, saves a checkpoint and stops. A second Ctrl-C aborts a single process
-    at once. Under torchrun the ranks agree on the step through the loop's per-step all-reduce, and
+    finishes its optimizer step, saves a checkpoint and stops. A Ctrl-C after either aborts a single
+    process at once (a repeated SIGTERM does not: schedulers repeat it). Under torchrun the ranks agree on the step through the loop's per-step all-reduce, and
     repeated signals are ignored (torchrun forwards its own signal to every worker, and kills them
     after 30 s)."""
 
@@ -165,7 +165,7 @@ class StopSignals:
             self.previous = {}
 
     def handle(self, signum, frame):
-        if self.signum == signal.SIGINT and signum == signal.SIGINT and not self.distributed:
+        if self.signum and signum == signal.SIGINT and not self.distributed:   # after a SIGTERM too
             raise KeyboardInterrupt
         if not self.signum:
             print0(f"{signal.Signals(signum).name}: finishing this step, then saving a checkpoint"

@@ -35,7 +35,8 @@ def test_a_bare_bool_is_true_and_only_a_bool_may_be_bare():
     cfg = configurator.load_config(["--tf32", "--n_layer", "2", "--fused_adamw"])    # before a flag, at the end
     assert (cfg.tf32, cfg.n_layer, cfg.fused_adamw) == (True, 2, True)
     assert configurator.load_config(["--tf32", "False"]).tf32 is False
-    with pytest.raises(TypeError, match=r"config key 'tf32' \(command line\) must be bool, got 'yes'"):
+    with pytest.raises(TypeError, match=r"config key 'tf32' \(command line\) must be bool, got 'yes' \(str\): "
+                                        r"give True or False"):
         configurator.load_config(["--tf32", "yes"])                   # as --tf32=yes
     with pytest.raises(ValueError, match=r"^--n_layer needs a value: --n_layer=VALUE or --n_layer VALUE$"):
         configurator.load_config(["--n_layer"])

@@ -202,12 +202,15 @@ def test_signal_saves_a_checkpoint_and_resume_matches(byte_data, tmp_path, signu
     assert losses(tmp_path / "cut") == losses(tmp_path / "whole")
 
 
-def test_a_second_ctrl_c_aborts_at_once_in_one_line_naming_the_last_checkpoint(byte_data, tmp_path, monkeypatch):
+@pytest.mark.parametrize("first", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_ctrl_c_aborts_at_once_in_one_line_naming_the_last_checkpoint(byte_data, tmp_path, monkeypatch,
+                                                                                first):
+    """Ctrl-C after Ctrl-C, or after a SIGTERM (timeout, a scheduler): the message of the first promised it."""
     set_lr = train.optim.set_lr
 
     def ctrl_c_twice_at_step_6(optimizer, step, cfg):
         if step == 6:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), first)
             os.kill(os.getpid(), signal.SIGINT)
         return set_lr(optimizer, step, cfg)
     monkeypatch.setattr(train.optim, "set_lr", ctrl_c_twice_at_step_6)

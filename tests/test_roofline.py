@@ -114,3 +114,10 @@ def test_the_table_puts_each_class_against_its_measured_floor(run_dir, capsys):
 def test_a_folder_without_a_trace_is_refused_in_one_line(tmp_path):
     with pytest.raises(SystemExit, match="profile_trace.json.gz is missing: run train.py with --profile=True"):
         roofline.main([str(tmp_path), "--no-measure"])
+
+
+@pytest.mark.parametrize("content", [b"garbage", gzip.compress(b"{}"), gzip.compress(b'{"traceEvents": 3}')])
+def test_a_file_that_is_no_trace_is_refused_in_one_line(run_dir, content):
+    (run_dir / "profile_trace.json.gz").write_bytes(content)
+    with pytest.raises(SystemExit, match=r"profile_trace.json.gz is not a torch.profiler trace .*: profile again"):
+        roofline.main([str(run_dir), "--no-measure"])
