@@ -153,9 +153,9 @@ def apply_parallelism(model, parallelism, param_dtype, device, local_rank):
 class StopSignals:
     """SIGINT (Ctrl-C) and SIGTERM (what schedulers send before preemption) only set a flag: the loop
     finishes its optimizer step, saves a checkpoint and stops. A Ctrl-C after either aborts a single
-    process at once (a repeated SIGTERM does not: schedulers repeat it). Under torchrun the ranks agree on the step through the loop's per-step all-reduce, and
-    repeated signals are ignored (torchrun forwards its own signal to every worker, and kills them
-    after 30 s)."""
+    process at once (a repeated SIGTERM does not: schedulers repeat it). Under torchrun the ranks agree on
+    the step through the loop's per-step all-reduce, and repeated signals are ignored (torchrun forwards its
+    own signal to every worker, and kills them after 30 s)."""
 
     def __init__(self, distributed):
         self.signum, self.distributed = 0, distributed
