@@ -179,9 +179,22 @@ def test_muon_under_ddp_equals_single_process_and_fsdp_is_refused(short_data, tm
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_saves_a_checkpoint_and_resume_matches(byte_data, tmp_path, signum):
+    """The cut run starts in a process of its own and resumes in this one, so both use one thread: with two,
+    a loaded machine's BLAS may split a sum differently from one process to the next (the last bits of a loss
+    then differ, in steps before the cut too)."""
     common = ["--max_iters=300", "--eval_interval=100", "--lr_decay_iters=300", "--dropout=0.1"]
     cmd = [sys.executable, "train.py", *map(str, tiny_args(byte_data, tmp_path / "cut", *common))]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _signal_and_resume(byte_data, tmp_path, signum, common, cmd)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _signal_and_resume(byte_data, tmp_path, signum, common, cmd):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 120
     while not (tmp_path / "cut" / "metrics.jsonl").exists() or len(read_metrics(tmp_path / "cut")) < 2:
         assert time.time() < deadline and proc.poll() is None, proc.communicate()
