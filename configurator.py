@@ -85,6 +85,7 @@ class Config:
     tf32: bool = False                     # TF32 matmuls in float32
     compile: bool = False                  # torch.compile the model
     compile_regional: bool = False         # compile one block, reused by all (and the head): compile time flat in depth
+    compile_tuning: bool = False           # Inductor times tile sizes of each generated kernel (longer first compile)
     seed: int = 1337                       # initial weights, data order, dropout
     peak_flops: float = 0.0                # FLOP/s for MFU; 0: the GPU's entry in speedgpt/measure.py's PEAK_FLOPS
     grad_checkpointing: str = "none"       # none | full | selective: recompute blocks in the backward (less memory)
@@ -108,7 +109,7 @@ MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "a
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
 FEATURE_DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim"),    # a feature's keys that mean nothing
                    "fp8_head": ("fp8_head_kernel",),                         # without it
-                   "compile": ("compile_regional",)}
+                   "compile": ("compile_regional", "compile_tuning")}
 DATA_KEYS = ("data_dir", "packing", "document_mask")    # what a resumed run reads: the checkpoint's unless set
 SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule", "wsd_decay_frac",
                  "muon_lr")                    # kept on resume unless set

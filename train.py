@@ -164,7 +164,7 @@ def build_model(cfg, meta, proc, ckpt):
         activation_checkpointing.apply(raw_model, cfg.grad_checkpointing)
     if cfg.compile:
         fsdp = proc.world > 1 and cfg.parallelism == "fsdp"         # FSDP's hooks stay outside the compiled graphs
-        compilation.apply(raw_model, regional=cfg.compile_regional or fsdp)
+        compilation.apply(raw_model, regional=cfg.compile_regional or fsdp, tuning=cfg.compile_tuning)
     if proc.world == 1:
         return cfg, raw_model, raw_model, None
     model, grad_sync = apply_parallelism(raw_model, cfg.parallelism, PT_DTYPE[cfg.dtype], proc.device, proc.local_rank)

@@ -6,6 +6,9 @@ torch.compile (compile=True), two ways:
                time does not grow with depth (PyTorch's regional compilation; torchtitan compiles per
                block). compile_regional=True, and always under FSDP, whose hooks then stay outside the
                compiled graphs.
+compile_tuning=True turns on Inductor's coordinate-descent tuner: each generated Triton kernel (the fused
+elementwise and reduction kernels around the GEMMs) has its block sizes and warps chosen by timing them on
+this GPU instead of by heuristics (modded-nanogpt does the same). The first compile takes longer.
 """
 import torch
 
@@ -14,12 +17,17 @@ def check(cfg):
     """Raise ValueError unless the compile flags can work together: compile_regional needs compile."""
     if cfg.compile_regional and not cfg.compile:
         raise ValueError("compile_regional=True chooses how the model is compiled: it needs compile=True")
+    if cfg.compile_tuning and not cfg.compile:
+        raise ValueError("compile_tuning=True tunes the compiled kernels: it needs compile=True")
 
 
-def apply(model, regional=False):
+def apply(model, regional=False, tuning=False):
     """torch.compile `model` (a GPT) in place (nn.Module.compile), so the state dict keeps its names (no
     _orig_mod.). regional: each transformer block, and the head with its loss, compiled on their own;
-    otherwise the whole model is one graph."""
+    otherwise the whole model is one graph. tuning: Inductor's coordinate-descent tuner for this process."""
+    if tuning:
+        import torch._inductor.config as inductor_config
+        inductor_config.coordinate_descent_tuning = True
     if not regional:
         model.compile()
         return

@@ -13,3 +13,17 @@ def test_compile_run(byte_data, tmp_path):
     assert summary["median_tokens_per_sec"] > 0
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
+
+
+def test_compile_tuning_turns_on_inductors_tuner(monkeypatch):
+    """compile_tuning=True sets Inductor's coordinate-descent tuner before the model is compiled; without it the
+    setting is left as it was."""
+    import torch._inductor.config as inductor_config
+    from model import GPT, GPTConfig
+    from speedgpt import compilation
+    monkeypatch.setattr(inductor_config, "coordinate_descent_tuning", False)
+    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8))
+    compilation.apply(model)
+    assert inductor_config.coordinate_descent_tuning is False
+    compilation.apply(model, tuning=True)
+    assert inductor_config.coordinate_descent_tuning is True

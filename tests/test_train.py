@@ -80,6 +80,7 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--attention=varlen", "--dtype=bfloat16", "--device=cpu"], ValueError, "varlen kernels do not run on the CPU"),
     (["--compile_regional=True"], ValueError,
      "compile_regional=True chooses how the model is compiled: it needs compile"),
+    (["--compile_tuning=True"], ValueError, "compile_tuning=True tunes the compiled kernels: it needs compile=True"),
     (["--parallelism=fsdp"], ValueError, "torchrun"),
     (["--optimizer=sgd"], ValueError, r"'optimizer' \(command line\) must be one of \('adamw', 'muon'\)"),
     (["--lr_schedule=wsd", "--wsd_decay_frac=0"], ValueError, r"wsd_decay_frac=0.0: the share of lr_decay_iters"),
