@@ -108,7 +108,7 @@ CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backe
 MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention", "activation")   # GPTConfig's
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
 FEATURE_DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim"),    # a feature's keys that mean nothing
-                   "fp8_head": ("fp8_head_kernel",),                         # without it
+                   "fp8_head": ("fp8_head_kernel",), "fused_ce": ("fused_ce_chunk",),   # without it
                    "compile": ("compile_regional", "compile_tuning")}
 DATA_KEYS = ("data_dir", "packing", "document_mask")    # what a resumed run reads: the checkpoint's unless set
 SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule", "wsd_decay_frac",

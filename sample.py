@@ -80,7 +80,7 @@ def main(argv=None):
     if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
         parser.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: no CUDA GPU is available")
+        parser.error(f"--device {args.device}: no CUDA GPU is available (sample on the CPU: --device cpu)")
     if args.start.startswith("FILE:") and not os.path.isfile(args.start[5:]):
         # a folder exists, so "not found" would send the user looking for it (configurator.py's wording)
         parser.error(f"prompt file {args.start[5:]} "

@@ -91,7 +91,8 @@ def main(argv=None):
     for seed in seeds:                     # alternated, so a slow stretch of the machine hits both alike
         for name, flags in (("base", args.base), ("candidate", args.candidate)):
             loss, tps = train(args.config, flags, seed, args, os.path.join(os.path.abspath(args.out), f"{name}_{seed}"))
-            rows.append(f"| {name} | `{flags or '(the preset)'}` | {seed} | {loss:.4f} | {tps or 0:,.0f} |")
+            speed = f"{tps:,.0f}" if tps else "– (no timed steps)"
+            rows.append(f"| {name} | `{flags or '(the preset)'}` | {seed} | {loss:.4f} | {speed} |")
             losses[name].append(loss)
             print(rows[-1], flush=True)
     print("\n".join(rows))

@@ -1,6 +1,7 @@
 """benchmarks/loss_check.py on the CPU: the verdict against the seed-to-seed spread, two tiny recipes end to end
 (the same seed gives the same loss, so the spread is between seeds), and bad input refused in one line."""
 import os
+import re
 import sys
 
 import pytest
@@ -27,6 +28,15 @@ def test_two_recipes_two_seeds_end_to_end(byte_data, tmp_path, capsys):
     runs = [line for line in out if line.startswith("| base |") or line.startswith("| candidate |")]
     assert len(runs) == 8 and "failed" not in "".join(runs)                 # each row printed as it ends, then the table
     assert out[-1].startswith("candidate - base: ") and "seed-to-seed spread" in out[-1]
+    assert all(re.search(r"\| [1-9][\d,]* \|$", r) for r in runs), runs      # the 4th step is timed (warm-up 3)
+
+
+def test_a_run_too_short_to_time_says_so_instead_of_zero(byte_data, tmp_path, capsys):
+    tiny = f"--data_dir={byte_data} --n_layer=1 --n_head=2 --n_embd=32 --block_size=64"
+    loss_check.main(["--config", "", f"--base={tiny}", f"--candidate={tiny} --lr_schedule=wsd", "--steps", "2", "--batch_size", "4",
+                     "--eval_tokens", "512", "--seeds", "1,2", "--out", str(tmp_path)])
+    runs = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| base |")]
+    assert runs and all(r.endswith("| – (no timed steps) |") for r in runs), runs
 
 
 def test_a_failed_run_stops_it_in_one_line_and_no_earlier_result_is_reused(byte_data, tmp_path):

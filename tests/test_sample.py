@@ -46,6 +46,14 @@ def test_prompt_file_that_is_a_folder_is_one_line(tmp_path, capsys):
         assert e.value.code == 2 and capsys.readouterr().err == f"error: prompt file {start} {why}\n"
 
 
+def test_cuda_without_a_gpu_names_the_cpu_way_out(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sample.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        sample.main([f"--out_dir={tmp_path}", "--device=cuda"])
+    assert e.value.code == 2 and capsys.readouterr().err == \
+        "error: --device cuda: no CUDA GPU is available (sample on the CPU: --device cpu)\n"
+
+
 def test_good_flags_sample(byte_data, tmp_path, capsys):
     """A small temperature, top_k 1 (greedy) and top_k 0 (the whole vocabulary) sample, space form too;
     greedy decoding gives every sample the same text."""

@@ -65,7 +65,8 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--check_mask=True", "--packing=False"], ValueError,
      "check_mask=True checks the document mask: it needs packing"),
     (["--config", "config/fast.py", "--device=cpu"], ValueError,
-     r"this run is on the CPU: add --fp8_head=False \(config/fast.py and config/gpt2-\*.py set fp8_head=True\)"),
+     r"this run is on the CPU: add --fp8_head=False \(config/fast.py and config/gpt2-\*.py set fp8_head=True\); "
+     r"for a CPU, the quickstart \(python train.py\) is the right size"),
     (["--config", "config/fast.py", "--fp8=True", "--device=cpu"], ValueError,
      r"^fp8=True and fp8_head=True need a GPU .* add --fp8=False --fp8_head=False"),
     (["--fused_ce=True", "--dtype=float16"], ValueError, "fused_ce=True with dtype='float16' is not supported"),
@@ -76,6 +77,7 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--fp8_head=True", "--fused_ce=True", "--fused_ce_chunk=1000"], ValueError,
      r"and fused_ce_chunk \(1000\) to be multiples of 16"),
     (["--fused_ce_chunk=0"], ValueError, "'fused_ce_chunk' must be positive"),
+    (["--fused_ce_chunk=4096"], ValueError, "fused_ce_chunk=4096 would do nothing: .* Add --fused_ce=True"),
     (["--attention=varlen"], ValueError, "attention='varlen' .* takes bfloat16 or float16"),
     (["--attention=varlen", "--dtype=bfloat16", "--device=cpu"], ValueError, "varlen kernels do not run on the CPU"),
     (["--compile_regional=True"], ValueError,
