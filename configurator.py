@@ -67,6 +67,7 @@ class Config:
     wsd_decay_frac: float = 0.2            # lr_schedule=wsd: the share of lr_decay_iters spent decaying
     muon_lr: float = 0.02                  # optimizer=muon: peak learning rate of the Muon matrices
     muon_momentum: float = 0.95            # optimizer=muon: Muon's (Nesterov) momentum
+    muon_batched: bool = False             # optimizer=muon: the Newton-Schulz step of each shape's matrices batched
     learning_rate: float = 3e-3            # peak learning rate (AdamW's groups)
     min_lr: float = 3e-4                   # learning rate after the decay
     warmup_iters: int = 30                 # linear warmup steps

@@ -18,6 +18,10 @@ edit this module and its keys in configurator.py.
                       wsd_decay_frac of lr_decay_iters (warmup-stable-decay, the "trapezoidal" schedule of
                       Hägele et al. 2024, modded-nanogpt's and nanochat's).
 
+  muon_batched=True   the same update, with the Newton-Schulz iterations of every matrix of one shape run
+                      together as batched matmuls (modded-nanogpt batches them too): a few dozen kernels per
+                      shape and step instead of per matrix. Off until it measures faster (BENCHMARKS.md).
+
 Each group's peak learning rate is the config's (muon_lr for Muon's, learning_rate for the rest), read at every
 step, so a resume that changes it takes effect; the schedule gives every group the same shape, and
 min_lr / learning_rate is the floor's share of every peak.
@@ -39,6 +43,9 @@ def check(cfg, world):
         raise ValueError(f"wsd_decay_frac={cfg.wsd_decay_frac}: the share of lr_decay_iters spent decaying, in (0, 1]")
     if cfg.muon_lr <= 0:
         raise ValueError(f"muon_lr={cfg.muon_lr} must be positive")
+    if cfg.muon_batched and cfg.optimizer != "muon":
+        raise ValueError("muon_batched=True would do nothing: it is how Muon's step runs. Add --optimizer=muon, "
+                         "or leave muon_batched out")
 
 
 def param_groups(model, cfg):
@@ -64,7 +71,8 @@ def build(model, cfg, device):
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(groups, **adamw)
     return MuonAdamW([g for g in groups if g.get("muon")], [g for g in groups if not g.get("muon")],
-                     dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=True, weight_decay=0.0), adamw)
+                     dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=True, weight_decay=0.0), adamw,
+                     muon_class=BatchedMuon if cfg.muon_batched else torch.optim.Muon)
 
 
 def peak_lr(group, cfg):
@@ -78,7 +86,8 @@ def describe(optimizer, cfg):
     for g in optimizer.param_groups:
         n = sum(p.numel() for p in g["params"])
         if n:
-            what = "Muon (the block matrices; c_attn as one 3C x C matrix)" if g.get("muon") else \
+            what = f"Muon{' batched' if cfg.muon_batched else ''} (the block matrices; c_attn as one 3C x C matrix)" \
+                if g.get("muon") else \
                 "AdamW (gains, biases)" if not g["weight_decay"] else \
                 "AdamW (matrices)" if cfg.optimizer == "adamw" else "AdamW (the embeddings and head)"
             parts.append(f"{what} lr {peak_lr(g, cfg):g} weight decay {g['weight_decay']:g}, {len(g['params'])} tensors "
@@ -129,8 +138,8 @@ class MuonAdamW(torch.optim.Optimizer):
     treat it as any optimizer. step() runs torch.optim.Muon on the first groups and torch.optim.AdamW on the
     others, both over this optimizer's own groups and state."""
 
-    def __init__(self, muon_groups, adamw_groups, muon_kwargs, adamw_kwargs):
-        self._muon = torch.optim.Muon(muon_groups, **muon_kwargs)
+    def __init__(self, muon_groups, adamw_groups, muon_kwargs, adamw_kwargs, muon_class=torch.optim.Muon):
+        self._muon = muon_class(muon_groups, **muon_kwargs)
         self._adamw = torch.optim.AdamW(adamw_groups, **adamw_kwargs)
         super().__init__(self._muon.param_groups + self._adamw.param_groups, {})
         self._link()
@@ -149,4 +158,62 @@ class MuonAdamW(torch.optim.Optimizer):
         loss = None if closure is None else closure()
         self._muon.step()
         self._adamw.step()
+        return loss
+
+
+def orthogonalize(g, ns_coefficients, ns_steps, eps):
+    """torch.optim.Muon's Newton-Schulz iteration (its _zeropower_via_newtonschulz: bfloat16, the wide
+    orientation, each matrix scaled to Frobenius norm 1 first) over a batch of matrices g (k, A, B)."""
+    a, b, c = ns_coefficients
+    x = g.bfloat16()
+    tall = g.size(-2) > g.size(-1)
+    if tall:
+        x = x.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
+
+
+def muon_lr_scale(shape, adjust_lr_fn):
+    """torch.optim.Muon's learning-rate adjustment for a matrix of `shape` (A, B)."""
+    A, B = shape[:2]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return math.sqrt(max(1, A / B))
+    return 0.2 * math.sqrt(max(A, B)) if adjust_lr_fn == "match_rms_adamw" else 1.0
+
+
+class BatchedMuon(torch.optim.Muon):
+    """torch.optim.Muon's update (momentum, Nesterov, Newton-Schulz, decoupled weight decay, the shape's
+    learning-rate scale), with the matrices of one shape stacked and orthogonalised together, and the
+    elementwise steps as foreach ops over each shape's list. The same state (one momentum buffer per matrix),
+    so a checkpoint of either loads in the other."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd, mu = float(group["lr"]), group["weight_decay"], group["momentum"]
+            by_shape = {}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                by_shape.setdefault(tuple(p.shape), []).append(p)
+            for shape, params in by_shape.items():
+                grads = [p.grad for p in params]
+                bufs = [self.state[p]["momentum_buffer"] for p in params]
+                torch._foreach_lerp_(bufs, grads, 1 - mu)
+                update = torch._foreach_lerp(grads, bufs, mu) if group["nesterov"] else bufs
+                update = orthogonalize(torch.stack(update), group["ns_coefficients"], group["ns_steps"], group["eps"])
+                if wd:
+                    torch._foreach_mul_(params, 1 - lr * wd)
+                torch._foreach_add_(params, update.to(params[0].dtype).unbind(0),
+                                    alpha=-lr * muon_lr_scale(shape, group["adjust_lr_fn"]))
         return loss

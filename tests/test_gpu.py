@@ -422,3 +422,26 @@ def test_a_checkpoint_from_the_gpu_holds_the_tied_head_once():
     m = gpt("sdpa")
     sd = model_state(m, cpu=True)
     assert sd["lm_head.weight"].device.type == "cpu" and sd["lm_head.weight"] is sd["transformer.wte.weight"]
+
+
+def test_batched_muon_gives_torchs_muon_update_on_the_gpu():
+    """muon_batched on the GPU, GPT-2 124M's four block shapes (two matrices each): the parameters after three
+    steps match torch.optim.Muon's to bfloat16's rounding of the Newton-Schulz matmuls (batched against single
+    GEMM kernels may round differently)."""
+    from speedgpt import optim
+    torch.manual_seed(0)
+    shapes = [(2304, 768), (768, 768), (3072, 768), (768, 3072)] * 2
+    start = [0.02 * torch.randn(s, device="cuda") for s in shapes]
+    grads = [[torch.randn(s, device="cuda") for s in shapes] for _ in range(3)]
+    runs = []
+    for cls in (torch.optim.Muon, optim.BatchedMuon):
+        params = [torch.nn.Parameter(p.clone()) for p in start]
+        opt = cls(params, lr=0.02, weight_decay=0.0, momentum=0.95)
+        for g in grads:
+            for p, gi in zip(params, g):
+                p.grad = gi.clone()
+            opt.step()
+        runs.append(params)
+    for ref, got, s in zip(*runs, start):
+        step = (ref - s).abs().max().item()
+        assert step > 1e-3 and (ref - got).abs().max().item() < 0.05 * step

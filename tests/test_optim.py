@@ -75,11 +75,12 @@ def train_steps(m, opt, cfg, steps, start=0):
     return losses
 
 
-def test_muon_with_adamw_learns_and_resumes_exactly():
+@pytest.mark.parametrize("batched", [False, True])
+def test_muon_with_adamw_learns_and_resumes_exactly(batched):
     """Muon on the block matrices and AdamW on the rest, as one optimizer: the loss falls, each group gets its
-    own learning rate, and a state dict taken mid-run continues the run exactly."""
+    own learning rate, and a state dict taken mid-run continues the run exactly (muon_batched too)."""
     cfg = configurator.Config(optimizer="muon", lr_schedule="wsd", learning_rate=1e-2, min_lr=1e-3, warmup_iters=2,
-                              max_iters=12, lr_decay_iters=12)
+                              max_iters=12, lr_decay_iters=12, muon_batched=batched)
     m = tiny()
     opt = optim.build(m, cfg, torch.device("cpu"))
     assert isinstance(opt, torch.optim.Optimizer)
@@ -96,6 +97,45 @@ def test_muon_with_adamw_learns_and_resumes_exactly():
     opt2.load_state_dict(state["opt"])
     assert head + train_steps(resumed, opt2, cfg, 6, start=6) == straight
     assert any("momentum_buffer" in s for s in opt2.state.values()) and any("exp_avg" in s for s in opt2.state.values())
+
+
+def test_batched_muon_is_torchs_muon_step_for_step():
+    """BatchedMuon (muon_batched) against torch.optim.Muon on matrices of three shapes (wide, tall, square; two
+    of each), with weight decay and both learning-rate adjustments: the same parameters after five steps, to
+    bfloat16's rounding of the Newton-Schulz matmuls, and the same state, so either loads the other's."""
+    torch.manual_seed(0)
+    shapes = [(8, 24), (24, 8), (16, 16)] * 2
+    for adjust in (None, "match_rms_adamw"):
+        start = [torch.randn(s) for s in shapes]
+        grads = [[torch.randn(s) for s in shapes] for _ in range(5)]
+        runs = []
+        for cls in (torch.optim.Muon, optim.BatchedMuon):
+            params = [torch.nn.Parameter(p.clone()) for p in start]
+            opt = cls(params, lr=0.05, weight_decay=0.1, momentum=0.9, adjust_lr_fn=adjust)
+            for g in grads:
+                for p, gi in zip(params, g):
+                    p.grad = gi.clone()
+                opt.step()
+            runs.append((params, opt))
+        (ref, ref_opt), (got, got_opt) = runs
+        moved = max((r - s).abs().max().item() for r, s in zip(ref, start))
+        diff = max((r - g).abs().max().item() for r, g in zip(ref, got))
+        assert moved > 0.1 and diff < 2e-2 * moved, (adjust, moved, diff)
+        for r, g in zip(ref, got):
+            torch.testing.assert_close(ref_opt.state[r]["momentum_buffer"], got_opt.state[g]["momentum_buffer"])
+        swapped = optim.BatchedMuon([torch.nn.Parameter(p.detach().clone()) for p in ref], lr=0.05)
+        swapped.load_state_dict(ref_opt.state_dict())
+        assert all("momentum_buffer" in st for st in swapped.state.values()) and len(swapped.state) == len(shapes)
+
+
+def test_orthogonalize_gives_near_orthogonal_rows():
+    """The batched Newton-Schulz makes each matrix's singular values about 1 (0.5-1.5, as the quintic's
+    coefficients intend), wide and tall alike, each matrix on its own scale."""
+    torch.manual_seed(0)
+    for shape in ((3, 16, 48), (3, 48, 16)):
+        g = torch.randn(shape) * torch.tensor([1e-3, 1.0, 1e3]).view(3, 1, 1)
+        sv = torch.linalg.svdvals(optim.orthogonalize(g, (3.4445, -4.7750, 2.0315), 5, 1e-7).float())
+        assert sv.min() > 0.3 and sv.max() < 1.6, sv
 
 
 def test_describe_names_each_group():

@@ -87,6 +87,7 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--optimizer=sgd"], ValueError, r"'optimizer' \(command line\) must be one of \('adamw', 'muon'\)"),
     (["--lr_schedule=wsd", "--wsd_decay_frac=0"], ValueError, r"wsd_decay_frac=0.0: the share of lr_decay_iters"),
     (["--optimizer=muon", "--muon_lr=0"], ValueError, "muon_lr=0.0 must be positive"),
+    (["--muon_batched=True"], ValueError, "muon_batched=True would do nothing: .* Add --optimizer=muon"),
     (["--init_from=resume"], FileNotFoundError, "ckpt.pt"),
     (["--batch_size=0"], ValueError, "'batch_size' must be positive"),
     (["--max_iters=-1"], ValueError, "'max_iters' must be >= 0"),
