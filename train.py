@@ -64,7 +64,7 @@ def check_flags(cfg, proc):
     measure.check(resolved)
     fp8.check(resolved, proc.device)
     optim.check(resolved, proc.world)
-    compilation.check(resolved)
+    compilation.check(resolved, proc.device)
     check_parallelism(resolved, proc.world)
     memory.check_run(resolved, proc.device, proc.world)
     check_out_dir(resolved.out_dir)

@@ -41,7 +41,7 @@ def train(config, flags, seed, args, out_dir):
     summary = os.path.join(out_dir, "summary.json")
     if rc != 0 or not os.path.isfile(summary):
         sys.exit(f"error: run {os.path.basename(out_dir)} failed: {error_line(out_dir + '.log').removeprefix('error: ')} "
-                 f"(log: {out_dir}.log)")
+                 f"(log: {out_dir}.log; a flag it names goes in --base and --candidate, or choose another --config)")
     with open(summary) as f:
         s = json.load(f)
     return s["val_loss"], s.get("median_tokens_per_sec")
@@ -96,6 +96,9 @@ def main(argv=None):
             losses[name].append(loss)
             print(rows[-1], flush=True)
     print("\n".join(rows))
+    if args.steps < 100:
+        print(f"note: {args.steps} steps, a warm-up of {max(1, args.steps // 10)}: too few for the losses to mean much "
+              "(the protocol is 300)")
     print(verdict(losses))
 
 

@@ -13,12 +13,17 @@ this GPU instead of by heuristics (modded-nanogpt does the same). The first comp
 import torch
 
 
-def check(cfg):
-    """Raise ValueError unless the compile flags can work together: compile_regional needs compile."""
+def check(cfg, device=None):
+    """Raise ValueError unless the compile flags can work together: compile_regional and compile_tuning need
+    compile, and compile_tuning a CUDA `device` (a torch.device; None: not checked), the tuner being
+    Triton's."""
     if cfg.compile_regional and not cfg.compile:
         raise ValueError("compile_regional=True chooses how the model is compiled: it needs compile=True")
     if cfg.compile_tuning and not cfg.compile:
         raise ValueError("compile_tuning=True tunes the compiled kernels: it needs compile=True")
+    if cfg.compile_tuning and device is not None and device.type != "cuda":
+        raise ValueError(f"compile_tuning=True tunes the Triton kernels compiled for a GPU; on {device.type} it "
+                         "would do nothing: leave it out")
 
 
 def apply(model, regional=False, tuning=False):

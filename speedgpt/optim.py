@@ -43,9 +43,12 @@ def check(cfg, world):
         raise ValueError(f"wsd_decay_frac={cfg.wsd_decay_frac}: the share of lr_decay_iters spent decaying, in (0, 1]")
     if cfg.muon_lr <= 0:
         raise ValueError(f"muon_lr={cfg.muon_lr} must be positive")
-    if cfg.muon_batched and cfg.optimizer != "muon":
-        raise ValueError("muon_batched=True would do nothing: it is how Muon's step runs. Add --optimizer=muon, "
-                         "or leave muon_batched out")
+    if cfg.optimizer != "muon":
+        for key in ("muon_lr", "muon_momentum", "muon_batched"):
+            value, default = getattr(cfg, key), type(cfg).__dataclass_fields__[key].default
+            if value != default:
+                raise ValueError(f"{key}={value} would do nothing: it is a setting of Muon's. Add --optimizer=muon, "
+                                 f"or leave {key} out")
 
 
 def param_groups(model, cfg):

@@ -28,6 +28,7 @@ def test_two_recipes_two_seeds_end_to_end(byte_data, tmp_path, capsys):
     runs = [line for line in out if line.startswith("| base |") or line.startswith("| candidate |")]
     assert len(runs) == 8 and "failed" not in "".join(runs)                 # each row printed as it ends, then the table
     assert out[-1].startswith("candidate - base: ") and "seed-to-seed spread" in out[-1]
+    assert out[-2] == "note: 4 steps, a warm-up of 1: too few for the losses to mean much (the protocol is 300)"
     assert all(re.search(r"\| [1-9][\d,]* \|$", r) for r in runs), runs      # the 4th step is timed (warm-up 3)
 
 
@@ -44,7 +45,8 @@ def test_a_failed_run_stops_it_in_one_line_and_no_earlier_result_is_reused(byte_
     args = ["--config", "", f"--base={tiny}", "--steps", "2", "--batch_size", "4", "--eval_tokens", "512", "--seeds",
             "1,2", "--out", str(tmp_path)]
     loss_check.main([*args, f"--candidate={tiny} --optimizer=muon"])
-    with pytest.raises(SystemExit, match=r"^error: run candidate_1 failed: unknown config key 'optimizr'.* \(log: "):
+    with pytest.raises(SystemExit, match=r"^error: run candidate_1 failed: unknown config key 'optimizr'.* \(log: "
+                       r".*; a flag it names goes in --base and --candidate, or choose another --config\)$"):
         loss_check.main([*args, f"--candidate={tiny} --optimizr=muon"])
     assert not (tmp_path / "candidate_1" / "summary.json").exists()          # the earlier run's is gone
 

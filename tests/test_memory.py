@@ -115,7 +115,8 @@ def test_the_reported_run_is_refused_on_a_24_gb_cpu_in_one_line(monkeypatch):
     assert pytest.approx(float(str(e.value).split()[4]), rel=0.05) == 36.0     # its estimate, in GB
     assert re.fullmatch(
         rf"this run needs about {n} GB per process \(weights \+ optimizer {n}, activations {n}, head {n}\), "
-        r"more than 90% of the 24\.0 GB cpu has available: lower --batch_size \(total_batch_size keeps the "
+        r"more than 90% of the 24\.0 GB cpu has available: on a CPU, the quickstart's size \(python train\.py; these "
+        r"steps are 524,288 tokens\), or lower --batch_size \(total_batch_size keeps the "
         r"step's tokens\), or --block_size, or use --grad_checkpointing=full, or a smaller --fused_ce_chunk; "
         r"--memory_check=False skips "
         r"this check", str(e.value)), str(e.value)
