@@ -66,6 +66,31 @@ def test_text_field_and_max_tokens(tmp_path):
         data.prepare(str(tmp_path / "d.jsonl"), str(tmp_path / "x"), "byte", workers=1)
 
 
+def _signal_data_py(source, out, delay, signum):
+    """data.py preparing `source` into `out` in its own process group (a terminal's job), with two busy
+    processes beside it; `signum` to the whole group `delay` s after its temp folder appears. Returns (the
+    process, its stderr, seconds from the signal to its end)."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        cmd = [sys.executable, "data.py", "--input", str(source), "--out", str(out), "--workers=1",
+               "--shard_tokens=100000"]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        temp, deadline = out.parent / f".{out.name}.preparing", time.time() + 60
+        while not temp.is_dir() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(delay)
+        sent = time.time()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signum)
+        err = proc.communicate(timeout=30)[1]
+        return proc, err, time.time() - sent
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("attempt", range(6))
 def test_ctrl_c_under_load_leaves_the_old_folder_and_ends_at_once(tmp_path, attempt, big_jsonl):
@@ -78,31 +103,20 @@ def test_ctrl_c_under_load_leaves_the_old_folder_and_ends_at_once(tmp_path, atte
     out = tmp_path / "out"
     data.prepare(str(tmp_path / "big.jsonl"), str(out), "byte", workers=1, max_tokens=10_000)
     before = _folder_state(out)
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
-        cmd = [sys.executable, "data.py", "--input", str(tmp_path / "big.jsonl"), "--out", str(out),
-               "--workers=1", "--shard_tokens=100000"]
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)           # its own process group, like a terminal's job
-        deadline = time.time() + 60
-        while not (tmp_path / ".out.preparing").is_dir() and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.01)
-        time.sleep(random.Random(attempt).uniform(0, 1.5))        # a random moment: starting, tokenising, writing
-        sent = time.time()
-        signum = signal.SIGKILL if attempt == 5 else signal.SIGINT
-        os.killpg(proc.pid, signum)
-        err = proc.communicate(timeout=30)[1]
-        took = time.time() - sent
-    finally:
-        for b in busy:
-            b.kill()
-            b.wait()
+    signum = signal.SIGKILL if attempt == 5 else signal.SIGINT
+    # a random moment: starting, tokenising, writing; if data.py finished first, once more at the very start
+    for delay in (random.Random(attempt).uniform(0, 1.5), 0.0):
+        proc, err, took = _signal_data_py(tmp_path / "big.jsonl", out, delay, signum)
+        if proc.returncode != 0:
+            break
+        data.prepare(str(tmp_path / "big.jsonl"), str(out), "byte", workers=1, max_tokens=10_000)   # the good folder again
+        before = _folder_state(out)
     if signum == signal.SIGKILL:
         assert proc.returncode == -signal.SIGKILL
         data.prepare(str(tmp_path / "big.jsonl"), str(out), "byte", workers=1, max_tokens=10_000)   # cleans up
     else:
         if proc.returncode == 0:
-            pytest.skip("data.py finished before the signal")
+            pytest.skip("data.py finished before the signal, twice")
         assert proc.returncode == 130, err[-2000:]
         assert err.strip().splitlines()[-1].startswith("interrupted: ") and "Traceback" not in err, err[-2000:]
         assert took < 10, f"data.py took {took:.1f} s to stop"
