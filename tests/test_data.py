@@ -67,13 +67,16 @@ def test_text_field_and_max_tokens(tmp_path):
 
 
 def _signal_data_py(source, out, delay, signum):
-    """data.py preparing `source` into `out` in its own process group (a terminal's job), with two busy
-    processes beside it; `signum` to the whole group `delay` s after its temp folder appears. Returns (the
-    process, its stderr, seconds from the signal to its end)."""
+    """data.py preparing `source` into `out` in its own process group with Ctrl-C's default handling (a
+    terminal's foreground job: a test run started in the background inherits SIGINT ignored, and Python keeps
+    it so), with two busy processes beside it; `signum` to the whole group `delay` s after its temp folder
+    appears. Returns (the process, its stderr, seconds from the signal to its end)."""
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
-        cmd = [sys.executable, "data.py", "--input", str(source), "--out", str(out), "--workers=1",
-               "--shard_tokens=100000"]
+        as_in_a_terminal = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                            "sys.argv = sys.argv[1:]; runpy.run_path('data.py', run_name='__main__')")
+        cmd = [sys.executable, "-c", as_in_a_terminal, "data.py", "--input", str(source), "--out", str(out),
+               "--workers=1", "--shard_tokens=100000"]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         temp, deadline = out.parent / f".{out.name}.preparing", time.time() + 60
