@@ -18,6 +18,7 @@ import importlib.util
 import torch
 
 from speedgpt import softmax_pass
+from speedgpt.memory import cpu_way_out
 
 
 # fp8_layers' kinds: the block Linears of model.py, by the end of their names
@@ -68,10 +69,9 @@ def check(cfg, device):
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         where = "the CPU" if device.type != "cuda" else \
             f"{torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))})"
-        cpu = "; for a CPU, the quickstart (python train.py) is the right size: the GPU presets' steps are " \
-            "524,288 tokens each" if device.type != "cuda" else ""
+        cpu = cpu_way_out(cfg, device)
         raise ValueError(f"{asking} a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on "
-                         f"{where}: add {off}{cpu}")
+                         f"{where}: add {off}" + (f"; or, {cpu}" if cpu else ""))
     if (cfg.fp8_head or cfg.fp8_recipe != "rowwise_bf16_wgrad") and importlib.util.find_spec("torchao") is None:
         raise ValueError(f"{asking} torchao: pip install torchao, or add {off}")
     softmax_pass.check(cfg, device)

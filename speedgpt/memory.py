@@ -204,12 +204,19 @@ def check(cfg, vocab_size, device, world=1):
         ways.append("or --fused_ce=True (no logits kept)")
     if world > 1 and cfg.parallelism == "ddp" and est.weights > est.activations:
         ways.append("or --parallelism=fsdp (shards the weights)")
-    if device.type == "cpu" and cfg.total_batch_size > 65536:       # a GPU preset: lowering the batch will not do
-        ways = [f"on a CPU, the quickstart's size (python train.py; these steps are {cfg.total_batch_size:,} tokens)",
-                "or " + ways[0]] + ways[1:]
+    if cpu_way_out(cfg, device):                # a GPU preset: lowering the batch will not do
+        ways = [cpu_way_out(cfg, device), "or " + ways[0]] + ways[1:]
     processes = f" ({sharing} processes on this machine: {need / GB:.1f} GB)" if sharing > 1 else ""
     raise ValueError(f"this run needs about {est.describe()}{processes}, more than {MARGIN:.0%} of {where}: "
                      f"{', '.join(ways)}; --memory_check=False skips this check")
+
+
+def cpu_way_out(cfg, device):
+    """The way out for a GPU-sized run (steps over 65,536 tokens) on the CPU, for a refusal's line: the
+    quickstart's size; '' elsewhere."""
+    if device.type != "cpu" or cfg.total_batch_size <= 65536:
+        return ""
+    return f"on a CPU, the quickstart's size (python train.py; these steps are {cfg.total_batch_size:,} tokens)"
 
 
 def out_of_memory_line(e):

@@ -66,7 +66,7 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
      "check_mask=True checks the document mask: it needs packing"),
     (["--config", "config/fast.py", "--device=cpu"], ValueError,
      r"this run is on the CPU: add --fp8_head=False \(config/fast.py and config/gpt2-\*.py set fp8_head=True\); "
-     r"for a CPU, the quickstart \(python train.py\) is the right size"),
+     r"or, on a CPU, the quickstart's size \(python train.py; these steps are 524,288 tokens\)$"),
     (["--config", "config/fast.py", "--fp8=True", "--device=cpu"], ValueError,
      r"^fp8=True and fp8_head=True need a GPU .* add --fp8=False --fp8_head=False"),
     (["--fused_ce=True", "--dtype=float16"], ValueError, "fused_ce=True with dtype='float16' is not supported"),
