@@ -3,8 +3,9 @@ FP8 training, one feature in one module (torchtitan's float8 converter: check, t
 
   fp8=True       the block Linears at least fp8_min_dim wide become torchao Float8Linear (dynamic scaling,
                  fp8_recipe tensorwise or rowwise), or with fp8_recipe='rowwise_bf16_wgrad' this module's own
-                 RowwiseFloat8Linear (below: casts fused into the kernels that produce their inputs); never
-                 the output head. fp8_layers picks the kinds (qkv, attn_proj, fc, mlp_proj; default all
+                 RowwiseFloat8Linear (per-row scales, its casts fused into the kernels that produce their
+                 inputs), or with 'tensorwise_fused' its TensorwiseFloat8Linear (torchao's tensorwise
+                 scales in plain ops, below); never the output head. fp8_layers picks the kinds (qkv, attn_proj, fc, mlp_proj; default all
                  four). Which recipe wins at which width: BENCHMARKS.md, FP8.
   fp8_head=True  the fused head's three matmuls (speedgpt/fused_ce.py, so fused_ce=True) run in float8
                  through fp8_mm below: torchao's tensorwise scaling, e4m3 for the hidden states and the
@@ -72,7 +73,7 @@ def check(cfg, device):
         cpu = cpu_way_out(cfg, device)
         raise ValueError(f"{asking} a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on "
                          f"{where}: add {off}" + (f"; or, {cpu}" if cpu else ""))
-    if (cfg.fp8_head or cfg.fp8_recipe != "rowwise_bf16_wgrad") and importlib.util.find_spec("torchao") is None:
+    if (cfg.fp8_head or cfg.fp8_recipe not in OWN_RECIPES) and importlib.util.find_spec("torchao") is None:
         raise ValueError(f"{asking} torchao: pip install torchao, or add {off}")
     softmax_pass.check(cfg, device)
 
@@ -80,7 +81,7 @@ def check(cfg, device):
 def convert(model, cfg):
     """Swap the block Linears of `model` (a GPT) of the kinds cfg.fp8_layers names (layer_kinds), with both
     dimensions divisible by 16 and at least cfg.fp8_min_dim wide, for torchao Float8Linear (cfg.fp8_recipe)
-    or RowwiseFloat8Linear (fp8_recipe='rowwise_bf16_wgrad');
+    or this module's own (OWN_RECIPES: fp8_recipe='rowwise_bf16_wgrad' or 'tensorwise_fused');
     never the output head (the fused head has its own float8 matmuls). Returns the converted names. Raises
     ValueError without torchao or when no layer is eligible. No device check: check() does that (tests
     convert on the CPU)."""
@@ -92,10 +93,10 @@ def convert(model, cfg):
         if ok:
             converted.append(fqn)
         return ok
-    if cfg.fp8_recipe == "rowwise_bf16_wgrad":          # ours (below): no torchao
+    if cfg.fp8_recipe in OWN_RECIPES:                   # ours (below): no torchao
         for fqn, module in model.named_modules():
             if type(module) is torch.nn.Linear and eligible(module, fqn):
-                module.__class__ = RowwiseFloat8Linear
+                module.__class__ = OWN_RECIPES[cfg.fp8_recipe]
     else:
         try:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -170,16 +171,16 @@ def rowwise_cast(t):
     return t8, amax / FP8_MAX
 
 
-def scaled_mm(a8, a_scale, b8, b_scale, out_dtype):
+def scaled_mm(a8, a_scale, b8, b_scale, out_dtype, fast_accum=True):
     """(a8 * a_scale) @ (b8 * b_scale) in out_dtype: a8 (M, K) row-major with a_scale (M, 1), b8 (K, N)
-    column-major with b_scale (1, N), float32 scales. On a GPU torch._scaled_mm with Hopper's fast
-    accumulation: its rowwise kernel (CUTLASS's) is much slower without it, as torchao notes in
-    addmm_float8_unwrapped, and the tensorwise cuBLAS kernel at unit scales with the scales applied to its
-    output measured slower still (BENCHMARKS.md, FP8). On the CPU the same product in float32, for the tests
-    (torch's CPU float8 matmul takes no rowwise scales)."""
+    column-major with b_scale (1, N), float32 scales (or both 0-dim: tensorwise). On a GPU torch._scaled_mm,
+    by default with Hopper's fast accumulation: its rowwise kernel (CUTLASS's) is much slower without it, as
+    torchao notes in addmm_float8_unwrapped, and the tensorwise cuBLAS kernel at unit scales with the scales
+    applied to its output measured slower still (BENCHMARKS.md, FP8). On the CPU the same product in float32,
+    for the tests (torch's CPU float8 matmul takes no rowwise scales)."""
     if a8.device.type != "cuda":
         return ((a8.float() * a_scale) @ (b8.float() * b_scale)).to(out_dtype)
-    return torch._scaled_mm(a8, b8, scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype, use_fast_accum=True)
+    return torch._scaled_mm(a8, b8, scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype, use_fast_accum=fast_accum)
 
 
 class _RowwiseLinear(torch.autograd.Function):
@@ -201,13 +202,65 @@ class _RowwiseLinear(torch.autograd.Function):
         return scaled_mm(dy8, dys, wt8.t(), wts.t(), dy.dtype), dy.t() @ x
 
 
+# -----------------------------------------------------------------------------
+# fp8_recipe='tensorwise_fused': torchao's tensorwise recipe (one scale per tensor, fp8_max / amax; e4m3 for
+# the input and the weight, e5m2 for the output gradient; all three GEMMs in float8, fast accumulation in the
+# forward only) in plain PyTorch ops, compiled with the block's own kernels. The amax is taken per row and
+# then over the rows (max is exact in any order, so the scales are torchao's), written so that the per-row
+# part can join the kernel that makes the tensor (LayerNorm, GELU); Inductor still gives most amaxes a pass
+# of their own (benchmarks/results/profiles_h200.md): delayed scales would free the cast from waiting on it.
+# The backward keeps the float8 input and transposes the float8 copies the weight gradient needs. It measured
+# faster than torchao's Float8Linear at 1280 and 1600 wide, slower than the rowwise recipe at 1024
+# (BENCHMARKS.md, FP8).
+
+
+def tensorwise_cast(t, dtype=torch.float8_e4m3fn):
+    """t (M, K) -> (t8 (M, K) in dtype, inv_scale 0-dim float32) with t ~= t8 * inv_scale: torchao's
+    tensorwise scale (fp8_max / amax, the amax clamped to 1e-12, computed in float64), saturating cast."""
+    fmax = torch.finfo(dtype).max
+    amax = t.abs().amax(dim=-1).amax().double().clamp(min=1e-12)
+    scale = (fmax / amax).float()
+    t8 = (t.float() * scale).clamp(-fmax, fmax).to(dtype)
+    return t8, scale.reciprocal()
+
+
+class _TensorwiseLinear(torch.autograd.Function):
+    """y = x @ w.T with all three GEMMs in float8, tensorwise scales. x (M, K) and w (N, K) in bf16 (or fp16);
+    M, K and N multiples of 16 on the GPU."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        x8, xs = tensorwise_cast(x)
+        w8, ws = tensorwise_cast(w)
+        ctx.save_for_backward(x8, xs, w8, ws)
+        return scaled_mm(x8, xs, w8.t(), ws, x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x8, xs, w8, ws = ctx.saved_tensors
+        dy8, dys = tensorwise_cast(dy, torch.float8_e5m2)
+        dx = scaled_mm(dy8, dys, w8.t().contiguous().t(), ws, dy.dtype, fast_accum=False)      # w8 column-major
+        dw = scaled_mm(dy8.t().contiguous(), dys, x8.t().contiguous().t(), xs, dy.dtype, fast_accum=False)
+        return dx, dw
+
+
 class RowwiseFloat8Linear(torch.nn.Linear):
     """nn.Linear whose matmul is _RowwiseLinear in the autocast dtype (bf16 without autocast); convert()
     swaps a Linear's class to it, so its parameters and state-dict keys stay those of the Linear."""
+    matmul = _RowwiseLinear
 
     def forward(self, x):
         dt = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else torch.bfloat16
         with torch.autocast(x.device.type, enabled=False):
-            y = _RowwiseLinear.apply(x.reshape(-1, x.size(-1)).to(dt), self.weight.to(dt))
+            y = self.matmul.apply(x.reshape(-1, x.size(-1)).to(dt), self.weight.to(dt))
             y = y.view(*x.shape[:-1], -1)
             return y if self.bias is None else y + self.bias.to(dt)
+
+
+class TensorwiseFloat8Linear(RowwiseFloat8Linear):
+    """The same swap, with _TensorwiseLinear (fp8_recipe='tensorwise_fused')."""
+    matmul = _TensorwiseLinear
+
+
+# fp8_recipe -> this module's Linear class (the other recipes are torchao's)
+OWN_RECIPES = {"rowwise_bf16_wgrad": RowwiseFloat8Linear, "tensorwise_fused": TensorwiseFloat8Linear}

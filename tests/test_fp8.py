@@ -47,6 +47,36 @@ def test_rowwise_linear_is_close_to_bf16_and_keeps_the_weight_gradient_in_bf16()
     assert rel(lin.weight.grad, ref.weight.grad) < 1e-2 and lin.weight.grad.dtype == torch.float32
 
 
+def test_tensorwise_fused_linear_is_close_to_bf16_with_one_scale_per_tensor():
+    """fp8_recipe='tensorwise_fused' on the CPU (float8 operands multiplied in float32): near bf16 in the
+    output and both gradients, and its cast takes torchao's tensorwise scale (fp8_max over the whole tensor's
+    amax, here found per row first) with the saturating round trip within float8's precision."""
+    torch.manual_seed(0)
+    t = torch.randn(32, 64) * torch.linspace(0.1, 10, 32)[:, None]
+    t8, inv = fp8.tensorwise_cast(t)
+    assert t8.dtype == torch.float8_e4m3fn and inv.shape == () and inv.dtype == torch.float32
+    assert torch.isclose(inv, t.abs().max() / 448.0) and t8.float().abs().max() == 448.0
+    assert ((t8.float() * inv - t).abs() <= t.abs() / 16 + inv).all()            # e4m3: 3 mantissa bits
+    g8, _ = fp8.tensorwise_cast(t, torch.float8_e5m2)
+    assert g8.dtype == torch.float8_e5m2 and g8.float().abs().max() == 57344.0
+    ref = torch.nn.Linear(64, 96, bias=False)
+    lin = torch.nn.Linear(64, 96, bias=False)
+    lin.load_state_dict(ref.state_dict())
+    lin.__class__ = fp8.TensorwiseFloat8Linear
+    x = torch.randn(4, 32, 64, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    gy = torch.randn(4, 32, 96)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, y_ref = lin(x), ref(x2)
+    y.backward(gy)
+    y_ref.backward(gy)
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
+    assert y.dtype == torch.bfloat16 and y.shape == (4, 32, 96)
+    for got, want in ((y, y_ref), (x.grad, x2.grad), (lin.weight.grad, ref.weight.grad)):
+        assert 1e-3 < rel(got, want) < 0.08                                     # float8, not bf16
+    assert lin.weight.grad.dtype == torch.float32
+
+
 def test_the_rowwise_recipe_converts_the_eligible_linears_without_torchao(monkeypatch):
     """fp8_recipe='rowwise_bf16_wgrad' swaps the class of the eligible block Linears (state-dict keys unchanged,
     the head never) and needs no torchao; the model still trains a step on the CPU."""

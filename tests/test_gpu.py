@@ -394,6 +394,38 @@ def test_rowwise_fp8_linear_matches_its_math_and_bf16(compiled):
     assert rel(lin.weight.grad, ref.weight.grad) < 1e-2                   # the weight gradient stays bf16
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="needs a GPU of compute capability 8.9+ (float8 matmuls)")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_tensorwise_fused_linear_gives_torchaos_tensorwise_results(compiled):
+    """fp8_recipe='tensorwise_fused' is torchao's tensorwise recipe with the casts written for fusion: the same
+    scales and float8 operands (bf16 weights on both sides: the same roundings), so the output and both
+    gradients equal torchao Float8Linear's up to the GEMMs' rounding, and stay near bf16's."""
+    pytest.importorskip("torchao")
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from speedgpt.fp8 import TensorwiseFloat8Linear
+    torch.manual_seed(0)
+    make = lambda: torch.nn.Linear(1024, 4096, bias=False, device="cuda", dtype=torch.bfloat16)
+    ref = torch.nn.Sequential(make())
+    lin, plain = make(), make()
+    lin.load_state_dict(ref[0].state_dict())
+    plain.load_state_dict(ref[0].state_dict())
+    convert_to_float8_training(ref, config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    lin.__class__ = TensorwiseFloat8Linear
+    x = torch.randn(8, 512, 1024, device="cuda", dtype=torch.bfloat16)
+    gy = torch.randn(8, 512, 4096, device="cuda", dtype=torch.bfloat16)
+    out = []
+    for m, w in ((lin, lin.weight), (ref, ref[0].weight), (plain, plain.weight)):
+        xi = x.clone().requires_grad_()
+        y = (torch.compile(m) if compiled else m)(xi)
+        y.backward(gy)
+        out.append((y, xi.grad, w.grad))
+    rel = lambda u, v: ((u.float() - v.float()).norm() / v.float().norm()).item()
+    for name, got, ao, bf16 in zip(("output", "input grad", "weight grad"), *out):
+        assert rel(got, ao) < 2e-3, (name, rel(got, ao), rel(got, bf16), rel(ao, bf16))
+        assert 1e-3 < rel(got, bf16) < 0.08, (name, rel(got, bf16))           # float8, not bf16
+
+
 def test_a_background_checkpoint_copies_the_gpu_state_into_reused_pinned_buffers():
     from speedgpt import checkpoint
     model = torch.nn.Linear(64, 64).cuda()
