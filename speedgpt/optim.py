@@ -20,7 +20,8 @@ edit this module and its keys in configurator.py.
 
   muon_batched=True   the same update, with the Newton-Schulz iterations of every matrix of one shape run
                       together as batched matmuls (modded-nanogpt batches them too): a few dozen kernels per
-                      shape and step instead of per matrix. Off until it measures faster (BENCHMARKS.md).
+                      shape and step instead of per matrix. The default: it measured faster than torch.optim.Muon
+                      (BENCHMARKS.md, Optimizers); --muon_batched=False runs torch.optim.Muon itself.
 
 Each group's peak learning rate is the config's (muon_lr for Muon's, learning_rate for the rest), read at every
 step, so a resume that changes it takes effect; the schedule gives every group the same shape, and

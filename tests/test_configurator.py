@@ -262,7 +262,7 @@ def test_resume_messages_name_only_what_applies(byte_data, tmp_path, capsys):
 def test_a_resume_reads_the_checkpoints_data_and_optimizer_unless_set(byte_data, tmp_path, capsys):
     """data_dir, packing, document_mask and the optimizer with its settings are the run's: `--init_from=resume`
     alone continues on them (the loader's position is a position in that data) instead of the defaults."""
-    first = tiny_args(byte_data, tmp_path, "--max_iters=4", "--packing=False", "--optimizer=muon", "--muon_batched=True",
+    first = tiny_args(byte_data, tmp_path, "--max_iters=4", "--packing=False", "--optimizer=muon", "--muon_batched=False",
                       "--muon_momentum=0.9")
     train.main(first)
     again = [a for a in tiny_args(byte_data, tmp_path, "--max_iters=6", "--init_from=resume")
@@ -271,9 +271,9 @@ def test_a_resume_reads_the_checkpoints_data_and_optimizer_unless_set(byte_data,
     assert summary["val_loss"] is not None
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert (cfg["data_dir"], cfg["packing"], cfg["optimizer"]) == (str(byte_data), False, "muon")
-    assert (cfg["muon_batched"], cfg["muon_momentum"]) == (True, 0.9)
+    assert (cfg["muon_batched"], cfg["muon_momentum"]) == (False, 0.9)
     out = capsys.readouterr().out
-    assert "resume: data_dir" not in out and "muon_batched True -> False" not in out
+    assert "resume: data_dir" not in out and "muon_batched False -> True" not in out
 
 
 def test_turning_fp8_off_on_the_command_line_drops_the_presets_fp8_details():

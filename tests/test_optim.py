@@ -142,7 +142,8 @@ def test_describe_names_each_group():
     m = tiny()
     line = optim.describe(optim.build(m, configurator.Config(optimizer="muon"), torch.device("cpu")),
                           configurator.Config(optimizer="muon"))
-    assert line.startswith("optimizer: muon, lr_schedule cosine: Muon (the block matrices; c_attn as one 3C x C matrix)")
+    assert line.startswith("optimizer: muon, lr_schedule cosine: Muon batched (the block matrices; c_attn as one 3C x C "
+                           "matrix)")
     assert "AdamW (the embeddings and head) lr 0.003" in line and "AdamW (gains, biases)" in line
 
 

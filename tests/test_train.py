@@ -87,7 +87,7 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--optimizer=sgd"], ValueError, r"'optimizer' \(command line\) must be one of \('adamw', 'muon'\)"),
     (["--lr_schedule=wsd", "--wsd_decay_frac=0"], ValueError, r"wsd_decay_frac=0.0: the share of lr_decay_iters"),
     (["--optimizer=muon", "--muon_lr=0"], ValueError, "muon_lr=0.0 must be positive"),
-    (["--muon_batched=True"], ValueError, "muon_batched=True would do nothing: .* Add --optimizer=muon"),
+    (["--muon_batched=False"], ValueError, "muon_batched=False would do nothing: .* Add --optimizer=muon"),
     (["--muon_lr=0.05"], ValueError, "muon_lr=0.05 would do nothing: it is a setting of Muon's"),
     (["--muon_momentum=0.9"], ValueError, "muon_momentum=0.9 would do nothing"),
     (["--compile=True", "--compile_tuning=True"], ValueError, "on cpu it would do nothing: leave it out"),
