@@ -383,10 +383,12 @@ def main(argv=None):
             except (RuntimeError, TypeError, ValueError) as e:
                 print(f"note: {describe_gemm(c['gemm'], vocab)} not timed alone: {str(e).splitlines()[0]}")
     opt = classes.get("optimizer (AdamW)")
-    if opt is not None and not opt["bytes"]:        # no shapes recorded for its call: from the parameter count
-        C, L = cfg["n_embd"], cfg["n_layer"]
-        params = 12 * L * C * C + 13 * L * C + vocab * C + cfg["block_size"] * C + C     # GPT (bias=False)
-        opt["bytes"], opt["bytes_counted"] = 28 * params, "parameters"   # float32: 4 tensors read, 3 written
+    C, L = cfg["n_embd"], cfg["n_layer"]
+    params = 12 * L * C * C + 13 * L * C + vocab * C + cfg["block_size"] * C + C         # GPT (bias=False)
+    if opt is not None and cfg.get("optimizer", "adamw") == "adamw" and opt["bytes"] < 28 * params:
+        # its calls recorded without (all) their tensors' shapes: every parameter is AdamW's, in float32,
+        # so the parameters and both moments are read and written and the gradients read once
+        opt["bytes"], opt["bytes_counted"] = 28 * params, "parameters"
     rows = roofline(classes, 1, bandwidth, rate, gemm_ms, attention_flops(cfg, micro))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"{trace}: one optimizer step of {micro} micro-batch(es) of {cfg['batch_size']} x {cfg['block_size']}, "

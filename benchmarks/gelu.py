@@ -1,0 +1,109 @@
+"""
+GELU's forward and backward alone, compiled, at the MLP's shapes: how close Inductor's kernels come to the copy rate,
+and how much of the gap is the exact GELU's erf (libdevice's, fp32).
+
+    python benchmarks/gelu.py                  # the MLP of 124M and 350M at 64 x 1024 tokens, of 774M at 32 x 1024
+    python benchmarks/gelu.py --device cpu --eager --shapes 256x512 --iters 2    # the smoke test (tests/test_gelu.py)
+
+Three ways to compute it, each torch.compile'd: exact (F.gelu, erf), tanh (F.gelu(approximate='tanh'), a different
+function: GPT-2 was trained with it), and the exact GELU with erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7,
+fewer instructions than libdevice's erf; its backward written out, not differentiated through the polynomial). For
+each: milliseconds per call, the share of a plain copy's rate its bytes reach (forward: read x, write y; backward:
+read x and dy, write dx), and the largest difference from float32's exact GELU. A Markdown table.
+"""
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+SQRT_HALF = 0.7071067811865476
+INV_SQRT_2PI = 0.3989422804014327
+
+
+def erf_as(x):
+    """erf(x) by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7 absolute), float32 in and out."""
+    a = x.abs()
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t
+    return torch.copysign(1.0 - poly * torch.exp(-a * a), x)
+
+
+class GeluAS(torch.autograd.Function):
+    """x * Phi(x) with Phi from erf_as; the backward is Phi(x) + x * phi(x), computed in float32."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        xf = x.float()
+        return (0.5 * xf * (1.0 + erf_as(xf * SQRT_HALF))).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        xf = x.float()
+        cdf = 0.5 * (1.0 + erf_as(xf * SQRT_HALF))
+        return (dy.float() * (cdf + xf * torch.exp(-0.5 * xf * xf) * INV_SQRT_2PI)).to(x.dtype)
+
+
+VARIANTS = {"exact": F.gelu, "tanh": lambda t: F.gelu(t, approximate="tanh"), "erf A&S 7.1.26": GeluAS.apply}
+
+
+def ms_per_call(fn, device, iters):
+    """Mean milliseconds of fn() over `iters` calls after 3 warm-up calls, the device synchronised."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(3):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / iters * 1e3
+
+
+def measure(shape, device, iters, compiled=True, dtype=torch.bfloat16):
+    """Rows (dicts) for one (tokens, width) shape: each variant's forward and backward ms, their share of the copy
+    rate, and their largest differences from float32's exact GELU and its gradient."""
+    torch.manual_seed(0)
+    x = torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
+    dy = torch.randn_like(x)
+    out = torch.empty_like(x)
+    copy = ms_per_call(lambda: out.copy_(x.detach()), device, iters)       # reads and writes one x
+    ref = F.gelu(x.float())
+    ref_dx, = torch.autograd.grad(ref, x, dy.float())
+    rows = []
+    for name, f in VARIANTS.items():
+        g = torch.compile(f) if compiled else f
+        fwd = ms_per_call(lambda: g(x.detach()), device, iters)
+        both = ms_per_call(lambda: torch.autograd.grad(g(x), x, dy), device, iters)
+        y = g(x)
+        dx, = torch.autograd.grad(y, x, dy)
+        rows.append({"shape": "x".join(map(str, shape)), "gelu": name, "fwd_ms": fwd, "bwd_ms": both - fwd,
+                     "fwd_copy": copy / fwd, "bwd_copy": 1.5 * copy / max(both - fwd, 1e-9),
+                     "err_y": (y.float() - ref).abs().max().item(), "err_dx": (dx.float() - ref_dx).abs().max().item()})
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default="65536x3072,65536x4096,32768x5120", help="tokens x width, comma-separated")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--eager", action="store_true", help="without torch.compile (the smoke test)")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: no CUDA device: add --device cpu (the CPU's rates say nothing of a GPU's)")
+    rows = [r for s in args.shapes.split(",") for r in measure(tuple(int(n) for n in s.split("x")), device, args.iters,
+                                                         not args.eager)]
+    print("| tokens x width | GELU | forward ms | backward ms | forward / copy rate | backward / copy rate "
+          "| max diff y | max diff dx |\n|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['shape']} | {r['gelu']} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | {r['fwd_copy']:.2f} | "
+              f"{r['bwd_copy']:.2f} | {r['err_y']:.1e} | {r['err_dx']:.1e} |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
