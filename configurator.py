@@ -91,7 +91,8 @@ class Config:
     peak_flops: float = 0.0                # FLOP/s for MFU; 0: the GPU's entry in speedgpt/measure.py's PEAK_FLOPS
     grad_checkpointing: str = "none"       # none | full | selective: recompute blocks in the backward (less memory)
     fp8: bool = False                      # torchao float8 training of the block Linears at least fp8_min_dim wide
-    fp8_recipe: str = "tensorwise"         # tensorwise | rowwise (torchao) | rowwise_bf16_wgrad | tensorwise_fused
+    fp8_recipe: str = "tensorwise"         # tensorwise | rowwise (torchao) | rowwise_bf16_wgrad | tensorwise_fused |
+                                           # tensorwise_delayed (speedgpt/fp8.py's)
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
     fp8_layers: str = "qkv,attn_proj,fc,mlp_proj"   # which block Linears fp8 converts (kinds, comma-separated)
     fp8_head: bool = False                 # the fused head's matmuls in float8 (needs fused_ce; Ada/Hopper, torchao)
@@ -103,7 +104,8 @@ class Config:
 
 CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backend=("auto", "flash", "cudnn"),
                dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
-               fp8_recipe=("tensorwise", "rowwise", "rowwise_bf16_wgrad", "tensorwise_fused"), parallelism=("ddp", "fsdp"),
+               fp8_recipe=("tensorwise", "rowwise", "rowwise_bf16_wgrad", "tensorwise_fused",
+                           "tensorwise_delayed"), parallelism=("ddp", "fsdp"),
                activation=("gelu", "gelu_tanh"), hellaswag=("off", "on", "auto"),
                optimizer=("adamw", "muon"), lr_schedule=("cosine", "wsd"))
 MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention", "activation")   # GPTConfig's

@@ -176,6 +176,7 @@ def build_optimizer(cfg, raw_model, proc, ckpt, train_loader):
     GradScaler (float16 only) and, when resuming, the saved state of all of them, of the loader and of the
     RNGs. Returns (optimizer, ctx, scaler, start_step, best_val)."""
     optimizer = optim.build(raw_model, cfg, proc.device)
+    fp8.track_amax(raw_model, optimizer)             # fp8_recipe=tensorwise_delayed: its amax history, per step
     print0(optim.describe(optimizer, cfg))
     ctx = nullcontext() if cfg.dtype == "float32" else torch.autocast(proc.device.type, dtype=PT_DTYPE[cfg.dtype])
     scaler = torch.amp.GradScaler(proc.device.type, enabled=cfg.dtype == "float16")

@@ -93,12 +93,14 @@ def load_weights(model, ckpt, path):
 
 def restore_state(ckpt, model, optimizer, scaler, loader, proc, cfg):
     """Set what a resume continues from the checkpoint `ckpt`: the optimizer's state (unsharded under
-    FSDP), the GradScaler's (float16), the loader's position and each rank's random streams. Returns
-    lines describing what could not continue as it was (a fresh GradScaler; fresh dropout streams)."""
+    FSDP), the GradScaler's (float16), FP8's amax histories (tensorwise_delayed), the loader's position and
+    each rank's random streams. Returns lines describing what could not continue as it was (a fresh
+    GradScaler; no amax history; fresh dropout streams)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     from speedgpt.distributed import restore_rng_states
+    from speedgpt import fp8
     set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
-    notes = []
+    notes = fp8.load_scaling_state(model, ckpt.get("fp8_scaling"))      # tensorwise_delayed's amax histories
     if ckpt["scaler"] and scaler.is_enabled():
         scaler.load_state_dict(ckpt["scaler"])
     elif scaler.is_enabled():          # the checkpoint was not float16: its loss scale starts afresh
@@ -419,6 +421,7 @@ def save_run(run, step, background=False):
     before it), raise RunStopped on every rank in one line naming the last good checkpoint; nothing is
     written then."""
     from dataclasses import asdict
+    from speedgpt import fp8
     from speedgpt.distributed import RunStopped, on_every_rank, rng_states
     device, proc, cfg, path = run.proc.device, run.proc, run.cfg, run.ckpt_path
     finish_write(run)
@@ -434,6 +437,8 @@ def save_run(run, step, background=False):
                 "loader": run.train_loader.state_dict(), "wandb_run_id": run.logger.wandb_run_id,
                 "tokens_per_step": cfg.batch_size * cfg.block_size * run.grad_accum_steps * proc.world,
                 "rng": {"cpu": rng[0][0], "cuda": rng[0][1], "ranks": rng}}
+        if fp8.delayed_linears(run.raw_model):                            # tensorwise_delayed's amax histories
+            ckpt["fp8_scaling"] = fp8.scaling_state(run.raw_model)
         if background:
             run.writer.start(path, own_copy(ckpt, run.raw_model, run.optimizer, run.writer.buffers),
                              cfg.keep_checkpoints, best)

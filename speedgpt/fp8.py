@@ -52,6 +52,10 @@ def check(cfg, device):
     if not (cfg.fp8 or cfg.fp8_head):
         softmax_pass.check(cfg, device)          # refuses fp8_head_kernel without fp8_head
         return
+    if cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and cfg.dtype == "float16":
+        raise ValueError("fp8_recipe='tensorwise_delayed' with dtype=float16: the loss scale moves the gradients' "
+                         "amax from step to step, which scales from earlier steps cannot follow; use "
+                         "--dtype=bfloat16, or --fp8_recipe=tensorwise_fused")
     if cfg.fp8_head and not cfg.fused_ce:
         raise ValueError("fp8_head=True runs the fused head's matmuls in float8: it needs fused_ce=True "
                          "(config/fast.py sets both), or add --fp8_head=False")
@@ -97,6 +101,9 @@ def convert(model, cfg):
         for fqn, module in model.named_modules():
             if type(module) is torch.nn.Linear and eligible(module, fqn):
                 module.__class__ = OWN_RECIPES[cfg.fp8_recipe]
+                if module.__class__ is DelayedFloat8Linear:
+                    module.fp8_amax = torch.zeros(2, 1 + AMAX_HISTORY, device=module.weight.device)
+                    module.fp8_scaled = False
     else:
         try:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -214,12 +221,14 @@ class _RowwiseLinear(torch.autograd.Function):
 # (BENCHMARKS.md, FP8).
 
 
-def tensorwise_cast(t, dtype=torch.float8_e4m3fn):
+def tensorwise_cast(t, dtype=torch.float8_e4m3fn, amax=None):
     """t (M, K) -> (t8 (M, K) in dtype, inv_scale 0-dim float32) with t ~= t8 * inv_scale: torchao's
-    tensorwise scale (fp8_max / amax, the amax clamped to 1e-12, computed in float64), saturating cast."""
+    tensorwise scale (fp8_max / amax, the amax clamped to 1e-12, computed in float64), saturating cast.
+    amax: the amax to scale by (a 0-dim tensor: tensorwise_delayed's, from earlier steps), else t's own."""
     fmax = torch.finfo(dtype).max
-    amax = t.abs().amax(dim=-1).amax().double().clamp(min=1e-12)
-    scale = (fmax / amax).float()
+    if amax is None:
+        amax = t.abs().amax(dim=-1).amax()
+    scale = (fmax / amax.double().clamp(min=1e-12)).float()
     t8 = (t.float() * scale).clamp(-fmax, fmax).to(dtype)
     return t8, scale.reciprocal()
 
@@ -239,9 +248,15 @@ class _TensorwiseLinear(torch.autograd.Function):
     def backward(ctx, dy):
         x8, xs, w8, ws = ctx.saved_tensors
         dy8, dys = tensorwise_cast(dy, torch.float8_e5m2)
-        dx = scaled_mm(dy8, dys, w8.t().contiguous().t(), ws, dy.dtype, fast_accum=False)      # w8 column-major
-        dw = scaled_mm(dy8.t().contiguous(), dys, x8.t().contiguous().t(), xs, dy.dtype, fast_accum=False)
-        return dx, dw
+        return tensorwise_grads(dy8, dys, x8, xs, w8, ws, dy.dtype)
+
+
+def tensorwise_grads(dy8, dys, x8, xs, w8, ws, dtype):
+    """(dx, dw) of y = x @ w.T from the float8 operands and their inverse scales, both GEMMs in float8 without
+    fast accumulation (torchao's choice for the gradients): dx = dy @ w, dw = dy.T @ x."""
+    dx = scaled_mm(dy8, dys, w8.t().contiguous().t(), ws, dtype, fast_accum=False)            # w8 column-major
+    dw = scaled_mm(dy8.t().contiguous(), dys, x8.t().contiguous().t(), xs, dtype, fast_accum=False)
+    return dx, dw
 
 
 class RowwiseFloat8Linear(torch.nn.Linear):
@@ -252,9 +267,12 @@ class RowwiseFloat8Linear(torch.nn.Linear):
     def forward(self, x):
         dt = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else torch.bfloat16
         with torch.autocast(x.device.type, enabled=False):
-            y = self.matmul.apply(x.reshape(-1, x.size(-1)).to(dt), self.weight.to(dt))
+            y = self.mm(x.reshape(-1, x.size(-1)).to(dt), self.weight.to(dt))
             y = y.view(*x.shape[:-1], -1)
             return y if self.bias is None else y + self.bias.to(dt)
+
+    def mm(self, x, w):
+        return self.matmul.apply(x, w)
 
 
 class TensorwiseFloat8Linear(RowwiseFloat8Linear):
@@ -262,5 +280,101 @@ class TensorwiseFloat8Linear(RowwiseFloat8Linear):
     matmul = _TensorwiseLinear
 
 
+# -----------------------------------------------------------------------------
+# fp8_recipe='tensorwise_delayed': tensorwise_fused with delayed scales (Transformer Engine's default recipe):
+# the input's and the output gradient's scales come from the largest amax of the last AMAX_HISTORY optimizer
+# steps, so a cast no longer waits for its own tensor's amax and can join the kernel that makes the tensor; this
+# step's amax is still taken (as a running max over the step's micro-batches) and shifted into the history after
+# the optimizer step, all-reduced (max) over the ranks so every rank scales alike at any world size. Values past
+# the scale's range saturate. The weight keeps its dynamic scale (a small tensor). The first step of a run, with
+# no history yet, scales dynamically. The history is part of the checkpoint (scaling_state), so a resume is exact.
+# Off until it measures faster (BENCHMARKS.md, FP8).
+
+AMAX_HISTORY = 16        # optimizer steps of amax kept: a spike raises the scale's amax for this many steps
+
+
+class _DelayedLinear(torch.autograd.Function):
+    """_TensorwiseLinear with delayed scales. amax (2, 1 + AMAX_HISTORY) float32, rows x and dy: column 0 this
+    step's running max, the rest the history, newest first. scaled=False: no history yet, dynamic scales;
+    track=False (evaluation): nothing recorded."""
+
+    @staticmethod
+    def forward(ctx, x, w, amax, scaled, track):
+        x8, xs = tensorwise_cast(x, amax=amax[0, 1:].amax() if scaled else None)
+        if track:
+            amax[0, 0] = torch.maximum(amax[0, 0], x.abs().amax(dim=-1).amax().float())
+        w8, ws = tensorwise_cast(w)
+        ctx.save_for_backward(x8, xs, w8, ws)
+        ctx.amax, ctx.scaled, ctx.track = amax, scaled, track
+        return scaled_mm(x8, xs, w8.t(), ws, x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x8, xs, w8, ws = ctx.saved_tensors
+        amax = ctx.amax
+        dy8, dys = tensorwise_cast(dy, torch.float8_e5m2, amax=amax[1, 1:].amax() if ctx.scaled else None)
+        if ctx.track:
+            amax[1, 0] = torch.maximum(amax[1, 0], dy.abs().amax(dim=-1).amax().float())
+        return (*tensorwise_grads(dy8, dys, x8, xs, w8, ws, dy.dtype), None, None, None)
+
+
+class DelayedFloat8Linear(RowwiseFloat8Linear):
+    """The same swap, with _DelayedLinear (fp8_recipe='tensorwise_delayed'). convert() gives it fp8_amax (a
+    plain tensor attribute, not a buffer: DDP would broadcast rank 0's running max over the others') and
+    fp8_scaled (whether the history holds a step)."""
+    matmul = _DelayedLinear
+
+    def mm(self, x, w):
+        return self.matmul.apply(x, w, self.fp8_amax, self.fp8_scaled, self.training and torch.is_grad_enabled())
+
+
+def delayed_linears(model):
+    """[(name, module)] of model's DelayedFloat8Linear layers."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, DelayedFloat8Linear)]
+
+
+def roll_amax_history(model):
+    """After an optimizer step: every DelayedFloat8Linear's running amax, all-reduced (max) over the ranks,
+    becomes the newest entry of its history (the oldest drops out), and the running max starts again at 0."""
+    mods = [m for _, m in delayed_linears(model)]
+    if not mods:
+        return
+    state = torch.stack([m.fp8_amax for m in mods])                       # (layers, 2, 1 + AMAX_HISTORY)
+    current = state[:, :, :1].contiguous()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(current, op=torch.distributed.ReduceOp.MAX)
+    rolled = torch.cat([torch.zeros_like(current), current, state[:, :, 1:-1]], dim=-1)
+    torch._foreach_copy_([m.fp8_amax for m in mods], list(rolled.unbind(0)))
+    for m in mods:
+        m.fp8_scaled = True
+
+
+def track_amax(model, optimizer):
+    """Shift the amax histories of model's DelayedFloat8Linear layers after each step of `optimizer` (a step
+    post-hook); nothing without such layers."""
+    if delayed_linears(model):
+        optimizer.register_step_post_hook(lambda *_: roll_amax_history(model))
+
+
+def scaling_state(model):
+    """{layer name: its amax history (CPU)} of model's DelayedFloat8Linear layers, for the checkpoint."""
+    return {n: m.fp8_amax.detach().cpu() for n, m in delayed_linears(model)}
+
+
+def load_scaling_state(model, state):
+    """Set the amax histories from scaling_state's dict `state`. Returns notes for the resume's printout (the
+    first step scales dynamically when the checkpoint has no history for these layers)."""
+    mods = delayed_linears(model)
+    if not mods:
+        return []
+    if not state or any(n not in state for n, _ in mods):
+        return ["fp8: the checkpoint has no amax history for tensorwise_delayed: its first step scales dynamically"]
+    for n, m in mods:
+        m.fp8_amax.copy_(state[n])
+        m.fp8_scaled = bool(state[n][:, 1:].amax() > 0)
+    return []
+
+
 # fp8_recipe -> this module's Linear class (the other recipes are torchao's)
-OWN_RECIPES = {"rowwise_bf16_wgrad": RowwiseFloat8Linear, "tensorwise_fused": TensorwiseFloat8Linear}
+OWN_RECIPES = {"rowwise_bf16_wgrad": RowwiseFloat8Linear, "tensorwise_fused": TensorwiseFloat8Linear,
+               "tensorwise_delayed": DelayedFloat8Linear}

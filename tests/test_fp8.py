@@ -10,7 +10,7 @@ import configurator
 import train
 from configurator import load_config
 from conftest import build_preset as build
-from conftest import tiny_args
+from conftest import read_metrics, tiny_args
 from model import GPT, GPTConfig
 from speedgpt import fp8
 
@@ -75,6 +75,104 @@ def test_tensorwise_fused_linear_is_close_to_bf16_with_one_scale_per_tensor():
     for got, want in ((y, y_ref), (x.grad, x2.grad), (lin.weight.grad, ref.weight.grad)):
         assert 1e-3 < rel(got, want) < 0.08                                     # float8, not bf16
     assert lin.weight.grad.dtype == torch.float32
+
+
+def delayed_linear(n_in=64, n_out=96):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(n_in, n_out, bias=False)
+    m = torch.nn.Module()
+    m.mlp = torch.nn.Module()
+    m.mlp.c_fc = lin
+    cfg = configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_min_dim=32, fp8_layers="fc")
+    assert fp8.convert(m, cfg) == ["mlp.c_fc"]
+    return m, lin
+
+
+def test_delayed_scales_come_from_the_history_the_optimizer_step_rolls():
+    """fp8_recipe='tensorwise_delayed': the first step (no history) casts like tensorwise_fused; the optimizer
+    step shifts the step's amax of the input and the output gradient (the max over its micro-batches) into the
+    history; later steps scale by the history's largest amax, values past it saturating; evaluation records
+    nothing; and scaling_state / load_scaling_state carry the history to a resumed run."""
+    m, lin = delayed_linear()
+    assert type(lin) is fp8.DelayedFloat8Linear and not lin.fp8_scaled and lin.fp8_amax.shape == (2, 17)
+    ref = torch.nn.Linear(64, 96, bias=False)
+    ref.load_state_dict(lin.state_dict())
+    ref.__class__ = fp8.TensorwiseFloat8Linear
+    opt = torch.optim.SGD(lin.parameters(), lr=0.0)
+    fp8.track_amax(m, opt)
+    xs = [torch.randn(32, 64) * s for s in (1.0, 3.0)]
+    gy = torch.randn(32, 96)
+    for i, x in enumerate(xs):                                        # two micro-batches of step 0
+        x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        y, y_ref = lin(x1), ref(x2)
+        (y * gy * (i + 1)).sum().backward()
+        (y_ref * gy * (i + 1)).sum().backward()
+        assert torch.equal(y, y_ref) and torch.equal(x1.grad, x2.grad)       # dynamic scales: tensorwise_fused's
+    bf = lambda t: t.to(torch.bfloat16).float()                       # the layer computes in bf16
+    x_amax = max(bf(x).abs().max() for x in xs)
+    assert lin.fp8_amax[0, 0] == x_amax and lin.fp8_amax[1, 0] == bf(2 * gy).abs().max()
+    opt.step()
+    assert lin.fp8_scaled and (lin.fp8_amax[:, 0] == 0).all() and lin.fp8_amax[0, 1] == x_amax
+    assert lin.fp8_amax[1, 1] == bf(2 * gy).abs().max() and (lin.fp8_amax[:, 2:] == 0).all()
+    big = torch.randn(32, 64) * 10                                   # past the history's range: saturates
+    y = lin(big)
+    x8 = (bf(big) * (448.0 / x_amax)).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w8, ws = fp8.tensorwise_cast(lin.weight.to(torch.bfloat16))
+    want = fp8.scaled_mm(x8, x_amax / 448.0, w8.t(), ws, torch.bfloat16)
+    assert torch.allclose(y.float(), want.float(), rtol=1e-2, atol=1e-2)
+    assert lin.fp8_amax[0, 0] == bf(big).abs().max()
+    lin.eval()
+    with torch.no_grad():
+        lin(torch.randn(32, 64) * 100)
+    assert lin.fp8_amax[0, 0] == bf(big).abs().max()                  # evaluation records nothing
+    state = fp8.scaling_state(m)
+    m2, lin2 = delayed_linear()
+    assert fp8.load_scaling_state(m2, state) == [] and lin2.fp8_scaled and torch.equal(lin2.fp8_amax, lin.fp8_amax)
+    m3, lin3 = delayed_linear()
+    assert "first step scales dynamically" in fp8.load_scaling_state(m3, None)[0] and not lin3.fp8_scaled
+
+
+def test_delayed_scales_compile_and_are_refused_with_float16_loss_scaling():
+    """The recipe under torch.compile: the amax recorded in the forward and the backward (no graph break), the
+    same outputs and amaxes as eager (bf16 weights and input: Inductor would otherwise skip the rounding to bf16
+    before the cast, as it may for any fused cast); float16's moving loss scale is refused in one line."""
+    from torch._dynamo.utils import counters
+    (_, lin), (_, eager) = delayed_linear(), delayed_linear()
+    lin.to(torch.bfloat16), eager.to(torch.bfloat16)
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    counters.clear()
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = torch.compile(lin)(x1)
+    y.float().sum().backward()
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    y_eager = eager(x2)
+    y_eager.float().sum().backward()
+    assert torch.equal(y, y_eager) and torch.equal(lin.fp8_amax, eager.fp8_amax)
+    assert lin.fp8_amax[0, 0] == x.abs().max() and lin.fp8_amax[1, 0] == 1.0
+    with pytest.raises(ValueError, match="tensorwise_delayed' with dtype=float16: .* --dtype=bfloat16"):
+        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", dtype="float16"),
+                  torch.device("cpu"))
+
+
+def test_a_delayed_run_resumes_exactly_with_its_amax_history(byte_data, tmp_path, monkeypatch, capsys):
+    """train.py with tensorwise_delayed, its float8 matmuls emulated on the CPU (fp8.check, which refuses a CPU,
+    let through): a run stopped and resumed gives the losses of the run straight through, step for step (the
+    checkpoint carries the amax histories; without them the resumed step would scale dynamically)."""
+    monkeypatch.setattr(fp8, "check", lambda cfg, device: None)
+    common = ["--max_iters=8", "--lr_decay_iters=8", "--eval_interval=4", "--fp8=True",
+              "--fp8_recipe=tensorwise_delayed", "--fp8_min_dim=32"]
+    train.main(tiny_args(byte_data, tmp_path / "full", *common))
+    train.main(tiny_args(byte_data, tmp_path / "part", *common, "--max_iters=4"))
+    ckpt = torch.load(tmp_path / "part" / "ckpt.pt", weights_only=False)
+    assert len(ckpt["fp8_scaling"]) == 2 * 4 and all(h[:, 1].min() > 0 for h in ckpt["fp8_scaling"].values())
+    capsys.readouterr()
+    train.main(tiny_args(byte_data, tmp_path / "part", *common, "--init_from=resume"))
+    assert "amax history" not in capsys.readouterr().out
+    full = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "full") if "loss" in r}
+    part = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "part") if "loss" in r}
+    assert sorted(part) == sorted(full) == list(range(8))
+    for step in range(4, 8):
+        assert part[step] == full[step], f"step {step}: resumed {part[step]} vs uninterrupted {full[step]}"
 
 
 def test_the_rowwise_recipe_converts_the_eligible_linears_without_torchao(monkeypatch):

@@ -426,6 +426,19 @@ def test_tensorwise_fused_linear_gives_torchaos_tensorwise_results(compiled):
         assert 1e-3 < rel(got, bf16) < 0.08, (name, rel(got, bf16))           # float8, not bf16
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="needs a GPU of compute capability 8.9+ (float8 matmuls)")
+def test_tensorwise_delayed_trains_like_tensorwise_fused(short_data, tmp_path):
+    """fp8_recipe='tensorwise_delayed' (scales from the last steps' amax) in train.py, compiled, bf16: the losses
+    of tensorwise_fused (scales from each tensor's own amax) step for step, within float8's noise."""
+    common = ("--compile=True", "--fp8=True", "--fp8_min_dim=128")
+    fused = _gpu_run(short_data, tmp_path / "fused", *common, "--fp8_recipe=tensorwise_fused")
+    delayed = _gpu_run(short_data, tmp_path / "delayed", *common, "--fp8_recipe=tensorwise_delayed")
+    assert len(fused) == len(delayed) == 6 and delayed[-1] < delayed[0]
+    for step, (a, b) in enumerate(zip(fused, delayed)):
+        assert abs(a - b) < 3e-2 * a, f"step {step}: tensorwise_fused {a} vs tensorwise_delayed {b}"
+
+
 def test_a_background_checkpoint_copies_the_gpu_state_into_reused_pinned_buffers():
     from speedgpt import checkpoint
     model = torch.nn.Linear(64, 64).cuda()
