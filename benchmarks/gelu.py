@@ -12,10 +12,14 @@ each: milliseconds per call, the share of a plain copy's rate its bytes reach (f
 read x and dy, write dx), and the largest difference from float32's exact GELU. A Markdown table.
 """
 import argparse
-import time
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from speedgpt.measure import cuda_time_ms  # noqa: E402
 
 SQRT_HALF = 0.7071067811865476
 INV_SQRT_2PI = 0.3989422804014327
@@ -49,19 +53,6 @@ class GeluAS(torch.autograd.Function):
 VARIANTS = {"exact": F.gelu, "tanh": lambda t: F.gelu(t, approximate="tanh"), "erf A&S 7.1.26": GeluAS.apply}
 
 
-def ms_per_call(fn, device, iters):
-    """Mean milliseconds of fn() over `iters` calls after 3 warm-up calls, the device synchronised."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(3):
-        fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / iters * 1e3
-
-
 def measure(shape, device, iters, compiled=True, dtype=torch.bfloat16):
     """Rows (dicts) for one (tokens, width) shape: each variant's forward and backward ms, their share of the copy
     rate, and their largest differences from float32's exact GELU and its gradient."""
@@ -69,14 +60,14 @@ def measure(shape, device, iters, compiled=True, dtype=torch.bfloat16):
     x = torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
     dy = torch.randn_like(x)
     out = torch.empty_like(x)
-    copy = ms_per_call(lambda: out.copy_(x.detach()), device, iters)       # reads and writes one x
+    copy = cuda_time_ms(lambda: out.copy_(x.detach()), 3, iters, device)   # reads and writes one x
     ref = F.gelu(x.float())
     ref_dx, = torch.autograd.grad(ref, x, dy.float())
     rows = []
     for name, f in VARIANTS.items():
         g = torch.compile(f) if compiled else f
-        fwd = ms_per_call(lambda: g(x.detach()), device, iters)
-        both = ms_per_call(lambda: torch.autograd.grad(g(x), x, dy), device, iters)
+        fwd = cuda_time_ms(lambda: g(x.detach()), 3, iters, device)
+        both = cuda_time_ms(lambda: torch.autograd.grad(g(x), x, dy), 3, iters, device)
         y = g(x)
         dx, = torch.autograd.grad(y, x, dy)
         rows.append({"shape": "x".join(map(str, shape)), "gelu": name, "fwd_ms": fwd, "bwd_ms": both - fwd,
@@ -89,7 +80,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="65536x3072,65536x4096,32768x5120", help="tokens x width, comma-separated")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--iters", type=int, default=50, help="timed calls (the median is taken)")
     p.add_argument("--eager", action="store_true", help="without torch.compile (the smoke test)")
     args = p.parse_args(argv)
     device = torch.device(args.device)

@@ -1,0 +1,116 @@
+"""
+One FP8 cast of a block Linear's input, alone and compiled with the op that makes it, in each way of finding its
+scale: how many passes over the activations each costs, and so which way a recipe should take.
+
+    python benchmarks/fp8_cast.py                 # 774M's shapes: 32 x 1024 tokens, 1280 wide (MLP 5120)
+    python benchmarks/fp8_cast.py --device cpu --eager --tokens 64 --width 32 --iters 1   # the smoke test
+
+Producers (what makes the tensor cast): `layernorm` (LayerNorm of a bf16 residual, the qkv and fc inputs), `gelu`
+(GELU of the fc output, mlp_proj's input, 4x wide), `plain` (a bf16 tensor as is: the attention output). Ways:
+
+  bf16 out              the producer alone, writing bf16: what the step pays without FP8
+  dynamic               torchao's tensorwise cast: amax = max |y| over the tensor, then y * (448 / amax) to e4m3
+  dynamic, per row      the same scale with the amax taken per row, then over rows (fp8_recipe=tensorwise_fused)
+  dynamic, two graphs   per-row amax in one compiled call, the cast in a second (nothing for Inductor to merge)
+  rowwise               one scale per row (fp8_recipe=rowwise_bf16_wgrad): the amax is the producer's own row
+  delayed + amax        the scale given (the previous step's amax), the cast and this step's amax in one call
+  delayed + row amax    the same, the amax kept per row (a vector out; its max taken later)
+  delayed, no amax      the cast alone at a given scale: the floor of any delayed recipe
+
+Each row: milliseconds per call (median, CUDA events), and the producer's bytes (its input read, one byte per
+element written) over that time as a share of a plain copy's rate measured here. A Markdown table.
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from speedgpt.measure import cuda_time_ms  # noqa: E402
+
+E4M3 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def producers(width):
+    """{name: (function of the input tensor, input width)}: the ops that make a block Linear's input."""
+    return {"layernorm": (lambda x: F.layer_norm(x, (x.size(-1),)), width), "gelu": (F.gelu, 4 * width),
+            "plain": (lambda x: x, width)}
+
+
+def cast(y, scale):
+    """y * scale to e4m3, saturating (torchao's to_fp8_saturated)."""
+    return (y.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(E4M3)
+
+
+def ways(make):
+    """{way: function(input, scale) -> output(s)} for the producer `make` (the two-graph way: measure())."""
+    def dynamic(x, s):
+        y = make(x)
+        return cast(y, FP8_MAX / y.abs().max().float().clamp(min=1e-12))
+
+    def per_row(x, s):
+        y = make(x)
+        return cast(y, FP8_MAX / y.abs().amax(dim=-1).amax().float().clamp(min=1e-12))
+
+    def rowwise(x, s):
+        y = make(x)
+        return cast(y, FP8_MAX / y.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12))
+
+    def delayed_amax(x, s):
+        y = make(x)
+        return cast(y, s), y.abs().max()
+
+    def delayed_row_amax(x, s):
+        y = make(x)
+        return cast(y, s), y.abs().amax(dim=-1)
+
+    return {"bf16 out": lambda x, s: make(x), "dynamic": dynamic, "dynamic, per row": per_row, "rowwise": rowwise,
+            "delayed + amax": delayed_amax, "delayed + row amax": delayed_row_amax,
+            "delayed, no amax": lambda x, s: cast(make(x), s)}
+
+
+def measure(tokens, width, device, iters, compiled=True):
+    """Rows (dicts): producer, way, ms, share of the copy rate."""
+    torch.manual_seed(0)
+    compile_ = torch.compile if compiled else (lambda f: f)
+    rows = []
+    for pname, (make, w) in producers(width).items():
+        x = torch.randn(tokens, w, device=device, dtype=torch.bfloat16)
+        scale = torch.tensor(FP8_MAX / 5.0, device=device)
+        out = torch.empty_like(x)
+        copy = cuda_time_ms(lambda: out.copy_(x), 3, iters, device)          # 4 bytes per element moved
+        fns = {name: compile_(f) for name, f in ways(make).items()}
+        row_amax = compile_(lambda x: make(x).abs().amax(dim=-1))
+        cast_rows = compile_(lambda x, r: cast(make(x), FP8_MAX / r.amax().float().clamp(min=1e-12)))
+        fns["dynamic, two graphs"] = lambda x, s: cast_rows(x, row_amax(x))
+        for name, f in fns.items():
+            ms = cuda_time_ms(lambda: f(x, scale), 3, iters, device)
+            written = 2 if name == "bf16 out" else 1
+            rows.append({"producer": pname, "shape": f"{tokens}x{w}", "way": name, "ms": ms,
+                         "copy_share": copy * (2 + written) / 4 / ms})
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=32 * 1024)
+    p.add_argument("--width", type=int, default=1280, help="n_embd (GELU's input is 4x this)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--iters", type=int, default=20, help="timed calls (the median is taken)")
+    p.add_argument("--eager", action="store_true", help="without torch.compile (the smoke test)")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: no CUDA device: add --device cpu (the CPU's rates say nothing of a GPU's)")
+    rows = measure(args.tokens, args.width, device, args.iters, not args.eager)
+    print("| producer | tokens x width | way | ms | share of the copy rate |\n|---|---|---|---:|---:|")
+    for r in rows:
+        print(f"| {r['producer']} | {r['shape']} | {r['way']} | {r['ms']:.3f} | {r['copy_share']:.2f} |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
