@@ -2,7 +2,7 @@
 One FP8 cast of a block Linear's input, alone and compiled with the op that makes it, in each way of finding its
 scale: how many passes over the activations each costs, and so which way a recipe should take.
 
-    python benchmarks/fp8_cast.py                 # 774M's shapes: 32 x 1024 tokens, 1280 wide (MLP 5120)
+    python benchmarks/fp8_cast.py [--producers gelu]   # 774M's shapes: 32 x 1024 tokens, 1280 wide (MLP 5120)
     python benchmarks/fp8_cast.py --device cpu --eager --tokens 64 --width 32 --iters 1   # the smoke test
 
 Producers (what makes the tensor cast): `layernorm` (LayerNorm of a bf16 residual, the qkv and fc inputs), `gelu`
@@ -72,12 +72,14 @@ def ways(make):
             "delayed, no amax": lambda x, s: cast(make(x), s)}
 
 
-def measure(tokens, width, device, iters, compiled=True):
-    """Rows (dicts): producer, way, ms, share of the copy rate."""
+def measure(tokens, width, device, iters, compiled=True, names=None):
+    """Rows (dicts): producer, way, ms, share of the copy rate; for the producers `names` (default all)."""
     torch.manual_seed(0)
     compile_ = torch.compile if compiled else (lambda f: f)
     rows = []
     for pname, (make, w) in producers(width).items():
+        if names and pname not in names:
+            continue
         x = torch.randn(tokens, w, device=device, dtype=torch.bfloat16)
         scale = torch.tensor(FP8_MAX / 5.0, device=device)
         out = torch.empty_like(x)
@@ -95,17 +97,27 @@ def measure(tokens, width, device, iters, compiled=True):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--tokens", type=int, default=32 * 1024)
     p.add_argument("--width", type=int, default=1280, help="n_embd (GELU's input is 4x this)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--iters", type=int, default=20, help="timed calls (the median is taken)")
     p.add_argument("--eager", action="store_true", help="without torch.compile (the smoke test)")
+    p.add_argument("--producers", default="layernorm,gelu,plain", help="comma-separated: layernorm, gelu, plain")
     args = p.parse_args(argv)
+    bad = [f"--{k} {getattr(args, k)}" for k in ("tokens", "width", "iters") if getattr(args, k) < 1]
+    if bad:
+        raise SystemExit(f"error: {', '.join(bad)}: each must be at least 1")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: no CUDA device: add --device cpu (the CPU's rates say nothing of a GPU's)")
-    rows = measure(args.tokens, args.width, device, args.iters, not args.eager)
+    names = [n.strip() for n in args.producers.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(producers(1)))
+    if unknown or not names:
+        raise SystemExit(f"error: --producers {args.producers!r}: unknown {', '.join(unknown) or 'empty'}; "
+                         "the producers are layernorm, gelu, plain")
+    rows = measure(args.tokens, args.width, device, args.iters, not args.eager, names)
     print("| producer | tokens x width | way | ms | share of the copy rate |\n|---|---|---|---:|---:|")
     for r in rows:
         print(f"| {r['producer']} | {r['shape']} | {r['way']} | {r['ms']:.3f} | {r['copy_share']:.2f} |")

@@ -76,18 +76,33 @@ def measure(shape, device, iters, compiled=True, dtype=torch.bfloat16):
     return rows
 
 
+def parse_shapes(text):
+    """[(tokens, width)] from "65536x3072,65536x4096"; SystemExit in one line for anything else."""
+    try:
+        shapes = [tuple(int(n) for n in s.split("x")) for s in text.split(",") if s.strip()]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise SystemExit(f"error: --shapes {text!r}: give tokens x width of positive numbers, comma-separated "
+                         "(e.g. 65536x3072,65536x4096)")
+    return shapes
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--shapes", default="65536x3072,65536x4096,32768x5120", help="tokens x width, comma-separated")
     p.add_argument("--device", default="cuda")
     p.add_argument("--iters", type=int, default=50, help="timed calls (the median is taken)")
     p.add_argument("--eager", action="store_true", help="without torch.compile (the smoke test)")
     args = p.parse_args(argv)
+    shapes = parse_shapes(args.shapes)
+    if args.iters < 1:
+        raise SystemExit(f"error: --iters {args.iters}: time at least one call")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: no CUDA device: add --device cpu (the CPU's rates say nothing of a GPU's)")
-    rows = [r for s in args.shapes.split(",") for r in measure(tuple(int(n) for n in s.split("x")), device, args.iters,
-                                                         not args.eager)]
+    rows = [r for s in shapes for r in measure(s, device, args.iters, not args.eager)]
     print("| tokens x width | GELU | forward ms | backward ms | forward / copy rate | backward / copy rate "
           "| max diff y | max diff dx |\n|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:

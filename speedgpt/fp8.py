@@ -49,6 +49,12 @@ def check(cfg, device):
         if not cfg.fp8:
             raise ValueError(f"fp8_layers={cfg.fp8_layers!r} would do nothing: it picks the block Linears fp8=True "
                              "converts. Add --fp8=True, or leave fp8_layers out")
+    defaults = type(cfg).__dataclass_fields__
+    for key in ("fp8_recipe", "fp8_min_dim"):        # fp8_recipe with fp8_head alone: refused below, worded for it
+        value = getattr(cfg, key)
+        if not cfg.fp8 and value != defaults[key].default and not (key == "fp8_recipe" and cfg.fp8_head):
+            raise ValueError(f"{key}={value!r} would do nothing: it is a setting of the block Linears' FP8. Add "
+                             f"--fp8=True, or leave {key} out")
     if not (cfg.fp8 or cfg.fp8_head):
         softmax_pass.check(cfg, device)          # refuses fp8_head_kernel without fp8_head
         return

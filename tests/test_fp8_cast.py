@@ -21,3 +21,11 @@ def test_the_dynamic_ways_give_torchaos_cast_and_the_script_prints_every_row(cap
     rows = fp8_cast.main(["--device", "cpu", "--eager", "--tokens", "64", "--width", "32", "--iters", "1"])
     assert len(rows) == 3 * 8 and all(r["ms"] > 0 for r in rows)
     assert capsys.readouterr().out.count("\n| ") == len(rows)
+
+
+def test_bad_sizes_and_producers_are_one_line():
+    import pytest
+    with pytest.raises(SystemExit, match="--tokens 0, --iters -1: each must be at least 1"):
+        fp8_cast.main(["--device", "cpu", "--eager", "--tokens", "0", "--iters", "-1"])
+    with pytest.raises(SystemExit, match="unknown foo; the producers are"):
+        fp8_cast.main(["--device", "cpu", "--eager", "--producers", "gelu,foo"])

@@ -28,3 +28,11 @@ def test_the_script_prints_a_row_per_shape_and_variant(capsys):
     assert all(r["fwd_ms"] > 0 and r["err_y"] < 0.05 for r in rows)
     assert all(r["err_dx"] < 0.1 for r in rows if r["gelu"] != "tanh")
     assert capsys.readouterr().out.count("\n| ") == len(rows)        # after the header and its rule
+
+
+def test_bad_shapes_and_counts_are_one_line():
+    import pytest
+    for argv, msg in ((["--shapes", "64x"], "give tokens x width"), (["--shapes", "0x128"], "give tokens x width"),
+                      (["--shapes", "64x128", "--iters", "0"], "time at least one call")):
+        with pytest.raises(SystemExit, match=msg):
+            gelu.main(["--device", "cpu", "--eager", *argv])
