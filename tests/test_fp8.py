@@ -26,14 +26,14 @@ def test_rowwise_cast_scales_each_row_to_the_float8_range():
     assert ((back - t).norm(dim=-1) / t.norm(dim=-1).clamp(min=1e-30))[torch.arange(64) != 5].max() < 0.05
 
 
-def test_rowwise_linear_is_close_to_bf16_and_keeps_the_weight_gradient_in_bf16():
-    """Forward and input gradient through float8 (a few percent off bf16), the weight gradient a bf16 matmul of
-    the same operands as nn.Linear's (equal to it up to bf16 rounding of the output gradient's path)."""
+def against_bf16(cls):
+    """A 64 -> 96 Linear swapped to `cls` and the same nn.Linear, both run under bf16 autocast on one input and
+    output gradient: relative differences (output, input gradient, weight gradient), and the fp8 Linear."""
     torch.manual_seed(0)
     ref = torch.nn.Linear(64, 96, bias=False)
     lin = torch.nn.Linear(64, 96, bias=False)
     lin.load_state_dict(ref.state_dict())
-    lin.__class__ = fp8.RowwiseFloat8Linear
+    lin.__class__ = cls
     x = torch.randn(4, 32, 64, requires_grad=True)
     x2 = x.detach().clone().requires_grad_()
     gy = torch.randn(4, 32, 96)
@@ -41,10 +41,16 @@ def test_rowwise_linear_is_close_to_bf16_and_keeps_the_weight_gradient_in_bf16()
         y, y_ref = lin(x), ref(x2)
     y.backward(gy)
     y_ref.backward(gy)
+    assert y.dtype == torch.bfloat16 and y.shape == (4, 32, 96) and lin.weight.grad.dtype == torch.float32
     rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
-    assert y.dtype == torch.bfloat16 and y.shape == (4, 32, 96)
-    assert 1e-3 < rel(y, y_ref) < 0.06 and 1e-3 < rel(x.grad, x2.grad) < 0.06     # float8, not bf16
-    assert rel(lin.weight.grad, ref.weight.grad) < 1e-2 and lin.weight.grad.dtype == torch.float32
+    return rel(y, y_ref), rel(x.grad, x2.grad), rel(lin.weight.grad, ref.weight.grad)
+
+
+def test_rowwise_linear_is_close_to_bf16_and_keeps_the_weight_gradient_in_bf16():
+    """Forward and input gradient through float8 (a few percent off bf16), the weight gradient a bf16 matmul of
+    the same operands as nn.Linear's (equal to it up to bf16 rounding of the output gradient's path)."""
+    y, dx, dw = against_bf16(fp8.RowwiseFloat8Linear)
+    assert 1e-3 < y < 0.06 and 1e-3 < dx < 0.06 and dw < 1e-2                 # float8, not bf16; bf16
 
 
 def test_tensorwise_fused_linear_is_close_to_bf16_with_one_scale_per_tensor():
@@ -59,22 +65,7 @@ def test_tensorwise_fused_linear_is_close_to_bf16_with_one_scale_per_tensor():
     assert ((t8.float() * inv - t).abs() <= t.abs() / 16 + inv).all()            # e4m3: 3 mantissa bits
     g8, _ = fp8.tensorwise_cast(t, torch.float8_e5m2)
     assert g8.dtype == torch.float8_e5m2 and g8.float().abs().max() == 57344.0
-    ref = torch.nn.Linear(64, 96, bias=False)
-    lin = torch.nn.Linear(64, 96, bias=False)
-    lin.load_state_dict(ref.state_dict())
-    lin.__class__ = fp8.TensorwiseFloat8Linear
-    x = torch.randn(4, 32, 64, requires_grad=True)
-    x2 = x.detach().clone().requires_grad_()
-    gy = torch.randn(4, 32, 96)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y, y_ref = lin(x), ref(x2)
-    y.backward(gy)
-    y_ref.backward(gy)
-    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
-    assert y.dtype == torch.bfloat16 and y.shape == (4, 32, 96)
-    for got, want in ((y, y_ref), (x.grad, x2.grad), (lin.weight.grad, ref.weight.grad)):
-        assert 1e-3 < rel(got, want) < 0.08                                     # float8, not bf16
-    assert lin.weight.grad.dtype == torch.float32
+    assert all(1e-3 < r < 0.08 for r in against_bf16(fp8.TensorwiseFloat8Linear))   # float8, not bf16
 
 
 def delayed_linear(n_in=64, n_out=96):
