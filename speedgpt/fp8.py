@@ -5,8 +5,9 @@ FP8 training, one feature in one module (torchtitan's float8 converter: check, t
                  fp8_recipe tensorwise or rowwise), or with fp8_recipe='rowwise_bf16_wgrad' this module's own
                  RowwiseFloat8Linear (per-row scales, its casts fused into the kernels that produce their
                  inputs), or with 'tensorwise_fused' its TensorwiseFloat8Linear (torchao's tensorwise
-                 scales in plain ops, below); never the output head. fp8_layers picks the kinds (qkv, attn_proj, fc, mlp_proj; default all
-                 four). Which recipe wins at which width: BENCHMARKS.md, FP8.
+                 scales in plain ops, below), or with 'tensorwise_delayed' its DelayedFloat8Linear (the same
+                 with delayed scales); never the output head. fp8_layers picks the kinds (qkv, attn_proj,
+                 fc, mlp_proj; default all four). Which recipe wins at which width: BENCHMARKS.md, FP8.
   fp8_head=True  the fused head's three matmuls (speedgpt/fused_ce.py, so fused_ce=True) run in float8
                  through fp8_mm below: torchao's tensorwise scaling, e4m3 for the hidden states and the
                  weight, e5m2 for softmax - one-hot. Evaluation keeps the bf16 head.

@@ -45,7 +45,8 @@ def check(cfg, world):
     if cfg.muon_lr <= 0:
         raise ValueError(f"muon_lr={cfg.muon_lr} must be positive")
     if not 0 <= cfg.muon_momentum < 1:
-        raise ValueError(f"muon_momentum={cfg.muon_momentum}: Muon's momentum is a fraction in [0, 1) (0.95 by default)")
+        raise ValueError(f"muon_momentum={cfg.muon_momentum}: Muon's momentum is a fraction in [0, 1) "
+                         "(0.95 by default)")
     if cfg.optimizer != "muon":
         for key in ("muon_lr", "muon_momentum", "muon_batched"):
             value, default = getattr(cfg, key), type(cfg).__dataclass_fields__[key].default
