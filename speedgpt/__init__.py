@@ -20,3 +20,13 @@ speedgpt's helpers: what train.py, model.py and data.py lean on, one feature or 
 A feature module holds its flag's check (what GPU, package or shape it needs) and its apply: dropping a
 feature is deleting its module, its config keys and the one line of train.py that calls it.
 """
+
+
+def refuse_unused(cfg, keys, what, way):
+    """Raise ValueError for the first of `keys` that cfg (a configurator.Config) sets away from its default while
+    the feature it belongs to is off, in one line: "KEY=VALUE would do nothing: it is WHAT. Add WAY, or leave KEY
+    out". The features' checks share it (fp8, fused_ce, optimizer=muon)."""
+    for key in keys:
+        value = getattr(cfg, key)
+        if value != type(cfg).__dataclass_fields__[key].default:
+            raise ValueError(f"{key}={value!r} would do nothing: it is {what}. Add {way}, or leave {key} out")

@@ -19,7 +19,7 @@ import importlib.util
 
 import torch
 
-from speedgpt import softmax_pass
+from speedgpt import refuse_unused, softmax_pass
 from speedgpt.memory import cpu_way_out
 
 
@@ -50,12 +50,9 @@ def check(cfg, device):
         if not cfg.fp8:
             raise ValueError(f"fp8_layers={cfg.fp8_layers!r} would do nothing: it picks the block Linears fp8=True "
                              "converts. Add --fp8=True, or leave fp8_layers out")
-    defaults = type(cfg).__dataclass_fields__
-    for key in ("fp8_recipe", "fp8_min_dim"):        # fp8_recipe with fp8_head alone: refused below, worded for it
-        value = getattr(cfg, key)
-        if not cfg.fp8 and value != defaults[key].default and not (key == "fp8_recipe" and cfg.fp8_head):
-            raise ValueError(f"{key}={value!r} would do nothing: it is a setting of the block Linears' FP8. Add "
-                             f"--fp8=True, or leave {key} out")
+    if not cfg.fp8:                   # fp8_recipe with fp8_head alone: refused below, worded for the head
+        refuse_unused(cfg, ("fp8_min_dim",) if cfg.fp8_head else ("fp8_recipe", "fp8_min_dim"),
+                      "a setting of the block Linears' FP8", "--fp8=True")
     if not (cfg.fp8 or cfg.fp8_head):
         softmax_pass.check(cfg, device)          # refuses fp8_head_kernel without fp8_head
         return
@@ -92,7 +89,7 @@ def check(cfg, device):
 def convert(model, cfg):
     """Swap the block Linears of `model` (a GPT) of the kinds cfg.fp8_layers names (layer_kinds), with both
     dimensions divisible by 16 and at least cfg.fp8_min_dim wide, for torchao Float8Linear (cfg.fp8_recipe)
-    or this module's own (OWN_RECIPES: fp8_recipe='rowwise_bf16_wgrad' or 'tensorwise_fused');
+    or this module's own (OWN_RECIPES: rowwise_bf16_wgrad, tensorwise_fused, tensorwise_delayed);
     never the output head (the fused head has its own float8 matmuls). Returns the converted names. Raises
     ValueError without torchao or when no layer is eligible. No device check: check() does that (tests
     convert on the CPU)."""
@@ -340,12 +337,9 @@ def delayed_linears(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, DelayedFloat8Linear)]
 
 
-def roll_amax_history(model):
-    """After an optimizer step: every DelayedFloat8Linear's running amax, all-reduced (max) over the ranks,
-    becomes the newest entry of its history (the oldest drops out), and the running max starts again at 0."""
-    mods = [m for _, m in delayed_linears(model)]
-    if not mods:
-        return
+def roll_amax_history(mods):
+    """After an optimizer step: the running amax of each DelayedFloat8Linear in `mods`, all-reduced (max) over the
+    ranks, becomes the newest entry of its history (the oldest drops out), and the running max starts again at 0."""
     state = torch.stack([m.fp8_amax for m in mods])                       # (layers, 2, 1 + AMAX_HISTORY)
     current = state[:, :, :1].contiguous()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -359,8 +353,9 @@ def roll_amax_history(model):
 def track_amax(model, optimizer):
     """Shift the amax histories of model's DelayedFloat8Linear layers after each step of `optimizer` (a step
     post-hook); nothing without such layers."""
-    if delayed_linears(model):
-        optimizer.register_step_post_hook(lambda *_: roll_amax_history(model))
+    mods = [m for _, m in delayed_linears(model)]
+    if mods:
+        optimizer.register_step_post_hook(lambda *_: roll_amax_history(mods))
 
 
 def scaling_state(model):

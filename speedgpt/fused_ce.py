@@ -13,15 +13,15 @@ never know of it.
 """
 import torch
 
+from speedgpt import refuse_unused
+
 
 def check(cfg):
     """Raise ValueError for fused_ce=True with dtype='float16': the head's gradients are made in the
     forward, outside the GradScaler's loss scaling (validated in bfloat16 and float32 only); and for a
     fused_ce_chunk other than the default without fused_ce, where it would do nothing."""
-    default_chunk = type(cfg).__dataclass_fields__["fused_ce_chunk"].default
-    if not cfg.fused_ce and cfg.fused_ce_chunk != default_chunk:
-        raise ValueError(f"fused_ce_chunk={cfg.fused_ce_chunk} would do nothing: it is the chunk of the fused head "
-                         "and loss. Add --fused_ce=True, or leave fused_ce_chunk out")
+    if not cfg.fused_ce:
+        refuse_unused(cfg, ("fused_ce_chunk",), "the chunk of the fused head and loss", "--fused_ce=True")
     if cfg.fused_ce and cfg.dtype == "float16":
         raise ValueError("fused_ce=True with dtype='float16' is not supported: it makes the head's gradients in the "
                          "forward, outside the GradScaler's loss scaling, and was validated in bfloat16 and "

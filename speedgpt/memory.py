@@ -25,8 +25,8 @@ CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max",                      # cgroup v2
 GPT2_VOCAB = 50257       # shards.load_meta's assumption for a folder of foreign shards, and the larger tokenizer
 # torchao's tensorwise Float8Linear, compiled, keeps the block Linears' inputs in float8: the measured peaks
 # at 350M and 774M (benchmarks/results/family_side_by_side_h200.md, "block FP8") shrink as if the block
-# activations were about this share of bf16's; fp8.py's tensorwise_fused keeps them in float8 too (the same
-# peaks measured). The rowwise recipes keep bf16 inputs for the backward.
+# activations were about this share of bf16's; fp8.py's tensorwise_fused and tensorwise_delayed keep them in
+# float8 too (the same peaks measured). The rowwise recipes keep bf16 inputs for the backward.
 FP8_TENSORWISE_ACTIVATIONS = 0.63
 
 
@@ -102,7 +102,8 @@ def estimate(cfg, vocab_size, world=1):
     elif world > 1:
         grads += 4 * n
     per_layer = 34 * C * (1 if half else 2)                        # bytes per token
-    if cfg.fp8 and cfg.fp8_recipe in ("tensorwise", "tensorwise_fused") and C >= cfg.fp8_min_dim and C % 16 == 0 \
+    float8_inputs = cfg.fp8_recipe in ("tensorwise", "tensorwise_fused", "tensorwise_delayed")
+    if cfg.fp8 and float8_inputs and C >= cfg.fp8_min_dim and C % 16 == 0 \
             and sorted(k.strip() for k in cfg.fp8_layers.split(",")) == ["attn_proj", "fc", "mlp_proj", "qkv"]:
         per_layer *= FP8_TENSORWISE_ACTIVATIONS
     if cfg.attention == "naive":

@@ -31,6 +31,8 @@ import math
 
 import torch
 
+from speedgpt import refuse_unused
+
 MUON_KINDS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
@@ -48,11 +50,7 @@ def check(cfg, world):
         raise ValueError(f"muon_momentum={cfg.muon_momentum}: Muon's momentum is a fraction in [0, 1) "
                          "(0.95 by default)")
     if cfg.optimizer != "muon":
-        for key in ("muon_lr", "muon_momentum", "muon_batched"):
-            value, default = getattr(cfg, key), type(cfg).__dataclass_fields__[key].default
-            if value != default:
-                raise ValueError(f"{key}={value} would do nothing: it is a setting of Muon's. Add --optimizer=muon, "
-                                 f"or leave {key} out")
+        refuse_unused(cfg, ("muon_lr", "muon_momentum", "muon_batched"), "a setting of Muon's", "--optimizer=muon")
 
 
 def param_groups(model, cfg):
