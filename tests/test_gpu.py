@@ -430,13 +430,19 @@ def test_tensorwise_fused_linear_gives_torchaos_tensorwise_results(compiled):
                     reason="needs a GPU of compute capability 8.9+ (float8 matmuls)")
 def test_tensorwise_delayed_trains_like_tensorwise_fused(short_data, tmp_path):
     """fp8_recipe='tensorwise_delayed' (scales from the last steps' amax) in train.py, compiled, bf16: the losses
-    of tensorwise_fused (scales from each tensor's own amax) step for step, within float8's noise."""
+    of tensorwise_fused (scales from each tensor's own amax) step for step, within float8's noise. At this tiny
+    model's learning rate of 1e-2 two float8 recipes drift apart by a few percent by the last step (the H200 saw the
+    delayed run lower), so each step gets 6% and the mean over the steps 3%: a wrong scale or a saturating cast
+    is off by far more, and the loss check (benchmarks/loss_check.py) is the test of the numerics at scale."""
     common = ("--compile=True", "--fp8=True", "--fp8_min_dim=128")
     fused = _gpu_run(short_data, tmp_path / "fused", *common, "--fp8_recipe=tensorwise_fused")
     delayed = _gpu_run(short_data, tmp_path / "delayed", *common, "--fp8_recipe=tensorwise_delayed")
     assert len(fused) == len(delayed) == 6 and delayed[-1] < delayed[0]
+    assert delayed[0] == pytest.approx(fused[0], rel=1e-3)       # the first step scales dynamically, as fused does
+    rel = [abs(a - b) / a for a, b in zip(fused, delayed)]
     for step, (a, b) in enumerate(zip(fused, delayed)):
-        assert abs(a - b) < 3e-2 * a, f"step {step}: tensorwise_fused {a} vs tensorwise_delayed {b}"
+        assert rel[step] < 6e-2, f"step {step}: tensorwise_fused {a} vs tensorwise_delayed {b}"
+    assert sum(rel) / len(rel) < 3e-2, f"tensorwise_fused {fused} vs tensorwise_delayed {delayed}"
 
 
 def test_a_background_checkpoint_copies_the_gpu_state_into_reused_pinned_buffers():
