@@ -350,8 +350,8 @@ def train(run, stop):
                 check_attention_mask(mask, b.doc_ids)
         grad_norm = optim.clip_grad_norm(run.raw_model, run.optimizer, run.scaler, cfg.grad_clip)
         loss, nonfinite, signum = agree(loss, grad_norm, stop.signum, proc, cfg.dtype == "float16")
-        if step == run.start_step:              # agree() synced: the first step's wall time, compile included
-            run.logger.first_step_s = time.perf_counter() - started
+        if step == run.start_step:              # agree() synced: the first step's wall time, compile included,
+            run.logger.first_step_s = time.perf_counter() - started - run.eval_s   # the step-0 evaluation not
         if nonfinite:                           # never applied to the weights
             skipped += 1
             if skipped <= cfg.max_skipped_steps:        # else the run stops below, in one line

@@ -8,8 +8,8 @@ our recipes, and optionally karpathy/nanoGPT's own train.py, on the same tokens,
 1. The corpus: every .py file of this Python installation (its standard library, site-packages and the folders
    on sys.path outside this repository), one document each, files deduplicated by content hash: hundreds of MB of
    real text with no download. Prepared once with the GPT-2 tokenizer into --out/data (or give --data_dir).
-2. Each recipe of --runs (adamw: config/fast.py as shipped; muon: the same with --optimizer=muon
-   --lr_schedule=wsd), for each seed, for --max_iters steps (the schedules' horizon; the warm-up fast.py's
+2. Each recipe of --runs (adamw: config/fast.py as shipped; muon: the same with config/muon.py laid over it,
+   Muon + WSD), for each seed, for --max_iters steps (the schedules' horizon; the warm-up fast.py's
    100 steps, at most a fifth of the run), evaluating every
    --eval_interval steps on the whole val split (the same tokens for every run and seed).
 3. With --nanogpt: nanoGPT's train.py (once: its seed is fixed in its file) on the same train tokens (flat uint16 train.bin / val.bin written from our
@@ -39,7 +39,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from speedgpt.measure import error_line  # noqa: E402
-RECIPES = {"adamw": [], "muon": ["--optimizer=muon", "--lr_schedule=wsd"]}
+RECIPES = {"adamw": [], "muon": ["--config=config/muon.py"]}     # muon: Muon + WSD laid over --config
 LAUNCHER = r'''import json, os, sys, time
 import torch
 sys.path.insert(0, os.getcwd())

@@ -1,6 +1,6 @@
 # GPT-2 350M (gpt2-medium: 24 layers, 16 heads, 1024 wide, block_size 1024) on one H200 with the flags measured fastest
 # for this size (BENCHMARKS.md, "The GPT-2 family"): config/fast.py's flags, plus
-# compile_regional, a micro-batch of 64, FP8 for every block Linear in this project's own rowwise recipe
+# compile_regional, a micro-batch of 64, FP8 for every block Linear (tensorwise, delayed scales)
 #   python train.py --config config/gpt2-medium.py
 #   torchrun --standalone --nproc_per_node=8 train.py --config config/gpt2-medium.py
 # Side by side with nanoGPT's own bench.py at the same micro-batch (BENCHMARKS.md, "The GPT-2 family"):
@@ -12,7 +12,7 @@ n_layer = 24
 n_head = 16
 n_embd = 1024
 block_size = 1024
-batch_size = 64                     # 64 x 1024 tokens per micro-batch: 8 micro-steps per step on one GPU; 64 GB at peak
+batch_size = 64                     # 64 x 1024 tokens per micro-batch: 8 micro-steps per step on one GPU; 45 GB at peak
 total_batch_size = 524288          # tokens per optimizer step, as GPT-2 / llm.c (micro-steps derived and printed)
 dropout = 0.0
 bias = False
@@ -32,6 +32,6 @@ fused_ce = True                     # the head + cross-entropy fused (no logits 
 fp8_head = True                     # ... its three matmuls in float8 (torchao tensorwise)
 fp8_head_kernel = True              # ... and its softmax pass in our Triton kernels (speedgpt/softmax_pass.py)
 fp8 = True                          # every block Linear in float8 ...
-fp8_recipe = "rowwise_bf16_wgrad"   # ... with speedgpt/fp8.py's own rowwise recipe (BENCHMARKS.md, FP8)
+fp8_recipe = "tensorwise_delayed"   # ... delayed scales from the last steps' amax, speedgpt/fp8.py (BENCHMARKS.md, FP8)
 packing = True
 document_mask = True

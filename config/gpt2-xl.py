@@ -1,6 +1,6 @@
 # GPT-2 1.5B (gpt2-xl: 48 layers, 25 heads, 1600 wide, block_size 1024) on one H200 with the flags measured fastest
 # for this size (BENCHMARKS.md, "The GPT-2 family"): config/fast.py's flags, plus
-# compile_regional, a micro-batch of 32, FP8 for every block Linear (torchao's tensorwise scales, our casts)
+# compile_regional, a micro-batch of 32, FP8 for every block Linear (tensorwise, delayed scales)
 #   python train.py --config config/gpt2-xl.py
 #   torchrun --standalone --nproc_per_node=8 train.py --config config/gpt2-xl.py
 # Side by side with nanoGPT's own bench.py at the same micro-batch (BENCHMARKS.md, "The GPT-2 family"):
@@ -33,6 +33,6 @@ fused_ce = True                     # the head + cross-entropy fused (no logits 
 fp8_head = True                     # ... its three matmuls in float8 (torchao tensorwise)
 fp8_head_kernel = True              # ... and its softmax pass in our Triton kernels (speedgpt/softmax_pass.py)
 fp8 = True                          # every block Linear in float8 ...
-fp8_recipe = "tensorwise_fused"     # ... torchao's tensorwise scales, the casts in speedgpt/fp8.py (BENCHMARKS.md, FP8)
+fp8_recipe = "tensorwise_delayed"   # ... delayed scales from the last steps' amax, speedgpt/fp8.py (BENCHMARKS.md, FP8)
 packing = True
 document_mask = True
