@@ -282,6 +282,6 @@ def test_turning_fp8_off_on_the_command_line_drops_the_presets_fp8_details():
     from configurator import load_config
     off = load_config(["--config", "config/gpt2-medium.py", "--fp8=False"])
     assert (off.fp8, off.fp8_recipe, off.fp8_head) == (False, "tensorwise", True)
-    assert load_config(["--config", "config/gpt2-medium.py"]).fp8_recipe == "rowwise_bf16_wgrad"
+    assert load_config(["--config", "config/gpt2-medium.py"]).fp8_recipe == "tensorwise_delayed"
     both = load_config(["--config", "config/gpt2-medium.py", "--fp8=False", "--fp8_recipe=rowwise_bf16_wgrad"])
     assert both.fp8_recipe == "rowwise_bf16_wgrad"
