@@ -126,15 +126,20 @@ HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: 
 
 def help_text():
     """Every flag of Config, one per line: `--key=default  type  help`, the help being the comment beside
-    the field in this file (its first line). Raises AssertionError for a field without one."""
+    the field in this file, with the comment lines aligned under it. Raises AssertionError for a field without one."""
     import inspect
-    lines, notes = inspect.getsource(Config).splitlines(), {}
+    lines, notes, last = inspect.getsource(Config).splitlines(), {}, None
     for line in lines:
         m = re.match(r"\s+(\w+): \w+ = .*?#\s*(.*)$", line)
+        more = re.match(r"\s+#\s*(.*)$", line)
         if m:
-            notes[m.group(1)] = m.group(2)
+            notes[m.group(1)], last = m.group(2), (m.group(1), line.rindex("#", 0, m.start(2)))
+        elif more and last and line.index("#") == last[1]:        # the field's comment goes on
+            notes[last[0]] += " " + more.group(1)
+        else:
+            last = None
     out = ["train.py's flags (--key=value or --key value; a bare --key of a bool: True; --config FILE applies a "
-           "config file first). Defaults: the CPU quickstart."]
+           "config file first, several in order, the later winning). Defaults: the CPU quickstart."]
     for f in fields(Config):
         assert f.name in notes, f"Config.{f.name} has no help comment"
         out.append(f"  --{f.name}={f.default}".ljust(32) + f" {f.type.__name__:5}  {notes[f.name]}")
@@ -402,6 +407,8 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
             raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {old!r}: "
                              "the model's shape cannot change on resume")
     kept = {k: saved[k] for k in SCHEDULE_KEYS + DATA_KEYS if k not in explicit and k in saved}
+    if "lr_schedule" in explicit and cfg.lr_schedule != "wsd":     # the saved WSD decay share would do nothing
+        kept.pop("wsd_decay_frac", None)
     if kept.get("lr_decay_iters") == 0:          # unresolved: an older checkpoint, or a run that ended in warm-up
         started = Config(**{k: saved[k] for k in ("max_iters", "warmup_iters")})
         kept["lr_decay_iters"] = resolve_decay(started).lr_decay_iters

@@ -28,6 +28,7 @@ Needs a CUDA GPU for the presets' speed; --config and --train_args let it run an
 import argparse
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -175,7 +176,7 @@ def nanogpt_run(nanogpt, data_dir, out, args):
     argv = [f"--dataset={os.path.abspath(bins)}", f"--out_dir={os.path.abspath(run_dir)}", "--batch_size=64",
             "--gradient_accumulation_steps=8", f"--max_iters={args.max_iters}", f"--lr_decay_iters={args.max_iters}",
             f"--warmup_iters={warmup(args)}", "--learning_rate=6e-4", "--min_lr=6e-5", f"--eval_interval={args.eval_interval}",
-            "--eval_iters=1", "--always_save_checkpoint=False", "--log_interval=10", *args.nanogpt_args.split()]
+            "--eval_iters=1", "--always_save_checkpoint=False", "--log_interval=10", *" ".join(args.nanogpt_args).split()]
     return [(r["step"], score(r["path"], data_dir), r["tokens"], r["train_seconds"])
             for r in launch_nanogpt(nanogpt, argv, run_dir)]
 
@@ -206,52 +207,102 @@ def score(weights, data_dir):
     return estimate_loss(model, loader, loader.n_rows, ctx, token_bytes)[0]
 
 
+# train.py flags each run gets from this script's own settings: --train_args may not set them
+OWN_KEYS = ("config", "data_dir", "out_dir", "max_iters", "lr_decay_iters", "warmup_iters", "seed", "eval_interval",
+            "eval_tokens", "save_checkpoints", "hellaswag")
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):           # one line, as every refusal of this script
+        sys.exit(f"error: {message} (python benchmarks/time_to_target.py --help lists every flag)")
+
+
+class Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
+def train_argv(args, name, seed, data_dir, out_dir):
+    """train.py's flags for recipe `name` at `seed`: the preset, this script's settings, the recipe, --train_args."""
+    return [*([f"--config={args.config}"] if args.config else []), f"--data_dir={os.path.abspath(data_dir)}",
+            f"--out_dir={os.path.abspath(out_dir)}", f"--max_iters={args.max_iters}", f"--lr_decay_iters={args.max_iters}",
+            f"--seed={seed}", f"--warmup_iters={warmup(args)}", f"--eval_interval={args.eval_interval}",
+            "--eval_tokens=1000000000", "--save_checkpoints=False", "--hellaswag=off", *RECIPES[name],
+            *" ".join(args.train_args).split()]
+
+
+def preflight(args, runs, seeds, data_dir):
+    """Check every run's flags as train.py does (its check_flags: keys, values, this device) before the corpus is
+    prepared and the first run starts; exits in one line naming the problem."""
+    import contextlib
+    import io
+    import warnings
+    import torch
+    import train
+    from configurator import load_config
+    from speedgpt.distributed import Proc
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    for name in runs:
+        try:
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                cfg = load_config(train_argv(args, name, seeds[0], data_dir, os.path.join(args.out, f"{name}_{seeds[0]}")))
+                train.check_flags(cfg, Proc(0, 0, 1, device))
+        except (ValueError, TypeError, FileNotFoundError) as e:
+            sys.exit(f"error: the {name} runs: {e} (train.py's flags go through --train_args; without a CUDA GPU: "
+                     "--config '' and a small model there)")
+
+
 def main(argv=None):
     head, rest = __doc__.strip().split("\n\n", 1)
-    p = argparse.ArgumentParser(description=head, epilog=rest, allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=head, epilog=rest, allow_abbrev=False, formatter_class=Help)
     p.add_argument("--runs", default="adamw,muon", help="comma-separated recipes: " + ", ".join(RECIPES))
-    p.add_argument("--seeds", default="1337,1338")
+    p.add_argument("--seeds", default="1337,1338", help="comma-separated: each recipe runs once per seed")
     p.add_argument("--target", type=float, default=0.0, help="val loss; 0: the highest final val loss of the runs")
     p.add_argument("--max_iters", type=int, default=150, help="optimizer steps of every run (the schedules' horizon)")
-    p.add_argument("--eval_interval", type=int, default=10)
+    p.add_argument("--eval_interval", type=int, default=10, help="steps between evaluations (the whole val split)")
     p.add_argument("--config", default="config/fast.py", help="our preset; '' for train.py's defaults")
     p.add_argument("--data_dir", default="", help="a prepared folder instead of the .py files of this Python")
-    p.add_argument("--train_args", default="", help="more train.py flags for our runs, space-separated: "
-                   "--train_args=\"--a=1 --b=2\" (with the =: they start with dashes)")
+    p.add_argument("--train_args", action="append", default=[], help="more train.py flags for our runs, "
+                   "space-separated: --train_args=\"--a=1 --b=2\" (with the =: they start with dashes); repeats add up")
     p.add_argument("--nanogpt", help="a clone of karpathy/nanoGPT: its train.py on the same tokens (GPT-2 124M)")
-    p.add_argument("--nanogpt_args", default="", help="more flags for nanoGPT's train.py, space-separated: "
-                   "--nanogpt_args=\"--device=cpu --compile=False --n_layer=2\" (with the =)")
-    p.add_argument("--out", default="bench_out/time_to_target")
+    p.add_argument("--nanogpt_args", action="append", default=[], help="more flags for nanoGPT's train.py, "
+                   "space-separated: --nanogpt_args=\"--device=cpu --compile=False --n_layer=2\" (with the =)")
+    p.add_argument("--out", default="bench_out/time_to_target", help="the corpus, the runs' folders and logs")
     args = p.parse_args(argv)
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     if not runs or any(r not in RECIPES for r in runs):
         sys.exit(f"error: --runs {args.runs!r}: the recipes are {', '.join(RECIPES)}")
     if args.nanogpt and not os.path.isfile(os.path.join(args.nanogpt, "train.py")):
         sys.exit(f"error: no nanoGPT train.py in {args.nanogpt!r}: give --nanogpt PATH (a clone of karpathy/nanoGPT)")
-    if args.max_iters < 1 or args.eval_interval < 1 or args.target < 0:
-        sys.exit("error: --max_iters and --eval_interval must be positive, --target 0 or more")
+    for key in ("max_iters", "eval_interval"):
+        if getattr(args, key) < 1:
+            sys.exit(f"error: --{key} {getattr(args, key)}: give a positive number of steps")
+    if not math.isfinite(args.target) or args.target < 0:
+        sys.exit(f"error: --target {args.target}: a finite val loss, or 0 for the highest final one of the runs")
+    own = [a.split("=")[0] for a in " ".join(args.train_args).split() if a.startswith("--") and a[2:].split("=")[0] in OWN_KEYS]
+    if own:
+        sys.exit(f"error: --train_args sets {own[0]}, which this script sets for every run: use its own flag "
+                 "(--config, --data_dir, --out, --max_iters, --eval_interval, --seeds), the same for every trainer")
     try:
         seeds = list(dict.fromkeys(int(s) for s in args.seeds.split(",") if s.strip()))
     except ValueError:
         sys.exit(f"error: --seeds {args.seeds!r}: comma-separated integers, e.g. --seeds 1337,1338")
     if not seeds:
         sys.exit("error: --seeds is empty: give one or more, e.g. --seeds 1337,1338")
+    if args.data_dir and not os.path.isfile(os.path.join(args.data_dir, "meta.json")):
+        sys.exit(f"error: --data_dir {args.data_dir!r} is not a prepared folder (no meta.json): prepare one with "
+                 "data.py (docs/data.md), or leave --data_dir out for the .py files of this Python")
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         sys.exit(f"error: cannot create --out {args.out}: {e.strerror}; choose another --out")
+    preflight(args, runs, seeds, args.data_dir or os.path.join(args.out, "data"))
     data_dir = args.data_dir or prepare_corpus(args.out)
     curves = {}
     for name in runs:
         for seed in seeds:
             out_dir = os.path.join(args.out, f"{name}_{seed}")
-            cmd = [sys.executable, "train.py", *([f"--config={args.config}"] if args.config else []),
-                   f"--data_dir={os.path.abspath(data_dir)}", f"--out_dir={os.path.abspath(out_dir)}",
-                   f"--max_iters={args.max_iters}", f"--lr_decay_iters={args.max_iters}", f"--seed={seed}",
-                   f"--warmup_iters={warmup(args)}",
-                   f"--eval_interval={args.eval_interval}", "--eval_tokens=1000000000", "--save_checkpoints=False",
-                   "--hellaswag=off", *RECIPES[name], *args.train_args.split()]
+            cmd = [sys.executable, "train.py", *train_argv(args, name, seed, data_dir, out_dir)]
             shutil.rmtree(out_dir, ignore_errors=True)      # never the metrics of an earlier invocation
             with open(out_dir + ".log", "w") as log:
                 rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode

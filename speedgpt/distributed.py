@@ -168,8 +168,8 @@ class StopSignals:
         if self.signum and signum == signal.SIGINT and not self.distributed:   # after a SIGTERM too
             raise KeyboardInterrupt
         if not self.signum:
-            print0(f"{signal.Signals(signum).name}: finishing this step, then saving a checkpoint"
-                   + ("" if self.distributed else " (Ctrl-C again: abort without saving)"))
+            print0(f"{signal.Signals(signum).name}: stopping at the end of this step or the next, then saving a "
+                   "checkpoint" + ("" if self.distributed else " (Ctrl-C again: abort without saving)"))
             self.signum = signum
 
     def restore(self):

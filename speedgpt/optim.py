@@ -38,7 +38,8 @@ MUON_KINDS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "ml
 
 def check(cfg, world):
     """Raise ValueError naming the keys unless the optimizer settings can work: muon under FSDP (its
-    matrices are sharded), a decay fraction outside (0, 1], a non-positive muon_lr."""
+    matrices are sharded), a decay fraction outside (0, 1], a non-positive muon_lr; and for a setting of Muon's or
+    of WSD's while that is off (it would do nothing)."""
     if cfg.optimizer == "muon" and world > 1 and cfg.parallelism == "fsdp":
         raise ValueError("optimizer='muon' needs whole matrices for its Newton-Schulz step, and FSDP shards them: "
                          "use --parallelism=ddp, or --optimizer=adamw")
@@ -51,6 +52,9 @@ def check(cfg, world):
                          "(0.95 by default)")
     if cfg.optimizer != "muon":
         refuse_unused(cfg, ("muon_lr", "muon_momentum", "muon_batched"), "a setting of Muon's", "--optimizer=muon")
+    if cfg.lr_schedule != "wsd":
+        refuse_unused(cfg, ("wsd_decay_frac",), "the share of a WSD schedule spent decaying",
+                      "--lr_schedule=wsd")
 
 
 def param_groups(model, cfg):

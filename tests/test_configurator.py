@@ -285,3 +285,29 @@ def test_turning_fp8_off_on_the_command_line_drops_the_presets_fp8_details():
     assert load_config(["--config", "config/gpt2-medium.py"]).fp8_recipe == "tensorwise_delayed"
     both = load_config(["--config", "config/gpt2-medium.py", "--fp8=False", "--fp8_recipe=rowwise_bf16_wgrad"])
     assert both.fp8_recipe == "rowwise_bf16_wgrad"
+
+
+def test_help_lists_every_key_with_its_whole_comment():
+    """--help: one line per Config field, its comment's aligned continuation lines joined (fp8_recipe's values run
+    onto a second line in the source), and how several --config files combine."""
+    from dataclasses import fields
+    from configurator import Config, help_text
+    lines = help_text().splitlines()
+    assert "several in order, the later winning" in lines[0]
+    assert len(lines) == 1 + len(fields(Config))
+    recipe = next(line for line in lines if line.lstrip().startswith("--fp8_recipe="))
+    assert recipe.rstrip().endswith("tensorwise_fused | tensorwise_delayed (speedgpt/fp8.py's)")
+
+
+def test_a_resume_that_leaves_wsd_drops_its_decay_share():
+    """A WSD run resumed with --lr_schedule=cosine: the checkpoint's wsd_decay_frac is not kept (it would do nothing,
+    and optim.check would refuse it as set), while a resume that stays on WSD keeps it."""
+    from dataclasses import asdict
+    from configurator import Config, resume_config
+    from speedgpt import optim
+    saved = asdict(Config(lr_schedule="wsd", wsd_decay_frac=0.3, max_iters=100))
+    left, _ = resume_config(Config(lr_schedule="cosine", max_iters=100), {"lr_schedule"}, saved)
+    assert (left.lr_schedule, left.wsd_decay_frac) == ("cosine", Config().wsd_decay_frac)
+    optim.check(left, 1)
+    stayed, _ = resume_config(Config(max_iters=200), {"max_iters"}, saved)
+    assert (stayed.lr_schedule, stayed.wsd_decay_frac) == ("wsd", 0.3)

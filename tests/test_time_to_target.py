@@ -32,7 +32,7 @@ def test_the_first_evaluation_at_or_below_the_target_counts():
 
 
 def test_two_recipes_train_and_the_table_names_where_each_reached_the_target(byte_data, tmp_path, capsys):
-    tiny = "--n_layer=1 --n_head=2 --n_embd=32 --block_size=64 --batch_size=4 --warmup_iters=1 --log_interval=1"
+    tiny = "--n_layer=1 --n_head=2 --n_embd=32 --block_size=64 --batch_size=4 --log_interval=1"
     ttt.main(["--config", "", "--data_dir", str(byte_data), "--seeds", "1", "--max_iters", "4", "--eval_interval", "2",
               "--train_args", tiny, "--out", str(tmp_path)])
     out = capsys.readouterr().out
@@ -82,20 +82,41 @@ def test_a_changed_nanogpt_train_py_is_refused_in_one_line(tmp_path):
     assert log == ["error: nanoGPT's train.py has changed (no 'losses = estimate_loss()'): use the pinned commit"]
 
 
-def test_a_failed_run_stops_it_in_one_line(tmp_path):
-    with pytest.raises(SystemExit, match=r"^error: run adamw seed 1 failed: .*does not exist.* \(log: "):
-        ttt.main(["--config", "", "--data_dir", str(tmp_path / "none"), "--seeds", "1", "--out", str(tmp_path)])
+def test_a_failed_run_stops_it_in_one_line(byte_data, tmp_path):
+    """A run that fails after the checks (here: its data folder holds no val split) ends the benchmark in one line."""
+    broken = tmp_path / "data"
+    broken.mkdir()
+    (broken / "meta.json").write_text((byte_data / "meta.json").read_text())
+    with pytest.raises(SystemExit, match=r"^error: run adamw seed 1 failed: .* \(log: "):
+        ttt.main(["--config", "", "--data_dir", str(broken), "--seeds", "1", "--out", str(tmp_path / "out")])
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--runs", "sgd"], "--runs 'sgd': the recipes are adamw, muon"),
     (["--seeds", "x"], "--seeds 'x': comma-separated integers"),
     (["--nanogpt", "/nonexistent"], "no nanoGPT train.py in '/nonexistent'"),
-    (["--max_iters", "0"], "--max_iters and --eval_interval must be positive"),
+    (["--max_iters", "0"], "--max_iters 0: give a positive number of steps"),
+    (["--eval_interval", "-2"], "--eval_interval -2: give a positive number of steps"),
+    (["--target", "nan"], "--target nan: a finite val loss"),
+    (["--max_iters", "x"], "argument --max_iters: invalid int value: 'x' .*--help lists every flag"),
+    (["--train_args=--n_layer=2", "--train_args=--out_dir=/tmp/x"], "--train_args sets --out_dir, which this script sets"),
+    (["--data_dir", "/nonexistent"], "--data_dir '/nonexistent' is not a prepared folder"),
+    (["--config", "config/none.py"], "the adamw runs: config file 'config/none.py' not found"),
 ])
-def test_bad_input_is_refused_in_one_line(argv, message):
+def test_bad_input_is_refused_in_one_line(argv, message, tmp_path):
+    """Each refusal comes before the corpus is prepared (nothing in --out but the folder)."""
     with pytest.raises(SystemExit, match=message):
-        ttt.main(argv)
+        ttt.main([*argv, "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out" / "data").exists()
+
+
+def test_a_preset_this_machine_cannot_run_is_refused_before_the_corpus(tmp_path, monkeypatch):
+    """config/fast.py's FP8 head needs a GPU: on a CPU the default command stops before preparing the .py files."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match=r"the adamw runs: fp8_head=True needs a GPU.*without a CUDA GPU: --config ''"):
+        ttt.main(["--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out" / "data").exists()
 
 
 def test_a_nanogpt_snapshot_is_scored_by_our_evaluator_on_our_val_tokens(byte_data, tmp_path):

@@ -90,6 +90,7 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--muon_batched=False"], ValueError, "muon_batched=False would do nothing: .* Add --optimizer=muon"),
     (["--muon_lr=0.05"], ValueError, "muon_lr=0.05 would do nothing: it is a setting of Muon's"),
     (["--muon_momentum=0.9"], ValueError, "muon_momentum=0.9 would do nothing"),
+    (["--wsd_decay_frac=0.5"], ValueError, "wsd_decay_frac=0.5 would do nothing: .* Add --lr_schedule=wsd"),
     (["--optimizer=muon", "--muon_momentum=1.5"], ValueError, r"muon_momentum=1.5: Muon's momentum is a fraction"),
     (["--fp8_recipe=tensorwise_fused"], ValueError, "fp8_recipe='tensorwise_fused' would do nothing: .* --fp8=True"),
     (["--fp8_min_dim=512"], ValueError, "fp8_min_dim=512 would do nothing"),
