@@ -15,6 +15,7 @@ import warnings
 import torch
 
 from speedgpt.distributed import RunStopped, print0
+from speedgpt.optim import lr_at
 
 PEAK_FLOPS = {   # dense FLOP/s by device-name substring (first match wins) and precision; NVIDIA datasheets
     "H100 PCIe": dict(bf16=756e12, tf32=378e12, fp32=51e12),
@@ -347,6 +348,8 @@ class MetricsLogger:
         the clock has not started; tokens/s is for the whole job, MFU per GPU (mfu())."""
         record = {"step": step, "loss": loss, "lr": lr, "step_ms": None, "tokens_per_sec": None, "mfu": None,
                   "mem_gb": None, "pad_frac": pad_frac, "grad_norm": float(grad_norm)}
+        if self.cfg.optimizer == "muon":             # its matrices' rate: the same schedule from muon_lr's peak
+            record["muon_lr"] = lr_at(step, self.cfg, self.cfg.muon_lr)
         if timing is not None:
             tps = timing[0]
             record.update(step_ms=timing[1], tokens_per_sec=tps, tokens_per_sec_per_gpu=tps / self.world,
@@ -380,7 +383,8 @@ class MetricsLogger:
                       + (f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a")
                       + f" | eta {duration((total - r['step'] - 1) * r['step_ms'] / 1000)}")
         if self.master:
-            print(f"step {r['step']}/{total} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | {timing} | "
+            muon = f" (muon {r['muon_lr']:.2e})" if "muon_lr" in r else ""
+            print(f"step {r['step']}/{total} | loss {r['loss']:.4f} | lr {r['lr']:.2e}{muon} | {timing} | "
                   f"pad {r['pad_frac']:.3f}"
                   + (f" | mem {r['mem_gb']:.1f} GB" if r["mem_gb"] else ""), flush=True)
         self.log(record)

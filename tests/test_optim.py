@@ -1,5 +1,6 @@
 """speedgpt/optim.py: the schedules' shapes, the parameter groups of each optimizer, Muon + AdamW as one
 optimizer whose state resumes exactly, and fused AdamW stepping as the default one (CPU)."""
+import json
 import math
 import os
 
@@ -177,3 +178,18 @@ def test_fused_adamw_matches_default():
             o.step()
     for p, q in zip(*(m.parameters() for m in models)):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_a_muon_run_logs_its_matrices_learning_rate(byte_data, tmp_path, capsys):
+    """With optimizer=muon each step's line and record carry the Muon group's rate beside AdamW's, the one
+    set_lr gave that group (its own peak, muon_lr, on the same schedule)."""
+    import train
+    from conftest import read_metrics, tiny_args
+    train.main(tiny_args(byte_data, tmp_path, "--optimizer=muon", "--lr_schedule=wsd", "--max_iters=6"))
+    saved = json.loads((tmp_path / "config.json").read_text())
+    cfg = configurator.Config(**{k: v for k, v in saved.items() if k in configurator.Config.__dataclass_fields__})
+    rows = [r for r in read_metrics(tmp_path) if "loss" in r and "val_loss" not in r]
+    assert [r["step"] for r in rows] == list(range(6))
+    assert all(r["muon_lr"] == pytest.approx(optim.lr_at(r["step"], cfg, 0.02)) for r in rows)
+    assert rows[3]["muon_lr"] == pytest.approx(0.02) and rows[3]["lr"] == pytest.approx(cfg.learning_rate)
+    assert "(muon 2.00e-02)" in capsys.readouterr().out
