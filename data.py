@@ -32,7 +32,6 @@ import os
 import random
 import signal
 import sys
-from contextlib import contextmanager
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, Optional
@@ -42,6 +41,7 @@ import numpy as np
 from configurator import FlagParser
 from speedgpt import corpus
 from speedgpt.corpus import ByteTokenizer, GPT2Tokenizer, get_tokenizer   # noqa: F401 (data.get_tokenizer is public)
+from speedgpt.corpus import sigterm_as_interrupt
 from speedgpt.shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, SHARD_TOKENS,  # noqa: F401 (data.X is public)
                              DataError, describe_os_error, find_shards, index_path, index_tmp_path, load_meta,
                              prepared_folder, read_header, read_index, read_shard, write_index, write_shard)
@@ -400,24 +400,6 @@ class Loader:
 
 # -----------------------------------------------------------------------------
 
-@contextmanager
-def sigterm_as_interrupt():
-    """Inside the block SIGTERM raises KeyboardInterrupt(SIGTERM), as Ctrl-C raises KeyboardInterrupt, so a
-    preparation stopped by kill, timeout, Slurm or docker stop unwinds as Ctrl-C's does (its workers stopped,
-    its temp folder removed); the previous handler afterwards. The main thread only."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(signum, frame):
-    """SIGTERM's handler: raise what Ctrl-C raises, so that a preparation stopped by kill, timeout, Slurm or
-    docker stop unwinds the same way (its workers stopped, its temp folder removed) and says so."""
-    raise KeyboardInterrupt(signum)
-
-
 def main(argv=None):
     # FlagParser, as every other script: full flag names only (--max_token is no --max_tokens), one-line errors
     parser = FlagParser(prog="data.py", description="Tokenise a corpus into llm.c-format shards.")
@@ -453,7 +435,7 @@ def main(argv=None):
         # a write that failed (a full disk, the folder removed): the temp folder it was in is internal, not named
         raise SystemExit(f"error: cannot write the output folder {args.out}: {describe_os_error(e)}; "
                          f"{args.out} is as it was before; free space there, or choose another --out")
-    except KeyboardInterrupt as e:                 # Ctrl-C, or SIGTERM through _interrupt
+    except KeyboardInterrupt as e:                 # Ctrl-C, or SIGTERM through sigterm_as_interrupt
         signum = e.args[0] if e.args else signal.SIGINT
         print(f"{'interrupted' if signum == signal.SIGINT else 'stopped (SIGTERM)'}: {args.out} is as it was before "
               "(a preparation replaces it only when whole); run the command again", file=sys.stderr)

@@ -1,7 +1,7 @@
 """
 From a corpus to token arrays, for data.py's preparation: the input readers (every document read
-lazily, so a corpus of any size is never held in memory), the tokenizers, and the parallel,
-order-keeping tokenisation.
+lazily, so a corpus of any size is never held in memory), the tokenizers, the parallel,
+order-keeping tokenisation, and sigterm_as_interrupt (a preparation stopped by SIGTERM cleans up as Ctrl-C).
 
     for doc in corpus.iter_texts("dump.jsonl.gz"):     # doc.where: "dump.jsonl.gz:17", for errors
         ...                                            # doc.text; doc.split: None, or the corpus's own
@@ -36,6 +36,7 @@ import signal
 import sys
 import sysconfig
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
@@ -577,3 +578,21 @@ def tokenized_chunks(docs, tokenizer, dtype, workers, chunk_chars=1 << 20):
     """TokenizerPool(tokenizer, dtype, workers).tokenize(docs, chunk_chars), the pool closed after."""
     with TokenizerPool(tokenizer, dtype, workers) as pool:
         yield from pool.tokenize(docs, chunk_chars)
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """Inside the block SIGTERM raises KeyboardInterrupt(SIGTERM), as Ctrl-C raises KeyboardInterrupt, so a
+    preparation stopped by kill, timeout, Slurm or docker stop unwinds as Ctrl-C's does (its workers stopped,
+    its temp folder removed); the previous handler afterwards. The main thread only."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, frame):
+    """SIGTERM's handler: raise what Ctrl-C raises, so that a preparation stopped by kill, timeout, Slurm or
+    docker stop unwinds the same way (its workers stopped, its temp folder removed) and says so."""
+    raise KeyboardInterrupt(signum)
