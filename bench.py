@@ -36,15 +36,17 @@ LADDER = [
     ("+ fused AdamW", dict(fused_adamw=True)),
     ("+ packing, document mask", dict(packing=True, document_mask=True, attention="MASKED")),
     ("+ fused head + cross-entropy", dict(fused_ce=True)),
-    # the fused head's matmuls in float8 (FP8 loses on the 768-wide blocks)
-    ("+ FP8 head", dict(fp8_head=True)),
+    ("+ FP8 head", dict(fp8_head=True)),               # the fused head's matmuls in float8
+    # every block Linear in float8, with the config's recipe and fp8_min_dim (config/fast.py: delayed scales, 768
+    # wide); skipped for a config that keeps its blocks in bf16
+    ("+ FP8 blocks", dict(fp8=True)),
 ]
 # leave-one-out from all-on: what each change is undone to
 UNDO = {"bf16 autocast": dict(dtype="float32", tf32=False), "torch.compile": dict(compile=False),
         "attention kernel": dict(attention="naive"), "fused AdamW": dict(fused_adamw=False),
         "packing": dict(packing=False, attention="sdpa"),
         "fused cross-entropy": dict(fused_ce=False, fp8_head=False),     # the FP8 head is the fused head's
-        "FP8 head": dict(fp8_head=False)}
+        "FP8 head": dict(fp8_head=False), "FP8 blocks": dict(fp8=False)}
 
 
 # the docstring's CPU line, a bench that fits in a CPU's memory: named whole when a rung does not fit
@@ -136,7 +138,17 @@ def table(rows, title, ratio_name):
     return "\n".join(lines)
 
 
-def bench(args, extra):
+def fp8_blocks_skipped(cfg):
+    """Why the FP8 blocks rung cannot run for `cfg` (the config and the arguments after --), or None."""
+    if not cfg.fp8:
+        return "the config keeps its blocks in bf16 (fp8=False)"
+    if cfg.n_embd < cfg.fp8_min_dim or cfg.n_embd % 16:
+        return f"no block Linear is eligible (n_embd={cfg.n_embd}, fp8_min_dim={cfg.fp8_min_dim})"
+    return None
+
+
+def bench(args, extra, fp8_blocks_skip=None):
+    """The ladder, then the leave-one-out pass; fp8_blocks_skip: why the FP8 blocks rung is skipped, or None."""
     cuda = torch.cuda.is_available()
     # the document mask's fastest backend here: varlen where FA3 runs, else flex; sdpa on the CPU
     # (FlexAttention has no backward there)
@@ -150,14 +162,16 @@ def bench(args, extra):
         config = {**config, **{k: (masked if v == "MASKED" else v) for k, v in change.items()}}
         if i < args.start:
             continue
-        if name == "+ FP8 head" and not fp8_supported():
-            rungs.append({"rung": name, "ok": False,
-                          "error": "skipped: FP8 needs a GPU of compute capability 8.9+ and torchao"})
+        skip = "FP8 needs a GPU of compute capability 8.9+ and torchao" if "FP8" in name and not fp8_supported() \
+            else fp8_blocks_skip if name == "+ FP8 blocks" else None
+        if skip:
+            rungs.append({"rung": name, "ok": False, "error": f"skipped: {skip}"})
             continue
         rungs.append(run_rung(name, dict(config), args, extra, done))
         if not rungs[-1]["ok"]:                     # every later rung builds on this one: stop here
             raise SystemExit(failed_line(rungs[-1], args.batch_size, cuda))
-    all_on = {**config} if fp8_supported() else {**config, "fp8_head": False}
+    all_on = {**config, "fp8": config["fp8"] and not fp8_blocks_skip and fp8_supported(),
+              "fp8_head": config["fp8_head"] and fp8_supported()}
     ok = [r for r in rungs if r["ok"]]
     for prev, r in zip([None] + ok, ok):
         r["x_prev"] = prev and r["tokens_per_sec"] / prev["tokens_per_sec"]
@@ -168,7 +182,7 @@ def bench(args, extra):
         for change, undo in UNDO.items():
             if change not in args.loo:
                 continue
-            if change == "FP8 head" and not all_on["fp8_head"]:
+            if change == "FP8 head" and not all_on["fp8_head"] or change == "FP8 blocks" and not all_on["fp8"]:
                 continue
             loo_config = {**all_on, **undo}
             if loo_config["dtype"] == "float32" and loo_config["attention"] == "varlen":
@@ -336,7 +350,7 @@ def main(argv=None):
             print("no GPU: the rungs train on the byte-level stdlib corpus (data/stdlib_byte, no download); "
                   "give -- --data_dir=... for other data")
             extra.append("--data_dir=data/stdlib_byte")
-        bench(args, extra)
+        bench(args, extra, fp8_blocks_skipped(cfg))
 
 
 if __name__ == "__main__":

@@ -221,8 +221,8 @@ def main():
         report += startup_rows(args.workdir, old_data)
         print("\n".join(report[-4:]), flush=True)
     if "train" in args.only and os.path.isdir(parquet_out):
-        cmd = [sys.executable, "train.py", "--config", "config/fast.py", "--fp8_head=False", "--n_layer=2",
-               "--n_embd=64", "--n_head=2", "--block_size=128", "--batch_size=4", "--total_batch_size=0",
+        cmd = [sys.executable, "train.py", "--config", "config/fast.py", "--fp8=False", "--fp8_head=False",
+               "--n_layer=2", "--n_embd=64", "--n_head=2", "--block_size=128", "--batch_size=4", "--total_batch_size=0",
                "--compile=False", "--attention=sdpa", "--dtype=float32", "--max_iters=5", "--eval_tokens=512",
                f"--data_dir={parquet_out}", f"--out_dir={os.path.join(args.workdir, 'train_out')}"]
         log = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)

@@ -22,7 +22,8 @@ our recipes, and optionally karpathy/nanoGPT's own train.py, on the same tokens,
 
 The target is --target, or by default the highest final val loss of the runs (so every run reaches it). Each row:
 the first evaluation at or below it, its step, tokens, and seconds of training (compile included, evaluations
-left out; ours from metrics.jsonl's val rows). Prints a Markdown table (BENCHMARKS.md, "Optimizers and schedules").
+left out; ours from metrics.jsonl's val rows). Prints a Markdown table (BENCHMARKS.md, "Optimizers and schedules"),
+then every run's evaluations, also written to --out/curves.json.
 Needs a CUDA GPU for the presets' speed; --config and --train_args let it run anywhere (tests/test_time_to_target.py).
 """
 import argparse
@@ -207,6 +208,19 @@ def score(weights, data_dir):
     return estimate_loss(model, loader, loader.n_rows, ctx, token_bytes)[0]
 
 
+def curves_table(curves):
+    """Every run's evaluations as Markdown rows (val loss, then training seconds, per evaluated step): the table
+    says where each run crossed the target, these say how it got there."""
+    steps = sorted({r[0] for curve in curves.values() for r in curve if r[0] > 0})
+    rows = ["| run | " + " | ".join(map(str, steps)) + " |", "|---|" + "---:|" * len(steps)]
+    for (name, seed), curve in curves.items():
+        at = {r[0]: r for r in curve}
+        for label, i, spec in (("val loss", 1, ".4f"), ("seconds", 3, ".1f")):
+            cells = (format(at[s][i], spec) if s in at and at[s][i] is not None else "" for s in steps)
+            rows.append(f"| {name} {seed}, {label} | " + " | ".join(cells) + " |")
+    return rows
+
+
 # train.py flags each run gets from this script's own settings: --train_args may not set them
 OWN_KEYS = ("config", "data_dir", "out_dir", "max_iters", "lr_decay_iters", "warmup_iters", "seed", "eval_interval",
             "eval_tokens", "save_checkpoints", "hellaswag")
@@ -327,7 +341,11 @@ def main(argv=None):
         final = f"{curve[-1][1]:.4f}" if curve else "failed"
         rows.append(f"| {name} | {seed} | " + (f"{hit[0]} | {hit[2]:,.0f} | {hit[3]:.1f} | {final} |" if hit else
                                                 f"not reached | | | {final} |"))
+    rows += ["", "Each run's evaluations (step: val loss, seconds of training):", "", *curves_table(curves)]
     print("\n".join(rows))
+    with open(os.path.join(args.out, "curves.json"), "w") as f:       # the numbers behind both tables
+        json.dump({"target": target, "runs": [{"run": name, "seed": seed, "evals": curve}
+                                              for (name, seed), curve in curves.items()]}, f, indent=1)
 
 
 if __name__ == "__main__":

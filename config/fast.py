@@ -1,7 +1,8 @@
 # GPT-2 124M on one GPU with every speed flag on: bf16 autocast, torch.compile, FlashAttention
 # (FA3 varlen where installed, else FlexAttention, with the document mask: packing is on), fused AdamW,
-# the output head and cross-entropy fused (no logits kept for the backward), its matmuls in FP8 (Hopper
-# or Ada with torchao; elsewhere add --fp8_head=False).
+# the output head and cross-entropy fused (no logits kept for the backward), its matmuls in FP8, and every
+# block Linear in FP8 with delayed scales (Hopper or Ada, torchao for the head; elsewhere add
+# --fp8=False --fp8_head=False).
 #   python train.py --config config/fast.py
 #   torchrun --standalone --nproc_per_node=8 train.py --config config/fast.py
 # Side by side with nanoGPT's own bench.py at the same micro-batch (BENCHMARKS.md, "The GPT-2 family"):
@@ -12,7 +13,7 @@ n_layer = 12
 n_head = 12
 n_embd = 768
 block_size = 1024
-batch_size = 64                     # 38 GB at peak; lower it on smaller GPUs (more micro-steps, same step)
+batch_size = 64                     # 30 GB at peak; lower it on smaller GPUs (more micro-steps, same step)
 total_batch_size = 524288          # tokens per optimizer step, as GPT-2 / llm.c: 8 micro-steps of 64 x 1024 on one GPU
 dropout = 0.0
 bias = False
@@ -31,7 +32,10 @@ fused_adamw = True
 fused_ce = True                     # the head + cross-entropy as one function: no (tokens, vocab) logits kept
 fp8_head = True                     # ... with its three matmuls in float8 (torchao tensorwise)
 fp8_head_kernel = True              # ... and its softmax pass in our Triton kernels (speedgpt/softmax_pass.py)
-fused_ce_chunk = 65536              # one chunk per micro-batch (38 GB at peak); with --compile=False give 16384:
+fp8 = True                          # every block Linear in float8 ...
+fp8_recipe = "tensorwise_delayed"   # ... delayed scales from the last steps' amax, speedgpt/fp8.py (BENCHMARKS.md, FP8)
+fp8_min_dim = 768                   # ... at GPT-2 124M's width too (the default 1024 leaves 768 wide in bf16)
+fused_ce_chunk = 65536              # one chunk per micro-batch (faster, more memory); with --compile=False give 16384:
                                     # uncompiled, a chunk holds ~4 float32 (chunk, vocab) temporaries
 packing = True
 document_mask = True

@@ -73,8 +73,9 @@ def check(cfg, device):
                          "to be multiples of 16 (float8 matmul shapes), or add --fp8_head=False")
     keys = [k for k in ("fp8", "fp8_head") if getattr(cfg, k)]
     asking = " and ".join(f"{k}=True" for k in keys) + (" needs" if len(keys) == 1 else " need")
+    presets = " and ".join(f"{k}=True" for k in keys)
     off = " ".join(f"--{k}=False" for k in keys) + \
-        (" (config/fast.py and config/gpt2-*.py set fp8_head=True)" if cfg.fp8_head else "")
+        (f" (config/fast.py and config/gpt2-*.py set {presets})" if cfg.fp8_head else "")
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         where = "the CPU" if device.type != "cuda" else \
             f"{torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))})"
@@ -117,8 +118,8 @@ def convert(model, cfg):
                                    module_filter_fn=eligible)
     if not converted:
         raise ValueError(f"fp8=True but no Linear layer is eligible: every one of fp8_layers={cfg.fp8_layers!r} is "
-                         f"narrower than fp8_min_dim={cfg.fp8_min_dim} "
-                         "(FP8 loses to bf16 on narrow layers); lower fp8_min_dim to convert them anyway")
+                         f"narrower than fp8_min_dim={cfg.fp8_min_dim} (FP8 loses to bf16 on narrow layers); "
+                         "lower fp8_min_dim to convert them anyway, or add --fp8=False")
     return converted
 
 

@@ -1,6 +1,6 @@
 """bench.py: a smoke test of the ladder's shape with a tiny model (its numbers mean nothing). On a CPU the
-FP8 rung is skipped; on a GPU of compute capability 8.9+ with torchao it runs, and so does its
-leave-one-out row."""
+FP8 rungs are skipped; on a GPU of compute capability 8.9+ with torchao the FP8 head's runs, and so does its
+leave-one-out row; the FP8 blocks rung is skipped for the tiny model, narrower than config/fast.py's fp8_min_dim."""
 import json
 import os
 import struct
@@ -37,19 +37,22 @@ def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
     names = [r["rung"] for r in rows]
     fp8 = bench.fp8_supported()
     loo = ["all on - packing"]
-    assert names[:8] == ["baseline", "+ bf16 autocast", "+ torch.compile", "+ FlashAttention (sdpa)",
-                         "+ fused AdamW", "+ packing, document mask", "+ fused head + cross-entropy", "+ FP8 head"]
-    assert names[8:] == loo
-    ran = [r for r in rows if r["rung"] != "+ FP8 head" or fp8]
+    assert names[:9] == ["baseline", "+ bf16 autocast", "+ torch.compile", "+ FlashAttention (sdpa)",
+                         "+ fused AdamW", "+ packing, document mask", "+ fused head + cross-entropy", "+ FP8 head",
+                         "+ FP8 blocks"]
+    assert names[9:] == loo
+    ran = [r for r in rows if (r["rung"] != "+ FP8 head" or fp8) and r["rung"] != "+ FP8 blocks"]
+    assert rows[8]["error"] == ("skipped: no block Linear is eligible (n_embd=32, fp8_min_dim=768)" if fp8 else
+                                "skipped: FP8 needs a GPU of compute capability 8.9+ and torchao")
     assert all(r["ok"] and r["tokens_per_sec"] > 0 and r["timed_steps"] == 2 for r in ran), rows
     assert rows[7]["ok"] if fp8 else "skipped" in rows[7]["error"]        # no FP8 on a CPU
     assert rows[0]["pad_frac"] > 0.3 and rows[5]["pad_frac"] < 0.1         # the padded baseline pads
     for r in ran[1:7]:
         assert abs(r["x_base"] - r["tokens_per_sec"] / rows[0]["tokens_per_sec"]) < 1e-9
     md = open(out / "bench.md").read()
-    assert md.count("\n| ") == 2 + 8 + len(loo) and "Largest single gain on the ladder" in md and "Total speedup" in md
+    assert md.count("\n| ") == 2 + 9 + len(loo) and "Largest single gain on the ladder" in md and "Total speedup" in md
     assert "Largest single gain by leave-one-out" in md
-    assert open(out / "bench.csv").read().count("\n") == 1 + 8 + len(loo)
+    assert open(out / "bench.csv").read().count("\n") == 1 + 9 + len(loo)
     if matplotlib_importable():
         assert os.path.getsize(out / "bench.png") > 1000
     else:                                   # the chart alone needs it: test_bench_chart skips, saying so
@@ -69,6 +72,17 @@ def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
     assert part.returncode == 0 and part.stdout.count("reused from") == 6 + fp8, part.stdout[-2000:]
     assert "=== + fused AdamW\n" in part.stdout                            # the one missing rung ran
     assert sum('"+ fused AdamW"' in l for l in open(out / "rows.jsonl")) == 1
+
+
+def test_fp8_blocks_rung_runs_where_the_config_converts_a_block():
+    """config/fast.py's FP8 blocks are the ladder's last rung; a config with bf16 blocks, or a shape narrower than
+    its fp8_min_dim (a small model after --), skips it with the reason instead of failing on the GPU."""
+    from configurator import load_config
+    assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py"])) is None
+    assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py", "--fp8=False"])) == \
+        "the config keeps its blocks in bf16 (fp8=False)"
+    assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py", "--n_embd=512", "--n_head=8"])) == \
+        "no block Linear is eligible (n_embd=512, fp8_min_dim=768)"
 
 
 def test_bench_stops_at_the_first_failed_rung_in_one_line(tmp_path):

@@ -230,7 +230,7 @@ def test_fp8_layers_picks_the_kinds_to_convert():
         with pytest.raises(ValueError, match=f"fp8_layers={bad!r}: {message}"):
             fp8.check(load_config(["--config", "config/gpt2-large.py", f"--fp8_layers={bad}"]), gpu)
     with pytest.raises(ValueError, match=r"fp8_layers='fc' would do nothing: .* Add --fp8=True"):
-        fp8.check(load_config(["--config", "config/fast.py", "--fp8_layers=fc"]), gpu)
+        fp8.check(load_config(["--config", "config/fast.py", "--fp8=False", "--fp8_layers=fc"]), gpu)
 
 
 def test_a_preset_on_the_cpu_names_the_way_out():

@@ -42,6 +42,12 @@ def test_two_recipes_train_and_the_table_names_where_each_reached_the_target(byt
     target = max(ttt.evals(str(tmp_path / name))[-1][1] for name in ("adamw_1", "muon_1"))
     assert f"Target val loss {target:.4f} (the highest final)" in out
     assert "| ours, adamw | 1 |" in out and "| ours, muon | 1 |" in out and "not reached" not in out
+    # every evaluation, printed and in curves.json: the path to the target, not only where it was crossed
+    assert "| run | 2 | 4 |" in out and f"| ours, adamw 1, val loss | {rows[1][1]:.4f} | {rows[2][1]:.4f} |" in out
+    assert f"| ours, adamw 1, seconds | {rows[1][3]:.1f} | {rows[2][3]:.1f} |" in out
+    saved = json.loads((tmp_path / "curves.json").read_text())
+    assert saved["target"] == target and [r["run"] for r in saved["runs"]] == ["ours, adamw", "ours, muon"]
+    assert saved["runs"][0]["evals"] == [list(r) for r in rows]
     config = json.loads((tmp_path / "muon_1" / "config.json").read_text())
     assert (config["optimizer"], config["lr_schedule"], config["max_iters"]) == ("muon", "wsd", 4)
 
@@ -111,10 +117,11 @@ def test_bad_input_is_refused_in_one_line(argv, message, tmp_path):
 
 
 def test_a_preset_this_machine_cannot_run_is_refused_before_the_corpus(tmp_path, monkeypatch):
-    """config/fast.py's FP8 head needs a GPU: on a CPU the default command stops before preparing the .py files."""
+    """config/fast.py's FP8 blocks and head need a GPU: on a CPU the default command stops before preparing the .py files."""
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit, match=r"the adamw runs: fp8_head=True needs a GPU.*without a CUDA GPU: --config ''"):
+    with pytest.raises(SystemExit,
+                       match=r"the adamw runs: fp8=True and fp8_head=True need a GPU.*without a CUDA GPU: --config ''"):
         ttt.main(["--out", str(tmp_path / "out")])
     assert not (tmp_path / "out" / "data").exists()
 

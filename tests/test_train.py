@@ -65,10 +65,12 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--check_mask=True", "--packing=False"], ValueError,
      "check_mask=True checks the document mask: it needs packing"),
     (["--config", "config/fast.py", "--device=cpu"], ValueError,
-     r"this run is on the CPU: add --fp8_head=False \(config/fast.py and config/gpt2-\*.py set fp8_head=True\); "
+     r"^fp8=True and fp8_head=True need a GPU .* this run is on the CPU: add --fp8=False --fp8_head=False "
+     r"\(config/fast.py and config/gpt2-\*.py set fp8=True and fp8_head=True\); "
      r"or, on a CPU, the quickstart's size \(python train.py; these steps are 524,288 tokens\)$"),
-    (["--config", "config/fast.py", "--fp8=True", "--device=cpu"], ValueError,
-     r"^fp8=True and fp8_head=True need a GPU .* add --fp8=False --fp8_head=False"),
+    (["--config", "config/fast.py", "--fp8=False", "--device=cpu"], ValueError,
+     r"this run is on the CPU: add --fp8_head=False \(config/fast.py and config/gpt2-\*.py set fp8_head=True\); "
+     r"or, on a CPU, the quickstart's size"),
     (["--fused_ce=True", "--dtype=float16"], ValueError, "fused_ce=True with dtype='float16' is not supported"),
     (["--fused_ce=True", "--fp8_head=True", "--fp8_recipe=rowwise"], ValueError,
      "fp8_recipe='rowwise' would do nothing: .* --fp8=True"),
