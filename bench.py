@@ -65,11 +65,12 @@ def failed_line(row, batch_size, cuda):
     return line
 
 
-def fp8_supported():
-    """A GPU of compute capability 8.9+ with torchao installed: the FP8 rung (and its leave-one-out row) runs."""
+def fp8_supported(torchao=True):
+    """A GPU of compute capability 8.9+, with torchao installed where `torchao`: the FP8 head's rung (and its
+    leave-one-out row) runs; the FP8 blocks' needs torchao for torchao's recipes only."""
     import importlib.util
     return (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
-            and importlib.util.find_spec("torchao") is not None)
+            and (not torchao or importlib.util.find_spec("torchao") is not None))
 
 
 def settings(args, extra):
@@ -139,11 +140,15 @@ def table(rows, title, ratio_name):
 
 
 def fp8_blocks_skipped(cfg):
-    """Why the FP8 blocks rung cannot run for `cfg` (the config and the arguments after --), or None."""
+    """Why the FP8 blocks rung cannot run for `cfg` (the config and the arguments after --) here, or None."""
+    from speedgpt import fp8
+    torchao = cfg.fp8_recipe not in fp8.OWN_RECIPES
     if not cfg.fp8:
         return "the config keeps its blocks in bf16 (fp8=False)"
-    if cfg.n_embd < cfg.fp8_min_dim or cfg.n_embd % 16:
+    if not fp8.block_width_ok(cfg):
         return f"no block Linear is eligible (n_embd={cfg.n_embd}, fp8_min_dim={cfg.fp8_min_dim})"
+    if not fp8_supported(torchao):
+        return "FP8 needs a GPU of compute capability 8.9+" + (f" and torchao ({cfg.fp8_recipe})" if torchao else "")
     return None
 
 
@@ -162,15 +167,15 @@ def bench(args, extra, fp8_blocks_skip=None):
         config = {**config, **{k: (masked if v == "MASKED" else v) for k, v in change.items()}}
         if i < args.start:
             continue
-        skip = "FP8 needs a GPU of compute capability 8.9+ and torchao" if "FP8" in name and not fp8_supported() \
-            else fp8_blocks_skip if name == "+ FP8 blocks" else None
+        skip = fp8_blocks_skip if name == "+ FP8 blocks" else \
+            "FP8 needs a GPU of compute capability 8.9+ and torchao" if "FP8" in name and not fp8_supported() else None
         if skip:
             rungs.append({"rung": name, "ok": False, "error": f"skipped: {skip}"})
             continue
         rungs.append(run_rung(name, dict(config), args, extra, done))
         if not rungs[-1]["ok"]:                     # every later rung builds on this one: stop here
             raise SystemExit(failed_line(rungs[-1], args.batch_size, cuda))
-    all_on = {**config, "fp8": config["fp8"] and not fp8_blocks_skip and fp8_supported(),
+    all_on = {**config, "fp8": config["fp8"] and not fp8_blocks_skip,
               "fp8_head": config["fp8_head"] and fp8_supported()}
     ok = [r for r in rungs if r["ok"]]
     for prev, r in zip([None] + ok, ok):
@@ -291,6 +296,7 @@ def find_max_batch(args, extra):
 
 
 def main(argv=None):
+    import configurator
     from configurator import FlagParser
     parser = FlagParser(prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="config/fast.py")
@@ -307,7 +313,8 @@ def main(argv=None):
     parser.add_argument("--out", default="bench_out")
     parser.add_bool("--find_max_batch", help="report the largest micro-batch that fits")
     parser.add_argument("--max_batch", type=int, default=512)
-    parser.add_argument("extra", nargs="*", help="after --: train.py overrides for every rung, e.g. -- --batch_size=8")
+    parser.add_argument("extra", nargs="*", help="after --: train.py overrides for every rung, e.g. -- --n_layer=6 "
+                        "--data_dir=data/stories_gpt2")
     args = parser.parse_args(argv)
     if not os.path.isfile(args.config):       # a folder exists: say so, as train.py does (configurator.py)
         parser.error(f"config file {args.config} "
@@ -326,13 +333,18 @@ def main(argv=None):
             "out_dir"}
     owned = runs if args.find_max_batch else runs | {"log_interval"} | {k for _, c in LADDER for k in c} | \
         {k for c in UNDO.values() for k in c}
-    clash = sorted({a[2:].split("=", 1)[0] for a in args.extra if a.startswith("--")} & (owned | {"config"}))
+    given = {a[2:].split("=", 1)[0] for a in args.extra if a.startswith("--")}
+    clash = sorted(given & (owned | {"config"}))
+    details = sorted(given & {k for f, keys in configurator.FEATURE_DETAILS.items() for k in keys if f in owned})
     if clash:
         parser.error(f"bench.py sets {', '.join(clash)} itself on every run; use its own options "
                      "(--config, --batch_size, --steps, --warmup, --out) or leave them out")
+    if details and not args.find_max_batch:
+        parser.error(f"{details[0]} after -- would reach the rungs that turn its feature off (the baseline turns "
+                     "them all off), which refuse it as doing nothing: set it in a config file of your own, "
+                     "given to --config")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         parser.error(f"--out {args.out} is a file, not a folder")
-    import configurator
     try:                         # the config and the extra arguments, checked before any rung runs
         cfg = configurator.load_config(["--config", args.config, f"--batch_size={args.batch_size}", *args.extra])
     except (ValueError, TypeError, FileNotFoundError) as e:

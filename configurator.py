@@ -90,7 +90,7 @@ class Config:
     seed: int = 1337                       # initial weights, data order, dropout
     peak_flops: float = 0.0                # FLOP/s for MFU; 0: the GPU's entry in speedgpt/measure.py's PEAK_FLOPS
     grad_checkpointing: str = "none"       # none | full | selective: recompute blocks in the backward (less memory)
-    fp8: bool = False                      # torchao float8 training of the block Linears at least fp8_min_dim wide
+    fp8: bool = False                      # float8 training of the block Linears at least fp8_min_dim wide
     fp8_recipe: str = "tensorwise"         # tensorwise | rowwise (torchao) | rowwise_bf16_wgrad | tensorwise_fused |
                                            # tensorwise_delayed (speedgpt/fp8.py's)
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
@@ -284,8 +284,8 @@ def load_config(argv, with_explicit=False):
             raise ValueError(_unknown(key, "command line"))
         else:
             overrides.append((key, "True" if raw is None else raw))     # a bare bool flag: True
-    values = {}
-    for path in files:
+    values, setter = {}, {}          # setter: key -> the source that set it last (files in order, then overrides)
+    for i, path in enumerate(files):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"config file {path!r} "
                                     + ("is a folder, not a file" if os.path.isdir(path) else "not found"))
@@ -301,19 +301,24 @@ def load_config(argv, with_explicit=False):
         if not keys:                  # `import math` is no key; a file that sets none is a mistake
             raise ValueError(f"config file {path!r} sets no key: {how}")
         for k in keys:
-            values.update(_legacy(k, ns[k], path) or {k: _typed(k, ns[k], path)})
+            update = _legacy(k, ns[k], path) or {k: _typed(k, ns[k], path)}
+            values.update(update)
+            setter.update(dict.fromkeys(update, i))
     for key, raw in overrides:
         want = {f.name: f.type for f in fields(Config)}.get(key)
         try:
             value = raw if want is str else ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             value = raw
-        values.update(_legacy(key, value, "command line") or {key: _typed(key, value, "command line")})
-    given = {key for key, _ in overrides}
-    for feature, details in FEATURE_DETAILS.items():   # --fp8=False on gpt2-medium.py: its fp8_recipe goes too,
-        if feature in given and values.get(feature) is False:    # else it would be refused as doing nothing
+        update = _legacy(key, value, "command line") or {key: _typed(key, value, "command line")}
+        values.update(update)
+        setter.update(dict.fromkeys(update, len(files)))
+    # --fp8=False on gpt2-medium.py (or a later --config file setting it): the fp8_recipe set before goes too,
+    # else it would be refused as doing nothing; a detail set with or after the feature's False stays (refused)
+    for feature, details in FEATURE_DETAILS.items():
+        if feature in setter and values.get(feature) is False:
             for key in details:
-                if key not in given:
+                if setter.get(key, len(files) + 1) < setter[feature]:
                     values.pop(key, None)
     cfg = Config(**values)
     positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval",

@@ -253,6 +253,7 @@ def preflight(args, runs, seeds, data_dir):
     import torch
     import train
     from configurator import load_config
+    from speedgpt import memory
     from speedgpt.distributed import Proc
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     for name in runs:
@@ -260,7 +261,9 @@ def preflight(args, runs, seeds, data_dir):
             with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
                 cfg = load_config(train_argv(args, name, seeds[0], data_dir, os.path.join(args.out, f"{name}_{seeds[0]}")))
-                train.check_flags(cfg, Proc(0, 0, 1, device))
+                resolved = train.check_flags(cfg, Proc(0, 0, 1, device))
+                if not os.path.isfile(os.path.join(data_dir, "meta.json")):   # the corpus to come: GPT-2's tokens
+                    memory.check(resolved, memory.GPT2_VOCAB, device)          # (check_flags skips a missing folder)
         except (ValueError, TypeError, FileNotFoundError) as e:
             sys.exit(f"error: the {name} runs: {e} (train.py's flags go through --train_args; without a CUDA GPU: "
                      "--config '' and a small model there)")
@@ -344,7 +347,8 @@ def main(argv=None):
     rows += ["", "Each run's evaluations (step: val loss, seconds of training):", "", *curves_table(curves)]
     print("\n".join(rows))
     with open(os.path.join(args.out, "curves.json"), "w") as f:       # the numbers behind both tables
-        json.dump({"target": target, "runs": [{"run": name, "seed": seed, "evals": curve}
+        keys = ("step", "val_loss", "tokens", "train_seconds")
+        json.dump({"target": target, "runs": [{"run": name, "seed": seed, "evals": [dict(zip(keys, r)) for r in curve]}
                                               for (name, seed), curve in curves.items()]}, f, indent=1)
 
 

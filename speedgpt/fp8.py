@@ -39,6 +39,18 @@ def layer_kinds(cfg):
     return tuple(KINDS[k] for k in kinds)
 
 
+def block_width_ok(cfg):
+    """Whether fp8 would convert any block Linear of cfg's shape: the narrower side of each (qkv, attn_proj, fc,
+    mlp_proj) is n_embd, which must be at least fp8_min_dim and a multiple of 16 (torch._scaled_mm)."""
+    return cfg.n_embd >= cfg.fp8_min_dim and cfg.n_embd % 16 == 0
+
+
+def none_eligible(cfg):
+    return (f"fp8=True but no Linear layer is eligible: every one of fp8_layers={cfg.fp8_layers!r} is narrower "
+            f"than fp8_min_dim={cfg.fp8_min_dim} (FP8 loses to bf16 on narrow layers) or not a multiple of 16 wide; "
+            "lower fp8_min_dim to convert them anyway, or add --fp8=False")
+
+
 def check(cfg, device):
     """Raise ValueError naming the flags and the way out unless the run's FP8 settings can work on
     `device` (a torch.device): fp8_head needs fused_ce; fp8_recipe='rowwise' needs fp8 (the head is
@@ -84,6 +96,8 @@ def check(cfg, device):
                          f"{where}: add {off}" + (f"; or, {cpu}" if cpu else ""))
     if (cfg.fp8_head or cfg.fp8_recipe not in OWN_RECIPES) and importlib.util.find_spec("torchao") is None:
         raise ValueError(f"{asking} torchao: pip install torchao, or add {off}")
+    if cfg.fp8 and not block_width_ok(cfg):
+        raise ValueError(none_eligible(cfg))
     softmax_pass.check(cfg, device)
 
 
@@ -117,9 +131,7 @@ def convert(model, cfg):
         convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(cfg.fp8_recipe),
                                    module_filter_fn=eligible)
     if not converted:
-        raise ValueError(f"fp8=True but no Linear layer is eligible: every one of fp8_layers={cfg.fp8_layers!r} is "
-                         f"narrower than fp8_min_dim={cfg.fp8_min_dim} (FP8 loses to bf16 on narrow layers); "
-                         "lower fp8_min_dim to convert them anyway, or add --fp8=False")
+        raise ValueError(none_eligible(cfg))
     return converted
 
 
@@ -293,8 +305,8 @@ class TensorwiseFloat8Linear(RowwiseFloat8Linear):
 # the optimizer step, all-reduced (max) over the ranks so every rank scales alike at any world size. Values past
 # the scale's range saturate. The weight keeps its dynamic scale (a small tensor). The first step of a run, with
 # no history yet, scales dynamically. The history is part of the checkpoint (scaling_state), so a resume is exact.
-# config/gpt2-medium.py, gpt2-large.py and gpt2-xl.py use it: faster, and its loss within bf16's seed spread
-# (BENCHMARKS.md, FP8).
+# config/fast.py (with fp8_min_dim=768), gpt2-medium.py, gpt2-large.py and gpt2-xl.py use it: faster, and its loss
+# within bf16's seed spread (BENCHMARKS.md, FP8).
 
 AMAX_HISTORY = 16        # optimizer steps of amax kept: a spike raises the scale's amax for this many steps
 

@@ -42,8 +42,7 @@ def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
                          "+ FP8 blocks"]
     assert names[9:] == loo
     ran = [r for r in rows if (r["rung"] != "+ FP8 head" or fp8) and r["rung"] != "+ FP8 blocks"]
-    assert rows[8]["error"] == ("skipped: no block Linear is eligible (n_embd=32, fp8_min_dim=768)" if fp8 else
-                                "skipped: FP8 needs a GPU of compute capability 8.9+ and torchao")
+    assert rows[8]["error"] == "skipped: no block Linear is eligible (n_embd=32, fp8_min_dim=768)"
     assert all(r["ok"] and r["tokens_per_sec"] > 0 and r["timed_steps"] == 2 for r in ran), rows
     assert rows[7]["ok"] if fp8 else "skipped" in rows[7]["error"]        # no FP8 on a CPU
     assert rows[0]["pad_frac"] > 0.3 and rows[5]["pad_frac"] < 0.1         # the padded baseline pads
@@ -78,7 +77,11 @@ def test_fp8_blocks_rung_runs_where_the_config_converts_a_block():
     """config/fast.py's FP8 blocks are the ladder's last rung; a config with bf16 blocks, or a shape narrower than
     its fp8_min_dim (a small model after --), skips it with the reason instead of failing on the GPU."""
     from configurator import load_config
-    assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py"])) is None
+    runs_here = bench.fp8_supported(torchao=False)       # tensorwise_delayed is ours: torchao is not asked for
+    assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py"])) == \
+        (None if runs_here else "FP8 needs a GPU of compute capability 8.9+")
+    assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py", "--fp8_recipe=rowwise"])) == \
+        (None if bench.fp8_supported() else "FP8 needs a GPU of compute capability 8.9+ and torchao (rowwise)")
     assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py", "--fp8=False"])) == \
         "the config keeps its blocks in bf16 (fp8=False)"
     assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py", "--n_embd=512", "--n_head=8"])) == \
@@ -131,6 +134,14 @@ def test_bench_refuses_overrides_it_sets_itself(tmp_path):
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
         key = extra[0][2:].split("=")[0]
         assert proc.returncode == 2 and f"bench.py sets {key} itself" in proc.stderr, proc.stderr
+        assert not (tmp_path / "b").exists()
+    # a setting of a feature the ladder turns off (the baseline: all of them) would be refused by that rung
+    for detail in ("--fp8_min_dim=16", "--fp8_recipe=rowwise", "--fused_ce_chunk=4096", "--compile_regional=True"):
+        proc = subprocess.run([sys.executable, "bench.py", "--out", str(tmp_path / "b"), "--", detail],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        key = detail[2:].split("=")[0]
+        assert proc.returncode == 2 and f"{key} after -- would reach the rungs that turn its feature off" in \
+            proc.stderr and "set it in a config file of your own, given to --config" in proc.stderr, proc.stderr
         assert not (tmp_path / "b").exists()
 
 

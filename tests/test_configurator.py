@@ -287,6 +287,23 @@ def test_turning_fp8_off_on_the_command_line_drops_the_presets_fp8_details():
     assert both.fp8_recipe == "rowwise_bf16_wgrad"
 
 
+def test_a_later_config_file_turning_fp8_off_drops_the_earlier_files_fp8_details(tmp_path):
+    """config/fast.py sets fp8_recipe and fp8_min_dim; a file laid over it with fp8 = False (a GPU without FP8) drops
+    them as --fp8=False does; a detail set in that same file, or on the command line, stays (fp8.check refuses it)."""
+    from configurator import load_config
+    off = tmp_path / "no_fp8.py"
+    off.write_text("fp8 = False\nfp8_head = False\n")
+    cfg = load_config(["--config", "config/fast.py", "--config", str(off)])
+    assert (cfg.fp8, cfg.fp8_recipe, cfg.fp8_min_dim, cfg.fp8_head, cfg.fp8_head_kernel) == \
+        (False, "tensorwise", 1024, False, False)
+    both = tmp_path / "both.py"
+    both.write_text("fp8 = False\nfp8_min_dim = 512\n")
+    assert load_config(["--config", "config/fast.py", "--config", str(both)]).fp8_min_dim == 512
+    assert load_config(["--config", "config/fast.py", "--config", str(off), "--fp8_min_dim=256"]).fp8_min_dim == 256
+    on_again = load_config(["--config", "config/fast.py", "--config", str(off), "--fp8=True"])   # on in the end
+    assert (on_again.fp8, on_again.fp8_recipe) == (True, "tensorwise_delayed")
+
+
 def test_help_lists_every_key_with_its_whole_comment():
     """--help: one line per Config field, its comment's aligned continuation lines joined (fp8_recipe's values run
     onto a second line in the source), and how several --config files combine."""

@@ -197,6 +197,23 @@ def test_the_rowwise_recipe_is_refused_where_it_cannot_run():
         configurator.load_config(["--fp8_recipe=rowwise_bf16"])
 
 
+@pytest.mark.parametrize("argv", [["--n_embd=512", "--n_head=8"],
+                                  ["--n_embd=776", "--n_head=8", "--fp8_head=False"]])
+def test_a_shape_fp8_would_convert_nothing_in_is_refused_by_check(argv, monkeypatch):
+    """config/fast.py made narrower (or not a multiple of 16 wide) on an FP8 GPU: refused by check, before the data
+    and the model, not later by convert; bench.py's FP8 blocks rung asks block_width_ok the same."""
+    import importlib.util
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(fp8.softmax_pass, "check", lambda cfg, device: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    cfg = load_config(["--config", "config/fast.py", *argv])
+    assert not fp8.block_width_ok(cfg)
+    with pytest.raises(ValueError, match=r"^fp8=True but no Linear layer is eligible: .* fp8_min_dim=768 .* or add "
+                                         r"--fp8=False$"):
+        fp8.check(cfg, torch.device("cuda"))
+    fp8.check(load_config(["--config", "config/fast.py"]), torch.device("cuda"))       # 768: converts
+
+
 def test_fp8_converts_exactly_the_eligible_layers():
     pytest.importorskip("torchao")
     from torchao.float8.float8_linear import Float8Linear

@@ -47,7 +47,7 @@ def test_two_recipes_train_and_the_table_names_where_each_reached_the_target(byt
     assert f"| ours, adamw 1, seconds | {rows[1][3]:.1f} | {rows[2][3]:.1f} |" in out
     saved = json.loads((tmp_path / "curves.json").read_text())
     assert saved["target"] == target and [r["run"] for r in saved["runs"]] == ["ours, adamw", "ours, muon"]
-    assert saved["runs"][0]["evals"] == [list(r) for r in rows]
+    assert saved["runs"][0]["evals"] == [dict(step=r[0], val_loss=r[1], tokens=r[2], train_seconds=r[3]) for r in rows]
     config = json.loads((tmp_path / "muon_1" / "config.json").read_text())
     assert (config["optimizer"], config["lr_schedule"], config["max_iters"]) == ("muon", "wsd", 4)
 
@@ -123,6 +123,13 @@ def test_a_preset_this_machine_cannot_run_is_refused_before_the_corpus(tmp_path,
     with pytest.raises(SystemExit,
                        match=r"the adamw runs: fp8=True and fp8_head=True need a GPU.*without a CUDA GPU: --config ''"):
         ttt.main(["--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out" / "data").exists()
+    # that line's way out, followed: GPT-2 124M at 64 x 1024 does not fit a 24 GB CPU, said before the corpus too
+    # (the corpus is GPT-2's tokens, so the estimate needs no prepared folder)
+    from speedgpt import memory
+    monkeypatch.setattr(memory, "available", lambda device: 24e9)
+    with pytest.raises(SystemExit, match=r"the adamw runs: this run needs about \d+\.\d GB per process .* 24\.0 GB"):
+        ttt.main(["--out", str(tmp_path / "out"), "--train_args=--fp8=False --fp8_head=False"])
     assert not (tmp_path / "out" / "data").exists()
 
 
