@@ -12,7 +12,7 @@ The ladder adds one change per rung to the one before; the leave-one-out pass re
 from the all-on configuration, so the attribution does not depend on the ladder's order. Every rung
 trains on the same prepared data (the config's data_dir) and runs the real trainer. Output, under
 --out: bench.md (the table, also printed), bench.json and bench.csv (every number), bench.png
-(a bar chart, when matplotlib is installed).
+(a bar chart, when matplotlib is installed), rows.jsonl (a line per finished rung, for --resume).
 """
 import argparse
 import csv

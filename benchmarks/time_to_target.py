@@ -286,7 +286,7 @@ def main(argv=None):
                    "space-separated: --nanogpt_args=\"--device=cpu --compile=False --n_layer=2\" (with the =)")
     p.add_argument("--out", default="bench_out/time_to_target", help="the corpus, the runs' folders and logs")
     args = p.parse_args(argv)
-    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    runs = list(dict.fromkeys(r.strip() for r in args.runs.split(",") if r.strip()))     # each recipe once
     if not runs or any(r not in RECIPES for r in runs):
         sys.exit(f"error: --runs {args.runs!r}: the recipes are {', '.join(RECIPES)}")
     if args.nanogpt and not os.path.isfile(os.path.join(args.nanogpt, "train.py")):
@@ -294,6 +294,9 @@ def main(argv=None):
     for key in ("max_iters", "eval_interval"):
         if getattr(args, key) < 1:
             sys.exit(f"error: --{key} {getattr(args, key)}: give a positive number of steps")
+    if args.eval_interval > args.max_iters:
+        sys.exit(f"error: --eval_interval {args.eval_interval} is longer than the run (--max_iters {args.max_iters}): "
+                 "the table would have one evaluation, the last; give an --eval_interval of a few steps")
     if not math.isfinite(args.target) or args.target < 0:
         sys.exit(f"error: --target {args.target}: a finite val loss, or 0 for the highest final one of the runs")
     own = [a.split("=")[0] for a in " ".join(args.train_args).split() if a.startswith("--") and a[2:].split("=")[0] in OWN_KEYS]

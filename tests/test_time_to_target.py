@@ -103,6 +103,7 @@ def test_a_failed_run_stops_it_in_one_line(byte_data, tmp_path):
     (["--nanogpt", "/nonexistent"], "no nanoGPT train.py in '/nonexistent'"),
     (["--max_iters", "0"], "--max_iters 0: give a positive number of steps"),
     (["--eval_interval", "-2"], "--eval_interval -2: give a positive number of steps"),
+    (["--eval_interval", "8", "--max_iters", "4"], r"--eval_interval 8 is longer than the run \(--max_iters 4\)"),
     (["--target", "nan"], "--target nan: a finite val loss"),
     (["--max_iters", "x"], "argument --max_iters: invalid int value: 'x' .*--help lists every flag"),
     (["--train_args=--n_layer=2", "--train_args=--out_dir=/tmp/x"], "--train_args sets --out_dir, which this script sets"),
