@@ -84,8 +84,8 @@ def check(cfg, device):
                          f"({cfg.batch_size * cfg.block_size}) and fused_ce_chunk ({cfg.fused_ce_chunk}) "
                          "to be multiples of 16 (float8 matmul shapes), or add --fp8_head=False")
     keys = [k for k in ("fp8", "fp8_head") if getattr(cfg, k)]
-    asking = " and ".join(f"{k}=True" for k in keys) + (" needs" if len(keys) == 1 else " need")
     presets = " and ".join(f"{k}=True" for k in keys)
+    asking = presets + (" needs" if len(keys) == 1 else " need")
     off = " ".join(f"--{k}=False" for k in keys) + \
         (f" (config/fast.py and config/gpt2-*.py set {presets})" if cfg.fp8_head else "")
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
