@@ -198,8 +198,8 @@ VARLEN_MAX_SEQS = 65535      # CUDA's grid limit in y and z, where FlashAttentio
 def varlen_metadata(doc_ids):
     """doc_ids (B, T) int -> cu_seqlens (n + 1,) int32 and position_ids (B, T) int64, for the n runs of
     equal doc_ids (each one sequence; a row's start always opens one, so no sequence spans two rows):
-    cu_seqlens holds the flattened offset of each sequence, then B*T. Its length changes per batch:
-    torch.compile recompiles once, with the length dynamic. position_ids restart at 0 at each sequence
+    cu_seqlens holds the flattened offset of each sequence, then B*T. Its length changes per batch: the
+    loader marks it dynamic, so torch.compile compiles once for every length. position_ids restart at 0 at each sequence
     start (model.position_ids' rule). Raises ValueError past VARLEN_MAX_SEQS sequences (the kernels' limit)."""
     B, T = doc_ids.shape
     start = np.ones((B, T), dtype=bool)
@@ -364,10 +364,19 @@ class Loader:
 
     def __next__(self):
         """The next Batch, on the loader's device."""
-        tensors, n_valid = self._futures.popleft().result()
+        batch = self.peek()
+        self._futures.popleft()
         self._row += self.world_size * self.B      # the position of the batch after this one
         self._submit()
+        return batch
+
+    def peek(self):
+        """The Batch the next call of next() returns, without moving on (FP8's calibration looks at it first)."""
+        import torch
+        tensors, n_valid = self._futures[0].result()
         x, y, *mask = (t.to(self.device, non_blocking=True) for t in tensors)
+        if mask:                # cu_seqlens' length changes per batch: compiled once, with that length dynamic
+            torch._dynamo.maybe_mark_dynamic(mask[1], 0)
         return Batch(x, y, n_valid, *mask)
 
     def _submit(self):

@@ -134,12 +134,13 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
     return meta, train_loader, val_loader, token_bytes
 
 
-def build_model(cfg, meta, proc, ckpt):
+def build_model(cfg, meta, proc, ckpt, train_loader):
     """The GPT (weights from `ckpt` when resuming, or GPT-2's through Hugging Face for init_from=gpt2* or
     a folder, whose shape then replaces the config's), then the transforms in this fixed order, as
-    torchtitan applies them: FP8 conversion, activation checkpointing, compile, DDP/FSDP wrapping.
-    Returns (cfg, raw_model, model, grad_sync): the raw module owns the weights; grad_sync(bool) turns
-    gradient sync on or off (None in a single process)."""
+    torchtitan applies them: FP8 conversion (its delayed scales calibrated on the loader's first batch when
+    there is no history yet, before anything is compiled), activation checkpointing, compile, DDP/FSDP
+    wrapping. Returns (cfg, raw_model, model, grad_sync): the raw module owns the weights; grad_sync(bool)
+    turns gradient sync on or off (None in a single process)."""
     torch.manual_seed(cfg.seed)        # same initial weights on every rank
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
     if proc.device.type == "cuda":
@@ -151,15 +152,18 @@ def build_model(cfg, meta, proc, ckpt):
         from hf import load_hf_gpt2
         raw_model = load_hf_gpt2(cfg.init_from, model_cfg).to(proc.device)
         cfg = replace(cfg, **{k: getattr(raw_model.config, k) for k in MODEL_KEYS})     # saved in checkpoints
-    if ckpt is not None:
-        load_weights(raw_model, ckpt, os.path.join(cfg.out_dir, "ckpt.pt"))
-    seed_rank_stream(cfg.seed, proc.rank)  # the same weights, but each rank's own dropout
     if cfg.fp8:
         converted = fp8.convert(raw_model, cfg)
         print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}); the rest stay {cfg.dtype}")
+    if ckpt is not None:                   # after the FP8 swap: its layers' own state (amax histories) loads too
+        load_weights(raw_model, ckpt, os.path.join(cfg.out_dir, "ckpt.pt"))
+    seed_rank_stream(cfg.seed, proc.rank)  # the same weights, but each rank's own dropout
     installed = fused_ce.install(raw_model, cfg)          # the head's loss: model.head_loss
     if installed:
         print0(installed)
+    calibrated = fp8.calibrate(raw_model, train_loader.peek(), autocast(cfg, proc.device))
+    if calibrated:
+        print0(calibrated)
     if cfg.grad_checkpointing != "none":
         activation_checkpointing.apply(raw_model, cfg.grad_checkpointing)
     if cfg.compile:
@@ -176,15 +180,19 @@ def build_optimizer(cfg, raw_model, proc, ckpt, train_loader):
     GradScaler (float16 only) and, when resuming, the saved state of all of them, of the loader and of the
     RNGs. Returns (optimizer, ctx, scaler, start_step, best_val)."""
     optimizer = optim.build(raw_model, cfg, proc.device)
-    fp8.track_amax(raw_model, optimizer)             # fp8_recipe=tensorwise_delayed: its amax history, per step
     print0(optim.describe(optimizer, cfg))
-    ctx = nullcontext() if cfg.dtype == "float32" else torch.autocast(proc.device.type, dtype=PT_DTYPE[cfg.dtype])
+    ctx = autocast(cfg, proc.device)
     scaler = torch.amp.GradScaler(proc.device.type, enabled=cfg.dtype == "float16")
     if ckpt is None:
         return optimizer, ctx, scaler, 0, None
     for line in restore_state(ckpt, raw_model, optimizer, scaler, train_loader, proc, cfg):
         print0(f"resume: {line}")
     return optimizer, ctx, scaler, ckpt["step"], ckpt["best_val_loss"]
+
+
+def autocast(cfg, device):
+    """The autocast context of cfg.dtype on `device`: nullcontext for float32."""
+    return nullcontext() if cfg.dtype == "float32" else torch.autocast(device.type, dtype=PT_DTYPE[cfg.dtype])
 
 
 def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
@@ -256,6 +264,7 @@ class Run:
     step: int = 0                       # optimizer steps done so far
     token_bytes: torch.Tensor = None    # (vocab_size,) UTF-8 bytes of each token id: val bits per byte
     hellaswag: object = None            # speedgpt.hellaswag.HellaSwag, scored at each evaluation; None when off
+    after_step: list = field(default_factory=list)  # hook(applied: bool) after each step, applied or skipped
     val_bpb: float = None
     hellaswag_acc_norm: float = None
     evaluated: int = None               # the step of the last evaluation
@@ -361,6 +370,8 @@ def train(run, stop):
         else:
             run.scaler.step(run.optimizer)
             run.scaler.update()
+        for hook in run.after_step:             # fp8's amax history: a new entry, or none for a skipped step
+            hook(not nonfinite)
         run.optimizer.zero_grad(set_to_none=True)
         run.step = step + 1
         if prof is not None:
@@ -409,12 +420,12 @@ def main(argv=None):
         return {"finished": True, "step": ckpt["step"], "best_val_loss": ckpt["best_val_loss"]}
     meta, train_loader, val_loader, token_bytes = build_data(cfg, proc, grad_accum_steps, ckpt)
     hellaswag_eval = hellaswag.build(cfg, meta, cfg.block_size, proc)     # None when off
-    cfg, raw_model, model, grad_sync = build_model(cfg, meta, proc, ckpt)
+    cfg, raw_model, model, grad_sync = build_model(cfg, meta, proc, ckpt, train_loader)
     optimizer, ctx, scaler, start_step, best_val = build_optimizer(cfg, raw_model, proc, ckpt, train_loader)
     logger = start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt)
     run = Run(cfg, proc, meta, raw_model, model, grad_sync, optimizer, ctx, scaler, train_loader, val_loader,
               logger, grad_accum_steps, start_step, best_val, step=start_step, token_bytes=token_bytes,
-              hellaswag=hellaswag_eval)
+              hellaswag=hellaswag_eval, after_step=fp8.step_hooks(raw_model))
     del ckpt                           # its memory is not needed for training
     _setup_done, stop, summary, exit_code, clean = True, StopSignals(proc.world > 1), None, 1, False
     try:

@@ -80,27 +80,43 @@ def load_checkpoint(path, required=CKPT_KEYS, missing=""):
     missing = [k for k in required if k not in ckpt] if isinstance(ckpt, dict) else list(required)
     if missing:
         raise ValueError(f"{path} is not a speedgpt checkpoint: it lacks {', '.join(missing)}")
+    for name, state in ckpt.pop("fp8_scaling", {}).items():   # older checkpoints kept the extra state apart
+        ckpt["model"].setdefault(f"{name}.{EXTRA}", state)
     return ckpt
 
 
+def extra_states(model):
+    """{state-dict key: value} of the modules of `model` that keep state of their own beside their weights
+    (nn.Module.get_extra_state: an FP8 layer's amax history). Checkpoints carry it; it is no part of the
+    architecture, so load_weights takes it where both sides have it and leaves it out where one lacks it."""
+    return {f"{name}.{EXTRA}" if name else EXTRA: m.get_extra_state() for name, m in model.named_modules()
+            if type(m).get_extra_state is not torch.nn.Module.get_extra_state}
+
+
+EXTRA = "_extra_state"        # nn.Module's state-dict key for get_extra_state
+
+
 def load_weights(model, ckpt, path):
-    """Load the checkpoint's weights into `model`; ValueError (naming `path`) if they do not fit it."""
+    """Load the checkpoint's weights into `model`, and the modules' extra state (extra_states) where the
+    checkpoint has it; ValueError (naming `path`) if the weights do not fit it."""
+    own = extra_states(model)
+    state = {k: v for k, v in ckpt["model"].items() if not k.endswith(EXTRA) or k in own}
+    state.update({k: v for k, v in own.items() if k not in state})     # a layer the checkpoint has none for
     try:
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(state)
     except RuntimeError as e:
         raise ValueError(f"checkpoint {path} does not fit the model: {str(e).splitlines()[0]}") from e
 
 
 def restore_state(ckpt, model, optimizer, scaler, loader, proc, cfg):
     """Set what a resume continues from the checkpoint `ckpt`: the optimizer's state (unsharded under
-    FSDP), the GradScaler's (float16), FP8's amax histories (tensorwise_delayed), the loader's position and
-    each rank's random streams. Returns lines describing what could not continue as it was (a fresh
+    FSDP), the GradScaler's (float16), the loader's position and each rank's random streams (the weights
+    and the modules' own state: load_weights). Returns lines describing what could not continue as it was (a fresh
     GradScaler; no amax history; fresh dropout streams)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     from speedgpt.distributed import restore_rng_states
-    from speedgpt import fp8
     set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
-    notes = fp8.load_scaling_state(model, ckpt.get("fp8_scaling"))      # tensorwise_delayed's amax histories
+    notes = []
     if ckpt["scaler"] and scaler.is_enabled():
         scaler.load_state_dict(ckpt["scaler"])
     elif scaler.is_enabled():          # the checkpoint was not float16: its loss scale starts afresh
@@ -311,10 +327,12 @@ def check_disk(out_dir, ckpt_bytes, keep):
 
 
 def state_is_finite(model, optimizer, device):
-    """A 0-dim bool tensor on `device` (no host sync): every parameter and floating optimizer state of
-    this rank (its shards under FSDP) is finite. AdamW keeps its step counts on the CPU."""
+    """A 0-dim bool tensor on `device` (no host sync): every parameter, floating optimizer state and
+    floating extra state of a module (an FP8 layer's amax history) of this rank (its shards under FSDP) is
+    finite. AdamW keeps its step counts on the CPU."""
     state = list(model.parameters()) + [t for s in optimizer.state.values() for t in s.values()
-                                        if torch.is_tensor(t) and t.is_floating_point()]
+                                        if torch.is_tensor(t) and t.is_floating_point()] + \
+        [t for t in extra_states(model).values() if torch.is_tensor(t) and t.is_floating_point()]
     return torch.stack([torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all().to(device)
                         for t in state]).all()
 
@@ -421,7 +439,6 @@ def save_run(run, step, background=False):
     before it), raise RunStopped on every rank in one line naming the last good checkpoint; nothing is
     written then."""
     from dataclasses import asdict
-    from speedgpt import fp8
     from speedgpt.distributed import RunStopped, on_every_rank, rng_states
     device, proc, cfg, path = run.proc.device, run.proc, run.cfg, run.ckpt_path
     finish_write(run)
@@ -437,8 +454,6 @@ def save_run(run, step, background=False):
                 "loader": run.train_loader.state_dict(), "wandb_run_id": run.logger.wandb_run_id,
                 "tokens_per_step": cfg.batch_size * cfg.block_size * run.grad_accum_steps * proc.world,
                 "rng": {"cpu": rng[0][0], "cuda": rng[0][1], "ranks": rng}}
-        if fp8.delayed_linears(run.raw_model):                            # tensorwise_delayed's amax histories
-            ckpt["fp8_scaling"] = fp8.scaling_state(run.raw_model)
         if background:
             run.writer.start(path, own_copy(ckpt, run.raw_model, run.optimizer, run.writer.buffers),
                              cfg.keep_checkpoints, best)

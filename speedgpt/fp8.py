@@ -9,11 +9,12 @@ FP8 training, one feature in one module (torchtitan's float8 converter: check, t
                  with delayed scales); never the output head. fp8_layers picks the kinds (qkv, attn_proj,
                  fc, mlp_proj; default all four). Which recipe wins at which width: BENCHMARKS.md, FP8.
   fp8_head=True  the fused head's three matmuls (speedgpt/fused_ce.py, so fused_ce=True) run in float8
-                 through fp8_mm below: torchao's tensorwise scaling, e4m3 for the hidden states and the
-                 weight, e5m2 for softmax - one-hot. Evaluation keeps the bf16 head.
+                 through fp8_mm below: torchao's tensorwise scaling in plain ops (no torchao needed), e4m3
+                 for the hidden states and the weight, e5m2 for softmax - one-hot. Evaluation keeps the
+                 bf16 head.
 
 check() refuses what cannot work, before any work: a CPU or a GPU below compute capability 8.9, no
-torchao, shapes torch._scaled_mm cannot take, combinations that would do nothing.
+torchao for torchao's recipes, shapes torch._scaled_mm cannot take, combinations that would do nothing.
 """
 import importlib.util
 
@@ -55,7 +56,8 @@ def check(cfg, device):
     """Raise ValueError naming the flags and the way out unless the run's FP8 settings can work on
     `device` (a torch.device): fp8_head needs fused_ce; fp8_recipe='rowwise' needs fp8 (the head is
     tensorwise only); the head's matmul shapes (n_embd, batch_size * block_size, fused_ce_chunk) must be
-    multiples of 16; FP8 needs a GPU of compute capability 8.9+ (Ada, Hopper) and torchao; fp8_head_kernel
+    multiples of 16; FP8 needs a GPU of compute capability 8.9+ (Ada, Hopper), and torchao for its recipes
+    (tensorwise, rowwise); fp8_head_kernel
     its own (softmax_pass.check). Called again on resume, where the shape may come from the checkpoint."""
     if cfg.fp8_layers != ALL_KINDS:
         layer_kinds(cfg)
@@ -94,8 +96,9 @@ def check(cfg, device):
         cpu = cpu_way_out(cfg, device)
         raise ValueError(f"{asking} a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on "
                          f"{where}: add {off}" + (f"; or, {cpu}" if cpu else ""))
-    if (cfg.fp8_head or cfg.fp8_recipe not in OWN_RECIPES) and importlib.util.find_spec("torchao") is None:
-        raise ValueError(f"{asking} torchao: pip install torchao, or add {off}")
+    if cfg.fp8 and cfg.fp8_recipe not in OWN_RECIPES and importlib.util.find_spec("torchao") is None:
+        raise ValueError(f"fp8_recipe={cfg.fp8_recipe!r} is torchao's: pip install torchao, or use one of this "
+                         f"project's recipes ({', '.join(OWN_RECIPES)}: --fp8_recipe=tensorwise_delayed)")
     if cfg.fp8 and not block_width_ok(cfg):
         raise ValueError(none_eligible(cfg))
     softmax_pass.check(cfg, device)
@@ -122,7 +125,7 @@ def convert(model, cfg):
                 module.__class__ = OWN_RECIPES[cfg.fp8_recipe]
                 if module.__class__ is DelayedFloat8Linear:
                     module.fp8_amax = torch.zeros(2, 1 + AMAX_HISTORY, device=module.weight.device)
-                    module.fp8_scaled = False
+                    module.fp8_scaled = module.fp8_bad_history = False
     else:
         try:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -135,41 +138,52 @@ def convert(model, cfg):
     return converted
 
 
+def tensor_scale(t, dtype=torch.float8_e4m3fn):
+    """torchao's tensorwise scale of t (float8_utils.tensor_to_scale): fp8_max / amax, the amax clamped to 1e-12 and
+    the division in float64, returned as a 0-dim float32 tensor."""
+    return (torch.finfo(dtype).max / t.abs().amax().double().clamp(min=1e-12)).float()
+
+
+def saturate(t, scale, dtype=torch.float8_e4m3fn):
+    """t * scale cast to `dtype` with saturation (torchao's to_fp8_saturated): values past the range become its max."""
+    fmax = torch.finfo(dtype).max
+    return (t.float() * scale).clamp(-fmax, fmax).to(dtype)
+
+
 def cast_rhs(b):
-    """b (k, n) cast once for use as fp8_mm's right operand: (b8, b_scale), b8 column-major e4m3 with
-    torchao's tensorwise scale (fp8_max / amax). The fused head casts its weight so once per micro-batch,
-    in both layouts, instead of once per chunk and matmul."""
-    from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
-    scale = tensor_to_scale(b, torch.float8_e4m3fn)
-    return to_fp8_saturated(b.float() * scale, torch.float8_e4m3fn).t().contiguous().t(), scale
+    """b (k, n) cast once for use as fp8_mm's right operand: (b8, b_scale), b8 column-major e4m3 with the
+    tensorwise scale fp8_max / amax (tensor_scale). The fused head casts its weight so once per micro-batch, in
+    both layouts, instead of once per chunk and matmul."""
+    scale = tensor_scale(b)
+    return saturate(b, scale).t().contiguous().t(), scale
 
 
 E5M2_MAX = 57344.0       # torch.finfo(torch.float8_e5m2).max
 
 
 def fp8_mm(a, b, out_dtype, fast_accum=False, a_amax=None):
-    """a (m, k) @ b (k, n) in float8 with torchao's tensorwise dynamic scaling, the recipe of its
-    Float8Linear: each operand scaled by fp8_max / amax (torchao.float8.float8_utils.tensor_to_scale)
-    and cast with saturation; e4m3 for operands without a known bound (activations, weights), e5m2 for
-    a gradient (a_amax given: |a| <= a_amax, so no amax pass over it). b may also be cast_rhs(b), already
-    cast, and a (a8, a_scale): a8 row-major float8 with a ~= a8 / a_scale (softmax_pass.py's gradient). The
-    product runs in torch._scaled_mm (torchao's addmm_float8_unwrapped), which wants `a` row-major and `b`
-    column-major: both are laid out so here. fast_accum: Hopper's fast FP8 accumulation
-    (torchao uses it for the forward GEMM only). Returns (m, n) in out_dtype (bfloat16 or float32). Needs
-    torchao, and a GPU of compute capability 8.9+ or a CPU build of torch with float8 _scaled_mm; raises
-    what torch._scaled_mm raises otherwise (k and n must be multiples of 16 on the GPU)."""
-    from torchao.float8.float8_ops import addmm_float8_unwrapped
-    from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
+    """a (m, k) @ b (k, n) in float8 with torchao's tensorwise dynamic scaling, the recipe of its Float8Linear, in
+    plain PyTorch ops: each operand scaled by fp8_max / amax (tensor_scale) and cast with saturation; e4m3 for
+    operands without a known bound (activations, weights), e5m2 for a gradient (a_amax given: |a| <= a_amax, so no
+    amax pass over it). b may also be cast_rhs(b), already cast, and a (a8, a_scale): a8 row-major float8 with
+    a ~= a8 / a_scale (softmax_pass.py's gradient). The product runs in torch._scaled_mm with the inverse scales,
+    as torchao's addmm_float8_unwrapped calls it; _scaled_mm wants `a` row-major and `b` column-major, and both are
+    laid out so here. fast_accum: Hopper's fast FP8 accumulation (torchao uses it for the forward GEMM only).
+    Returns (m, n) in out_dtype (bfloat16 or float32). Needs a GPU of compute capability 8.9+ or a CPU build of
+    torch with float8 _scaled_mm; raises what torch._scaled_mm raises otherwise (k and n must be multiples of 16
+    on the GPU). tests/test_fp8.py checks it against torchao's Float8Linear bit for bit."""
     b8, b_scale = b if isinstance(b, tuple) else cast_rhs(b)                                   # column-major
     if isinstance(a, tuple):
-        return addmm_float8_unwrapped(*a, b8, b_scale, out_dtype, use_fast_accum=fast_accum)
-    if a_amax is None:
-        a_dtype, a_scale = torch.float8_e4m3fn, tensor_to_scale(a, torch.float8_e4m3fn)
+        a8, a_scale = a
     else:
-        a_dtype = torch.float8_e5m2
-        a_scale = torch.full((), torch.finfo(a_dtype).max / a_amax, dtype=torch.float32, device=a.device)
-    a8 = to_fp8_saturated(a.float() * a_scale, a_dtype).contiguous()                           # row-major
-    return addmm_float8_unwrapped(a8, a_scale, b8, b_scale, out_dtype, use_fast_accum=fast_accum)
+        if a_amax is None:
+            a_dtype, a_scale = torch.float8_e4m3fn, tensor_scale(a)
+        else:
+            a_dtype = torch.float8_e5m2
+            a_scale = torch.full((), torch.finfo(a_dtype).max / a_amax, dtype=torch.float32, device=a.device)
+        a8 = saturate(a, a_scale, a_dtype).contiguous()                                      # row-major
+    return torch._scaled_mm(a8, b8, scale_a=a_scale.reciprocal(), scale_b=b_scale.reciprocal(), out_dtype=out_dtype,
+                            use_fast_accum=fast_accum)
 
 
 # -----------------------------------------------------------------------------
@@ -242,12 +256,10 @@ def tensorwise_cast(t, dtype=torch.float8_e4m3fn, amax=None):
     """t (M, K) -> (t8 (M, K) in dtype, inv_scale 0-dim float32) with t ~= t8 * inv_scale: torchao's
     tensorwise scale (fp8_max / amax, the amax clamped to 1e-12, computed in float64), saturating cast.
     amax: the amax to scale by (a 0-dim tensor: tensorwise_delayed's, from earlier steps), else t's own."""
-    fmax = torch.finfo(dtype).max
     if amax is None:
         amax = t.abs().amax(dim=-1).amax()
-    scale = (fmax / amax.double().clamp(min=1e-12)).float()
-    t8 = (t.float() * scale).clamp(-fmax, fmax).to(dtype)
-    return t8, scale.reciprocal()
+    scale = (torch.finfo(dtype).max / amax.double().clamp(min=1e-12)).float()
+    return saturate(t, scale, dtype), scale.reciprocal()
 
 
 class _TensorwiseLinear(torch.autograd.Function):
@@ -302,9 +314,14 @@ class TensorwiseFloat8Linear(RowwiseFloat8Linear):
 # the input's and the output gradient's scales come from the largest amax of the last AMAX_HISTORY optimizer
 # steps, so a cast no longer waits for its own tensor's amax and can join the kernel that makes the tensor; this
 # step's amax is still taken (as a running max over the step's micro-batches) and shifted into the history after
-# the optimizer step, all-reduced (max) over the ranks so every rank scales alike at any world size. Values past
-# the scale's range saturate. The weight keeps its dynamic scale (a small tensor). The first step of a run, with
-# no history yet, scales dynamically. The history is part of the checkpoint (scaling_state), so a resume is exact.
+# the step (end_step), all-reduced (max) over the ranks so every rank scales alike at any world size. Values past
+# the scale's range saturate. The weight keeps its dynamic scale (a small tensor).
+# A long run must survive a bad step, so, as Transformer Engine does, a step whose amax is not finite or is zero
+# never enters the history: the layer keeps its last good scales, and a skipped step (a non-finite loss or
+# gradient) only resets the running max. Before the first step there is no history: calibrate() fills its first
+# entry from one micro-batch run eagerly with dynamic scales, so every compiled step scales the same way (one
+# compilation, no recompile when the history appears). The history is each layer's own state (its state dict's
+# _extra_state, which DDP does not broadcast), so a checkpoint carries it and a resume is exact.
 # config/fast.py (with fp8_min_dim=768), gpt2-medium.py, gpt2-large.py and gpt2-xl.py use it: faster, and its loss
 # within bf16's seed spread (BENCHMARKS.md, FP8).
 
@@ -313,7 +330,7 @@ AMAX_HISTORY = 16        # optimizer steps of amax kept: a spike raises the scal
 
 class _DelayedLinear(torch.autograd.Function):
     """_TensorwiseLinear with delayed scales. amax (2, 1 + AMAX_HISTORY) float32, rows x and dy: column 0 this
-    step's running max, the rest the history, newest first. scaled=False: no history yet, dynamic scales;
+    step's running max, the rest the history, newest first. scaled=False (calibrate() only): dynamic scales;
     track=False (evaluation): nothing recorded."""
 
     @staticmethod
@@ -337,13 +354,29 @@ class _DelayedLinear(torch.autograd.Function):
 
 
 class DelayedFloat8Linear(RowwiseFloat8Linear):
-    """The same swap, with _DelayedLinear (fp8_recipe='tensorwise_delayed'). convert() gives it fp8_amax (a
-    plain tensor attribute, not a buffer: DDP would broadcast rank 0's running max over the others') and
-    fp8_scaled (whether the history holds a step)."""
+    """The same swap, with _DelayedLinear (fp8_recipe='tensorwise_delayed'). convert() gives it fp8_amax (a plain
+    tensor attribute, not a buffer: DDP would broadcast rank 0's running max over the others'; it travels in the
+    state dict as the layer's extra state) and fp8_scaled (whether the history holds a good step: False only until
+    calibrate() or a checkpoint's history sets it, before the model is compiled)."""
     matmul = _DelayedLinear
 
     def mm(self, x, w):
         return self.matmul.apply(x, w, self.fp8_amax, self.fp8_scaled, self.training and torch.is_grad_enabled())
+
+    def get_extra_state(self):
+        return self.fp8_amax.detach().clone()
+
+    def set_extra_state(self, state):
+        """A checkpoint's history. One that is not finite (a checkpoint of a run before its history was guarded) is
+        not taken: the layer is left uncalibrated, and calibrate() says so and scales its first step afresh."""
+        if state.shape != self.fp8_amax.shape:
+            raise ValueError(f"an amax history of shape {tuple(state.shape)}, this layer keeps "
+                             f"{tuple(self.fp8_amax.shape)}")
+        good = bool(torch.isfinite(state).all())
+        self.fp8_amax.copy_(state if good else torch.zeros_like(state))
+        self.fp8_amax[:, 0] = 0                     # the running max starts afresh with the next step
+        self.fp8_scaled = good and bool((state[:, 1:].amax(dim=1) > 0).all())
+        self.fp8_bad_history = not good
 
 
 def delayed_linears(model):
@@ -351,44 +384,65 @@ def delayed_linears(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, DelayedFloat8Linear)]
 
 
-def roll_amax_history(mods):
-    """After an optimizer step: the running amax of each DelayedFloat8Linear in `mods`, all-reduced (max) over the
-    ranks, becomes the newest entry of its history (the oldest drops out), and the running max starts again at 0."""
+def end_step(mods, applied):
+    """After each optimizer step of train.py's loop, applied or skipped (non-finite): the running amax of each
+    DelayedFloat8Linear in `mods` (the max over the step's micro-batches), all-reduced (max) over the ranks, becomes
+    the newest entry of its history (the oldest drops out) where the step was applied and its amax is finite and
+    non-zero; otherwise that history is left as it was (its scale is the last good one). The running max starts
+    again at 0 either way. No host sync: the choice is made on the device."""
+    if not mods:
+        return
     state = torch.stack([m.fp8_amax for m in mods])                       # (layers, 2, 1 + AMAX_HISTORY)
-    current = state[:, :, :1].contiguous()
+    current = state[:, :, :1].nan_to_num(nan=float("inf"), posinf=float("inf"))   # a NaN on any rank: rejected on all
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.all_reduce(current, op=torch.distributed.ReduceOp.MAX)
-    rolled = torch.cat([torch.zeros_like(current), current, state[:, :, 1:-1]], dim=-1)
+    zero = torch.zeros_like(current)
+    good = torch.isfinite(current) & (current > 0) & applied
+    rolled = torch.where(good, torch.cat([zero, current, state[:, :, 1:-1]], dim=-1),
+                         torch.cat([zero, state[:, :, 1:]], dim=-1))
     torch._foreach_copy_([m.fp8_amax for m in mods], list(rolled.unbind(0)))
+
+
+def step_hooks(model):
+    """[hook(applied)] for train.py to call after each optimizer step: end_step over model's DelayedFloat8Linear
+    layers; [] without them."""
+    mods = [m for _, m in delayed_linears(model)]
+    return [lambda applied: end_step(mods, applied)] if mods else []
+
+
+def calibrate(model, batch, ctx, tokens=8192):
+    """The first entry of the amax histories of model's DelayedFloat8Linear layers that have none (a new run, or a
+    checkpoint without a good history), from one forward and backward of the first rows of `batch` (a data.Batch,
+    about `tokens` tokens), eager, with dynamic scales, through the plain head (the dy reaching the blocks is the
+    same), under `ctx` (autocast). Call it on the raw model before compiling it, on every rank (the amax is
+    all-reduced): then no compiled step ever sees a layer without history. Leaves the gradients, the RNG and the
+    model's mode as they were. Returns a line for the log, or None when nothing needed it."""
+    mods = [m for _, m in delayed_linears(model)]
+    if not mods or all(m.fp8_scaled for m in mods):
+        return None
+    bad = any(getattr(m, "fp8_bad_history", False) for m in mods)
+    rows = max(1, min(batch.x.size(0), tokens // batch.x.size(1)))
+    pick = lambda t: None if t is None else t[:rows]
+    head_loss, training = model.head_loss, model.training
+    devices = [batch.x.device] if batch.x.is_cuda else []
+    grads = [p.grad for p in model.parameters()]
+    try:
+        model.head_loss = None
+        model.train()
+        with torch.random.fork_rng(devices=devices), ctx:
+            _, loss = model(batch.x[:rows], batch.y[:rows], pick(batch.doc_ids), None, pick(batch.position_ids))
+        loss.backward()
+    finally:
+        model.head_loss = head_loss
+        model.train(training)
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g
+    end_step(mods, True)
     for m in mods:
         m.fp8_scaled = True
-
-
-def track_amax(model, optimizer):
-    """Shift the amax histories of model's DelayedFloat8Linear layers after each step of `optimizer` (a step
-    post-hook); nothing without such layers."""
-    mods = [m for _, m in delayed_linears(model)]
-    if mods:
-        optimizer.register_step_post_hook(lambda *_: roll_amax_history(mods))
-
-
-def scaling_state(model):
-    """{layer name: its amax history (CPU)} of model's DelayedFloat8Linear layers, for the checkpoint."""
-    return {n: m.fp8_amax.detach().cpu() for n, m in delayed_linears(model)}
-
-
-def load_scaling_state(model, state):
-    """Set the amax histories from scaling_state's dict `state`. Returns notes for the resume's printout (the
-    first step scales dynamically when the checkpoint has no history for these layers)."""
-    mods = delayed_linears(model)
-    if not mods:
-        return []
-    if not state or any(n not in state for n, _ in mods):
-        return ["fp8: the checkpoint has no amax history for tensorwise_delayed: its first step scales dynamically"]
-    for n, m in mods:
-        m.fp8_amax.copy_(state[n])
-        m.fp8_scaled = bool(state[n][:, 1:].amax() > 0)
-    return []
+    why = "the checkpoint's amax history is not finite" if bad else "no amax history yet"
+    return f"fp8: {why}: the first step's scales come from one micro-batch of {rows * batch.x.size(1):,} tokens " \
+           "(dynamic scales, eager)"
 
 
 # fp8_recipe -> this module's Linear class (the other recipes are torchao's)

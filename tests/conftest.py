@@ -276,3 +276,32 @@ def wandb_session_ends_with_its_test():
     yield
     if "wandb" in sys.modules:
         sys.modules["wandb"].teardown()
+
+
+def poison_step(monkeypatch, step, value):
+    """train.forward_backward with `value` (inf or nan) injected at optimizer step `step` into one activation (an
+    input of block 0's c_attn) and into the gradient flowing back through block 0's MLP."""
+    import train
+    real, calls = train.forward_backward, []
+
+    def poisoned(model, batches, *args, **kwargs):
+        calls.append(1)
+        if len(calls) - 1 != step:
+            return real(model, batches, *args, **kwargs)
+        block = model.transformer.h[0]
+
+        def activation(module, inputs, out):
+            out = out.clone()
+            out[0, 1, 2] = value
+            return out
+
+        def gradient(module, inputs, out):
+            out.register_hook(lambda g: g * value)
+        hooks = [block.ln_1.register_forward_hook(activation), block.ln_2.register_forward_hook(gradient)]
+        try:
+            return real(model, batches, *args, **kwargs)
+        finally:
+            for h in hooks:
+                h.remove()
+    monkeypatch.setattr(train, "forward_backward", poisoned)
+    return calls                            # clear it to poison the same step of the next run

@@ -1,4 +1,5 @@
-"""speedgpt/compilation.py on the CPU: a compiled run trains, and its checkpoint holds the plain model's keys.
+"""speedgpt/compilation.py on the CPU: a compiled run trains without recompiling, and its checkpoint holds the plain
+model's keys.
 Regional compilation against whole-model compilation is in tests/test_gpu.py."""
 import pytest
 import torch
@@ -8,9 +9,21 @@ from conftest import tiny_args
 
 
 @pytest.mark.slow
-def test_compile_run(byte_data, tmp_path):
-    summary = train.main(tiny_args(byte_data, tmp_path, "--compile=True", "--max_iters=6"))
+def test_a_compiled_run_compiles_once_per_mode(byte_data, tmp_path, monkeypatch):
+    """compile=True with the document mask (cu_seqlens: its length changes every batch) and FP8's delayed scales
+    (float8 emulated on the CPU): Dynamo makes one graph for training and one for evaluation, whatever the later
+    steps bring. Before, cu_seqlens' new length at step 1 and the amax history's arrival after step 0 each
+    recompiled the model (tests/test_gpu.py checks the same on the GPU). The checkpoint holds the plain
+    model's keys."""
+    from torch._dynamo.utils import counters
+    from speedgpt import fp8
+    monkeypatch.setattr(fp8, "check", lambda cfg, device: None)
+    torch._dynamo.reset()
+    counters.clear()
+    summary = train.main(tiny_args(byte_data, tmp_path, "--compile=True", "--max_iters=6", "--fp8=True",
+                                   "--fp8_recipe=tensorwise_delayed", "--fp8_min_dim=32"))
     assert summary["median_tokens_per_sec"] > 0
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
 

@@ -10,7 +10,7 @@ import configurator
 import train
 from configurator import load_config
 from conftest import build_preset as build
-from conftest import read_metrics, tiny_args
+from conftest import poison_step, read_metrics, tiny_args
 from model import GPT, GPTConfig
 from speedgpt import fp8
 
@@ -79,18 +79,17 @@ def delayed_linear(n_in=64, n_out=96):
     return m, lin
 
 
-def test_delayed_scales_come_from_the_history_the_optimizer_step_rolls():
-    """fp8_recipe='tensorwise_delayed': the first step (no history) casts like tensorwise_fused; the optimizer
-    step shifts the step's amax of the input and the output gradient (the max over its micro-batches) into the
-    history; later steps scale by the history's largest amax, values past it saturating; evaluation records
-    nothing; and scaling_state / load_scaling_state carry the history to a resumed run."""
+def test_delayed_scales_come_from_the_history_each_step_rolls():
+    """fp8_recipe='tensorwise_delayed': without history (calibrate()'s pass) it casts like tensorwise_fused;
+    end_step after an applied step shifts the step's amax of the input and the output gradient (the max over its
+    micro-batches) into the history; later steps scale by the history's largest amax, values past it saturating;
+    evaluation records nothing; and the history travels in the layer's state dict (its extra state)."""
     m, lin = delayed_linear()
     assert type(lin) is fp8.DelayedFloat8Linear and not lin.fp8_scaled and lin.fp8_amax.shape == (2, 17)
     ref = torch.nn.Linear(64, 96, bias=False)
-    ref.load_state_dict(lin.state_dict())
+    ref.load_state_dict(lin.state_dict(), strict=False)
     ref.__class__ = fp8.TensorwiseFloat8Linear
-    opt = torch.optim.SGD(lin.parameters(), lr=0.0)
-    fp8.track_amax(m, opt)
+    [hook] = fp8.step_hooks(m)
     xs = [torch.randn(32, 64) * s for s in (1.0, 3.0)]
     gy = torch.randn(32, 96)
     for i, x in enumerate(xs):                                        # two micro-batches of step 0
@@ -102,8 +101,9 @@ def test_delayed_scales_come_from_the_history_the_optimizer_step_rolls():
     bf = lambda t: t.to(torch.bfloat16).float()                       # the layer computes in bf16
     x_amax = max(bf(x).abs().max() for x in xs)
     assert lin.fp8_amax[0, 0] == x_amax and lin.fp8_amax[1, 0] == bf(2 * gy).abs().max()
-    opt.step()
-    assert lin.fp8_scaled and (lin.fp8_amax[:, 0] == 0).all() and lin.fp8_amax[0, 1] == x_amax
+    hook(True)
+    lin.fp8_scaled = True                                             # as calibrate() leaves it
+    assert (lin.fp8_amax[:, 0] == 0).all() and lin.fp8_amax[0, 1] == x_amax
     assert lin.fp8_amax[1, 1] == bf(2 * gy).abs().max() and (lin.fp8_amax[:, 2:] == 0).all()
     big = torch.randn(32, 64) * 10                                   # past the history's range: saturates
     y = lin(big)
@@ -116,11 +116,77 @@ def test_delayed_scales_come_from_the_history_the_optimizer_step_rolls():
     with torch.no_grad():
         lin(torch.randn(32, 64) * 100)
     assert lin.fp8_amax[0, 0] == bf(big).abs().max()                  # evaluation records nothing
-    state = fp8.scaling_state(m)
+    hook(True)
+    state = m.state_dict()
+    assert torch.equal(state["mlp.c_fc._extra_state"], lin.fp8_amax)
     m2, lin2 = delayed_linear()
-    assert fp8.load_scaling_state(m2, state) == [] and lin2.fp8_scaled and torch.equal(lin2.fp8_amax, lin.fp8_amax)
-    m3, lin3 = delayed_linear()
-    assert "first step scales dynamically" in fp8.load_scaling_state(m3, None)[0] and not lin3.fp8_scaled
+    m2.load_state_dict(state)
+    assert lin2.fp8_scaled and torch.equal(lin2.fp8_amax, lin.fp8_amax)
+
+
+def test_a_non_finite_or_zero_amax_never_enters_the_history():
+    """Transformer Engine's rule: a step whose amax is inf, NaN or 0 keeps the layer's last good scales (its
+    history unchanged), a skipped step (applied=False) only resets the running max, and the steps after either
+    scale as if the bad step had never been; a checkpoint's non-finite history is not taken (the layer is left
+    to calibrate() again), and a good one is."""
+    m, lin = delayed_linear()
+    [hook] = fp8.step_hooks(m)
+    lin.fp8_amax[:, 1] = torch.tensor([2.0, 0.5])
+    lin.fp8_scaled = True
+    good = lin.fp8_amax.clone()
+    for bad in (float("inf"), float("nan"), 0.0):
+        for applied in (True, False):
+            lin.fp8_amax[0, 0], lin.fp8_amax[1, 0] = bad, 0.25       # one row bad: that row keeps its history
+            hook(applied)
+            want = good.clone()
+            if applied:
+                want[1] = torch.cat([torch.zeros(1), torch.tensor([0.25]), good[1, 1:-1]])
+            assert torch.equal(lin.fp8_amax, want), (bad, applied, lin.fp8_amax)
+            lin.fp8_amax.copy_(good)
+    x = torch.randn(32, 64, requires_grad=True)
+    x_bad = x.detach().clone()
+    x_bad[3, 5] = float("nan")                                         # a NaN activation, then a NaN gradient
+    y = lin(x_bad.requires_grad_())
+    y.sum().backward()
+    assert lin.fp8_amax[0, 0].isnan() and y.isnan().any()
+    hook(False)                                                        # the trainer skips that step
+    assert torch.equal(lin.fp8_amax, good)
+    y = lin(x)
+    (y * float("inf")).sum().backward()                               # an inf gradient
+    hook(True)
+    assert torch.equal(lin.fp8_amax[1], good[1]) and lin.fp8_amax[0, 1] == x.to(torch.bfloat16).abs().max()
+    m2, lin2 = delayed_linear()
+    state = {"mlp.c_fc.weight": lin.weight.detach(), "mlp.c_fc._extra_state": torch.full((2, 17), float("nan"))}
+    m2.load_state_dict(state)
+    assert not lin2.fp8_scaled and lin2.fp8_bad_history and (lin2.fp8_amax == 0).all()
+    m2.load_state_dict({**state, "mlp.c_fc._extra_state": good})
+    assert lin2.fp8_scaled and not lin2.fp8_bad_history and torch.equal(lin2.fp8_amax, good)
+
+
+def test_calibrate_gives_the_first_history_and_leaves_the_run_as_it_was(byte_data):
+    """calibrate() fills each DelayedFloat8Linear's first history entry from one eager micro-batch (dynamic scales,
+    the plain head), so no compiled step sees a layer without history; it leaves gradients, RNG, mode and the
+    installed head as they were, and does nothing once every layer has a history."""
+    import data
+    from speedgpt import fused_ce
+    cfg = configurator.Config(n_layer=2, n_head=2, n_embd=32, block_size=64, fp8=True,
+                              fp8_recipe="tensorwise_delayed", fp8_min_dim=32, fused_ce=True)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_dict(vars(cfg), 257))
+    fp8.convert(model, cfg)
+    fused_ce.install(model, cfg)
+    head = model.head_loss
+    model.eval()
+    batch = next(data.Loader(str(byte_data), "train", batch_size=4, block_size=64))
+    rng = torch.get_rng_state()
+    note = fp8.calibrate(model, batch, torch.autocast("cpu", dtype=torch.bfloat16))
+    assert "no amax history yet" in note and "256 tokens" in note
+    mods = [m for _, m in fp8.delayed_linears(model)]
+    assert len(mods) == 8 and all(m.fp8_scaled for m in mods)
+    assert all((m.fp8_amax[:, 0] == 0).all() and (m.fp8_amax[:, 1] > 0).all() for m in mods)
+    assert all(p.grad is None for p in model.parameters()) and not model.training and model.head_loss is head
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert fp8.calibrate(model, batch, torch.autocast("cpu", dtype=torch.bfloat16)) is None
 
 
 def test_delayed_scales_compile_and_are_refused_with_float16_loss_scaling():
@@ -148,14 +214,16 @@ def test_delayed_scales_compile_and_are_refused_with_float16_loss_scaling():
 def test_a_delayed_run_resumes_exactly_with_its_amax_history(byte_data, tmp_path, monkeypatch, capsys):
     """train.py with tensorwise_delayed, its float8 matmuls emulated on the CPU (fp8.check, which refuses a CPU,
     let through): a run stopped and resumed gives the losses of the run straight through, step for step (the
-    checkpoint carries the amax histories; without them the resumed step would scale dynamically)."""
+    checkpoint carries the amax histories, as the layers' extra state; without them the resumed step would scale
+    from a new calibration)."""
     monkeypatch.setattr(fp8, "check", lambda cfg, device: None)
     common = ["--max_iters=8", "--lr_decay_iters=8", "--eval_interval=4", "--fp8=True",
               "--fp8_recipe=tensorwise_delayed", "--fp8_min_dim=32"]
     train.main(tiny_args(byte_data, tmp_path / "full", *common))
     train.main(tiny_args(byte_data, tmp_path / "part", *common, "--max_iters=4"))
-    ckpt = torch.load(tmp_path / "part" / "ckpt.pt", weights_only=False)
-    assert len(ckpt["fp8_scaling"]) == 2 * 4 and all(h[:, 1].min() > 0 for h in ckpt["fp8_scaling"].values())
+    ckpt = torch.load(tmp_path / "part" / "ckpt.pt", weights_only=True)
+    histories = [v for k, v in ckpt["model"].items() if k.endswith("._extra_state")]
+    assert len(histories) == 2 * 4 and all(h[:, 1].min() > 0 for h in histories)
     capsys.readouterr()
     train.main(tiny_args(byte_data, tmp_path / "part", *common, "--init_from=resume"))
     assert "amax history" not in capsys.readouterr().out
@@ -164,6 +232,63 @@ def test_a_delayed_run_resumes_exactly_with_its_amax_history(byte_data, tmp_path
     assert sorted(part) == sorted(full) == list(range(8))
     for step in range(4, 8):
         assert part[step] == full[step], f"step {step}: resumed {part[step]} vs uninterrupted {full[step]}"
+
+
+def test_the_amax_history_is_the_layers_state_in_every_checkpoint_reader(byte_data, tmp_path, monkeypatch, capsys):
+    """The histories travel as the FP8 layers' extra state: sample.py's plain model leaves them out; an older
+    checkpoint's separate fp8_scaling dict is read as that state (its resume continues exactly); a checkpoint whose
+    history is not finite is resumed with the first step's scales calibrated again, and says so."""
+    import sample
+    from speedgpt.checkpoint import load_checkpoint
+    monkeypatch.setattr(fp8, "check", lambda cfg, device: None)
+    common = ["--max_iters=4", "--eval_interval=2", "--fp8=True", "--fp8_recipe=tensorwise_delayed", "--fp8_min_dim=32"]
+    train.main(tiny_args(byte_data, tmp_path / "full", *common))
+    train.main(tiny_args(byte_data, tmp_path / "run", *common, "--max_iters=2"))
+    model, _ = sample.load_model(str(tmp_path / "run"), "cpu")
+    assert not any(k.endswith("_extra_state") for k in model.state_dict())
+    path = tmp_path / "run" / "ckpt.pt"
+    ckpt = torch.load(path, weights_only=True)
+    keys = [k for k in ckpt["model"] if k.endswith("._extra_state")]
+    old = {**ckpt, "model": {k: v for k, v in ckpt["model"].items() if k not in keys},
+           "fp8_scaling": {k[:-len("._extra_state")]: ckpt["model"][k] for k in keys}}
+    torch.save(old, path)
+    assert all(torch.equal(load_checkpoint(str(path))["model"][k], ckpt["model"][k]) for k in keys)
+    capsys.readouterr()
+    train.main(tiny_args(byte_data, tmp_path / "run", *common, "--init_from=resume"))
+    assert "amax history" not in capsys.readouterr().out
+    losses = lambda d: [r["loss"] for r in read_metrics(tmp_path / d) if "loss" in r]
+    assert losses("run") == losses("full")
+    ckpt["model"][keys[0]] = torch.full_like(ckpt["model"][keys[0]], float("nan"))
+    (tmp_path / "bad").mkdir()
+    torch.save(ckpt, tmp_path / "bad" / "ckpt.pt")
+    train.main(tiny_args(byte_data, tmp_path / "bad", *common, "--init_from=resume", "--max_iters=3"))
+    assert "the checkpoint's amax history is not finite: the first step's scales come from" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
+def test_a_delayed_run_survives_a_non_finite_step(byte_data, tmp_path, monkeypatch, capsys, value):
+    """An inf or NaN injected into a step's activations and gradients (float8 emulated on the CPU): the run skips
+    that step (max_skipped_steps=1) and trains on, its amax histories finite, and its losses follow the dynamic
+    recipe's (tensorwise_fused) under the same injection as they do without one. Before the histories were
+    guarded, every step after the injection was non-finite and the run stopped."""
+    monkeypatch.setattr(fp8, "check", lambda cfg, device: None)
+    calls = poison_step(monkeypatch, 3, value)
+    common = ["--max_iters=10", "--eval_interval=5", "--fp8=True", "--fp8_min_dim=32", "--max_skipped_steps=1",
+              "--dtype=bfloat16"]
+    losses = {}
+    for recipe in ("tensorwise_delayed", "tensorwise_fused"):
+        capsys.readouterr()
+        calls.clear()
+        train.main(tiny_args(byte_data, tmp_path / recipe, *common, f"--fp8_recipe={recipe}"))
+        assert capsys.readouterr().out.count("update skipped (1 of at most 1)") == 1, recipe
+        losses[recipe] = [r["loss"] for r in read_metrics(tmp_path / recipe) if "loss" in r]
+    delayed, fused = losses["tensorwise_delayed"], losses["tensorwise_fused"]
+    assert len(delayed) == 10 and all(torch.isfinite(torch.tensor(delayed[4:])))
+    rel = [abs(a - b) / b for a, b in zip(delayed[4:], fused[4:])]
+    assert max(rel) < 0.03, (delayed, fused)
+    ckpt = torch.load(tmp_path / "tensorwise_delayed" / "ckpt.pt", weights_only=True)
+    histories = [v for k, v in ckpt["model"].items() if k.endswith("._extra_state")]
+    assert len(histories) == 8 and all(torch.isfinite(h).all() and (h[:, 1:].amax(1) > 0).all() for h in histories)
 
 
 def test_the_rowwise_recipe_converts_the_eligible_linears_without_torchao(monkeypatch):
