@@ -1,7 +1,7 @@
 # GPT-2 124M on one GPU with every speed flag on: bf16 autocast, torch.compile, FlashAttention
 # (FA3 varlen where installed, else FlexAttention, with the document mask: packing is on), fused AdamW,
 # the output head and cross-entropy fused (no logits kept for the backward), its matmuls in FP8, and every
-# block Linear in FP8 with delayed scales (Hopper or Ada, torchao for the head; elsewhere add
+# block Linear in FP8 with delayed scales (Hopper or Ada; elsewhere add
 # --fp8=False --fp8_head=False).
 #   python train.py --config config/fast.py
 #   torchrun --standalone --nproc_per_node=8 train.py --config config/fast.py
@@ -30,7 +30,7 @@ compile = True
 attention = "auto"                  # the document mask's fastest kernel installed: varlen (FA3) or flex
 fused_adamw = True
 fused_ce = True                     # the head + cross-entropy as one function: no (tokens, vocab) logits kept
-fp8_head = True                     # ... with its three matmuls in float8 (torchao tensorwise)
+fp8_head = True                     # ... with its three matmuls in float8 (tensorwise scales)
 fp8_head_kernel = True              # ... and its softmax pass in our Triton kernels (speedgpt/softmax_pass.py)
 fp8 = True                          # every block Linear in float8 ...
 fp8_recipe = "tensorwise_delayed"   # ... delayed scales from the last steps' amax, speedgpt/fp8.py (BENCHMARKS.md, FP8)
