@@ -31,9 +31,14 @@ import torch
 # row_stats' variant: 0 keeps one running max and sum per row (a reduction across the tile at every step),
 # 1 one per element of the tile (two exponentials per logit, one reduction at the end). grad_fp8's: 1 walks
 # the vocabulary first, 0 the rows first. How each shape measured: BENCHMARKS.md, "The roofline of a step".
-# grad_fp8 is compiled without Triton's assumption that n is a multiple of 16 (do_not_specialize): with it,
-# Triton 3.6 on Hopper put bytes of the 8-bit tiles in the wrong places at several of these shapes (the
-# transposed copy at 128 x 64 with 4 warps, the row-major one at 256 x 32), and tests/test_gpu.py caught it.
+# grad_fp8 is compiled without Triton's assumption that n is a multiple of 16 (do_not_specialize). With it,
+# Triton vectorizes the transposed store: the 8-bit tile goes through shared memory and byte permutes into
+# 16-byte stores, and ptxas 12.8 and 12.9 (the ones Triton 3.6 bundles, ptxas and ptxas-blackwell) mis-lower
+# that code: at 128 x 64 with 4 warps, about 3 bytes in 8 of the transposed copy are foreign, at every row count
+# tried, the same with the float32 tile transposed before the cast; ptxas 13.0 compiles the same kernel right,
+# and compute-sanitizer's racecheck finds no hazard (triton-lang/triton#11111; benchmarks/fp8_transpose_store.py
+# reproduces it). Unspecialized, the transposed copy is stored byte by byte, right with every ptxas, at a cost
+# measured in BENCHMARKS.md ("The FP8 head's softmax pass"). verify() and tests/test_gpu.py watch for a return.
 # Neither kernel specializes on vocab (it only masks), so verify() at one vocabulary runs the binaries of all.
 STATS_CONFIGS = ((8, 256, 8, 0), (1, 4096, 8, 0), (4, 256, 4, 1), (2, 1024, 8, 1))
 GRAD_CONFIGS = ((128, 64, 4, 1), (64, 64, 4, 1))
