@@ -42,6 +42,8 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from speedgpt.shards import HOLD, signals_held
+
 GZIP_MAGIC, ZSTD_MAGIC, PARQUET_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"PAR1"
 VALIDATION_SPLITS = ("validation", "valid", "val")     # a DatasetDict's own validation split, by these names
 BINARY_PROBE = 8192                                     # bytes looked at for a NUL: text never has one
@@ -498,20 +500,17 @@ class TokenizerPool:
         linux = sys.platform == "linux"
         method = ("fork" if threading.active_count() == 1 else "forkserver") if linux else "spawn"
         ctx = multiprocessing.get_context(method)
-        mask = hasattr(signal, "pthread_sigmask")
-        if mask:                                  # workers start with Ctrl-C and SIGTERM blocked (_worker_main)
-            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        self.workers, self.pending = [], deque()    # pending: the worker of each chunk in flight, in input order
         try:
-            self.workers = []
-            for _ in range(workers):
-                tasks, results = ctx.Queue(), ctx.Queue()
-                proc = ctx.Process(target=_worker_main, args=(tasks, results, tokenizer, dtype), daemon=True)
-                proc.start()
-                self.workers.append((proc, tasks, results))
-        finally:
-            if mask:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
-        self.pending = deque()               # the worker of each chunk in flight, in input order
+            with signals_held():                # workers start with Ctrl-C and SIGTERM blocked (_worker_main)
+                for _ in range(workers):
+                    tasks, results = ctx.Queue(), ctx.Queue()
+                    proc = ctx.Process(target=_worker_main, args=(tasks, results, tokenizer, dtype), daemon=True)
+                    proc.start()
+                    self.workers.append((proc, tasks, results))
+        except BaseException:                   # an interrupt held off while they started
+            self.close()
+            raise
 
     def _result(self, w):
         proc, _, results = self.workers[w]
@@ -553,19 +552,23 @@ class TokenizerPool:
 
     def close(self, clean=False):
         """Stop the workers: asked to finish when `clean` and no chunk is in flight (a worker with a result
-        nobody reads would not finish), killed otherwise; never waits on a queue."""
-        clean = clean and not self.pending
-        for proc, tasks, _ in self.workers:
-            if clean and proc.is_alive():
-                tasks.put(None)
-        for proc, tasks, results in self.workers:
-            proc.join(timeout=10 if clean else 0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=5)
-            tasks.cancel_join_thread()            # a chunk still in its pipe is not waited for
-            tasks.close()
-            results.close()
+        nobody reads would not finish), killed otherwise; never waits on a queue. Not cut by a signal
+        (signals_held): stopped half-way, a queue's feeder thread, blocked writing to a dead worker, would
+        be joined at exit forever."""
+        with signals_held():
+            for _, tasks, _ in self.workers:
+                tasks.cancel_join_thread()        # a chunk still in its pipe is not waited for, at exit either
+            clean = clean and not self.pending
+            for proc, tasks, _ in self.workers:
+                if clean and proc.is_alive():
+                    tasks.put(None)
+            for proc, tasks, results in self.workers:
+                proc.join(timeout=10 if clean else 0)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(timeout=5)
+                tasks.close()
+                results.close()
 
     def __enter__(self):
         return self
@@ -580,19 +583,39 @@ def tokenized_chunks(docs, tokenizer, dtype, workers, chunk_chars=1 << 20):
         yield from pool.tokenize(docs, chunk_chars)
 
 
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextmanager
 def sigterm_as_interrupt():
-    """Inside the block SIGTERM raises KeyboardInterrupt(SIGTERM), as Ctrl-C raises KeyboardInterrupt, so a
-    preparation stopped by kill, timeout, Slurm or docker stop unwinds as Ctrl-C's does (its workers stopped,
-    its temp folder removed); the previous handler afterwards. The main thread only."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    """Inside the block SIGTERM raises KeyboardInterrupt(SIGTERM), as Ctrl-C raises KeyboardInterrupt(SIGINT)
+    (unless Ctrl-C is ignored, as in a background job), so a preparation stopped by kill, timeout, Slurm or
+    docker stop unwinds as Ctrl-C's does (its workers stopped, its temp folder removed). Once: from the first
+    signal on, both are ignored until the process ends, so a second one (plain `timeout` signals the process,
+    then its group; Ctrl-C pressed twice) never cuts that cleanup, which is bounded. The previous handlers
+    afterwards when no signal came. The main thread only."""
+    previous = {s: signal.getsignal(s) for s in INTERRUPTS}
+    ours = [s for s in INTERRUPTS if s == signal.SIGTERM or previous[s] is signal.default_int_handler]
+    for s in ours:
+        signal.signal(s, _interrupt)
+    interrupted = False
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:                                  # stopping: deaf to a second signal (as the handler made it)
+        for s in ours:
+            signal.signal(s, signal.SIG_IGN if interrupted else previous[s])
 
 
 def _interrupt(signum, frame):
-    """SIGTERM's handler: raise what Ctrl-C raises, so that a preparation stopped by kill, timeout, Slurm or
-    docker stop unwinds the same way (its workers stopped, its temp folder removed) and says so."""
+    """sigterm_as_interrupt's handler: ignore SIGINT and SIGTERM from now on, then raise what Ctrl-C raises
+    (KeyboardInterrupt(signum)), at once or, inside shards.signals_held, when its block ends."""
+    for s in INTERRUPTS:
+        if signal.getsignal(s) is _interrupt:
+            signal.signal(s, signal.SIG_IGN)
+    if HOLD["depth"]:
+        HOLD["signum"] = HOLD["signum"] or signum
+        return
     raise KeyboardInterrupt(signum)

@@ -260,6 +260,61 @@ def _stop_while_writing(proc, tmp, log, stop, check=lambda below: None):
         _kill(below)
 
 
+SECOND_SIGNAL_IN_THE_CLEANUP = """
+import os, signal, sys, time
+import numpy as np
+from speedgpt import corpus
+close = corpus.TokenizerPool.close
+def close_as_the_second_signal_lands(self, clean=False):
+    os.kill(os.getpid(), SIGNUM)              # as `timeout` sends it to the group, or a second Ctrl-C
+    close(self, clean)
+corpus.TokenizerPool.close = close_as_the_second_signal_lands
+try:
+    with corpus.sigterm_as_interrupt():
+        with corpus.TokenizerPool("byte", np.uint16, 1) as pool:
+            worker, tasks, _ = pool.workers[0]
+            worker.kill()                     # killed by the group's signal: its queue's pipe fills, its feeder
+            worker.join()                     # thread blocks in a write
+            for _ in range(3):
+                tasks.put([corpus.Document("x", "a" * (1 << 20))])
+            time.sleep(0.5)
+            os.kill(os.getpid(), SIGNUM)      # the first signal
+            time.sleep(60)
+except KeyboardInterrupt as e:
+    print(f"stopped by {e.args[0] if e.args else signal.SIGINT}", flush=True)
+    sys.exit(128 + (e.args[0] if e.args else signal.SIGINT))
+"""
+
+
+def test_the_handlers_come_back_after_a_preparation_that_ends_without_a_signal():
+    """sigterm_as_interrupt leaves the handlers as it found them when its block ends, by an error too; only a
+    signal leaves SIGINT and SIGTERM ignored (the process is stopping)."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(ValueError):
+        with corpus.sigterm_as_interrupt():
+            raise ValueError("a bad record")
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a fork's tokenizer pool, as data.py's on Linux")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_in_the_cleanup_never_hangs(tmp_path, signum):
+    """The second signal of a pair (plain `timeout` signals data.py, then its process group; Ctrl-C twice) lands
+    as the tokenizer pool is being stopped, with a queue's feeder thread blocked writing to a dead worker: the
+    process still ends at once, with the first signal's status (it once hung at exit, joining that thread)."""
+    script = SECOND_SIGNAL_IN_THE_CLEANUP.replace("SIGNUM", f"signal.{signum.name}")
+    cmd = [sys.executable, "-c", "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n" + script]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"hung after the second {signum.name}: {out[-500:]} {err[-2000:]}")
+    assert proc.returncode == 128 + signum and out.strip() == f"stopped by {signum.value}", (out, err[-2000:])
+    assert "Traceback" not in err, err[-2000:]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="finds the workers in /proc")
 @pytest.mark.parametrize("signum, group", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGKILL, False)],
