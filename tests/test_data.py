@@ -422,3 +422,16 @@ def test_both_flag_forms_prepare(tmp_path):
     _write_docs(tmp_path / "in", DOCS)
     data.main([f"--input={tmp_path / 'in'}", "--out", str(tmp_path / "o"), "--val_frac", "0.3", "--workers=1"])
     assert json.load(open(tmp_path / "o" / "meta.json"))["val_frac"] == 0.3
+
+
+def test_encoding_flag(tmp_path, capsys):
+    """--encoding reaches the reader: a Latin-1 file read as Latin-1; a name that is no codec refused in one line
+    before anything is written."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_bytes("déjà vu\n".encode("latin-1"))
+    data.main(["--input", str(tmp_path / "in"), "--out", str(tmp_path / "o"), "--val_frac=0", "--workers=1",
+               "--encoding=latin-1"])
+    assert _stream(tmp_path / "o", "train")[1:].tolist() == list("déjà vu\n".encode())
+    with pytest.raises(SystemExit, match=r"^error: --encoding='utf8:ignore': .*optionally with :replace$"):
+        data.main(["--input", str(tmp_path / "in"), "--out", str(tmp_path / "x"), "--encoding=utf8:ignore"])
+    assert not (tmp_path / "x").exists()
