@@ -84,11 +84,26 @@ def load_checkpoint(path, required=CKPT_KEYS, missing=""):
 
 
 def load_weights(model, ckpt, path):
-    """Load the checkpoint's weights into `model`; ValueError (naming `path`) if they do not fit it."""
+    """Load the checkpoint's weights into `model`; ValueError naming `path` and the keys that differ (mismatch)
+    if they do not fit it."""
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
-        raise ValueError(f"checkpoint {path} does not fit the model: {str(e).splitlines()[0]}") from e
+        why = mismatch(ckpt["model"], model.state_dict()) or " ".join(str(e).split())
+        raise ValueError(f"checkpoint {path} does not fit the model: {why}") from e
+
+
+def mismatch(saved, wanted, show=4):
+    """The keys of state dicts `saved` (a checkpoint's) and `wanted` (a model's) that differ, in words: another
+    shape, missing from the checkpoint, or not in the model; the first `show`, then how many more. '' if none."""
+    def shape(t):
+        return tuple(t.shape) if hasattr(t, "shape") else type(t).__name__
+    diffs = [f"{k} has shape {shape(saved[k])} in the checkpoint, {shape(v)} in the model"
+             for k, v in wanted.items() if k in saved and shape(saved[k]) != shape(v)]
+    diffs += [f"{k} is missing from the checkpoint" for k in wanted if k not in saved]
+    diffs += [f"{k} is in the checkpoint, not in the model" for k in saved if k not in wanted]
+    more = f"; and {len(diffs) - show} more keys that differ" if len(diffs) > show else ""
+    return "; ".join(diffs[:show]) + more
 
 
 def restore_state(ckpt, model, optimizer, scaler, loader, proc, cfg):
@@ -292,6 +307,12 @@ def checkpoint_bytes(n_params):
     return 12 * n_params + (1 << 20)
 
 
+def size(n_bytes):
+    """A size for people, in the unit that shows its digits: '1.52 GB', '31.2 MB', '10.0 kB'."""
+    return f"{n_bytes / 1e9:.2f} GB" if n_bytes >= 1e9 else f"{n_bytes / 1e6:.1f} MB" if n_bytes >= 1e6 \
+        else f"{n_bytes / 1e3:.1f} kB"
+
+
 def check_disk(out_dir, ckpt_bytes, keep):
     """(line to print, or raise ValueError): the disk use of keep_checkpoints=keep checkpoints of ckpt_bytes
     each, + ckpt_best.pt (which may be one more), + the next one while it is written (the oldest is deleted
@@ -300,13 +321,12 @@ def check_disk(out_dir, ckpt_bytes, keep):
     need = ckpt_bytes * (keep + 2)
     have = sum(os.path.getsize(p) for p in saved_steps(out_dir).values())
     free = shutil.disk_usage(out_dir).free
-    line = (f"checkpoints: ~{ckpt_bytes / 1e9:.2f} GB each, keeping {keep} (keep_checkpoints) and the best "
-            f"(ckpt_best.pt), one more while written: up to ~{need / 1e9:.2f} GB in {out_dir} "
-            f"({free / 1e9:.1f} GB free)")
+    line = (f"checkpoints: ~{size(ckpt_bytes)} each, keeping {keep} (keep_checkpoints) and the best "
+            f"(ckpt_best.pt), one more while written: up to ~{size(need)} in {out_dir} ({size(free)} free)")
     if need - have > free:
-        raise ValueError(f"{out_dir} has {free / 1e9:.1f} GB free but keep_checkpoints={keep} needs up to "
-                         f"~{need / 1e9:.1f} GB ({ckpt_bytes / 1e9:.2f} GB per checkpoint, the best and the one "
-                         "being written): free space, lower --keep_checkpoints, or choose another --out_dir")
+        raise ValueError(f"{out_dir} has {size(free)} free but keep_checkpoints={keep} needs up to ~{size(need)} "
+                         f"({size(ckpt_bytes)} per checkpoint, the best and the one being written): free space, "
+                         "lower --keep_checkpoints, or choose another --out_dir")
     return line
 
 

@@ -68,8 +68,9 @@ def test_a_disk_too_small_for_the_checkpoints_is_refused_before_any_step(byte_da
     import shutil
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage._replace(free=10_000))
-    with pytest.raises(ValueError, match=r"has 0.0 GB free but keep_checkpoints=3 needs up to ~0.0 GB .* lower "
-                                         r"--keep_checkpoints, or choose another --out_dir"):
+    with pytest.raises(ValueError, match=r"has 10.0 kB free but keep_checkpoints=3 needs up to ~[1-9][0-9.]* MB "
+                                         r"\([0-9.]+ MB per checkpoint.* lower --keep_checkpoints, or choose another "
+                                         r"--out_dir"):
         train.main(tiny_args(byte_data, tmp_path))
     assert not (tmp_path / "metrics.jsonl").exists() or not read_metrics(tmp_path)
 
@@ -79,8 +80,9 @@ def test_the_disk_use_of_the_checkpoints_is_printed_at_start(byte_data, tmp_path
     import re
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=1", "--keep_checkpoints=2"))
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("checkpoints: ~"))
-    each, total = (float(x) for x in re.search(r"~([0-9.]+) GB each, .* up to ~([0-9.]+) GB", line).groups())
-    assert "keeping 2 (keep_checkpoints) and the best" in line and total == pytest.approx(4 * each, abs=0.011)
+    each, total = (float(x) for x in re.search(r"~([0-9.]+) MB each, .* up to ~([0-9.]+) MB", line).groups())
+    assert "keeping 2 (keep_checkpoints) and the best" in line and total == pytest.approx(4 * each, abs=0.11)
+    assert each > 1                                          # a tiny model's size, in a unit that shows it
     weights = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"].values()
     n_params = sum({t.data_ptr(): t.numel() for t in weights}.values())       # the tied head counted once
     assert os.path.getsize(tmp_path / "ckpt.pt") <= checkpoint.checkpoint_bytes(n_params)   # an upper bound
@@ -141,8 +143,23 @@ def test_foreign_or_mismatched_checkpoint(byte_data, tmp_path):
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
     ckpt["model"]["lm_head.weight"] = ckpt["model"]["lm_head.weight"][:, :16]
     torch.save(ckpt, out / "ckpt.pt")
-    with pytest.raises(ValueError, match="does not fit the model"):
+    with pytest.raises(ValueError, match=r"does not fit the model: lm_head.weight has shape \(320, 16\) in the "
+                                         r"checkpoint, \(320, 32\) in the model$"):
         train.main(tiny_args(byte_data, out, "--init_from=resume"))
+
+
+def test_weights_that_do_not_fit_name_a_few_keys_then_a_count():
+    from conftest import tiny_model
+    model = tiny_model()
+    saved = dict(model.state_dict())
+    for key in [k for k in saved if k.startswith("transformer.h.1.")][:6]:
+        saved["old." + key] = saved.pop(key)
+    with pytest.raises(ValueError) as e:
+        checkpoint.load_weights(model, {"model": saved}, "ckpt.pt")
+    said = str(e.value)
+    assert said.startswith("checkpoint ckpt.pt does not fit the model: transformer.h.1.") and "\n" not in said
+    assert said.count("missing from the checkpoint") + said.count("not in the model") == 4, said
+    assert said.endswith("and 8 more keys that differ"), said
 
 
 def test_stale_or_interrupted_save_leaves_no_tmp(byte_data, tmp_path, monkeypatch):
