@@ -453,7 +453,7 @@ def save_run(run, step, background=False):
     if proc.master:
         best = run.val_loss is not None and run.val_loss == run.best_val and run.evaluated == step
         ckpt = {"model": sd, "optimizer": osd, "scaler": run.scaler.state_dict(), "step": step,
-                "best_val_loss": run.best_val, "config": asdict(cfg), "meta": run.meta,
+                "best_val_loss": run.best_val, "config": asdict(cfg), "meta": run.meta, "target_reached": run.target,
                 "loader": run.train_loader.state_dict(), "wandb_run_id": run.logger.wandb_run_id,
                 "tokens_per_step": cfg.batch_size * cfg.block_size * run.grad_accum_steps * proc.world,
                 "rng": {"cpu": rng[0][0], "cuda": rng[0][1], "ranks": rng}}
