@@ -31,9 +31,9 @@ from model import GPT, GPTConfig
 from speedgpt import (activation_checkpointing, attention, compilation, evaluation, fp8, fused_ce, hellaswag, measure,
                       memory, optim)
 from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, target_reached
-from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, check_disk, check_out_dir, checkpoint_bytes, finish_write,
-                                 last_good, load_checkpoint, load_weights, remove_stale_tmp, restore_state, resume_path,
-                                 rewind_notes, save_run)
+from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, Branch, check_disk, check_out_dir, checkpoint_bytes,
+                                 finish_write, last_good, load_checkpoint, load_weights, remove_stale_tmp, restore_state,
+                                 resume_path, rewind_notes, save_run, start_branch)
 from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, exit_status,
                                   failed_after_signal, leave, plan_batch, print0, seed_rank_stream, setup_processes)
 from speedgpt.distributed import check as check_parallelism
@@ -106,7 +106,7 @@ def settle_config(cfg, explicit, proc):
     if ckpt["finished"]:
         return cfg, ckpt
     print0(f"resume: {path} at step {ckpt['step']:,} of max_iters={cfg.max_iters:,}")
-    for line in rewind_notes(ckpt, latest) + notes + resume_changes(cfg, explicit, ckpt["config"]):
+    for line in rewind_notes(ckpt, path, cfg.out_dir) + notes + resume_changes(cfg, explicit, ckpt["config"]):
         print0(f"resume: {line}")
     return cfg, ckpt
 
@@ -213,7 +213,7 @@ def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
     return MetricsLogger(cfg, proc.master, ckpt and ckpt["step"], ckpt and ckpt.get("wandb_run_id"), flops_per_token,
                          peak, proc.world, proc.device, lambda: last_good(os.path.join(cfg.out_dir, "ckpt.pt"),
                                                                           "once the disk has room"),
-                         new_wandb_run=bool(ckpt and ckpt.get("rewound")))
+                         rewound=bool(ckpt and ckpt.get("rewound")))
 
 # -----------------------------------------------------------------------------
 # what a step is made of
@@ -268,6 +268,7 @@ class Run:
     eval_s: float = 0.0                 # seconds of evaluations and checkpoints, kept out of the training time
     target: dict = None                 # where target_val_loss was reached (evaluation.target_reached)
     writer: BackgroundWrite = field(default_factory=BackgroundWrite)    # async_checkpoint's write in flight
+    branch: Branch = None               # out_dir's history this run continues: files it replaces, ckpt_best's loss
 
     @property
     def ckpt_path(self):
@@ -417,7 +418,7 @@ def main(argv=None):
     logger = start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt)
     run = Run(cfg, proc, meta, raw_model, model, grad_sync, optimizer, ctx, scaler, train_loader, val_loader,
               logger, grad_accum_steps, start_step, best_val, step=start_step, token_bytes=token_bytes,
-              hellaswag=hellaswag_eval)
+              hellaswag=hellaswag_eval, branch=start_branch(cfg.out_dir, ckpt, proc.master))
     del ckpt                           # its memory is not needed for training
     _setup_done, stop, summary, exit_code, clean = True, StopSignals(proc.world > 1), None, 1, False
     try:

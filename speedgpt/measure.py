@@ -241,11 +241,12 @@ class MetricsLogger:
     already holds (each step's training row and evaluation, apart) are not sent again (the resumed run
     recomputes them exactly). The evaluation made at `resume_step` itself, before its checkpoint was
     saved, is kept unless the resumed run evaluates that step again (it does not when its eval_interval no
-    longer falls there). new_wandb_run: a resume from an older checkpoint (resume_from), whose later steps
-    W&B cannot rewind: a new W&B run. A write that fails (a full disk) stops the run in one line."""
+    longer falls there). `rewound`: a resume from an older checkpoint (resume_from): the records after it, of
+    the abandoned steps, move to metrics.abandoned.jsonl, and W&B, which cannot rewind a run, gets a new one.
+    A write that fails (a full disk) stops the run in one line."""
 
     def __init__(self, cfg, master, resume_step=None, wandb_run_id=None, flops_per_token=0, peak=None, world=1,
-                 device=torch.device("cpu"), last_good="", new_wandb_run=False):
+                 device=torch.device("cpu"), last_good="", rewound=False):
         self.master, self.wandb, self.wandb_held = master, None, set()
         self.last_good = last_good                        # what a write failure says about the checkpoints
         self.failed = False                               # a write failed (and said so): close() stays quiet
@@ -263,7 +264,13 @@ class MetricsLogger:
                 print0(f"resume: {note}")
             kept = [r for r in old if r["step"] < resume_step]
             self.held = [r for r in old if r["step"] == resume_step and "loss" not in r]
-            if not new_wandb_run:
+            abandoned = [r for r in old if r["step"] >= resume_step and r not in self.held] if rewound else []
+            if abandoned:
+                aside = os.path.join(cfg.out_dir, "metrics.abandoned.jsonl")
+                self.write(lambda: self._rewrite(abandoned, aside, append=True), aside)
+                print0(f"resume: metrics.jsonl's {len(abandoned)} records of the abandoned steps {abandoned[0]['step']} "
+                       f"to {abandoned[-1]['step']} moved to {aside}")
+            if not rewound:
                 self.wandb_held = {(r["step"], "loss" in r) for r in old}
         self.write(lambda: self._rewrite(kept))
         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -272,7 +279,7 @@ class MetricsLogger:
             from dataclasses import asdict
             self.wandb = wandb
             # the run id is in the checkpoint
-            same_run = {"id": wandb_run_id, "resume": "allow"} if wandb_run_id and not new_wandb_run else {}
+            same_run = {"id": wandb_run_id, "resume": "allow"} if wandb_run_id and not rewound else {}
             try:
                 wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None, config=asdict(cfg), **same_run)
             except Exception as e:           # an unwritable folder, no login online: before any step
@@ -281,10 +288,13 @@ class MetricsLogger:
                                  f"{os.environ.get('WANDB_DIR') or os.getcwd()}): point it at a writable folder, set "
                                  "WANDB_MODE=offline, or add --wandb_log=False") from None
 
-    def _rewrite(self, records):
-        with open(self.path + ".tmp", "w") as f:         # rewritten whole, then renamed: never half a file
+    def _rewrite(self, records, path=None, append=False):
+        path = path or self.path
+        if append and os.path.exists(path):
+            records = read_metrics(path)[0] + records
+        with open(path + ".tmp", "w") as f:              # rewritten whole, then renamed: never half a file
             f.writelines(json.dumps(r) + "\n" for r in records)
-        os.replace(self.path + ".tmp", self.path)
+        os.replace(path + ".tmp", path)
 
     def _flush_held(self):
         held, self.held = self.held, []
