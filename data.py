@@ -89,7 +89,7 @@ class ShardWriter:
 
 
 def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, workers=None,
-            shard_tokens=SHARD_TOKENS, text_field="text", max_tokens=None):
+            shard_tokens=SHARD_TOKENS, text_field="text", max_tokens=None, encoding="utf-8"):
     """Tokenise the documents of `input_path` (corpus.iter_texts: a folder, a text, JSON lines, JSON or
     parquet file, a Hugging Face dataset, None for this Python's stdlib) in `workers` processes (default:
     one per CPU) and write them to `out_dir` in shards of `shard_tokens` tokens as they fill, then
@@ -99,8 +99,9 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
     own validation split: the same shards for a given input and seed, with any number of workers. Memory
     is bounded whatever the corpus size (a few chunks of text in flight; one document is held whole).
     Stops after the document that reaches `max_tokens`; skips empty documents, and binary files in a
-    folder (named). Returns the meta dict. Raises FileNotFoundError / ValueError for a missing or unusable
-    input or output, OSError for a disk that cannot be written."""
+    folder (named). Text is decoded per `encoding` (corpus.parse_encoding: undecodable bytes refused, or
+    with ":replace" counted in meta.json's replaced_chars). Returns the meta dict. Raises FileNotFoundError /
+    ValueError for a missing or unusable input or output, OSError for a disk that cannot be written."""
     from tqdm import tqdm
     tok = get_tokenizer(tokenizer)   # fail here, not inside a worker, when it is unavailable
     if not 0 <= val_frac < 1:
@@ -115,7 +116,9 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
     if input_path is not None and os.path.realpath(input_path) == os.path.realpath(out_dir):
         raise ValueError(f"--out {out_dir} is the input folder: write the shards elsewhere (a prepared folder "
                          "inside an input folder is skipped, never read as documents)")
-    report = corpus.Report()
+    if input_path is None and encoding != "utf-8":
+        raise ValueError(f"--encoding={encoding} is for --input: the stdlib sources are read as utf-8:replace")
+    report = corpus.Report(encoding=encoding)
     docs = corpus.iter_texts(input_path, text_field, report)
     first = next(docs, None)         # a bad input fails here, before out_dir is touched
     if first is None:
@@ -160,11 +163,12 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
         meta = {"tokenizer": tok.name, "vocab_size": tok.vocab_size, "eot_id": tok.eot, "format": FORMAT,
                 "input": source, "text_field": text_field, "val_frac": val_frac, "seed": seed, "max_tokens": max_tokens,
                 "shards": {s: w.names for s, w in writers.items()}, "empty_docs_skipped": empty,
-                "binary_files_skipped": len(report.binary),
+                "binary_files_skipped": len(report.binary), "encoding": report.encoding,
+                "replaced_chars": report.replaced,
                 **{f"{s}_{k}": getattr(w, k) for s, w in writers.items() for k in ("tokens", "docs")}}
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f, indent=2)
-    for note in report.notes:
+    for note in report.all_notes():
         print(f"note: {note}")
     if report.binary:
         print(f"skipped {len(report.binary)} binary files (a NUL byte in their first bytes: not text): "
@@ -425,6 +429,8 @@ def main(argv=None):
     parser.add_argument("--shard_tokens", type=int, default=SHARD_TOKENS)
     parser.add_argument("--max_tokens", type=int, default=None,
                         help="stop after the document that reaches this many tokens")
+    parser.add_argument("--encoding", default="utf-8", help="of text and JSON inputs: a Python codec (latin-1, "
+                        "cp1252, ...); add :replace to read bytes that do not decode as U+FFFD, counted")
     args = parser.parse_args(argv)
     if args.out == "":
         parser.error("--out is empty: give the folder the shards go to, e.g. --out data/mine")
@@ -435,7 +441,7 @@ def main(argv=None):
     try:
         with sigterm_as_interrupt():
             prepare(args.input, args.out, args.tokenizer, args.val_frac, args.seed, args.workers,
-                    args.shard_tokens, args.text_field, args.max_tokens)
+                    args.shard_tokens, args.text_field, args.max_tokens, args.encoding)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
     except OSError as e:

@@ -31,9 +31,9 @@ from model import GPT, GPTConfig
 from speedgpt import (activation_checkpointing, attention, compilation, evaluation, fp8, fused_ce, hellaswag, measure,
                       memory, optim)
 from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, target_reached
-from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, check_disk, check_out_dir, checkpoint_bytes, finish_write,
-                                 last_good, load_checkpoint, load_weights, remove_stale_tmp, restore_state, resume_path,
-                                 rewind_notes, save_run)
+from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, Branch, check_disk, check_out_dir, checkpoint_bytes,
+                                 finish_write, last_good, load_checkpoint, load_weights, remove_stale_tmp, restore_state,
+                                 resume_path, rewind_notes, save_run, start_branch)
 from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, exit_status,
                                   failed_after_signal, leave, plan_batch, print0, seed_rank_stream, setup_processes)
 from speedgpt.distributed import check as check_parallelism
@@ -74,10 +74,11 @@ def check_flags(cfg, proc):
 def settle_config(cfg, explicit, proc):
     """The run's config, checked (check_flags), and for init_from='resume' the checkpoint: the config
     continues the checkpoint's (its shape, and its schedule unless a schedule key is set explicitly;
-    a different shape refused; every change printed). For a new run lr_decay_iters=0 is resolved to
-    max_iters (past warm-up), so a later resume keeps this schedule; a new run is refused, when
-    init_from is not given, if out_dir holds a checkpoint it would replace. Returns (cfg, checkpoint
-    or None). Raises FileNotFoundError / ValueError for a missing, corrupt or mismatched checkpoint."""
+    a different shape refused; every change printed; ckpt["finished"]: why a finished run has nothing to
+    do). For a new run lr_decay_iters=0 is resolved to max_iters (past warm-up), so a later resume keeps
+    this schedule; a new run is refused, when init_from is not given, if out_dir holds a checkpoint it
+    would replace. Returns (cfg, checkpoint or None). Raises FileNotFoundError / ValueError for a
+    missing, corrupt or mismatched checkpoint."""
     cfg, path = resume_path(cfg, explicit)           # init_from='resume' (resume_from implies it): which file
     latest = os.path.join(cfg.out_dir, "ckpt.pt")
     if remove_stale_tmp(latest):
@@ -100,8 +101,12 @@ def settle_config(cfg, explicit, proc):
     if cfg.profile and ckpt["step"] + cfg.timing_warmup > cfg.max_iters:
         raise ValueError(f"profile=True profiles step {ckpt['step'] + cfg.timing_warmup - 1} of this resumed run: "
                          f"max_iters={cfg.max_iters} ends before it")
+    ckpt["finished"] = evaluation.reached_before(cfg, ckpt) or ckpt["step"] == cfg.max_iters and \
+        f"is at step {cfg.max_iters:,} = max_iters; to train on, give a larger --max_iters"   # main says so, ends
+    if ckpt["finished"]:
+        return cfg, ckpt
     print0(f"resume: {path} at step {ckpt['step']:,} of max_iters={cfg.max_iters:,}")
-    for line in rewind_notes(ckpt, latest) + notes + resume_changes(cfg, explicit, ckpt["config"]):
+    for line in rewind_notes(ckpt, path, cfg.out_dir) + notes + resume_changes(cfg, explicit, ckpt["config"]):
         print0(f"resume: {line}")
     return cfg, ckpt
 
@@ -216,7 +221,7 @@ def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
     return MetricsLogger(cfg, proc.master, ckpt and ckpt["step"], ckpt and ckpt.get("wandb_run_id"), flops_per_token,
                          peak, proc.world, proc.device, lambda: last_good(os.path.join(cfg.out_dir, "ckpt.pt"),
                                                                           "once the disk has room"),
-                         new_wandb_run=bool(ckpt and ckpt.get("rewound")))
+                         rewound=bool(ckpt and ckpt.get("rewound")))
 
 # -----------------------------------------------------------------------------
 # what a step is made of
@@ -272,6 +277,7 @@ class Run:
     eval_s: float = 0.0                 # seconds of evaluations and checkpoints, kept out of the training time
     target: dict = None                 # where target_val_loss was reached (evaluation.target_reached)
     writer: BackgroundWrite = field(default_factory=BackgroundWrite)    # async_checkpoint's write in flight
+    branch: Branch = None               # out_dir's history this run continues: files it replaces, ckpt_best's loss
 
     @property
     def ckpt_path(self):
@@ -328,14 +334,13 @@ def train(run, stop):
             train_seconds = paused - started - run.eval_s
             if cfg.eval_tokens > 0:
                 run.evaluate(step, train_seconds)
-            reached = target_reached(cfg, run.val_loss, step, train_seconds, run.tokens)
+            run.target = target_reached(cfg, run.val_loss, step, train_seconds, run.tokens)   # saved with it
             if cfg.save_checkpoints and (step > run.start_step or last_step):
                 run.save(step, background=cfg.async_checkpoint and not last_step)   # the last one before the end
             run.eval_s += time.perf_counter() - paused
             timer.resume()
-            if reached:
-                run.target = reached
-                print0(f"step {step}: {describe_target(reached)}")
+            if run.target:
+                print0(f"step {step}: {describe_target(run.target)}")
                 break
         if last_step:
             break
@@ -413,9 +418,8 @@ def main(argv=None):
         grad_accum_steps = plan_batch(cfg, proc.world)
     for message in dict.fromkeys(str(w.message) for w in caught):
         print0(f"warning: {message}")
-    if ckpt is not None and ckpt["step"] == cfg.max_iters:
-        print0(f"this run is finished: {resume_path(cfg, explicit)[1]} is at step {ckpt['step']:,} = max_iters; "
-               "to train on, give a larger --max_iters")
+    if ckpt is not None and ckpt["finished"]:        # nothing to do, nothing written
+        print0(f"this run is finished: {resume_path(cfg, explicit)[1]} {ckpt['finished']}")
         leave(proc, True)
         return {"finished": True, "step": ckpt["step"], "best_val_loss": ckpt["best_val_loss"]}
     meta, train_loader, val_loader, token_bytes = build_data(cfg, proc, grad_accum_steps, ckpt)
@@ -425,7 +429,8 @@ def main(argv=None):
     logger = start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt)
     run = Run(cfg, proc, meta, raw_model, model, grad_sync, optimizer, ctx, scaler, train_loader, val_loader,
               logger, grad_accum_steps, start_step, best_val, step=start_step, token_bytes=token_bytes,
-              hellaswag=hellaswag_eval, after_step=fp8.step_hooks(raw_model))
+              hellaswag=hellaswag_eval, after_step=fp8.step_hooks(raw_model),
+              branch=start_branch(cfg.out_dir, ckpt, proc.master))
     del ckpt                           # its memory is not needed for training
     _setup_done, stop, summary, exit_code, clean = True, StopSignals(proc.world > 1), None, 1, False
     try:

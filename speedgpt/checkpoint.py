@@ -5,20 +5,24 @@ metadata, the W&B run id), written atomically (a temp file, fsync, rename) and n
 weights; read with torch.load(weights_only=True).
 
 In out_dir (keep_checkpoints=N):
-  ckpt_step000250.pt  one file per saved step; the N written last are kept, older ones deleted
+  ckpt_step000250.pt  one file per saved step; the N latest are kept, older ones deleted
   ckpt.pt             the latest of them (a hard link: no second copy), what init_from=resume, sample.py,
                       eval.py and hf.py read
   ckpt_best.pt        the one of the lowest validation loss so far (a hard link), kept apart from the N
+out_dir holds one history: a resume from an older checkpoint (resume_from) abandons the steps after it, and a
+new run the run it replaces; their files go once the run has written its first checkpoint (Branch).
 With async_checkpoint the file is written by a thread from a CPU copy while training goes on (one write in
 flight; the last checkpoint of a run, and one after a signal, are written before the run ends).
 """
 import errno
 import glob
+import math
 import os
 import re
 import shutil
 import tempfile
 import threading
+from dataclasses import dataclass
 
 import torch
 
@@ -98,14 +102,28 @@ EXTRA = "_extra_state"        # nn.Module's state-dict key for get_extra_state
 
 def load_weights(model, ckpt, path):
     """Load the checkpoint's weights into `model`, and the modules' extra state (extra_states) where the
-    checkpoint has it; ValueError (naming `path`) if the weights do not fit it."""
+    checkpoint has it; ValueError naming `path` and the keys that differ (mismatch) if the weights do not fit it."""
     own = extra_states(model)
     state = {k: v for k, v in ckpt["model"].items() if not k.endswith(EXTRA) or k in own}
     state.update({k: v for k, v in own.items() if k not in state})     # a layer the checkpoint has none for
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
-        raise ValueError(f"checkpoint {path} does not fit the model: {str(e).splitlines()[0]}") from e
+        why = mismatch(state, model.state_dict()) or " ".join(str(e).split())
+        raise ValueError(f"checkpoint {path} does not fit the model: {why}") from e
+
+
+def mismatch(saved, wanted, show=4):
+    """The keys of state dicts `saved` (a checkpoint's) and `wanted` (a model's) that differ, in words: another
+    shape, missing from the checkpoint, or not in the model; the first `show`, then how many more. '' if none."""
+    def shape(t):
+        return tuple(t.shape) if hasattr(t, "shape") else type(t).__name__
+    diffs = [f"{k} has shape {shape(saved[k])} in the checkpoint, {shape(v)} in the model"
+             for k, v in wanted.items() if k in saved and shape(saved[k]) != shape(v)]
+    diffs += [f"{k} is missing from the checkpoint" for k in wanted if k not in saved]
+    diffs += [f"{k} is in the checkpoint, not in the model" for k in saved if k not in wanted]
+    more = f"; and {len(diffs) - show} more keys that differ" if len(diffs) > show else ""
+    return "; ".join(diffs[:show]) + more
 
 
 def restore_state(ckpt, model, optimizer, scaler, loader, proc, cfg):
@@ -216,13 +234,14 @@ def write_cause(e, path):
     return f"{type(e).__name__}: {str(e).splitlines()[0]}"
 
 
-def save_checkpoint(path, ckpt, keep=1, best=False):
+def save_checkpoint(path, ckpt, keep=1, best=False, stale=()):
     """Write `ckpt` (a dict with "step") as out_dir/ckpt_stepNNNNNN.pt, atomically (a temp file, fsync, a
     rename, so a crash never leaves half a checkpoint), then point `path` (out_dir/ckpt.pt) at it, and
-    out_dir/ckpt_best.pt too when `best`; keep the `keep` step files written last and delete older ones.
-    Refuses (ValueError) weights or optimizer moments that are not finite: a diverged run never replaces
-    the last good checkpoint. Raises CheckpointNotWritten, naming the path and the cause (no space left,
-    read-only), when it cannot write; the previous checkpoints are then intact."""
+    out_dir/ckpt_best.pt too when `best`; then delete the files of `stale` (another history's: Branch), saying
+    so, and keep the `keep` latest step files. Refuses (ValueError) weights or optimizer moments that are not
+    finite: a diverged run never replaces the last good checkpoint. Raises CheckpointNotWritten, naming the
+    path and the cause (no space left, read-only), when it cannot write; the previous checkpoints are then
+    intact, the stale ones too."""
     if not all_finite(ckpt["model"]) or not all_finite(ckpt["optimizer"]):
         raise ValueError(f"step {ckpt['step']}: the weights or optimizer state are not finite; "
                          f"{path} is not replaced (it holds the last good checkpoint)")
@@ -244,8 +263,16 @@ def save_checkpoint(path, ckpt, keep=1, best=False):
         for tmp in (target + ".tmp", path + ".tmp"):
             if os.path.exists(tmp):            # a failed or interrupted write leaves no stale temp file
                 os.remove(tmp)
-    older = sorted(saved_steps(out_dir).values(), key=os.path.getmtime)[:-keep]   # by age: see resume_from
-    for old in older:
+    gone = [p for p in stale if os.path.exists(p) and not (best and os.path.basename(p) == "ckpt_best.pt")]
+    for old in gone:
+        if old != target:                      # a step file of the same name is this run's now
+            os.remove(old)
+    if gone:
+        steps = ", ".join(str(step_of(p)) for p in gone if STEP_FILE.search(p))
+        best_too = any(os.path.basename(p) == "ckpt_best.pt" for p in gone)
+        print(f"removed the checkpoints of the abandoned steps {steps}" + (" and their ckpt_best.pt" if best_too else "")
+              if steps else "removed the abandoned ckpt_best.pt", flush=True)
+    for _, old in sorted(saved_steps(out_dir).items())[:-keep]:     # one history: the lowest steps are the oldest
         os.remove(old)                         # ckpt_best.pt, a link of its own, keeps its data
 
 
@@ -273,16 +300,80 @@ def resume_path(cfg, explicit):
     return cfg, resolve_resume(cfg.out_dir, cfg.resume_from)
 
 
-def rewind_notes(ckpt, latest):
-    """Lines a resume prints when `ckpt` (loaded) is older than the latest checkpoint `latest`: what becomes of
-    the abandoned steps. Marks ckpt["rewound"] (the metrics logger then starts a new W&B run)."""
-    newest = step_of(latest) if os.path.isfile(latest) else None
-    if newest is None or ckpt["step"] >= newest:
+def checkpoint_step(path):
+    """The step of the checkpoint at `path`: from its step file's name (step_of), else read from the file
+    memory-mapped (nothing of its tensors is loaded)."""
+    step = step_of(path)
+    return step if step is not None else torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"]
+
+
+def rewind_notes(ckpt, path, out_dir):
+    """Lines a resume prints when `ckpt` (loaded from `path`) is older than out_dir's newest checkpoint
+    (resume_from an earlier step): the steps after it are abandoned. Marks ckpt["rewound"] with what
+    start_branch does once the run is set up: ckpt.pt names `path`, ckpt_best.pt, when it holds an abandoned
+    step, becomes the best kept checkpoint up to ckpt's step by metrics.jsonl's validation losses (or goes);
+    the metrics logger moves the abandoned records aside and starts a new W&B run. [] for the newest."""
+    def step(path):                            # None for a file that is not there or cannot be read
+        try:
+            return checkpoint_step(path) if os.path.isfile(path) else None
+        except Exception:
+            return None
+    steps, r = saved_steps(out_dir), ckpt["step"]
+    newest = max([*steps, step(os.path.join(out_dir, "ckpt.pt")) or -1], default=-1)
+    if r >= newest:
         return []
-    ckpt["rewound"] = True
-    return [f"step {ckpt['step']:,} is older than the latest checkpoint (step {newest:,}): metrics.jsonl's rows after "
-            "it are dropped, W&B gets a new run (it cannot rewind one), and the checkpoints of the abandoned steps "
-            "are deleted oldest first as new ones are kept"]
+    said, best_path, best = [f"ckpt.pt names step {r:,} from now on"], os.path.join(out_dir, "ckpt_best.pt"), "keep"
+    if (step(best_path) or -1) > r:            # the best is an abandoned step's: the best kept up to r instead
+        from speedgpt.measure import read_metrics
+        logged = os.path.join(out_dir, "metrics.jsonl")
+        val = {x["step"]: x["val_loss"] for x in (read_metrics(logged)[0] if os.path.isfile(logged) else [])
+               if x.get("val_loss") is not None and x["step"] <= r}
+        kept = sorted((val[s], s) for s in steps if s in val)
+        best = (steps[kept[0][1]], kept[0][0]) if kept else None
+        said.append(f"ckpt_best.pt step {kept[0][1]:,}'s (val loss {kept[0][0]:.4f}, the best kept up to step {r:,})"
+                    if kept else f"ckpt_best.pt none (no kept checkpoint up to step {r:,} has a logged val loss)")
+    ckpt["rewound"] = {"path": path, "best": best}
+    later = ", ".join(str(s) for s in sorted(steps) if s > r) or "none"
+    return [f"step {r:,} is older than the latest checkpoint (step {newest:,}): the steps after it are abandoned: "
+            f"{', '.join(said)}; metrics.jsonl's later records move to metrics.abandoned.jsonl, W&B gets a new run "
+            f"(it cannot rewind one), and the checkpoints of the later steps ({later}) are removed once this run "
+            "has written its first"]
+
+
+@dataclass
+class Branch:
+    """out_dir's history as a run continues it, for save_run: `stale`, the files of another history (the steps
+    a resume from an older checkpoint abandons, or the run a new one replaces), deleted once this run's first
+    checkpoint is written; `best`, the validation loss of the checkpoint ckpt_best.pt holds (inf: none), which
+    an evaluation must match or beat to take its place."""
+    stale: list
+    best: float = math.inf
+
+
+def start_branch(out_dir, ckpt, master=True):
+    """The Branch a run continues in out_dir, from its checkpoint `ckpt` (None for a new run); called once the
+    run is set up, so a refused command changes nothing. A rewound resume (rewind_notes) points ckpt.pt at its
+    checkpoint and ckpt_best.pt at the best it kept (or removes it) now; the abandoned files stay until the
+    first new checkpoint is written. Files are touched on rank 0 (`master`) only."""
+    best_path = os.path.join(out_dir, "ckpt_best.pt")
+    if ckpt is None:                           # a new run replaces what out_dir holds
+        stale = list(saved_steps(out_dir).values()) + ([best_path] if os.path.exists(best_path) else [])
+        return Branch(stale if master else [])
+    branch = Branch([p for s, p in sorted(saved_steps(out_dir).items()) if s > ckpt["step"]] if master else [],
+                    math.inf if ckpt["best_val_loss"] is None else ckpt["best_val_loss"])
+    plan = ckpt.get("rewound")
+    if not master or not plan:
+        return branch
+    latest = os.path.join(out_dir, "ckpt.pt")
+    if not (os.path.exists(latest) and os.path.samefile(plan["path"], latest)):
+        _link(plan["path"], latest)
+    if plan["best"] is None and os.path.exists(best_path):
+        os.remove(best_path)
+        branch.best = math.inf
+    elif plan["best"] != "keep":
+        _link(plan["best"][0], best_path)
+        branch.best = plan["best"][1]
+    return branch
 
 
 def resolve_resume(out_dir, resume_from):
@@ -308,6 +399,12 @@ def checkpoint_bytes(n_params):
     return 12 * n_params + (1 << 20)
 
 
+def size(n_bytes):
+    """A size for people, in the unit that shows its digits: '1.52 GB', '31.2 MB', '10.0 kB'."""
+    return f"{n_bytes / 1e9:.2f} GB" if n_bytes >= 1e9 else f"{n_bytes / 1e6:.1f} MB" if n_bytes >= 1e6 \
+        else f"{n_bytes / 1e3:.1f} kB"
+
+
 def check_disk(out_dir, ckpt_bytes, keep):
     """(line to print, or raise ValueError): the disk use of keep_checkpoints=keep checkpoints of ckpt_bytes
     each, + ckpt_best.pt (which may be one more), + the next one while it is written (the oldest is deleted
@@ -316,13 +413,12 @@ def check_disk(out_dir, ckpt_bytes, keep):
     need = ckpt_bytes * (keep + 2)
     have = sum(os.path.getsize(p) for p in saved_steps(out_dir).values())
     free = shutil.disk_usage(out_dir).free
-    line = (f"checkpoints: ~{ckpt_bytes / 1e9:.2f} GB each, keeping {keep} (keep_checkpoints) and the best "
-            f"(ckpt_best.pt), one more while written: up to ~{need / 1e9:.2f} GB in {out_dir} "
-            f"({free / 1e9:.1f} GB free)")
+    line = (f"checkpoints: ~{size(ckpt_bytes)} each, keeping {keep} (keep_checkpoints) and the best "
+            f"(ckpt_best.pt), one more while written: up to ~{size(need)} in {out_dir} ({size(free)} free)")
     if need - have > free:
-        raise ValueError(f"{out_dir} has {free / 1e9:.1f} GB free but keep_checkpoints={keep} needs up to "
-                         f"~{need / 1e9:.1f} GB ({ckpt_bytes / 1e9:.2f} GB per checkpoint, the best and the one "
-                         "being written): free space, lower --keep_checkpoints, or choose another --out_dir")
+        raise ValueError(f"{out_dir} has {size(free)} free but keep_checkpoints={keep} needs up to ~{size(need)} "
+                         f"({size(ckpt_bytes)} per checkpoint, the best and the one being written): free space, "
+                         "lower --keep_checkpoints, or choose another --out_dir")
     return line
 
 
@@ -345,10 +441,7 @@ def last_good(path, then=DIVERGED):
     is loaded), and how to go on (`then`: after a resume from it; the default is for a run that diverged)."""
     if not os.path.exists(path):
         return "no checkpoint was written"
-    step = step_of(path)
-    if step is None:
-        step = load_checkpoint(path)["step"]
-    return f"{path} still holds step {step}: resume from it (--init_from=resume) {then}"
+    return f"{path} still holds step {checkpoint_step(path)}: resume from it (--init_from=resume) {then}"
 
 
 class BackgroundWrite:
@@ -360,16 +453,16 @@ class BackgroundWrite:
         self.thread, self.error, self.step = None, None, None
         self.buffers = {}                      # own_copy's pinned CPU tensors, reused by every write
 
-    def start(self, path, ckpt, keep, best):
+    def start(self, path, ckpt, keep, best, stale=()):
         self.wait()
         self.step = ckpt["step"]
-        self.thread = threading.Thread(target=self._write, args=(path, ckpt, keep, best),
+        self.thread = threading.Thread(target=self._write, args=(path, ckpt, keep, best, stale),
                                        name=f"checkpoint step {ckpt['step']}")
         self.thread.start()
 
-    def _write(self, path, ckpt, keep, best):
+    def _write(self, path, ckpt, keep, best, stale):
         try:
-            save_checkpoint(path, ckpt, keep=keep, best=best)
+            save_checkpoint(path, ckpt, keep=keep, best=best, stale=stale)
         except Exception as e:                 # kept for the loop: a thread's traceback would reach nobody
             self.error = e if isinstance(e, CheckpointNotWritten) else \
                 CheckpointNotWritten(f"could not write the checkpoint of step {ckpt['step']}: {write_cause(e, path)}")
@@ -448,18 +541,21 @@ def save_run(run, step, background=False):
     sd, osd = model_state(run.raw_model, run.optimizer, cpu=not background or sharded)
     rng, error = rng_states(proc), None
     if proc.master:
-        best = run.val_loss is not None and run.val_loss == run.best_val and run.evaluated == step
+        best = run.evaluated == step and run.val_loss <= run.branch.best      # ckpt_best.pt's, or none yet (inf)
+        stale, run.branch.stale = run.branch.stale, []                      # once: the first checkpoint's
+        if best:
+            run.branch.best = run.val_loss
         ckpt = {"model": sd, "optimizer": osd, "scaler": run.scaler.state_dict(), "step": step,
-                "best_val_loss": run.best_val, "config": asdict(cfg), "meta": run.meta,
+                "best_val_loss": run.best_val, "config": asdict(cfg), "meta": run.meta, "target_reached": run.target,
                 "loader": run.train_loader.state_dict(), "wandb_run_id": run.logger.wandb_run_id,
                 "tokens_per_step": cfg.batch_size * cfg.block_size * run.grad_accum_steps * proc.world,
                 "rng": {"cpu": rng[0][0], "cuda": rng[0][1], "ranks": rng}}
         if background:
             run.writer.start(path, own_copy(ckpt, run.raw_model, run.optimizer, run.writer.buffers),
-                             cfg.keep_checkpoints, best)
+                             cfg.keep_checkpoints, best, stale)
         else:
             try:
-                save_checkpoint(path, ckpt, keep=cfg.keep_checkpoints, best=best)
+                save_checkpoint(path, ckpt, keep=cfg.keep_checkpoints, best=best, stale=stale)
             except CheckpointNotWritten as e:
                 error = e
     if not on_every_rank(torch.tensor(error is None, device=device), proc):   # every rank stops together

@@ -19,14 +19,18 @@ Each file is read for what it is (`text_field` names the field or column of the 
                                 and its validation split (validation, valid or val), when it has one, as
                                 the val documents
   hf:NAME or hf:NAME:CONFIG     the train split of a Hugging Face hub dataset, streamed (online)
-  any other file                one document of UTF-8 text (undecodable bytes become U+FFFD)
-  None                          this Python's standard library: each .py file one document
+  any other file                one document of text
+  None                          this Python's standard library: each .py file one document (utf-8:replace)
 Compression is read from the content, not the name: gzip and zstandard (zstandard package) streams are
 decompressed, and their .gz / .zst suffix is dropped before the name says the kind (corpus.json.gz is
-JSON). A UTF-8 byte-order mark at the start of a file is dropped. An unpaired UTF-16 surrogate (JSON
+JSON). Text, JSON and JSON lines are decoded as `encoding` says (parse_encoding: UTF-8 by default; bytes that
+do not decode are refused, naming the file and line, or with ":replace" become U+FFFD, counted in the Report).
+A UTF-8 byte-order mark at the start of a file is dropped. An unpaired UTF-16 surrogate (JSON
 allows "\\ud800") becomes U+FFFD in both tokenizers, as tiktoken does it. Errors name the file and line
 (or row) and the problem.
 """
+import codecs
+import functools
 import gzip
 import io
 import json
@@ -42,9 +46,12 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from speedgpt.shards import HOLD, signals_held
+
 GZIP_MAGIC, ZSTD_MAGIC, PARQUET_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"PAR1"
 VALIDATION_SPLITS = ("validation", "valid", "val")     # a DatasetDict's own validation split, by these names
 BINARY_PROBE = 8192                                     # bytes looked at for a NUL: text never has one
+NEWLINE = b"\n"
 
 # -----------------------------------------------------------------------------
 # input readers
@@ -58,9 +65,70 @@ class Document(NamedTuple):
 
 @dataclass
 class Report:
-    """What a reading skipped or decided, for data.py to tell: binary files skipped, notes."""
+    """What a reading skipped or decided, for data.py to tell: binary files skipped, notes, and the characters
+    that did not decode in `encoding` (parse_encoding) and became U+FFFD (":replace"), with their files."""
     binary: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    encoding: str = "utf-8"
+    replaced: int = 0
+    replaced_in: list = field(default_factory=list)
+
+    def all_notes(self):
+        """The notes, then one on the replaced characters, if any."""
+        n, name = len(self.replaced_in), parse_encoding(self.encoding)[0]
+        return self.notes + ([f"{self.replaced:,} characters that are not {name} replaced by U+FFFD (--encoding="
+                              f"{self.encoding}) in {n} files: " + ", ".join(self.replaced_in[:5])
+                              + (", ..." if n > 5 else "")] if self.replaced else [])
+
+
+@functools.lru_cache(maxsize=None)
+def parse_encoding(spec):
+    """(codec, replace) of an --encoding: a Python codec name (utf-8, latin-1, cp1252, ...), with ":replace" to
+    turn what does not decode into U+FFFD instead of refusing it. Raises ValueError for anything else."""
+    name, _, mode = spec.partition(":")
+    try:
+        codecs.lookup(name)
+    except LookupError:
+        mode = "unknown encoding"
+    if mode not in ("", "replace"):
+        raise ValueError(f"--encoding={spec!r}: {mode if mode == 'unknown encoding' else 'unknown mode ' + repr(mode)}; "
+                         "give a Python codec (utf-8, latin-1, cp1252, ...), optionally with :replace")
+    return name, mode == "replace"
+
+
+_replaced = [0]      # characters replaced so far by the "speedgpt.replace" error handler (the main thread decodes)
+
+
+def _replace_counted(error):
+    """errors="replace" for decoding (one U+FFFD for each undecodable sequence, as Python's own), counted."""
+    _replaced[0] += 1
+    return "\ufffd", error.end
+
+
+codecs.register_error("speedgpt.replace", _replace_counted)
+
+
+def _decode(raw, where, report, bom=True, lines=True):
+    """The bytes `raw` of `where` (a file, or "file:line") as text in report.encoding (a UTF-8 byte-order mark
+    dropped when `bom`). Undecodable bytes raise ValueError naming the place (its line too, when `lines`: `raw`
+    is a whole file) and the way out, or, with ":replace", become U+FFFD, counted in `report`."""
+    name, replace = parse_encoding(report.encoding)
+    codec = "utf-8-sig" if bom and codecs.lookup(name).name == "utf-8" else name
+    try:
+        return raw.decode(codec)
+    except UnicodeDecodeError as e:
+        if not replace:
+            line = f":{raw.count(NEWLINE, 0, e.start) + 1}" if lines else ""
+            raise ValueError(f"{where}{line}: byte 0x{raw[e.start]:02x} (at byte {e.start:,}) is not {name} text: give "
+                             f"the corpus's encoding with --encoding (e.g. --encoding=latin-1), or "
+                             f"--encoding={name}:replace to read what does not decode as U+FFFD (counted)") from None
+    before = _replaced[0]
+    text = raw.decode(codec, "speedgpt.replace")
+    report.replaced += _replaced[0] - before
+    path = where.rsplit(":", 1)[0] if not lines else where
+    if path not in report.replaced_in[-1:]:
+        report.replaced_in.append(path)
+    return text
 
 
 def stdlib_path():
@@ -75,8 +143,10 @@ def iter_texts(path, text_field="text", report=None):
     and line or row) or when the optional package a kind needs (pyarrow, zstandard, datasets) is missing
     (naming the package)."""
     report = report if report is not None else Report()
+    parse_encoding(report.encoding)              # a bad --encoding fails here, before anything is read
     if path is None:
-        return _stdlib()
+        report.encoding = "utf-8:replace"        # Python sources; a few stdlib test files are in other encodings
+        return _stdlib(report)
     if path.startswith("hf:"):
         return _hf_dataset(path[3:], text_field, report)
     if not os.path.exists(path):
@@ -92,12 +162,12 @@ def iter_texts(path, text_field="text", report=None):
     return _file(path, text_field, report)
 
 
-def _stdlib():
+def _stdlib(report):
     for root, dirs, files in os.walk(stdlib_path()):
         dirs[:] = sorted(d for d in dirs if d != "site-packages")   # walk in a fixed order
         for name in sorted(files):
             if name.endswith(".py"):
-                yield from _text_file(os.path.join(root, name), None)
+                yield from _text_file(os.path.join(root, name), None, report)
 
 
 def _prepared(folder):
@@ -150,15 +220,15 @@ def file_kind(path):
 def _file(path, text_field, report):
     kind, packed = file_kind(path)
     if kind == "jsonl":
-        return _jsonl(path, packed, text_field)
+        return _jsonl(path, packed, text_field, report)
     if kind == "json":
-        return _json(path, packed, text_field)
+        return _json(path, packed, text_field, report)
     if kind == "parquet":
         return _parquet(path, text_field)
     if kind == "binary":
         report.binary.append(path)
         return iter(())
-    return _text_file(path, packed)
+    return _text_file(path, packed, report)
 
 
 def _require(package, why):
@@ -193,8 +263,8 @@ def _read_all(path, packed):
             raise (_unreadable(path, e, "") or e) from None
 
 
-def _text_file(path, packed):
-    text = _read_all(path, packed).decode("utf-8-sig", errors="replace")       # utf-8-sig: drops a BOM
+def _text_file(path, packed, report):
+    text = _decode(_read_all(path, packed), path, report)
     yield Document(path, text.replace("\r\n", "\n").replace("\r", "\n"))     # universal newlines, as open() reads
 
 
@@ -225,11 +295,9 @@ def _record_text(record, text_field, where):
     return record[text_field]
 
 
-def _jsonl(path, packed, text_field):
+def _jsonl(path, packed, text_field, report):
     for lineno, line in _lines(path, packed):
-        line = line.decode("utf-8", errors="replace")
-        if lineno == 1:
-            line = line.removeprefix("\ufeff")            # a BOM would make line 1 invalid JSON
+        line = _decode(line, f"{path}:{lineno}", report, bom=lineno == 1, lines=False)   # a BOM: invalid JSON
         if not line.strip():
             continue
         try:
@@ -239,9 +307,9 @@ def _jsonl(path, packed, text_field):
         yield Document(f"{path}:{lineno}", _record_text(record, text_field, f"{path}:{lineno}"))
 
 
-def _json(path, packed, text_field):
+def _json(path, packed, text_field, report):
     """A .json file: an array of records (held whole: JSON has no streaming form), or JSON lines."""
-    raw = _read_all(path, packed).decode("utf-8-sig", errors="replace")
+    raw = _decode(_read_all(path, packed), path, report)
     if raw.lstrip().startswith("["):
         try:
             records = json.loads(raw)
@@ -255,7 +323,7 @@ def _json(path, packed, text_field):
         return
     except json.JSONDecodeError:
         pass
-    yield from _jsonl(path, packed, text_field)   # JSON lines named .json
+    yield from _jsonl(path, packed, text_field, report)   # JSON lines named .json
 
 
 def _parquet(path, text_field):
@@ -498,20 +566,17 @@ class TokenizerPool:
         linux = sys.platform == "linux"
         method = ("fork" if threading.active_count() == 1 else "forkserver") if linux else "spawn"
         ctx = multiprocessing.get_context(method)
-        mask = hasattr(signal, "pthread_sigmask")
-        if mask:                                  # workers start with Ctrl-C and SIGTERM blocked (_worker_main)
-            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        self.workers, self.pending = [], deque()    # pending: the worker of each chunk in flight, in input order
         try:
-            self.workers = []
-            for _ in range(workers):
-                tasks, results = ctx.Queue(), ctx.Queue()
-                proc = ctx.Process(target=_worker_main, args=(tasks, results, tokenizer, dtype), daemon=True)
-                proc.start()
-                self.workers.append((proc, tasks, results))
-        finally:
-            if mask:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
-        self.pending = deque()               # the worker of each chunk in flight, in input order
+            with signals_held():                # workers start with Ctrl-C and SIGTERM blocked (_worker_main)
+                for _ in range(workers):
+                    tasks, results = ctx.Queue(), ctx.Queue()
+                    proc = ctx.Process(target=_worker_main, args=(tasks, results, tokenizer, dtype), daemon=True)
+                    proc.start()
+                    self.workers.append((proc, tasks, results))
+        except BaseException:                   # an interrupt held off while they started
+            self.close()
+            raise
 
     def _result(self, w):
         proc, _, results = self.workers[w]
@@ -553,19 +618,23 @@ class TokenizerPool:
 
     def close(self, clean=False):
         """Stop the workers: asked to finish when `clean` and no chunk is in flight (a worker with a result
-        nobody reads would not finish), killed otherwise; never waits on a queue."""
-        clean = clean and not self.pending
-        for proc, tasks, _ in self.workers:
-            if clean and proc.is_alive():
-                tasks.put(None)
-        for proc, tasks, results in self.workers:
-            proc.join(timeout=10 if clean else 0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=5)
-            tasks.cancel_join_thread()            # a chunk still in its pipe is not waited for
-            tasks.close()
-            results.close()
+        nobody reads would not finish), killed otherwise; never waits on a queue. Not cut by a signal
+        (signals_held): stopped half-way, a queue's feeder thread, blocked writing to a dead worker, would
+        be joined at exit forever."""
+        with signals_held():
+            for _, tasks, _ in self.workers:
+                tasks.cancel_join_thread()        # a chunk still in its pipe is not waited for, at exit either
+            clean = clean and not self.pending
+            for proc, tasks, _ in self.workers:
+                if clean and proc.is_alive():
+                    tasks.put(None)
+            for proc, tasks, results in self.workers:
+                proc.join(timeout=10 if clean else 0)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(timeout=5)
+                tasks.close()
+                results.close()
 
     def __enter__(self):
         return self
@@ -580,19 +649,39 @@ def tokenized_chunks(docs, tokenizer, dtype, workers, chunk_chars=1 << 20):
         yield from pool.tokenize(docs, chunk_chars)
 
 
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextmanager
 def sigterm_as_interrupt():
-    """Inside the block SIGTERM raises KeyboardInterrupt(SIGTERM), as Ctrl-C raises KeyboardInterrupt, so a
-    preparation stopped by kill, timeout, Slurm or docker stop unwinds as Ctrl-C's does (its workers stopped,
-    its temp folder removed); the previous handler afterwards. The main thread only."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    """Inside the block SIGTERM raises KeyboardInterrupt(SIGTERM), as Ctrl-C raises KeyboardInterrupt(SIGINT)
+    (unless Ctrl-C is ignored, as in a background job), so a preparation stopped by kill, timeout, Slurm or
+    docker stop unwinds as Ctrl-C's does (its workers stopped, its temp folder removed). Once: from the first
+    signal on, both are ignored until the process ends, so a second one (plain `timeout` signals the process,
+    then its group; Ctrl-C pressed twice) never cuts that cleanup, which is bounded. The previous handlers
+    afterwards when no signal came. The main thread only."""
+    previous = {s: signal.getsignal(s) for s in INTERRUPTS}
+    ours = [s for s in INTERRUPTS if s == signal.SIGTERM or previous[s] is signal.default_int_handler]
+    for s in ours:
+        signal.signal(s, _interrupt)
+    interrupted = False
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:                                  # stopping: deaf to a second signal (as the handler made it)
+        for s in ours:
+            signal.signal(s, signal.SIG_IGN if interrupted else previous[s])
 
 
 def _interrupt(signum, frame):
-    """SIGTERM's handler: raise what Ctrl-C raises, so that a preparation stopped by kill, timeout, Slurm or
-    docker stop unwinds the same way (its workers stopped, its temp folder removed) and says so."""
+    """sigterm_as_interrupt's handler: ignore SIGINT and SIGTERM from now on, then raise what Ctrl-C raises
+    (KeyboardInterrupt(signum)), at once or, inside shards.signals_held, when its block ends."""
+    for s in INTERRUPTS:
+        if signal.getsignal(s) is _interrupt:
+            signal.signal(s, signal.SIG_IGN)
+    if HOLD["depth"]:
+        HOLD["signum"] = HOLD["signum"] or signum
+        return
     raise KeyboardInterrupt(signum)

@@ -69,3 +69,15 @@ def describe_target(reached):
     """One phrase for target_reached's dict."""
     return (f"target val loss reached ({reached['val_loss']:.4f}) at step {reached['step']:,}: {reached['tokens']:,} "
             f"tokens, {reached['train_seconds']:.1f} s of training (compile included, evaluation apart)")
+
+
+def reached_before(cfg, ckpt):
+    """For a resume of the checkpoint `ckpt` saved where its run reached its target_val_loss: when this run's
+    target_val_loss counts as reached there too (set, and at or above that val loss), the phrase saying so and
+    how to train on (the run is finished: nothing to train, nothing to write); else None."""
+    reached = ckpt.get("target_reached")
+    if not cfg.target_val_loss or not reached or reached["val_loss"] > cfg.target_val_loss:
+        return None
+    return (f"reached target_val_loss={cfg.target_val_loss} at step {reached['step']:,} (val loss "
+            f"{reached['val_loss']:.4f}; {reached['tokens']:,} tokens, {reached['train_seconds']:.1f} s of training: "
+            "summary.json); to train on, give a lower --target_val_loss (0: none, to max_iters)")

@@ -233,27 +233,49 @@ def read_metrics(path):
     return records, note
 
 
+def order(record):
+    """Where a record of metrics.jsonl falls in its history: (step, True for a training step's row), as a step's
+    evaluation is logged before its training row."""
+    return record["step"], "loss" in record
+
+
+def wandb_holds_through(run, continued_id, marker):
+    """order() of the last record of metrics.jsonl the W&B run `run` surely holds; the later ones are sent
+    (again). Nothing, (-1, True), for a run other than `continued_id` (a new one); online, W&B's own count: every
+    step before run.starting_step (the step its next log takes); offline, where W&B cannot say, `marker`'s: the
+    last record logged before W&B last finished cleanly (out_dir/wandb.json), or nothing without one."""
+    if continued_id is None or run.id != continued_id:
+        return -1, True
+    if not getattr(run, "offline", True):
+        return run.starting_step - 1, True
+    return (marker["step"], marker["train"]) if marker and marker.get("id") == run.id else (-1, True)
+
+
 class MetricsLogger:
     """Writes each record (a dict with "step") to out_dir/metrics.jsonl and W&B, and each training step's
     line to the console; on rank 0 only (`master`), as strict JSON. A resumed run continues the same
     file and the same W&B run: the file keeps the records of the steps before `resume_step` (so every
-    step appears once, though a killed run may have logged past its last checkpoint), and records W&B
-    already holds (each step's training row and evaluation, apart) are not sent again (the resumed run
-    recomputes them exactly). The evaluation made at `resume_step` itself, before its checkpoint was
-    saved, is kept unless the resumed run evaluates that step again (it does not when its eval_interval no
-    longer falls there). new_wandb_run: a resume from an older checkpoint (resume_from), whose later steps
-    W&B cannot rewind: a new W&B run. A write that fails (a full disk) stops the run in one line."""
+    step appears once, though a killed run may have logged past its last checkpoint). The evaluation made
+    at `resume_step` itself, before its checkpoint was saved, is kept unless the resumed run evaluates that
+    step again (it does not when its eval_interval no longer falls there). `rewound`: a resume from an older
+    checkpoint (resume_from): the records after it, of the abandoned steps, move to metrics.abandoned.jsonl,
+    and W&B, which cannot rewind a run, gets a new one. W&B is sent every record from the first step it may
+    lack (wandb_holds_through): the kept ones at the start (those a killed process had logged but W&B lost, the
+    history for a new W&B run), then the new ones; out_dir/wandb.json records the last step logged when W&B
+    finished cleanly. A write that fails (a full disk) stops the run in one line."""
 
     def __init__(self, cfg, master, resume_step=None, wandb_run_id=None, flops_per_token=0, peak=None, world=1,
-                 device=torch.device("cpu"), last_good="", new_wandb_run=False):
-        self.master, self.wandb, self.wandb_held = master, None, set()
+                 device=torch.device("cpu"), last_good="", rewound=False):
+        self.master, self.wandb, self.wandb_through = master, None, (-1, True)
         self.last_good = last_good                        # what a write failure says about the checkpoints
         self.failed = False                               # a write failed (and said so): close() stays quiet
         self.cfg, self.flops_per_token, self.peak, self.world, self.device = cfg, flops_per_token, peak, world, device
         self.timed = []                                   # (tokens_per_sec, mfu) of each timed interval
         self.first_step_s = None                          # the first step's wall time, compilation included
         self.path = os.path.join(cfg.out_dir, "metrics.jsonl")
+        self.marker = os.path.join(cfg.out_dir, "wandb.json")  # order() of the last record at W&B's clean finish
         self.held = []                                    # resume_step's evaluation, until recomputed or kept
+        self.last = (-1, True)                            # order() of the last record of metrics.jsonl
         if not master:
             return
         kept = []
@@ -263,16 +285,21 @@ class MetricsLogger:
                 print0(f"resume: {note}")
             kept = [r for r in old if r["step"] < resume_step]
             self.held = [r for r in old if r["step"] == resume_step and "loss" not in r]
-            if not new_wandb_run:
-                self.wandb_held = {(r["step"], "loss" in r) for r in old}
+            abandoned = [r for r in old if r["step"] >= resume_step and r not in self.held] if rewound else []
+            if abandoned:
+                aside = os.path.join(cfg.out_dir, "metrics.abandoned.jsonl")
+                self.write(lambda: self._rewrite(abandoned, aside, append=True), aside)
+                print0(f"resume: metrics.jsonl's {len(abandoned)} records of the abandoned steps {abandoned[0]['step']} "
+                       f"to {abandoned[-1]['step']} moved to {aside}")
         self.write(lambda: self._rewrite(kept))
+        self.last = max((order(r) for r in kept + self.held), default=(-1, True))
         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if cfg.wandb_log:
             import wandb
             from dataclasses import asdict
             self.wandb = wandb
-            # the run id is in the checkpoint
-            same_run = {"id": wandb_run_id, "resume": "allow"} if wandb_run_id and not new_wandb_run else {}
+            continued = wandb_run_id if wandb_run_id and not rewound else None    # its id is in the checkpoint
+            same_run = {"id": continued, "resume": "allow"} if continued else {}
             try:
                 wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None, config=asdict(cfg), **same_run)
             except Exception as e:           # an unwritable folder, no login online: before any step
@@ -280,16 +307,41 @@ class MetricsLogger:
                 raise ValueError(f"W&B could not start ({type(e).__name__}: {e}); its files go to WANDB_DIR (now "
                                  f"{os.environ.get('WANDB_DIR') or os.getcwd()}): point it at a writable folder, set "
                                  "WANDB_MODE=offline, or add --wandb_log=False") from None
+            self.wandb_through = wandb_holds_through(wandb.run, continued, self._read_marker())
+            resend = [r for r in kept if order(r) > self.wandb_through]
+            if resend:
+                why = ("a new W&B run" if wandb.run.id != continued else "by W&B's own count"
+                       if not getattr(wandb.run, "offline", True) else "offline, W&B cannot say what it saved: "
+                       "the records since it last finished cleanly")
+                print0(f"resume: sending W&B's run {wandb.run.id} the {len(resend)} records of metrics.jsonl of steps "
+                       f"{resend[0]['step']} to {resend[-1]['step']} it lacks ({why})")
+            for r in resend:
+                self._send(r)
 
-    def _rewrite(self, records):
-        with open(self.path + ".tmp", "w") as f:         # rewritten whole, then renamed: never half a file
+    def _rewrite(self, records, path=None, append=False):
+        path = path or self.path
+        if append and os.path.exists(path):
+            records = read_metrics(path)[0] + records
+        with open(path + ".tmp", "w") as f:              # rewritten whole, then renamed: never half a file
             f.writelines(json.dumps(r) + "\n" for r in records)
-        os.replace(self.path + ".tmp", self.path)
+        os.replace(path + ".tmp", path)
+
+    def _read_marker(self):
+        try:
+            with open(self.marker) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def _send(self, record):
+        """`record` to W&B, unless W&B holds it (wandb_through)."""
+        if self.wandb is not None and order(record) > self.wandb_through:
+            self.write(lambda: self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"]),
+                       "the W&B run's files")
 
     def _flush_held(self):
-        held, self.held = self.held, []
         try:
-            for r in held:                   # nothing logged since the resume
+            for r in self.held:              # nothing logged since the resume (close() sends them to W&B)
                 self._append(r)
         finally:
             os.close(self.fd)
@@ -335,13 +387,12 @@ class MetricsLogger:
             if not (record["step"] == self.held[0]["step"] and "loss" not in record):
                 for r in self.held:
                     self.write(lambda r=r: self._append(r))
+                    self._send(r)
             self.held = []
         record = strict(record)
-
         self.write(lambda: self._append(record))
-        if self.wandb is not None and (record["step"], "loss" in record) not in self.wandb_held:
-            self.write(lambda: self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"]),
-                       "the W&B run's files")
+        self.last = order(record)
+        self._send(record)
 
     def step(self, step, loss, lr, grad_norm, pad_frac, timing):
         """Log one training step: `timing` is (tokens_per_sec, step_ms) from Timer.read(), or None while
@@ -397,7 +448,7 @@ class MetricsLogger:
         if not self.master:
             return
         from speedgpt.shards import describe_os_error
-        error = None
+        error, held = None, self.held
         summary_path = os.path.join(self.cfg.out_dir, "summary.json")
         for path, fn in ((self.path, self._flush_held),
                          (summary_path, lambda: summary is not None and write_json(summary_path, strict(summary)))):
@@ -409,9 +460,14 @@ class MetricsLogger:
             print(summary_line(summary), flush=True)
         if self.wandb is not None:
             try:
+                for r in held:
+                    if order(r) > self.wandb_through:
+                        self.wandb.log({k: v for k, v in r.items() if k != "step"}, step=r["step"])
                 if summary:
                     self.wandb.summary.update({k: v for k, v in strict(summary).items() if v is not None})
+                run_id = self.wandb.run.id
                 self.wandb.finish(exit_code=exit_code)
+                write_json(self.marker, {"id": run_id, "step": self.last[0], "train": self.last[1]})   # all held
             except Exception as e:           # its files or its service: the run itself is saved
                 error = error or f"could not finish the W&B run: {type(e).__name__}: {e}"
         if error and exit_code == 0 and not self.failed:

@@ -99,17 +99,27 @@ def write_index(shard, n_tokens, max_id, doc_starts, eot):
     os.replace(tmp, index_path(shard))
 
 
+HOLD = {"depth": 0, "signum": None}       # signals_held's blocks open, and the signal one of them deferred
+
+
 @contextmanager
 def signals_held():
-    """SIGINT and SIGTERM held off inside the block (delivered when it ends), where the platform can
-    (pthread_sigmask, in the main thread): for short writes an interrupt must not cut in two."""
+    """SIGINT and SIGTERM held off inside the block (delivered when it ends), for short writes and cleanups an
+    interrupt must not cut in two: blocked in this thread where the platform can (pthread_sigmask), and, for the
+    handlers of corpus.sigterm_as_interrupt (Python runs them in the main thread, whichever thread the kernel
+    hands a signal to), deferred: its KeyboardInterrupt is raised when the outermost block ends."""
     mask = hasattr(signal, "pthread_sigmask")
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if mask else None
+    HOLD["depth"] += 1
     try:
         yield
     finally:
+        HOLD["depth"] -= 1
         if mask:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        if HOLD["depth"] == 0 and HOLD["signum"] is not None:
+            signum, HOLD["signum"] = HOLD["signum"], None
+            raise KeyboardInterrupt(signum)
 
 
 def read_index(shard, n_tokens, eot, foreign, with_starts=True):
@@ -209,7 +219,7 @@ def prepared_folder(out_dir):
                 os.rename(old, out_dir)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def tokenizer_flag(data_dir):

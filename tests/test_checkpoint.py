@@ -40,8 +40,8 @@ def test_resume_from_an_older_step_continues_as_the_straight_run(byte_data, tmp_
     train.main(tiny_args(byte_data, out, "--max_iters=8", "--eval_interval=2", "--keep_checkpoints=5",
                          "--resume_from=4"))
     text = capsys.readouterr().out
-    assert "resume: step 4 is older than the latest checkpoint (step 8): metrics.jsonl's rows after it are dropped, " \
-           "W&B gets a new run" in text
+    assert "resume: step 4 is older than the latest checkpoint (step 8): the steps after it are abandoned: " in text
+    assert "metrics.jsonl's later records move to metrics.abandoned.jsonl, W&B gets a new run" in text
     rows = read_metrics(out)
     assert [r["step"] for r in rows if "loss" in r] == list(range(8))
     assert losses(out) == want
@@ -58,6 +58,52 @@ def test_resume_from_an_older_step_continues_as_the_straight_run(byte_data, tmp_
         train.main(tiny_args(byte_data, out, "--resume_from=4", "--init_from=scratch"))
 
 
+def test_a_resume_from_an_older_step_keeps_it_and_leaves_one_history(byte_data, tmp_path, capsys, monkeypatch):
+    """A run to step 12 keeps steps 8, 10, 12 (the best is 12's); --resume_from=8 with another eval_interval (saves at
+    9 and 12). Stopped before its first checkpoint, the run has already made step 8 the latest and the best, and keeps
+    the abandoned files until it writes one; resumed again, it removes them at its first checkpoint (said once): step 8
+    survives the rotation, metrics.jsonl holds one history and the abandoned records sit in metrics.abandoned.jsonl,
+    and ckpt_best.pt is this history's best."""
+    out = tmp_path / "run"
+    common = ["--max_iters=12", "--keep_checkpoints=3"]
+    train.main(tiny_args(byte_data, out, *common, "--eval_interval=2"))
+    before = read_metrics(out)
+    assert sorted(checkpoint.saved_steps(str(out))) == [8, 10, 12] and checkpoint.step_of(str(out / "ckpt_best.pt")) == 12
+    capsys.readouterr()
+
+    def killed(*args, **kwargs):                       # the first step of the resumed run never ends
+        raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr(train, "forward_backward", killed)
+        with pytest.raises(train.RunStopped):
+            train.main(tiny_args(byte_data, out, *common, "--eval_interval=3", "--resume_from=8"))
+    said = capsys.readouterr().out
+    assert "resume: step 8 is older than the latest checkpoint (step 12): the steps after it are abandoned" in said
+    assert "metrics.abandoned.jsonl" in said and "removed the checkpoints" not in said
+    step8 = str(out / "ckpt_step000008.pt")
+    assert os.path.samefile(out / "ckpt.pt", step8) and os.path.samefile(out / "ckpt_best.pt", step8)
+    assert sorted(checkpoint.saved_steps(str(out))) == [8, 10, 12]            # nothing deleted before a new one
+    abandoned = [json.loads(line) for line in (out / "metrics.abandoned.jsonl").read_text().splitlines()]
+    assert abandoned == [r for r in before if r["step"] > 8 or (r["step"] == 8 and "loss" in r)]
+
+    train.main(tiny_args(byte_data, out, *common, "--eval_interval=3", "--init_from=resume"))      # the same branch
+    said = capsys.readouterr().out
+    assert said.count("removed the checkpoints of the abandoned steps 10, 12") == 1, said
+    steps = checkpoint.saved_steps(str(out))
+    assert sorted(steps) == [8, 9, 12] and os.path.samefile(out / "ckpt.pt", steps[12])
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows if "loss" in r] == list(range(12))
+    assert [r["step"] for r in rows if "val_loss" in r] == [0, 2, 4, 6, 8, 9, 12]
+    assert [json.loads(line) for line in (out / "metrics.abandoned.jsonl").read_text().splitlines()] == abandoned
+    val = {r["step"]: r["val_loss"] for r in rows if "val_loss" in r and r["step"] in steps}
+    best = min(val, key=val.get)
+    assert os.path.samefile(out / "ckpt_best.pt", steps[best]), (val, checkpoint.load_checkpoint(
+        str(out / "ckpt_best.pt"))["step"])
+    assert checkpoint.resolve_resume(str(out), "8") == step8                 # still there to resume from
+    with pytest.raises(FileNotFoundError, match="resume_from=10: .* has no checkpoint of step 10"):
+        checkpoint.resolve_resume(str(out), "10")
+
+
 def test_the_last_good_step_is_found_without_loading_a_checkpoint(byte_data, tmp_path, monkeypatch):
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
     monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a whole checkpoint"))
@@ -68,8 +114,9 @@ def test_a_disk_too_small_for_the_checkpoints_is_refused_before_any_step(byte_da
     import shutil
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage._replace(free=10_000))
-    with pytest.raises(ValueError, match=r"has 0.0 GB free but keep_checkpoints=3 needs up to ~0.0 GB .* lower "
-                                         r"--keep_checkpoints, or choose another --out_dir"):
+    with pytest.raises(ValueError, match=r"has 10.0 kB free but keep_checkpoints=3 needs up to ~[1-9][0-9.]* MB "
+                                         r"\([0-9.]+ MB per checkpoint.* lower --keep_checkpoints, or choose another "
+                                         r"--out_dir"):
         train.main(tiny_args(byte_data, tmp_path))
     assert not (tmp_path / "metrics.jsonl").exists() or not read_metrics(tmp_path)
 
@@ -79,8 +126,9 @@ def test_the_disk_use_of_the_checkpoints_is_printed_at_start(byte_data, tmp_path
     import re
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=1", "--keep_checkpoints=2"))
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("checkpoints: ~"))
-    each, total = (float(x) for x in re.search(r"~([0-9.]+) GB each, .* up to ~([0-9.]+) GB", line).groups())
-    assert "keeping 2 (keep_checkpoints) and the best" in line and total == pytest.approx(4 * each, abs=0.011)
+    each, total = (float(x) for x in re.search(r"~([0-9.]+) MB each, .* up to ~([0-9.]+) MB", line).groups())
+    assert "keeping 2 (keep_checkpoints) and the best" in line and total == pytest.approx(4 * each, abs=0.11)
+    assert each > 1                                          # a tiny model's size, in a unit that shows it
     weights = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"].values()
     n_params = sum({t.data_ptr(): t.numel() for t in weights}.values())       # the tied head counted once
     assert os.path.getsize(tmp_path / "ckpt.pt") <= checkpoint.checkpoint_bytes(n_params)   # an upper bound
@@ -141,8 +189,23 @@ def test_foreign_or_mismatched_checkpoint(byte_data, tmp_path):
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
     ckpt["model"]["lm_head.weight"] = ckpt["model"]["lm_head.weight"][:, :16]
     torch.save(ckpt, out / "ckpt.pt")
-    with pytest.raises(ValueError, match="does not fit the model"):
+    with pytest.raises(ValueError, match=r"does not fit the model: lm_head.weight has shape \(320, 16\) in the "
+                                         r"checkpoint, \(320, 32\) in the model$"):
         train.main(tiny_args(byte_data, out, "--init_from=resume"))
+
+
+def test_weights_that_do_not_fit_name_a_few_keys_then_a_count():
+    from conftest import tiny_model
+    model = tiny_model()
+    saved = dict(model.state_dict())
+    for key in [k for k in saved if k.startswith("transformer.h.1.")][:6]:
+        saved["old." + key] = saved.pop(key)
+    with pytest.raises(ValueError) as e:
+        checkpoint.load_weights(model, {"model": saved}, "ckpt.pt")
+    said = str(e.value)
+    assert said.startswith("checkpoint ckpt.pt does not fit the model: transformer.h.1.") and "\n" not in said
+    assert said.count("missing from the checkpoint") + said.count("not in the model") == 4, said
+    assert said.endswith("and 8 more keys that differ"), said
 
 
 def test_stale_or_interrupted_save_leaves_no_tmp(byte_data, tmp_path, monkeypatch):

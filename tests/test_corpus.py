@@ -79,6 +79,43 @@ def test_text_edge_cases(tmp_path):
         data.prepare(str(tmp_path / "n.parquet"), str(tmp_path / "x"), "byte", workers=1)
 
 
+def test_text_that_is_not_utf8_is_refused_or_read_as_told(tmp_path, capsys):
+    """A Latin-1 corpus (a text file and JSON lines) is refused in one line naming the file, its line and the way
+    out, before anything is written; --encoding=latin-1 reads its text exactly; --encoding=utf-8:replace turns
+    each undecodable byte into U+FFFD, counted in meta.json and said."""
+    text = "café crème\nnaïve à la plage\n"
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.txt").write_text("plain ascii\n")
+    (src / "b.txt").write_bytes(text.encode("latin-1"))
+    (src / "c.jsonl").write_bytes(b'{"text": "ok"}\n' + json.dumps({"text": text}, ensure_ascii=False).encode("latin-1"))
+    with pytest.raises(ValueError, match=r"^.*b\.txt:1: byte 0xe9 \(at byte 3\) is not utf-8 text: give the "
+                                         r"corpus's encoding with --encoding \(e\.g\. --encoding=latin-1\), or "
+                                         r"--encoding=utf-8:replace .*U\+FFFD"):
+        data.prepare(str(src), str(tmp_path / "out"), "byte", val_frac=0, workers=1)
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+    (src / "b.txt").unlink()
+    with pytest.raises(ValueError, match=r"c\.jsonl:2: byte 0xe9 \(at byte 13\) is not utf-8 text"):
+        data.prepare(str(src), str(tmp_path / "out"), "byte", val_frac=0, workers=1)
+    (src / "b.txt").write_bytes(text.encode("latin-1"))
+    meta = data.prepare(str(src), str(tmp_path / "latin"), "byte", val_frac=0, workers=1, encoding="latin-1")
+    assert _split_docs(_stream(tmp_path / "latin", "train"), 256) == [list(t.encode()) for t in
+                                                                       ("plain ascii\n", text, "ok", text)]
+    assert meta["encoding"] == "latin-1" and meta["replaced_chars"] == 0
+    capsys.readouterr()
+    meta = data.prepare(str(src), str(tmp_path / "replaced"), "byte", val_frac=0, workers=1, encoding="utf-8:replace")
+    assert meta["encoding"] == "utf-8:replace" and meta["replaced_chars"] == 2 * 4          # é, è, ï, à: twice
+    assert json.load(open(tmp_path / "replaced" / "meta.json"))["replaced_chars"] == 8
+    assert _split_docs(_stream(tmp_path / "replaced", "train"), 256)[1] == list(
+        text.encode("latin-1").decode("utf-8", "replace").encode())
+    said = capsys.readouterr().out
+    assert f"note: 8 characters that are not utf-8 replaced by U+FFFD (--encoding=utf-8:replace) in 2 files: " \
+           f"{src / 'b.txt'}, {src / 'c.jsonl'}" in said
+    with pytest.raises(ValueError, match=r"--encoding='nope': unknown encoding; give a Python codec \(utf-8, latin-1, "
+                                         r"cp1252, \.\.\.\), optionally with :replace"):
+        data.prepare(str(src), str(tmp_path / "x"), "byte", workers=1, encoding="nope")
+
+
 def test_files_are_read_for_what_they_are(tmp_path):
     """Compression by content, kinds by name in any case: corpus.json.gz is a JSON array, UPPER.JSONL and
     x.ndjson JSON lines, data.json JSON lines; binary files in a folder (a saved dataset's .arrow, an image,
@@ -258,6 +295,61 @@ def _stop_while_writing(proc, tmp, log, stop, check=lambda below: None):
     finally:
         proc.kill()
         _kill(below)
+
+
+SECOND_SIGNAL_IN_THE_CLEANUP = """
+import os, signal, sys, time
+import numpy as np
+from speedgpt import corpus
+close = corpus.TokenizerPool.close
+def close_as_the_second_signal_lands(self, clean=False):
+    os.kill(os.getpid(), SIGNUM)              # as `timeout` sends it to the group, or a second Ctrl-C
+    close(self, clean)
+corpus.TokenizerPool.close = close_as_the_second_signal_lands
+try:
+    with corpus.sigterm_as_interrupt():
+        with corpus.TokenizerPool("byte", np.uint16, 1) as pool:
+            worker, tasks, _ = pool.workers[0]
+            worker.kill()                     # killed by the group's signal: its queue's pipe fills, its feeder
+            worker.join()                     # thread blocks in a write
+            for _ in range(3):
+                tasks.put([corpus.Document("x", "a" * (1 << 20))])
+            time.sleep(0.5)
+            os.kill(os.getpid(), SIGNUM)      # the first signal
+            time.sleep(60)
+except KeyboardInterrupt as e:
+    print(f"stopped by {e.args[0] if e.args else signal.SIGINT}", flush=True)
+    sys.exit(128 + (e.args[0] if e.args else signal.SIGINT))
+"""
+
+
+def test_the_handlers_come_back_after_a_preparation_that_ends_without_a_signal():
+    """sigterm_as_interrupt leaves the handlers as it found them when its block ends, by an error too; only a
+    signal leaves SIGINT and SIGTERM ignored (the process is stopping)."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(ValueError):
+        with corpus.sigterm_as_interrupt():
+            raise ValueError("a bad record")
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a fork's tokenizer pool, as data.py's on Linux")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_in_the_cleanup_never_hangs(tmp_path, signum):
+    """The second signal of a pair (plain `timeout` signals data.py, then its process group; Ctrl-C twice) lands
+    as the tokenizer pool is being stopped, with a queue's feeder thread blocked writing to a dead worker: the
+    process still ends at once, with the first signal's status (it once hung at exit, joining that thread)."""
+    script = SECOND_SIGNAL_IN_THE_CLEANUP.replace("SIGNUM", f"signal.{signum.name}")
+    cmd = [sys.executable, "-c", "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n" + script]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"hung after the second {signum.name}: {out[-500:]} {err[-2000:]}")
+    assert proc.returncode == 128 + signum and out.strip() == f"stopped by {signum.value}", (out, err[-2000:])
+    assert "Traceback" not in err, err[-2000:]
 
 
 @pytest.mark.slow

@@ -127,6 +127,52 @@ def test_ctrl_c_under_load_leaves_the_old_folder_and_ends_at_once(tmp_path, atte
     assert sorted(os.listdir(tmp_path)) == ["big.jsonl", "out"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_two_signals_in_quick_succession_never_hang(tmp_path, big_jsonl, signum):
+    """Plain `timeout` signals data.py, then its whole process group, at once; Ctrl-C pressed twice does much the
+    same. Twelve times, at a random moment of a preparation with two busy processes beside it and a random gap
+    between the two: data.py ends within seconds every time, with the first signal's status and line."""
+    import random
+    rng = random.Random(signum)
+    for attempt in range(12):
+        out = tmp_path / f"out{attempt}"
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+        try:
+            as_in_a_terminal = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                                "sys.argv = sys.argv[1:]; runpy.run_path('data.py', run_name='__main__')")
+            proc = subprocess.Popen([sys.executable, "-c", as_in_a_terminal, "data.py", "--input", str(big_jsonl),
+                                     "--out", str(out), "--workers=2"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
+            temp, deadline = tmp_path / f".{out.name}.preparing", time.time() + 60
+            while not temp.is_dir() and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0, 1.0))
+            sent = time.time()
+            for target in (proc.pid, -proc.pid):            # the process, then its group
+                try:
+                    os.kill(target, signum)
+                except ProcessLookupError:
+                    break
+                time.sleep(rng.choice([0, 0, 0.001, 0.01, 0.05]))
+            try:
+                err = proc.communicate(timeout=30)[1]
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pytest.fail(f"attempt {attempt}: data.py still runs 30 s after two {signum.name}")
+        finally:
+            for b in busy:
+                b.kill()
+                b.wait()
+        took = time.time() - sent
+        if proc.returncode == 0:
+            continue                                          # finished before the signals
+        assert proc.returncode == 128 + signum and "Traceback" not in err, (attempt, proc.returncode, err[-2000:])
+        word = "interrupted: " if signum == signal.SIGINT else "stopped (SIGTERM): "
+        assert err.strip().splitlines()[-1].startswith(word) and took < 15, (attempt, took, err[-2000:])
+        assert not temp.exists() and not out.exists()
+
+
 def test_a_one_document_val_split_is_noted(tmp_path, capsys):
     _write_docs(tmp_path / "in", ["one", "two", "three"])
     meta = data.prepare(str(tmp_path / "in"), str(tmp_path / "o"), "byte", val_frac=0.01, workers=1)
@@ -376,3 +422,16 @@ def test_both_flag_forms_prepare(tmp_path):
     _write_docs(tmp_path / "in", DOCS)
     data.main([f"--input={tmp_path / 'in'}", "--out", str(tmp_path / "o"), "--val_frac", "0.3", "--workers=1"])
     assert json.load(open(tmp_path / "o" / "meta.json"))["val_frac"] == 0.3
+
+
+def test_encoding_flag(tmp_path, capsys):
+    """--encoding reaches the reader: a Latin-1 file read as Latin-1; a name that is no codec refused in one line
+    before anything is written."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_bytes("déjà vu\n".encode("latin-1"))
+    data.main(["--input", str(tmp_path / "in"), "--out", str(tmp_path / "o"), "--val_frac=0", "--workers=1",
+               "--encoding=latin-1"])
+    assert _stream(tmp_path / "o", "train")[1:].tolist() == list("déjà vu\n".encode())
+    with pytest.raises(SystemExit, match=r"^error: --encoding='utf8:ignore': .*optionally with :replace$"):
+        data.main(["--input", str(tmp_path / "in"), "--out", str(tmp_path / "x"), "--encoding=utf8:ignore"])
+    assert not (tmp_path / "x").exists()

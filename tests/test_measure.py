@@ -189,6 +189,69 @@ def test_metrics_and_wandb_continue_across_a_resume(byte_data, tmp_path, monkeyp
     assert sorted(r["_step"] for r in rows if "val_loss" in r) == [0, 4, 7, 8], rows     # 7: the "killed" run's end
 
 
+@pytest.mark.slow
+def test_wandb_gets_again_what_a_killed_run_logged_but_never_saved(byte_data, tmp_path, monkeypatch):
+    """A run that ends W&B cleanly at step 4; a resume killed by SIGKILL (the OOM killer) some steps past its
+    checkpoint, its W&B service dying with it and losing what it buffered; the next resume sends W&B every record
+    of metrics.jsonl after step 4's evaluation (offline, W&B cannot say which of them it saved): the resumed W&B
+    run starts at step 4's training row, and the three together hold every step and evaluation."""
+    import subprocess
+    pytest.importorskip("wandb", reason="W&B is in requirements.txt; this machine lacks it")
+    from conftest import ROOT
+    from speedgpt import checkpoint
+    from wandb_reader import runs
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    out = tmp_path / "out"
+    args = ["--wandb_log=True", "--eval_interval=4"]
+    train.main(tiny_args(byte_data, out, *args, "--max_iters=4"))
+    killed = subprocess.Popen([sys.executable, "train.py", *tiny_args(byte_data, out, *args, "--max_iters=100000",
+                                                                      "--init_from=resume")],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"})   # its own service
+    try:
+        deadline = time.time() + 120
+        while not any(r["step"] >= 14 for r in read_metrics(out)):
+            assert killed.poll() is None and time.time() < deadline, "the resumed run ended before it was killed"
+            time.sleep(0.05)
+    finally:
+        killed.kill()
+        killed.wait()
+    start = checkpoint.step_of(str(out / "ckpt.pt"))
+    assert start >= 8 and any(r["step"] > start for r in read_metrics(out))          # logged past its checkpoint
+    train.main(tiny_args(byte_data, out, *args, f"--max_iters={start + 4}", "--init_from=resume"))
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows if "loss" in r] == list(range(start + 4))
+    import wandb
+    wandb.teardown()
+    for _ in range(60):                 # the W&B service may still be writing its logs
+        found = runs(tmp_path)
+        if len(found) == 3 and sum(1 for r in found[-1][1] if "loss" in r) >= start:
+            break
+        time.sleep(0.5)
+    assert len({run_id for run_id, _ in found}) == 1, [r for r, _ in found]
+    resumed = found[-1][1]
+    assert [r["_step"] for r in resumed if "loss" in r] == list(range(4, start + 4)), resumed
+    assert [r["_step"] for r in resumed if "val_loss" in r] == list(range(8, start + 5, 4)), resumed
+    every = [r for _, h in found for r in h]
+    assert {r["_step"] for r in every if "loss" in r} == set(range(start + 4))
+    assert {r["_step"] for r in every if "val_loss" in r} == set(range(0, start + 5, 4))
+
+
+def test_wandb_online_is_sent_from_its_own_step_count():
+    """Online, W&B says how far the run it resumed goes (starting_step): what it lacks is sent from there; a new
+    run lacks everything; offline, the marker of W&B's last clean finish counts, when it is of the same run."""
+    from types import SimpleNamespace
+    from speedgpt.measure import wandb_holds_through
+    online = SimpleNamespace(id="abc", offline=False, starting_step=6)
+    offline = SimpleNamespace(id="abc", offline=True, starting_step=0)
+    assert wandb_holds_through(online, "abc", {"id": "abc", "step": 2, "train": True}) == (5, True)
+    assert wandb_holds_through(online, None, None) == (-1, True)
+    assert wandb_holds_through(offline, "abc", {"id": "abc", "step": 4, "train": False}) == (4, False)
+    assert wandb_holds_through(offline, "abc", {"id": "xyz", "step": 4, "train": False}) == (-1, True)
+    assert wandb_holds_through(offline, "abc", None) == (-1, True)
+
+
 def test_profile_writes_a_table_and_a_trace(byte_data, tmp_path):
     train.main(tiny_args(byte_data, tmp_path, "--profile=True", "--timing_warmup=2", "--max_iters=4"))
     table = (tmp_path / "profile.txt").read_text()

@@ -216,3 +216,30 @@ def test_skipped_steps_are_bounded(byte_data, tmp_path):
     # step 4 applies a huge but finite update; steps 5, 6, 7 are skipped; step 8 is one too many
     assert [r["step"] for r in rows][-5:] == [4, 5, 6, 7, 8]
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 4
+
+
+def test_a_rerun_of_a_finished_run_changes_nothing_and_says_so(byte_data, tmp_path, capsys):
+    """A run stopped at its target_val_loss, or at max_iters, run again with the same command (resuming): one line
+    says it is finished and how to train on; not a byte of out_dir changes (summary.json keeps the time to the
+    target). A lower target trains on from the checkpoint."""
+    from conftest import _folder_state
+    args = ["--max_iters=12", "--eval_interval=4"]
+    train.main(tiny_args(byte_data, tmp_path / "straight", *args, "--save_checkpoints=False"))
+    vals = {r["step"]: r["val_loss"] for r in read_metrics(tmp_path / "straight") if "val_loss" in r}
+    assert vals[4] < vals[0] and vals[8] < vals[4]
+    for name, extra in (("target", [f"--target_val_loss={vals[4]}"]), ("max_iters", [])):
+        out = tmp_path / name
+        first = train.main(tiny_args(byte_data, out, *args, *extra))
+        assert first["steps"] == (4 if extra else 12)
+        before = _folder_state(out)
+        capsys.readouterr()
+        again = train.main(tiny_args(byte_data, out, *args, *extra, "--init_from=resume"))
+        said = [line for line in capsys.readouterr().out.splitlines() if not line.startswith(("memory:", "warning"))]
+        assert again["finished"] and len(said) == 1 and said[0].startswith(f"this run is finished: {out / 'ckpt.pt'} ")
+        assert (f"reached target_val_loss={vals[4]} at step 4 (val loss {vals[4]:.4f}; 1,024 tokens" in said[0]
+                and "to train on, give a lower --target_val_loss" in said[0]) if extra else \
+            "is at step 12 = max_iters; to train on, give a larger --max_iters" in said[0]
+        assert _folder_state(out) == before
+    summary = train.main(tiny_args(byte_data, tmp_path / "target", *args, f"--target_val_loss={vals[8]}",
+                                   "--init_from=resume"))
+    assert summary["target_reached"]["step"] == 8 and summary["steps"] == 8
