@@ -38,8 +38,8 @@ from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_pa
                                   failed_after_signal, leave, plan_batch, print0, seed_rank_stream, setup_processes)
 from speedgpt.distributed import check as check_parallelism
 from speedgpt.mask_check import check_attention_mask
-from speedgpt.measure import (MetricsLogger, Timer, peak_flops_for, remove_profile, start_profile, write_json,
-                              write_profile)
+from speedgpt.measure import (MetricsLogger, Timer, ideal_seconds_per_token, peak_flops_for, remove_profile,
+                              start_profile, write_json, write_profile)
 
 _setup_done = False        # errors after setup are bugs, not bad input: they keep their traceback
 PT_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -214,6 +214,8 @@ def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
     changed = ", ".join(f"{k}={v}" for k, v in non_defaults(cfg).items())
     print0(f"config: {changed or 'the defaults'} (the rest are defaults; all in {cfg.out_dir}/config.json)")
     flops_per_token, peak = raw_model.flops_per_token(), peak_flops_for(proc.device, cfg)
+    ideal_s = ideal_seconds_per_token(flops_per_token, fp8.flops_per_token(raw_model, cfg), peak,
+                                      peak_flops_for(proc.device, cfg, "fp8"))
     tokens = cfg.batch_size * cfg.block_size * grad_accum_steps * proc.world
     print0(f"{raw_model.num_params() / 1e6:.2f}M parameters | {flops_per_token / 1e6:.1f} MFLOP/token | "
            f"device {proc.device} x {proc.world} | grad_accum_steps {grad_accum_steps} per process | "
@@ -221,7 +223,7 @@ def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
     return MetricsLogger(cfg, proc.master, ckpt and ckpt["step"], ckpt and ckpt.get("wandb_run_id"), flops_per_token,
                          peak, proc.world, proc.device, lambda: last_good(os.path.join(cfg.out_dir, "ckpt.pt"),
                                                                           "once the disk has room"),
-                         rewound=bool(ckpt and ckpt.get("rewound")))
+                         rewound=bool(ckpt and ckpt.get("rewound")), ideal_s=ideal_s)
 
 # -----------------------------------------------------------------------------
 # what a step is made of

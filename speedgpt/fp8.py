@@ -445,6 +445,17 @@ def calibrate(model, batch, ctx, tokens=8192):
            "(dynamic scales, eager)"
 
 
+def flops_per_token(model, cfg):
+    """Training FLOPs per token that run in float8 (forward + backward, GPT.flops_per_token's convention: 6 per
+    weight of a Linear, 2 per GEMM): every converted block Linear's three GEMMs (the rowwise_bf16_wgrad recipe's two:
+    its weight gradient is bf16), and with fp8_head the head's three (6 V C). For mfu_fp8 (speedgpt/measure.py)."""
+    flops = 6 * model.lm_head.weight.numel() if cfg.fp8_head else 0
+    for m in model.modules():
+        if isinstance(m, RowwiseFloat8Linear) or type(m).__name__ == "Float8Linear":       # ours, or torchao's
+            flops += (4 if type(m) is RowwiseFloat8Linear else 6) * m.weight.numel()
+    return flops
+
+
 # fp8_recipe -> this module's Linear class (the other recipes are torchao's)
 OWN_RECIPES = {"rowwise_bf16_wgrad": RowwiseFloat8Linear, "tensorwise_fused": TensorwiseFloat8Linear,
                "tensorwise_delayed": DelayedFloat8Linear}

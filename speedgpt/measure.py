@@ -18,15 +18,15 @@ from speedgpt.distributed import RunStopped, print0
 from speedgpt.optim import lr_at
 
 PEAK_FLOPS = {   # dense FLOP/s by device-name substring (first match wins) and precision; NVIDIA datasheets
-    "H100 PCIe": dict(bf16=756e12, tf32=378e12, fp32=51e12),
-    "H100 NVL": dict(bf16=835e12, tf32=418e12, fp32=60e12),
-    "H100": dict(bf16=989e12, tf32=494.5e12, fp32=67e12),   # SXM
-    "H200": dict(bf16=989e12, tf32=494.5e12, fp32=67e12),   # SXM; same chip as the H100 SXM
-    "GH200": dict(bf16=989e12, tf32=494.5e12, fp32=67e12),
+    "H100 PCIe": dict(bf16=756e12, tf32=378e12, fp32=51e12, fp8=1513e12),
+    "H100 NVL": dict(bf16=835e12, tf32=418e12, fp32=60e12, fp8=1671e12),
+    "H100": dict(bf16=989e12, tf32=494.5e12, fp32=67e12, fp8=1979e12),   # SXM
+    "H200": dict(bf16=989e12, tf32=494.5e12, fp32=67e12, fp8=1979e12),   # SXM; same chip as the H100 SXM
+    "GH200": dict(bf16=989e12, tf32=494.5e12, fp32=67e12, fp8=1979e12),
     "A100": dict(bf16=312e12, tf32=156e12, fp32=19.5e12),
-    "L40S": dict(bf16=362e12, tf32=183e12, fp32=91.6e12),
-    "L4": dict(bf16=121e12, tf32=60e12, fp32=30.3e12),
-    "RTX 4090": dict(bf16=165e12, tf32=82.6e12, fp32=82.6e12),
+    "L40S": dict(bf16=362e12, tf32=183e12, fp32=91.6e12, fp8=733e12),
+    "L4": dict(bf16=121e12, tf32=60e12, fp32=30.3e12, fp8=242e12),
+    "RTX 4090": dict(bf16=165e12, tf32=82.6e12, fp32=82.6e12),   # its FP8 rate with float32 accumulation: unlisted
 }
 
 
@@ -38,20 +38,22 @@ def check(cfg):
                          "or add --wandb_log=False")
 
 
-def peak_flops_for(device, cfg):
+def peak_flops_for(device, cfg, precision=None):
     """Peak dense FLOP/s of `device` at the run's precision (bf16 for bfloat16/float16 and for FP8,
-    whose MFU is reported against the bf16 peak; tf32 or fp32 for float32), or cfg.peak_flops when
-    set. None when unknown (a CPU, or a GPU missing from PEAK_FLOPS)."""
-    if cfg.peak_flops > 0:
+    whose MFU is reported against the bf16 peak, as the peers report theirs; tf32 or fp32 for float32), or
+    cfg.peak_flops when set; precision='fp8': the FP8 peak (for mfu_fp8; the table's only, never the
+    override). None when unknown (a CPU, a GPU missing from PEAK_FLOPS, or without that precision)."""
+    if cfg.peak_flops > 0 and precision is None:
         return cfg.peak_flops
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    precision = "bf16" if cfg.dtype != "float32" else ("tf32" if cfg.tf32 else "fp32")
+    precision = precision or ("bf16" if cfg.dtype != "float32" else ("tf32" if cfg.tf32 else "fp32"))
     for key, table in PEAK_FLOPS.items():
         if key in name:
-            return table[precision]
-    print0(f"warning: no peak FLOP/s known for {name!r}; MFU is null (set --peak_flops=...)")
+            return table.get(precision)
+    if precision != "fp8":
+        print0(f"warning: no peak FLOP/s known for {name!r}; MFU is null (set --peak_flops=...)")
     return None
 
 
@@ -59,6 +61,16 @@ def mfu(flops_per_token, tokens_per_sec, peak):
     """Model FLOPs utilisation: flops_per_token * tokens_per_sec / peak (PaLM, Chowdhery et al. 2022,
     Appendix B). Counts real tokens only; recomputation is not counted. None without a peak."""
     return None if not peak else flops_per_token * tokens_per_sec / peak
+
+
+def ideal_seconds_per_token(flops_per_token, fp8_flops_per_token, peak, fp8_peak):
+    """The seconds a token's FLOPs take at the hardware's peaks: those that run in FP8 at the FP8 peak, the rest
+    at `peak` (the run's precision). tokens/s times this is mfu_fp8: how far a step is from the hardware, where
+    mfu keeps the peers' convention (every FLOP at the bf16 peak), which an FP8 step can pass. Equal to mfu's
+    flops_per_token / peak without FP8 FLOPs; None without a peak, or with FP8 FLOPs and no FP8 peak."""
+    if not peak or (fp8_flops_per_token and not fp8_peak):
+        return None
+    return (flops_per_token - fp8_flops_per_token) / peak + (fp8_flops_per_token / fp8_peak if fp8_peak else 0.0)
 
 
 def sync(device):
@@ -265,12 +277,13 @@ class MetricsLogger:
     finished cleanly. A write that fails (a full disk) stops the run in one line."""
 
     def __init__(self, cfg, master, resume_step=None, wandb_run_id=None, flops_per_token=0, peak=None, world=1,
-                 device=torch.device("cpu"), last_good="", rewound=False):
+                 device=torch.device("cpu"), last_good="", rewound=False, ideal_s=None):
         self.master, self.wandb, self.wandb_through = master, None, (-1, True)
         self.last_good = last_good                        # what a write failure says about the checkpoints
         self.failed = False                               # a write failed (and said so): close() stays quiet
         self.cfg, self.flops_per_token, self.peak, self.world, self.device = cfg, flops_per_token, peak, world, device
-        self.timed = []                                   # (tokens_per_sec, mfu) of each timed interval
+        self.ideal_s = ideal_s                            # ideal_seconds_per_token: mfu_fp8 = tokens/s x this
+        self.timed = []                                   # (tokens_per_sec, mfu, mfu_fp8) of each timed interval
         self.first_step_s = None                          # the first step's wall time, compilation included
         self.path = os.path.join(cfg.out_dir, "metrics.jsonl")
         self.marker = os.path.join(cfg.out_dir, "wandb.json")  # order() of the last record at W&B's clean finish
@@ -398,14 +411,15 @@ class MetricsLogger:
         """Log one training step: `timing` is (tokens_per_sec, step_ms) from Timer.read(), or None while
         the clock has not started; tokens/s is for the whole job, MFU per GPU (mfu())."""
         record = {"step": step, "loss": loss, "lr": lr, "step_ms": None, "tokens_per_sec": None, "mfu": None,
-                  "mem_gb": None, "pad_frac": pad_frac, "grad_norm": float(grad_norm)}
+                  "mfu_fp8": None, "mem_gb": None, "pad_frac": pad_frac, "grad_norm": float(grad_norm)}
         if self.cfg.optimizer == "muon":             # its matrices' rate: the same schedule from muon_lr's peak
             record["muon_lr"] = lr_at(step, self.cfg, self.cfg.muon_lr)
         if timing is not None:
             tps = timing[0]
             record.update(step_ms=timing[1], tokens_per_sec=tps, tokens_per_sec_per_gpu=tps / self.world,
-                          mfu=mfu(self.flops_per_token, tps / self.world, self.peak))
-            self.timed.append((tps, record["mfu"]))
+                          mfu=mfu(self.flops_per_token, tps / self.world, self.peak),
+                          mfu_fp8=None if self.ideal_s is None else tps / self.world * self.ideal_s)
+            self.timed.append((tps, record["mfu"], record["mfu_fp8"]))
         if self.device.type == "cuda":
             record["mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
         self.log_step(record)
@@ -418,8 +432,9 @@ class MetricsLogger:
             return statistics.median(xs) if xs else None
         cuda, ckpt = self.device.type == "cuda", os.path.join(self.cfg.out_dir, "ckpt.pt")
         return {"steps": steps, "val_loss": val_loss, "best_val_loss": best_val_loss,
-                "median_tokens_per_sec": median(t for t, _ in self.timed),
-                "median_mfu": median(m for _, m in self.timed), "timed_intervals": len(self.timed),
+                "median_tokens_per_sec": median(t for t, _, _ in self.timed),
+                "median_mfu": median(m for _, m, _ in self.timed),
+                "median_mfu_fp8": median(m for _, _, m in self.timed), "timed_intervals": len(self.timed),
                 "mem_gb": torch.cuda.max_memory_allocated(self.device) / 1e9 if cuda else None,
                 "checkpoint": ckpt if os.path.isfile(ckpt) else None, "metrics": self.path,
                 "first_step_s": self.first_step_s}

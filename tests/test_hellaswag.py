@@ -213,7 +213,7 @@ def test_a_run_logs_hellaswag_beside_the_loss(byte_data, tmp_path, monkeypatch):
     assert all(set(r) == {"step", "val_loss", "val_bpb", "train_seconds", "tokens", "hellaswag_acc_norm", "hellaswag_acc",
                           "hellaswag_n", "hellaswag_s"} and r["hellaswag_n"] == 8 and r["hellaswag_s"] > 0 for r in evals)
     steps = [r for r in rows if "loss" in r]
-    base = {"step", "loss", "lr", "step_ms", "tokens_per_sec", "mfu", "mem_gb", "pad_frac", "grad_norm"}
+    base = {"step", "loss", "lr", "step_ms", "tokens_per_sec", "mfu", "mfu_fp8", "mem_gb", "pad_frac", "grad_norm"}
     assert [r["step"] for r in steps] == list(range(8)) and set(steps[0]) == base
     assert all(set(r) == base | {"tokens_per_sec_per_gpu"} and r["tokens_per_sec"] > 0 for r in steps[1:])
     assert summary["hellaswag_acc_norm"] == evals[-1]["hellaswag_acc_norm"]

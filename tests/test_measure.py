@@ -26,7 +26,9 @@ def test_metrics_timing_and_checkpoint(byte_data, tmp_path):
     fpt = GPT(GPTConfig(vocab_size=257, block_size=64, n_layer=2, n_head=2, n_embd=32)).flops_per_token()
     for r in timed:
         assert r["mfu"] == pytest.approx(fpt * r["tokens_per_sec"] / 1e12)
+        assert r["mfu_fp8"] == pytest.approx(r["mfu"])                 # no FLOP in FP8: the same figure
     assert summary["median_tokens_per_sec"] in [r["tokens_per_sec"] for r in timed]
+    assert summary["median_mfu_fp8"] == pytest.approx(summary["median_mfu"])
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert ckpt["step"] == 8 and set(ckpt) >= {"model", "optimizer", "loader", "rng", "config", "meta"}
     assert not os.path.exists(tmp_path / "ckpt.pt.tmp")
@@ -259,3 +261,24 @@ def test_profile_writes_a_table_and_a_trace(byte_data, tmp_path):
     import gzip, json
     trace = json.load(gzip.open(tmp_path / "profile_trace.json.gz"))
     assert any(e.get("name", "").startswith("aten::mm") for e in trace["traceEvents"])
+
+
+def test_mfu_fp8_counts_the_flops_that_ran_in_fp8_at_the_fp8_peak():
+    """mfu_fp8: the FLOPs of the FP8 GEMMs (every converted block Linear's three, two for rowwise_bf16_wgrad,
+    and the head's three with fp8_head) at the FP8 peak, the rest at the run's; the same as mfu without FP8,
+    and None where FP8 FLOPs run on a GPU without a known FP8 peak."""
+    import configurator
+    from speedgpt import fp8
+    from speedgpt.measure import ideal_seconds_per_token
+    assert ideal_seconds_per_token(100, 0, 10.0, None) == 10.0
+    assert ideal_seconds_per_token(100, 60, 10.0, 20.0) == pytest.approx(40 / 10 + 60 / 20)
+    assert ideal_seconds_per_token(100, 60, 10.0, None) is None and ideal_seconds_per_token(100, 0, None, 20.0) is None
+    for recipe, gemms in (("tensorwise_delayed", 6), ("rowwise_bf16_wgrad", 4)):
+        for head in (False, True):
+            cfg = configurator.Config(n_layer=2, n_head=2, n_embd=32, block_size=16, fp8=True, fp8_recipe=recipe,
+                                      fp8_min_dim=32, fp8_head=head)
+            model = GPT(GPTConfig.from_dict(vars(cfg), 257))
+            assert fp8.flops_per_token(model, cfg) == 6 * model.lm_head.weight.numel() * head
+            fp8.convert(model, cfg)
+            blocks = sum(m.weight.numel() for m in model.transformer.h.modules() if isinstance(m, torch.nn.Linear))
+            assert fp8.flops_per_token(model, cfg) == gemms * blocks + 6 * model.lm_head.weight.numel() * head
