@@ -22,14 +22,19 @@ edit this module and its keys in configurator.py.
                       together as batched matmuls (modded-nanogpt batches them too): a few dozen kernels per
                       shape and step instead of per matrix. The default: it measured faster than torch.optim.Muon
                       (BENCHMARKS.md, Optimizers); --muon_batched=False runs torch.optim.Muon itself.
+                      Under DDP it also splits the Newton-Schulz work over the processes (BatchedMuon): with
+                      GPT-2 124M on 8 GPUs each orthogonalises 6 of the 48 matrices (docs/multi-gpu.md), where
+                      torch.optim.Muon runs all 48 on every process.
 
 Each group's peak learning rate is the config's (muon_lr for Muon's, learning_rate for the rest), read at every
 step, so a resume that changes it takes effect; the schedule gives every group the same shape, and
 min_lr / learning_rate is the floor's share of every peak.
 """
 import math
+from collections import Counter
 
 import torch
+import torch.distributed as dist
 
 from speedgpt import refuse_unused
 
@@ -91,7 +96,7 @@ def peak_lr(group, cfg):
 
 def describe(optimizer, cfg):
     """One line naming each group's optimizer, peak learning rate, weight decay and parameter count."""
-    parts = []
+    parts, muon = [], getattr(optimizer, "_muon", None)
     for g in optimizer.param_groups:
         n = sum(p.numel() for p in g["params"])
         if n:
@@ -101,6 +106,10 @@ def describe(optimizer, cfg):
                 "AdamW (matrices)" if cfg.optimizer == "adamw" else "AdamW (the embeddings and head)"
             parts.append(f"{what} lr {peak_lr(g, cfg):g} weight decay {g['weight_decay']:g}, {len(g['params'])} tensors "
                          f"{n / 1e6:.2f}M")
+            if g.get("muon") and getattr(muon, "world", 1) > 1:
+                shares = muon.shares()
+                parts[-1] += f", Newton-Schulz split over {muon.world} processes ({min(shares)}-{max(shares)} " \
+                             f"matrices each)"
     return f"optimizer: {cfg.optimizer}, lr_schedule {cfg.lr_schedule}: " + "; ".join(parts)
 
 
@@ -193,11 +202,44 @@ def muon_lr_scale(shape, adjust_lr_fn):
     return 0.2 * math.sqrt(max(A, B)) if adjust_lr_fn == "match_rms_adamw" else 1.0
 
 
+def owned(rank, world, n, dealt):
+    """The indices (of 0..n-1) of the matrices of one shape that process `rank` of `world` orthogonalises, when
+    `dealt` matrices of earlier shapes went before them: every matrix, shape after shape, is dealt round the
+    processes like a card (matrix i to rank (dealt + i) % world), so the shares of one shape differ by at most
+    one matrix and the remainders of successive shapes go to different ranks. One process owns them all."""
+    return range((rank - dealt) % world, n, world)
+
+
 class BatchedMuon(torch.optim.Muon):
     """torch.optim.Muon's update (momentum, Nesterov, Newton-Schulz, decoupled weight decay, the shape's
     learning-rate scale), with the matrices of one shape stacked and orthogonalised together, and the
     elementwise steps as foreach ops over each shape's list. The same state (one momentum buffer per matrix),
-    so a checkpoint of either loads in the other."""
+    so a checkpoint of either loads in the other.
+
+    Under DDP with several processes the Newton-Schulz work is split over the ranks, as nanochat's DistMuon and
+    modded-nanogpt split it: DDP has averaged the gradients before step(), so every rank holds the same
+    gradients and updates every momentum buffer (elementwise, cheap) alike; each rank orthogonalises only the
+    matrices owned() gives it, and one all-gather per shape (bfloat16, the Newton-Schulz output's dtype) hands
+    every rank every update. The weights and the state stay the same on every rank and the same as one process's,
+    bit for bit on the CPU (tests/test_optim.py); a checkpoint does not depend on the world size. The process
+    group is the one that exists when the optimizer is built (train.py builds it after setup_processes)."""
+
+    def __init__(self, params, **kwargs):
+        super().__init__(params, **kwargs)
+        split = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if split else (0, 1)
+
+    def shares(self):
+        """The number of matrices each rank orthogonalises per step (a list by rank), as step() deals them
+        when every matrix has a gradient."""
+        counts = [0] * self.world
+        for group in self.param_groups:
+            dealt = 0
+            for n in Counter(tuple(p.shape) for p in group["params"]).values():     # in step()'s order
+                for rank in range(self.world):
+                    counts[rank] += len(owned(rank, self.world, n, dealt))
+                dealt += n
+        return counts
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -206,7 +248,7 @@ class BatchedMuon(torch.optim.Muon):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, wd, mu = float(group["lr"]), group["weight_decay"], group["momentum"]
+            mu, dealt, gathering = group["momentum"], 0, []
             by_shape = {}
             for p in group["params"]:
                 if p.grad is None:
@@ -219,10 +261,50 @@ class BatchedMuon(torch.optim.Muon):
                 grads = [p.grad for p in params]
                 bufs = [self.state[p]["momentum_buffer"] for p in params]
                 torch._foreach_lerp_(bufs, grads, 1 - mu)
-                update = torch._foreach_lerp(grads, bufs, mu) if group["nesterov"] else bufs
-                update = orthogonalize(torch.stack(update), group["ns_coefficients"], group["ns_steps"], group["eps"])
-                if wd:
-                    torch._foreach_mul_(params, 1 - lr * wd)
-                torch._foreach_add_(params, update.to(params[0].dtype).unbind(0),
-                                    alpha=-lr * muon_lr_scale(shape, group["adjust_lr_fn"]))
+                mine = owned(self.rank, self.world, len(params), dealt)     # all of them, in one process
+                update = self._orthogonalised(group, [grads[i] for i in mine], [bufs[i] for i in mine]) \
+                    if mine else None
+                if self.world == 1:
+                    self._apply(group, shape, params, update)
+                else:       # each shape's all-gather runs while the next shape is orthogonalised
+                    gathering.append(self._all_gather(group, params, update, dealt))
+                    if len(gathering) == 2:                   # at most two shapes' buffers at a time
+                        gathering.pop(0)()
+                dealt += len(params)
+            for finish in gathering:
+                finish()
         return loss
+
+    @staticmethod
+    def _orthogonalised(group, grads, bufs):
+        """Newton-Schulz of the (Nesterov) momentum of some matrices of one shape: (k, *shape), bfloat16."""
+        update = torch._foreach_lerp(grads, bufs, group["momentum"]) if group["nesterov"] else bufs
+        return orthogonalize(torch.stack(update), group["ns_coefficients"], group["ns_steps"], group["eps"])
+
+    def _all_gather(self, group, params, update, dealt):
+        """Start the all-gather of the orthogonalised updates of `params` (n matrices of one shape, `dealt`
+        matrices dealt before them), of which this rank holds its share `update` (k, *shape; None: k = 0).
+        Returns the function that waits for it and applies all n updates."""
+        n, shape, device = len(params), params[0].shape, params[0].device
+        per_rank = -(-n // self.world)                   # ceil: the largest share; a smaller one is padded
+        send = torch.zeros(per_rank, *shape, dtype=torch.bfloat16, device=device)
+        if update is not None:
+            send[:len(update)] = update
+        received = torch.empty(self.world * per_rank, *shape, dtype=torch.bfloat16, device=device)
+        work = dist.all_gather_into_tensor(received, send, async_op=True)
+
+        def finish():
+            work.wait()
+            i = torch.arange(n, device=device)          # matrix i: the (i // world)-th of rank (dealt + i) % world's
+            self._apply(group, shape, params, received.view(self.world, per_rank, *shape)[(dealt + i) % self.world,
+                                                                                         i // self.world])
+        return finish
+
+    @staticmethod
+    def _apply(group, shape, params, update):
+        """Decoupled weight decay, then the orthogonalised `update` (n, *shape) at the shape's learning rate."""
+        lr, wd = float(group["lr"]), group["weight_decay"]
+        if wd:
+            torch._foreach_mul_(params, 1 - lr * wd)
+        torch._foreach_add_(params, update.to(params[0].dtype).unbind(0),
+                            alpha=-lr * muon_lr_scale(shape, group["adjust_lr_fn"]))

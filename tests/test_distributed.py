@@ -61,10 +61,13 @@ def test_one_optimizer_step_equals_single_process(short_data, tmp_path, parallel
 
 
 @pytest.mark.slow
-def test_distributed_resume_continues_exactly(short_data, tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_distributed_resume_continues_exactly(short_data, tmp_path, optimizer):
     """With dropout, each rank has a random stream of its own (the same initial weights, other dropout
-    masks); the checkpoint keeps every rank's stream, so a resume at the same world size is exact."""
-    args = ["--max_iters=4", "--lr_decay_iters=4", "--eval_interval=2", "--dropout=0.1"]
+    masks); the checkpoint keeps every rank's stream, so a resume at the same world size is exact. Muon's
+    momentum, whole on every rank while the Newton-Schulz work is split, resumes exactly too."""
+    args = ["--max_iters=4", "--lr_decay_iters=4", "--eval_interval=2", "--dropout=0.1",
+            f"--optimizer={optimizer}"]
     torchrun(common(short_data, tmp_path / "full", *args))
     torchrun(common(short_data, tmp_path / "part", *args, "--max_iters=2"))
     rng = torch.load(tmp_path / "part" / "ckpt.pt", weights_only=True)["rng"]["ranks"]
@@ -147,7 +150,8 @@ def test_a_resume_on_fewer_processes_keeps_the_step(short_data, tmp_path, capsys
 
 @pytest.mark.slow
 def test_muon_under_ddp_equals_single_process_and_fsdp_is_refused(short_data, tmp_path):
-    """optimizer=muon works under DDP (each rank orthogonalises the same all-reduced gradient): the
+    """optimizer=muon works under DDP, each rank orthogonalising its share of the matrices (the updates
+    all-gathered; tests/test_optim.py: the single process's step bit for bit on the same gradients): the
     single-process result; FSDP, which shards the matrices Newton-Schulz needs whole, is refused in one line.
     torch.optim.Muon runs Newton-Schulz in bfloat16, which turns the all-reduce's last-bit differences into a
     few percent of a matrix's update (measured: 1.7-3.0%), and the next AdamW step follows them (0.01-0.06%):
@@ -156,7 +160,8 @@ def test_muon_under_ddp_equals_single_process_and_fsdp_is_refused(short_data, tm
     from model import GPT, GPTConfig
     args = ("--packing=False", "--optimizer=muon", "--lr_schedule=wsd")       # 2 steps, as the AdamW test above
     train.main(common(short_data, tmp_path / "single", *args))
-    torchrun(common(short_data, tmp_path / "multi", *args))
+    out = torchrun(common(short_data, tmp_path / "multi", *args))
+    assert "Newton-Schulz split over 2 processes (4-4 matrices each)" in out, out
     single, multi = (torch.load(tmp_path / d / "ckpt.pt", weights_only=True) for d in ("single", "multi"))
     torch.manual_seed(single["config"]["seed"])                              # the initial weights, as train.py
     start = GPT(GPTConfig.from_dict(single["config"], single["meta"]["vocab_size"])).state_dict()

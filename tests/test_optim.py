@@ -1,8 +1,11 @@
 """speedgpt/optim.py: the schedules' shapes, the parameter groups of each optimizer, Muon + AdamW as one
-optimizer whose state resumes exactly, and fused AdamW stepping as the default one (CPU)."""
+optimizer whose state resumes exactly, Muon's Newton-Schulz split over processes (torchrun with gloo: this
+file is also its worker), and fused AdamW stepping as the default one (CPU)."""
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -129,6 +132,85 @@ def test_batched_muon_is_torchs_muon_step_for_step():
         assert all("momentum_buffer" in st for st in swapped.state.values()) and len(swapped.state) == len(shapes)
 
 
+def muon_steps(steps=3):
+    """Weights, optimizer state, the describe() line and the matrices orthogonalised here after `steps` Muon +
+    AdamW steps (optim.build, as train.py) of a 3-layer GPT (4 shapes of 3 matrices) on seeded gradients that
+    every process draws alike, as DDP's averaged gradients are alike. One thread: the CPU's matmuls then add
+    up in one order in every process."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=3, n_head=2, n_embd=32))
+    cfg = configurator.Config(optimizer="muon", learning_rate=1e-2)
+    opt = optim.build(m, cfg, torch.device("cpu"))
+    real, threads, orthogonalised = optim.orthogonalize, torch.get_num_threads(), []
+
+    def counting(g, *args):
+        orthogonalised.append(len(g))
+        return real(g, *args)
+    optim.orthogonalize = counting
+    torch.set_num_threads(1)
+    try:
+        for step in range(steps):
+            optim.set_lr(opt, step, cfg)
+            g = torch.Generator().manual_seed(step)
+            for p in m.parameters():
+                p.grad = torch.randn(p.shape, generator=g)
+            opt.step()
+    finally:
+        optim.orthogonalize = real
+        torch.set_num_threads(threads)
+    return dict(model=m.state_dict(), optimizer=opt.state_dict(), describe=optim.describe(opt, cfg),
+                orthogonalised=sum(orthogonalised))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_muon_split_over_processes_equals_one_process(tmp_path, nproc):
+    """Under torchrun (gloo, the CPU) each process orthogonalises its share of the 12 matrices (6 or 3 per step,
+    not all 12), and every process ends with the weights and optimizer state of one process, bit for bit."""
+    from conftest import ROOT
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", __file__,
+           str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    one = muon_steps()
+    assert one["orthogonalised"] == 3 * 12 and "Newton-Schulz split" not in one["describe"]
+    for rank in range(nproc):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        assert got["orthogonalised"] == 3 * 12 // nproc, (rank, got["orthogonalised"])
+        assert f"Newton-Schulz split over {nproc} processes ({12 // nproc}-{12 // nproc} matrices each)" \
+            in got["describe"]
+        for name, p in one["model"].items():
+            assert torch.equal(got["model"][name], p), (rank, name)
+        assert got["optimizer"]["param_groups"] == one["optimizer"]["param_groups"]
+        state = one["optimizer"]["state"]
+        assert sorted(got["optimizer"]["state"]) == sorted(state)
+        assert any("momentum_buffer" in s for s in state.values())
+        for i, s in state.items():
+            assert all(torch.equal(got["optimizer"]["state"][i][k], v) for k, v in s.items()), (rank, i)
+
+
+def test_the_deal_of_matrices_to_processes():
+    """owned() gives each matrix to one rank, shape after shape round the ranks, so the shares differ by at most
+    one matrix; BatchedMuon.shares() counts them: GPT-2 124M's 48 block matrices (4 shapes, 12 layers) on 8
+    processes, 6 each. A shape with fewer matrices than ranks leaves some ranks without one."""
+    for world, counts in ((8, [12] * 4), (4, [3] * 4), (3, [2, 5, 1]), (5, [7, 7, 7])):
+        mine = [[list(optim.owned(r, world, n, sum(counts[:s]))) for s, n in enumerate(counts)] for r in range(world)]
+        for s, n in enumerate(counts):
+            assert sorted(i for r in range(world) for i in mine[r][s]) == list(range(n))     # each matrix once
+        shares = [sum(map(len, m)) for m in mine]
+        assert max(shares) - min(shares) <= 1, (world, counts, shares)
+    assert [list(optim.owned(r, 3, 1, 7)) for r in range(3)] == [[], [0], []]
+    assert list(optim.owned(0, 1, 5, 3)) == [0, 1, 2, 3, 4]                                # one process: all
+    C = 768
+    gpt2 = [torch.nn.Parameter(torch.empty(s, device="meta")) for _ in range(12)
+            for s in ((3 * C, C), (C, C), (4 * C, C), (C, 4 * C))]
+    muon = optim.BatchedMuon(gpt2, lr=0.02)
+    assert muon.world == 1 and muon.shares() == [48]
+    muon.world = 8
+    assert muon.shares() == [6] * 8
+
+
 def test_orthogonalize_gives_near_orthogonal_rows():
     """The batched Newton-Schulz makes each matrix's singular values about 1 (0.5-1.5, as the quintic's
     coefficients intend), wide and tall alike, each matrix on its own scale."""
@@ -193,3 +275,10 @@ def test_a_muon_run_logs_its_matrices_learning_rate(byte_data, tmp_path, capsys)
     assert all(r["muon_lr"] == pytest.approx(optim.lr_at(r["step"], cfg, 0.02)) for r in rows)
     assert rows[3]["muon_lr"] == pytest.approx(0.02) and rows[3]["lr"] == pytest.approx(cfg.learning_rate)
     assert "(muon 2.00e-02)" in capsys.readouterr().out
+
+
+if __name__ == "__main__":          # a process of test_muon_split_over_processes_equals_one_process
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    torch.save(muon_steps(), os.path.join(sys.argv[1], f"rank{dist.get_rank()}.pt"))
+    dist.destroy_process_group()
