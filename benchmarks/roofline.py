@@ -7,29 +7,47 @@ A roofline of one training step: every GPU kernel of a profiled step, grouped by
 
 The first command writes out_dir/profile_trace.json.gz (one optimizer step, shapes recorded); the environment
 variable makes Inductor note the bytes each of its Triton kernels must move (`kernel_num_gb`), which the trace
-keeps. This script then sums the kernels by class:
+keeps. The presets as they run today, and their bf16 path (the same preset with --fp8=False --fp8_head=False:
+just another profile), at 124M and 774M:
+
+    export TORCHINDUCTOR_BENCHMARK_KERNEL=1 P="--profile=True --max_iters=8 --timing_warmup=5 --eval_tokens=0 \
+        --save_checkpoints=False"
+    python train.py --config config/fast.py $P --out_dir=out-roofline-124m                # FP8 blocks and head
+    python train.py --config config/fast.py $P --fp8=False --fp8_head=False --out_dir=out-roofline-124m-bf16
+    python train.py --config config/gpt2-large.py $P --out_dir=out-roofline-774m
+    python train.py --config config/gpt2-large.py $P --fp8=False --fp8_head=False --out_dir=out-roofline-774m-bf16
+    for d in out-roofline-*; do python benchmarks/roofline.py $d --json $d/roofline.json; done
+
+It sums the kernels by class:
 
   GEMM            each (operation, shapes, layout, dtypes) of aten::mm / addmm / bmm / _scaled_mm on its own
                   row: the block GEMMs and the head's; floor = the best time of that shape measured alone in
                   this process (bf16 / fp32: the best of the four operand layouts; float8: its own layout, the
-                  only one torch._scaled_mm takes)
+                  only one torch._scaled_mm takes). A second floor, the peak floor: its FLOPs at the rate of the
+                  8192^3 matmul of its dtype measured here (float8: torch._scaled_mm in e4m3 with fast
+                  accumulation, FP8's own peak; bf16: the bf16 matmul), which no shape of it could beat
   attention       forward and backward kernels (FlashAttention, FlexAttention); floor = their FLOPs (causal
                   attention over whole rows: the document mask removes some) at the bf16 matmul rate measured
                   here on 8192^3 (the exponentials' cost is not counted)
-  Triton          each kernel Inductor generated (the name without its number), tagged: the head's softmax
-                  pass (a logsumexp), FP8 casts (float8 written), fused elementwise (LayerNorm, GELU, residual
-                  adds, ...); floor = its bytes (Inductor's count) at the bandwidth of a device-to-device copy
-                  measured here. With fp8_head_kernel the softmax pass is our two kernels instead, one row
-                  (floor: 4 bytes per logit)
+  FP8 cast        each kernel (Inductor's, or ATen's copy) that mixes float8 with a wider type: in training a
+                  cast that writes float8 (only the GEMMs and the softmax pass read float8), an amax or a
+                  transpose fused in or not
+  FP8 transpose   each kernel whose tensors are all float8: a float8 -> float8 copy, the transposed operand
+                  torch._scaled_mm needs (it takes K-major operands only); both FP8 kinds: floor = their bytes
+                  (Inductor's count, or the copy's operands) at the copy bandwidth
+  Triton          each other kernel Inductor generated (the name without its number), tagged: the head's
+                  softmax pass (a logsumexp), fused elementwise (LayerNorm, GELU, residual adds, ...); floor =
+                  its bytes (Inductor's count) at the bandwidth of a device-to-device copy measured here. With
+                  fp8_head_kernel the softmax pass is our two kernels instead, one row (floor: 4 bytes per logit)
   optimizer       the fused AdamW kernels; floor = parameters, gradients and both moments read once, and all but the
                   gradients written once, at the copy bandwidth
   other           the rest (copies, memsets, ATen's elementwise kernels); floor = the bytes of their operation's
                   inputs at the copy bandwidth (a lower bound of what they move)
 
 and prints a Markdown table sorted by milliseconds above the floor, per optimizer step: time, work, floor,
-time / floor. The floors are what no version of that kernel class could beat; the sum of the gaps is what a
-perfect implementation of every class would gain. --no-measure (or no GPU) measures on the CPU instead, for
-the smoke test (tests/test_roofline.py); its floors are then the CPU's.
+time / floor (and for GEMMs the peak floor and time / peak floor). The floors are what no version of that kernel
+class could beat; the sum of the gaps is what a perfect implementation of every class would gain. --no-measure (or
+no GPU) measures on the CPU instead, for the smoke test (tests/test_roofline.py); its floors are then the CPU's.
 """
 import argparse
 import gzip
@@ -168,6 +186,18 @@ def describe_gemm(key, vocab):
         (" (_scaled_mm)" if name == "aten::_scaled_mm" else "")
 
 
+def fp8_kind(op):
+    """'FP8 transpose' when every tensor (more than one element) among a recorded operation's inputs, or a Triton
+    kernel's arguments, is float8, 'FP8 cast' when float8 is among them beside a wider type, else None. A float8 ->
+    float8 kernel is the transposed copy torch._scaled_mm's operand needs; in training a kernel mixing float8 with
+    a wider type writes the float8 (only the GEMMs and the softmax pass read it). Scales (one element) don't count."""
+    args = op.get("args", {}) if op else {}
+    types = {t for d, t in zip(args.get("Input Dims", []), args.get("Input type", []))
+             if d and not isinstance(d[0], list) and math.prod(d) > 1}
+    fp8 = {t for t in types if "Float8" in t}
+    return None if not fp8 else "FP8 transpose" if fp8 == types else "FP8 cast"
+
+
 def classify(events, vocab=None):
     """{class name: dict(kind, ms, calls, bytes, flops, gemm)} of the trace's GPU kernels (durations summed over
     the whole trace; bytes and flops of the work done)."""
@@ -212,15 +242,17 @@ def classify(events, vocab=None):
             args = op.get("args", {}) if op else {}
             gb = args.get("kernel_num_gb")
             nbytes = float(gb) * 1e9 if gb is not None else args_bytes(op)
-            types = " ".join(args.get("Input type", []))
-            tag = "softmax pass" if "logsumexp" in name else "FP8 cast" if "Float8" in types else "fused elementwise"
-            add(f"Triton {tag}: {name[:80]}", "Triton", e["dur"], nbytes=nbytes)
-            classes[f"Triton {tag}: {name[:80]}"]["bytes_counted"] = "Inductor" if gb is not None else "inputs"
+            kind = fp8_kind(op) or "Triton"
+            tag = kind if kind != "Triton" else "Triton softmax pass" if "logsumexp" in name else \
+                "Triton fused elementwise"
+            add(f"{tag}: {name[:80]}", kind, e["dur"], nbytes=nbytes)
+            classes[f"{tag}: {name[:80]}"]["bytes_counted"] = "Inductor" if gb is not None else "inputs"
         elif GEMM_KERNEL.search(kname):
             add("GEMM (shape not recorded)", "GEMM", e["dur"])
         else:
+            kind = (fp8_kind(op) if e["cat"] == "kernel" else None) or "other"     # ATen's copies to float8 too
             nbytes = e.get("args", {}).get("bytes", 0) if e["cat"] != "kernel" else args_bytes(op)
-            add(f"other: {(oname or kname)[:60]}", "other", e["dur"], nbytes=nbytes)
+            add(f"{kind}: {(oname or kname)[:60]}", kind, e["dur"], nbytes=nbytes)
     for name in ("optimizer (AdamW)", SOFTMAX_PASS):  # per call, not per kernel: a call launches several
         if name in classes:
             classes[name]["bytes"] = sum(classes[name].pop("op_bytes", {}).values())
@@ -262,6 +294,22 @@ def matmul_rate(device, ms, n):
     return 2 * n ** 3 / (ms(lambda: a @ b) / 1e3)
 
 
+def fp8_matmul_rate(device, ms, n):
+    """FLOP/s of an n x n x n torch._scaled_mm in float8 e4m3 (a row-major, b column-major, unit tensorwise scales,
+    bf16 out, fast accumulation), random data: FP8's own peak here. None where torch._scaled_mm takes no float8 (a
+    GPU below compute capability 8.9), with a note."""
+    import torch
+    a, b = (torch.randn(n, n, device=device).clamp(-4, 4).to(torch.float8_e4m3fn) for _ in range(2))
+    one = torch.ones((), device=device)
+    try:
+        t = ms(lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                        use_fast_accum=True))
+    except RuntimeError as e:
+        print(f"note: no float8 matmul here ({str(e).splitlines()[0]}): float8 GEMMs get no peak floor")
+        return None
+    return 2 * n ** 3 / (t / 1e3)
+
+
 def gemm_floor_ms(key, device, ms):
     """Best milliseconds of the recorded GEMM alone on `device`: bf16 / fp32 the best over the four operand
     layouts (transposed or not), float8 in the layout recorded (the one torch._scaled_mm takes). Random data."""
@@ -291,18 +339,21 @@ def gemm_floor_ms(key, device, ms):
 # the table
 
 
-def roofline(classes, steps, bandwidth, rate, gemm_ms, attn_flops):
-    """Rows (dicts) per class, per optimizer step: ms, work, floor_ms, ratio, above_ms; sorted by above_ms.
-    bandwidth in B/s, rate in FLOP/s, gemm_ms {gemm key: floor ms of one call}, attn_flops (fwd, bwd) of one
-    step or None."""
+def roofline(classes, steps, bandwidth, rate, gemm_ms, attn_flops, fp8_rate=None):
+    """Rows (dicts) per class, per optimizer step: ms, work, floor_ms, ratio, above_ms, and for GEMMs peak_floor_ms
+    and peak_ratio; sorted by above_ms. bandwidth in B/s, rate (bf16 matmul) and fp8_rate (e4m3 _scaled_mm, or
+    None) in FLOP/s, gemm_ms {gemm key: floor ms of one call}, attn_flops (fwd, bwd) of one step or None."""
     rows = []
     for name, c in classes.items():
         t = c["ms"] / steps
-        floor, work = None, ""
+        floor, work, peak = None, "", None
+        if c["kind"] == "GEMM" and c["gemm"] is not None:
+            peak = fp8_rate if "Float8" in c["gemm"][1][0][2] else rate         # the dtype of operand a
+            peak = c["flops"] / steps / peak * 1e3 if peak else None
+            work = f"{c['flops'] / steps / 1e12:.2f} TFLOP"
         if c["kind"] == "GEMM" and c["gemm"] is not None and c["gemm"] in gemm_ms:
             n_calls = c["flops"] / gemm_flops(c["gemm"])
             floor = gemm_ms[c["gemm"]] * n_calls / steps
-            work = f"{c['flops'] / steps / 1e12:.2f} TFLOP"
         elif c["kind"] == "attention" and attn_flops:
             f = attn_flops[1 if name.endswith("backward") else 0]
             floor, work = f / rate * 1e3, f"{f / 1e12:.2f} TFLOP (causal rows)"
@@ -312,23 +363,25 @@ def roofline(classes, steps, bandwidth, rate, gemm_ms, attn_flops):
                                                              "count)"}.get(c.get("bytes_counted"), "")
         rows.append(dict(name=name, kind=c["kind"], calls=c["calls"] // steps if c["calls"] >= steps else c["calls"],
                          ms=t, work=work, floor_ms=floor, ratio=t / floor if floor else None,
-                         above_ms=t - floor if floor is not None else t))
+                         above_ms=t - floor if floor is not None else t, peak_floor_ms=peak,
+                         peak_ratio=t / peak if peak else None))
     return sorted(rows, key=lambda r: -r["above_ms"])
 
 
 def table(rows, top):
     """Markdown lines of the first `top` rows, then the totals by kind."""
-    out = ["| class | calls | ms | work | floor ms | time / floor | ms above floor |",
-           "|---|---:|---:|---|---:|---:|---:|"]
+    out = ["| class | calls | ms | work | floor ms | time / floor | ms above floor | peak floor ms | "
+           "time / peak floor |", "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows[:top]:
         floor = f"{r['floor_ms']:.2f}" if r["floor_ms"] is not None else "n/a"
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "n/a"
+        peak = f"{r['peak_floor_ms']:.2f} | {r['peak_ratio']:.2f}x" if r.get("peak_floor_ms") else " |"
         out.append(f"| {r['name']} | {r['calls']} | {r['ms']:.2f} | {r['work']} | {floor} | {ratio} | "
-                   f"{r['above_ms']:.2f} |")
+                   f"{r['above_ms']:.2f} | {peak} |")
     if len(rows) > top:
         rest = rows[top:]
         out.append(f"| {len(rest)} more classes | | {sum(r['ms'] for r in rest):.2f} | | "
-                   f"{sum(r['floor_ms'] or 0 for r in rest):.2f} | | {sum(r['above_ms'] for r in rest):.2f} |")
+                   f"{sum(r['floor_ms'] or 0 for r in rest):.2f} | | {sum(r['above_ms'] for r in rest):.2f} | | |")
     out += ["", "| kind | ms | floor ms | time / floor |", "|---|---:|---:|---:|"]
     for kind in sorted({r["kind"] for r in rows}, key=lambda k: -sum(r["ms"] for r in rows if r["kind"] == k)):
         t = sum(r["ms"] for r in rows if r["kind"] == kind)
@@ -347,7 +400,8 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=25, help="rows to print (the rest summed in one)")
     p.add_argument("--no-measure", action="store_true", help="measure the floors on the CPU (for the smoke test)")
     p.add_argument("--copy-mb", type=int, default=2048, help="size of the copy that measures the bandwidth")
-    p.add_argument("--matmul-n", type=int, default=8192, help="n of the n^3 bf16 matmul that measures the rate")
+    p.add_argument("--matmul-n", type=int, default=8192, help="n of the n^3 bf16 and e4m3 matmuls that measure the "
+                   "rates")
     args = p.parse_args(argv)
     trace, cfg_path = (os.path.join(args.out_dir, f) for f in ("profile_trace.json.gz", "config.json"))
     for f in (trace, cfg_path):
@@ -375,6 +429,7 @@ def main(argv=None):
     micro = max(1, cfg.get("total_batch_size", 0) // tokens) if cfg.get("total_batch_size") else 1
     bandwidth = copy_bandwidth(device, ms, args.copy_mb << 20)
     rate = matmul_rate(device, ms, args.matmul_n)
+    fp8_rate = fp8_matmul_rate(device, ms, args.matmul_n)
     gemm_ms = {}
     for c in classes.values():
         if c["gemm"] is not None and c["gemm"] not in gemm_ms:
@@ -389,16 +444,18 @@ def main(argv=None):
         # its calls recorded without (all) their tensors' shapes: every parameter is AdamW's, in float32,
         # so the parameters and both moments are read and written and the gradients read once
         opt["bytes"], opt["bytes_counted"] = 28 * params, "parameters"
-    rows = roofline(classes, 1, bandwidth, rate, gemm_ms, attention_flops(cfg, micro))
+    rows = roofline(classes, 1, bandwidth, rate, gemm_ms, attention_flops(cfg, micro), fp8_rate)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    fp8 = f"{fp8_rate / 1e12:.0f} TFLOP/s" if fp8_rate else "n/a"
     print(f"{trace}: one optimizer step of {micro} micro-batch(es) of {cfg['batch_size']} x {cfg['block_size']}, "
           f"{cfg['n_layer']} layers x {cfg['n_embd']}; {name}: copy {bandwidth / 1e12:.2f} TB/s (read + write), "
-          f"bf16 matmul {rate / 1e12:.0f} TFLOP/s ({args.matmul_n}^3), torch {torch.__version__}\n")
+          f"bf16 matmul {rate / 1e12:.0f} TFLOP/s, e4m3 _scaled_mm {fp8} ({args.matmul_n}^3), "
+          f"torch {torch.__version__}\n")
     print("\n".join(table(rows, args.top)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(trace=trace, device=name, copy_bytes_per_s=bandwidth, matmul_flop_per_s=rate,
-                           micro_batches=micro, rows=rows), f, indent=1)
+                           fp8_matmul_flop_per_s=fp8_rate, micro_batches=micro, rows=rows), f, indent=1)
     return rows
 
 

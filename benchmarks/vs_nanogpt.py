@@ -84,13 +84,16 @@ def ours(size, batch, iters, extra, out_dir, log, timeout):
         return json.load(f)
 
 
-def run(cmd, cwd, log, timeout):
-    """Run cmd in cwd, its output to the file `log`; returns the output (also on failure or timeout)."""
+def run(cmd, cwd, log, timeout, env=None):
+    """Run cmd in cwd (in the environment `env`, default ours), its output to the file `log`; returns the output
+    (also on failure or timeout)."""
     try:
-        p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
         out = p.stdout + p.stderr
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode(errors="replace") + f"\n(killed after {timeout} s)"
+    except OSError as e:                      # no such program (make, nvcc, a binary that was not built)
+        out = f"could not start {cmd[0]}: {e}"
     with open(log, "w") as f:
         f.write(out)
     return out

@@ -65,14 +65,45 @@ def tiny_trace():
     ]
 
 
+def fp8_trace():
+    """The FP8 path's kernels: a float8 GEMM (torch._scaled_mm, tensorwise scales, bf16 out), a Triton cast
+    (bf16 and its scale in, float8 out), a Triton float8 -> float8 transpose, and ATen's copy of bf16 into float8."""
+    e4m3, bf16 = "c10::Float8_e4m3fn", "c10::BFloat16"
+    return [
+        op("aten::_scaled_mm", 4000, 100, **{
+            "Input Dims": [[64, 32], [32, 48], [], [], [], [], [], []],
+            "Input Strides": [[32, 1], [1, 32], [], [], [], [], [], []],
+            "Input type": [e4m3, e4m3, "float", "float", "", "", "Scalar", "Scalar"],
+            "Concrete Inputs": ["", "", "", "", "", "", "15", "True"]}),
+        launch(4010, 9),
+        kernel("nvjet_sm90_qqtst_128x128_e4m3", 4030, 200, 9),
+        op("triton_poi_fused__to_copy_clamp_mul_3", 4300, 50, kernel_num_gb=0.003,
+           **{"Input Dims": [[64, 32], [], [64, 32], []], "Input type": [bf16, "float", e4m3, "Scalar"]}),
+        launch(4310, 10),
+        kernel("triton_poi_fused__to_copy_clamp_mul_3", 4400, 30, 10),
+        op("triton_poi_fused_clone_4", 4500, 50, kernel_num_gb=0.002,
+           **{"Input Dims": [[64, 32], [32, 64], []], "Input type": [e4m3, e4m3, "Scalar"]}),
+        launch(4510, 11),
+        kernel("triton_poi_fused_clone_4", 4600, 20, 11),
+        op("aten::copy_", 4700, 50, **{"Input Dims": [[48, 32], [48, 32], []],
+                                       "Input type": [e4m3, bf16, "Scalar"]}),
+        launch(4710, 12),
+        kernel("void at::native::unrolled_elementwise_kernel<...>", 4800, 10, 12),
+    ]
+
+
+def write_run(folder, events):
+    with gzip.open(folder / "profile_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    (folder / "config.json").write_text(json.dumps(
+        {"batch_size": 2, "block_size": 16, "n_layer": 1, "n_embd": 32, "total_batch_size": 64,
+         "data_dir": str(folder / "no-data")}))
+    return folder
+
+
 @pytest.fixture
 def run_dir(tmp_path):
-    with gzip.open(tmp_path / "profile_trace.json.gz", "wt") as f:
-        json.dump({"traceEvents": tiny_trace()}, f)
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"batch_size": 2, "block_size": 16, "n_layer": 1, "n_embd": 32, "total_batch_size": 64,
-         "data_dir": str(tmp_path / "no-data")}))
-    return tmp_path
+    return write_run(tmp_path, tiny_trace())
 
 
 def test_kernels_are_classed_by_the_operation_that_launched_them():
@@ -121,3 +152,38 @@ def test_a_file_that_is_no_trace_is_refused_in_one_line(run_dir, content):
     (run_dir / "profile_trace.json.gz").write_bytes(content)
     with pytest.raises(SystemExit, match=r"profile_trace.json.gz is not a torch.profiler trace .*: profile again"):
         roofline.main([str(run_dir), "--no-measure"])
+
+
+def test_fp8_casts_and_transposes_are_rows_of_their_own():
+    classes = roofline.classify(tiny_trace() + fp8_trace(), vocab=128)
+    cast = classes["FP8 cast: triton_poi_fused__to_copy_clamp_mul"]          # bf16 in, float8 out
+    assert cast["kind"] == "FP8 cast" and cast["bytes"] == pytest.approx(3e6) and cast["ms"] == pytest.approx(0.03)
+    transpose = classes["FP8 transpose: triton_poi_fused_clone"]               # float8 in and out
+    assert transpose["kind"] == "FP8 transpose" and transpose["bytes"] == pytest.approx(2e6)
+    aten = classes["FP8 cast: aten::copy_"]                                    # read bf16, write float8
+    assert aten["kind"] == "FP8 cast" and aten["bytes"] == 48 * 32 * (1 + 2)
+    gemm = classes["block GEMM 64x32 @ 32x48 float8_e4m3fn (_scaled_mm)"]
+    assert gemm["kind"] == "GEMM" and gemm["flops"] == 2 * 64 * 32 * 48
+    assert classes["Triton fused elementwise: triton_poi_fused_gelu"]["kind"] == "Triton"    # no float8: as before
+    assert not [n for n in classes if n.startswith("other") and "copy" in n]
+
+
+def test_float8_gemms_get_a_second_floor_at_fp8s_own_peak(tmp_path, capsys):
+    write_run(tmp_path, tiny_trace() + fp8_trace())
+    rows = roofline.main([str(tmp_path), "--no-measure", "--copy-mb", "8", "--matmul-n", "64",
+                          "--json", str(tmp_path / "rows.json")])
+    saved = json.loads((tmp_path / "rows.json").read_text())
+    fp8_rate, rate = saved["fp8_matmul_flop_per_s"], saved["matmul_flop_per_s"]
+    assert fp8_rate > 0 and fp8_rate != rate
+    by_name = {r["name"]: r for r in rows}
+    fp8 = by_name["block GEMM 64x32 @ 32x48 float8_e4m3fn (_scaled_mm)"]
+    assert fp8["peak_floor_ms"] == pytest.approx(2 * 64 * 32 * 48 / fp8_rate * 1e3)
+    assert fp8["peak_ratio"] == pytest.approx(0.2 / fp8["peak_floor_ms"])
+    assert 0 < fp8["floor_ms"] < float("inf")                                  # the shape alone, as before
+    bf = by_name["block GEMM 64x32 @ 32x48 float32"]                           # other dtypes: their own matmul rate
+    assert bf["peak_floor_ms"] == pytest.approx(2 * 64 * 32 * 48 / rate * 1e3)
+    assert by_name["FP8 transpose: triton_poi_fused_clone"]["floor_ms"] == pytest.approx(
+        2e6 / saved["copy_bytes_per_s"] * 1e3)
+    out = capsys.readouterr().out
+    assert "| peak floor ms | time / peak floor |" in out and "e4m3 _scaled_mm" in out
+    assert "\n| FP8 cast |" in out and "\n| FP8 transpose |" in out                 # kinds of their own in the totals

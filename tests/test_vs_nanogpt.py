@@ -46,3 +46,15 @@ def test_bad_input_is_refused_in_one_line(argv, message):
 def test_an_unknown_size_is_refused_naming_the_sizes(fake_nanogpt):
     with pytest.raises(SystemExit, match="unknown 99m; the sizes are 124m, 350m, 774m, 1558m"):
         vs_nanogpt.main(["--nanogpt", str(fake_nanogpt), "--sizes", "99m"])
+
+
+def test_a_program_that_cannot_start_is_logged_not_raised(tmp_path):
+    log = tmp_path / "missing.log"
+    out = vs_nanogpt.run([str(tmp_path / "no-such-program")], str(tmp_path), str(log), 60)
+    assert out.startswith(f"could not start {tmp_path / 'no-such-program'}: ") and log.read_text() == out
+
+
+def test_a_process_runs_in_the_environment_given(tmp_path):
+    out = vs_nanogpt.run([sys.executable, "-c", "import os; print(os.environ['PEER_SETTING'])"], str(tmp_path),
+                         str(tmp_path / "env.log"), 60, env=dict(os.environ, PEER_SETTING="given"))
+    assert out == "given\n"
