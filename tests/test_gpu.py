@@ -383,6 +383,22 @@ def test_the_fp8_presets_path_never_recompiles(short_data, tmp_path, regional):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
                     reason="needs a GPU of compute capability 8.9+ (float8 matmuls)")
+def test_every_block_on_the_presets_path_trains_without_recompiling(short_data, tmp_path):
+    """The blocks beside GPT-2's all at once (rmsnorm, rope, qk_norm, relu2, an untied head the FP8 fused head
+    takes) on the presets' path (compiled, the document mask through the fastest kernel, FP8 blocks with delayed
+    scales found through block_linears, the FP8 fused head and its Triton softmax pass): 10 steps, no
+    recompilation, the loss falls."""
+    args = ["--compile=True", "--attention=auto", "--fp8=True", "--fp8_recipe=tensorwise_delayed",
+            "--fp8_min_dim=128", "--fused_ce=True", "--fp8_head=True", "--fp8_head_kernel=True", "--max_iters=10",
+            "--norm=rmsnorm", "--rope=True", "--qk_norm=True", "--activation=relu2", "--tie_embeddings=False"]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        losses = _gpu_run(short_data, tmp_path, *args)
+    assert len(losses) == 10 and losses[-1] < losses[0]
+    torch._dynamo.reset()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="needs a GPU of compute capability 8.9+ (float8 matmuls)")
 @pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
 def test_tensorwise_delayed_survives_a_non_finite_step_on_the_gpu(short_data, tmp_path, monkeypatch, capsys, value):
     """An inf or NaN injected into a step's activations and gradients with real float8 matmuls: the delayed run
