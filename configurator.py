@@ -58,7 +58,11 @@ class Config:
     n_embd: int = 128                      # width
     dropout: float = 0.0                   # dropout probability, in [0, 1)
     bias: bool = False                     # biases in Linear layers and LayerNorms (GPT-2 had them)
-    activation: str = "gelu"               # gelu (exact) | gelu_tanh (GPT-2's tanh approximation)
+    activation: str = "gelu"               # gelu (exact) | gelu_tanh (GPT-2's tanh approximation) | relu2 (relu(x)^2)
+    norm: str = "layernorm"                # layernorm (GPT-2's) | rmsnorm (no mean subtraction, no bias: Llama's)
+    rope: bool = False                     # rotary position embeddings on q and k, in place of learned positions (wpe)
+    qk_norm: bool = False                  # RMSNorm of each head's q and k before attention (OLMo 2, Qwen3)
+    tie_embeddings: bool = True            # the output head is the token embedding's matrix (GPT-2's); False: its own
     attention: str = "sdpa"                # naive | sdpa | flex | varlen | auto (the fastest installed, at start)
     sdpa_backend: str = "auto"             # auto | flash | cudnn: the only kernel attention='sdpa' may use (GPU)
     # optimizer and schedule (speedgpt/optim.py): AdamW, linear warmup then cosine decay to min_lr
@@ -94,7 +98,7 @@ class Config:
     fp8_recipe: str = "tensorwise"         # tensorwise | rowwise (torchao) | rowwise_bf16_wgrad | tensorwise_fused |
                                            # tensorwise_delayed (speedgpt/fp8.py's)
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
-    fp8_layers: str = "qkv,attn_proj,fc,mlp_proj"   # which block Linears fp8 converts (kinds, comma-separated)
+    fp8_layers: str = "all"                # which block Linears fp8 converts: all, or kinds (qkv,attn_proj,fc,mlp_proj)
     fp8_head: bool = False                 # the fused head's matmuls in float8 (needs fused_ce; Ada/Hopper, torchao)
     fp8_head_kernel: bool = False          # the FP8 head's softmax pass in Triton kernels (speedgpt/softmax_pass.py)
     fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward
@@ -106,9 +110,9 @@ CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backe
                dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
                fp8_recipe=("tensorwise", "rowwise", "rowwise_bf16_wgrad", "tensorwise_fused",
                            "tensorwise_delayed"), parallelism=("ddp", "fsdp"),
-               activation=("gelu", "gelu_tanh"), hellaswag=("off", "on", "auto"),
+               activation=("gelu", "gelu_tanh", "relu2"), norm=("layernorm", "rmsnorm"),
+               hellaswag=("off", "on", "auto"),
                optimizer=("adamw", "muon"), lr_schedule=("cosine", "wsd"))
-MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "attention", "activation")   # GPTConfig's
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
 FEATURE_DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim"),    # a feature's keys that mean nothing
                    "fp8_head": ("fp8_head_kernel",), "fused_ce": ("fused_ce_chunk",),   # without it
@@ -122,6 +126,22 @@ LEGACY_EVAL_ITERS = ("it is replaced by eval_tokens, the validation tokens of ea
 DERIVED = "it is derived: set total_batch_size, the tokens per optimizer step for the whole job"
 RENAMED = {"eval_iters": LEGACY_EVAL_ITERS, "grad_accum_steps": DERIVED, "gradient_accumulation_steps": DERIVED}
 HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: OpenAI's GPT-2 on the Hugging Face hub
+
+
+def model_keys():
+    """The model's keys: GPTConfig's fields but vocab_size (the data's), each a key of Config. A checkpoint's config
+    holds them, and a resume, sample.py and eval.py rebuild the model it was trained with from them. Derived, so a
+    new field of GPTConfig is never left out; model.py (and torch with it) is imported here only, so that data.py
+    and plot.py parse their flags without torch."""
+    from model import GPTConfig
+    return tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
+
+
+def __getattr__(name):
+    """configurator.MODEL_KEYS: model_keys(), derived when first asked for (PEP 562), not kept by hand."""
+    if name == "MODEL_KEYS":
+        return model_keys()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def help_text():
@@ -404,7 +424,7 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
     if saved.get("optimizer", "adamw") != cfg.optimizer:
         raise ValueError(f"optimizer={cfg.optimizer!r} differs from the checkpoint's {saved.get('optimizer', 'adamw')!r}: "
                          "its state cannot carry over. Resume with the checkpoint's, or start afresh (another out_dir)")
-    for k in MODEL_KEYS:
+    for k in model_keys():
         old = saved.get(k, getattr(defaults, k))
         if k not in RUN_STATE_KEYS and k not in explicit:
             cfg = replace(cfg, **{k: old})           # the shape is the checkpoint's (from gpt2, say)

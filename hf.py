@@ -11,10 +11,12 @@ The exported folder loads anywhere the Hugging Face stack does:
     model = AutoModelForCausalLM.from_pretrained("out/hf")     # the tokenizer too, for GPT-2 BPE data
 
 model.py's GPT and Hugging Face's GPT2LMHeadModel share their parameter names. The differences the
-mapping handles: HF stores the four block matrices as Conv1D, (in, out), where nn.Linear holds
-(out, in), so they are transposed; the embedding (tied to the output head in both) has vocab_size
+mapping handles: HF stores the block matrices (GPT.block_linears) as Conv1D, (in, out), where nn.Linear
+holds (out, in), so they are transposed; the embedding (tied to the output head in both) has vocab_size
 rows there and padded_vocab_size here, the padding zeros (model.py keeps padded ids out of the
 softmax); activation 'gelu_tanh' is HF's "gelu_new" (GPT-2's tanh approximation), 'gelu' is "gelu".
+GPT-2's format holds GPT-2's blocks only: export refuses a model trained with another (GPT2_BLOCKS: rmsnorm,
+rope, qk_norm, an untied head; relu2 through ACTIVATION_TO_HF), in one line naming the setting.
 transformers (with safetensors, which it uses for the weights) is imported only by these functions.
 """
 import json
@@ -30,11 +32,12 @@ from speedgpt.checkpoint import load_checkpoint, load_weights
 from speedgpt.distributed import print0
 from speedgpt.shards import describe_os_error, folder_creation_error
 
-CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")   # HF (in, out)
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 ACTIVATION_FROM_HF = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
-SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "bias", "activation")   # taken from the HF model, not the config
+# the model settings GPT-2 has and its format can hold no other value of: {key: (GPT-2's value, what GPT-2 has)}
+GPT2_BLOCKS = {"norm": ("layernorm", "LayerNorm"), "rope": (False, "learned absolute positions (wpe)"),
+               "qk_norm": (False, "no QK-norm"), "tie_embeddings": (True, "the output head tied to the embedding")}
 # the GPT-2 BPE files tiktoken reads (tiktoken_ext/openai_public.py: URL and sha256); HF's merges.txt and
 # vocab.json are these same two files
 GPT2_BPE_FILES = {
@@ -87,7 +90,8 @@ def _from_hub_or_folder(load, name_or_path):
 
 def gpt_config_from_hf(hf_config, name, config=None):
     """The GPTConfig of a Hugging Face GPT2Config `hf_config` (of model `name`, for messages).
-    Shape (n_layer, n_head, n_embd, vocab_size; bias=True; activation) comes from hf_config. With
+    Shape (n_layer, n_head, n_embd, vocab_size; bias=True; activation; GPT-2's blocks: GPT2_BLOCKS) comes from
+    hf_config. With
     `config` (a GPTConfig: what the user asked for), the rest comes from it (dropout, attention, the
     fused head), block_size too when it is at most hf_config.n_positions (the position table is
     cropped, as nanoGPT's crop_block_size), and every shape key it sets differently is printed; without
@@ -110,7 +114,7 @@ def gpt_config_from_hf(hf_config, name, config=None):
         if bad:
             raise ValueError(f"{name} has {key}={getattr(c, key)!r}, which model.py cannot express: it needs {want}")
     theirs = dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, bias=True,
-                  activation=ACTIVATION_FROM_HF[c.activation_function])
+                  activation=ACTIVATION_FROM_HF[c.activation_function], **{k: v for k, (v, _) in GPT2_BLOCKS.items()})
     if config is None:
         return GPTConfig(vocab_size=c.vocab_size, block_size=c.n_positions, **theirs)
     if config.vocab_size != c.vocab_size:
@@ -133,18 +137,19 @@ def copy_hf_state(model, hf_state, name):
     GPT): Conv1D weights transposed, the embedding's padded rows set to 0, the position table cropped
     to block_size. Raises ValueError naming the first missing tensor or shape that does not fit."""
     V, T = model.config.vocab_size, model.config.block_size
+    conv1d = {f"{name}.weight" for name, _, _ in model.block_linears()}          # HF (in, out)
     for key, p in model.state_dict(keep_vars=True).items():
         if key == "lm_head.weight":                        # tied: it is transformer.wte.weight
             continue
         if key not in hf_state:
             raise ValueError(f"{name} has no tensor {key}")
         t = hf_state[key]
-        t = t.t() if key.endswith(CONV1D) else t
+        t = t.t() if key in conv1d else t
         t = t[:T] if key == "transformer.wpe.weight" else t
         want = (V, p.shape[1]) if key == "transformer.wte.weight" else tuple(p.shape)
         if tuple(t.shape) != want:
             raise ValueError(f"{name}: {key} has shape {tuple(t.shape)}"
-                             + (" (Conv1D, transposed)" if key.endswith(CONV1D) else "")
+                             + (" (Conv1D, transposed)" if key in conv1d else "")
                              + f" but the model needs {want}")
         if key == "transformer.wte.weight":
             p[V:].zero_()                                  # padded ids: never produced, masked in the loss
@@ -230,8 +235,8 @@ def export_hf(ckpt_path, to):
     256 end-of-text) and no tokenizer files. Before writing, the HF model's logits are checked against
     ours on a few tokens. Returns `to`. Raises FileNotFoundError (no checkpoint) or ValueError
     (transformers missing, `to` a file, the checkpoint's folder or a folder that cannot be created,
-    untied weights, a parameter or setting GPT-2 cannot express), each in one line; OSError for a write
-    that fails."""
+    a block GPT-2 does not have (GPT2_BLOCKS, the activation: checked before transformers is imported), a
+    parameter GPT-2 cannot express), each in one line; OSError for a write that fails."""
     if os.path.isfile(to):
         raise ValueError(f"--to {to} is a file, not a folder")
     if os.path.abspath(to) == os.path.abspath(os.path.dirname(ckpt_path) or "."):
@@ -239,15 +244,20 @@ def export_hf(ckpt_path, to):
                          f"export to a subfolder, e.g. {os.path.join(to, 'hf')}")
     ckpt = load_checkpoint(ckpt_path)
     ckpt.pop("optimizer")                                  # twice the weights, and not exported
+    cfg, meta = ckpt["config"], ckpt["meta"]
+    c = GPTConfig.from_dict(cfg, meta["vocab_size"], attention="sdpa")      # a key the checkpoint predates: default
+    for key, (gpt2, has) in GPT2_BLOCKS.items():
+        if getattr(c, key) != gpt2:
+            raise ValueError(f"{ckpt_path} was trained with {key}={getattr(c, key)!r}, which Hugging Face's GPT-2 "
+                             f"cannot hold (it has {has}): only a model trained with {key}={gpt2!r} exports; "
+                             "sample.py and eval.py read the checkpoint itself")
+    if c.activation not in ACTIVATION_TO_HF:
+        raise ValueError(f"{ckpt_path} was trained with activation={c.activation!r}, which Hugging Face's GPT-2 "
+                         f"cannot hold (it has {' or '.join(ACTIVATION_TO_HF)}): sample.py and eval.py read the "
+                         "checkpoint itself")
     transformers = import_transformers("export")
-    cfg, meta, sd = {"activation": "gelu", **ckpt["config"]}, ckpt["meta"], ckpt["model"]
-    if cfg["activation"] not in ACTIVATION_TO_HF:
-        raise ValueError(f"activation={cfg['activation']!r} has no Hugging Face GPT-2 equivalent")
-    if "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["transformer.wte.weight"]):
-        raise ValueError(f"{ckpt_path}: lm_head.weight differs from transformer.wte.weight, and HF's GPT-2 ties them")
-    model = GPT(GPTConfig.from_dict(cfg, meta["vocab_size"], attention="sdpa")).eval()
+    model = GPT(c).eval()
     load_weights(model, ckpt, ckpt_path)
-    c = model.config
     hf_config = transformers.GPT2Config(
         vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
         activation_function=ACTIVATION_TO_HF[c.activation], resid_pdrop=c.dropout, embd_pdrop=c.dropout,
@@ -255,9 +265,10 @@ def export_hf(ckpt_path, to):
         bos_token_id=meta["eot_id"], eos_token_id=meta["eot_id"])
     hf = transformers.GPT2LMHeadModel(hf_config).eval()
     ours, used = model.state_dict(), {"lm_head.weight"}
+    conv1d = {f"{name}.weight" for name, _, _ in model.block_linears()}          # HF (in, out)
     for key, p in hf.named_parameters():                   # tied: lm_head.weight is not listed
         if key in ours:
-            t = ours[key].t() if key.endswith(CONV1D) else ours[key]
+            t = ours[key].t() if key in conv1d else ours[key]
             t = t[:c.vocab_size] if key == "transformer.wte.weight" else t
             used.add(key)
         elif key.endswith(".bias") and not c.bias:

@@ -11,6 +11,15 @@ each document start (a document is a run of equal ids). One mask is built per fo
 every layer. Every backend receives q, k and v from one split of c_attn's output (CausalSelfAttention),
 so a change to q and k (rotary embeddings, QK-norm) is made once, in transform_qk.
 
+The blocks the field trains with besides GPT-2's, each a GPTConfig field, off by default (docs/flags.md): norm
+(layernorm | rmsnorm), rope (rotary positions on q and k in place of wpe), qk_norm (RMSNorm of q and k per head),
+activation (gelu | gelu_tanh | relu2) and tie_embeddings (the head shares wte's weights: GPT-2's, the default).
+
+The model names its parts: each module that makes a Linear declares its kind in LINEARS, and GPT.block_linears()
+lists the blocks' Linears by kind for whoever treats them apart (Muon's matrices in speedgpt/optim.py, FP8's
+conversion, the Hugging Face mapping, the memory estimate). A block Linear no LINEARS names is refused at
+construction, so a forker's new Linear cannot silently miss any of them.
+
 Sampling (GPT.generate) keeps each layer's keys and values in a KVCache, made per call and handed down
 through forward: after the prompt, a new token costs one position.
 
@@ -20,6 +29,7 @@ bf16 or FP8); it runs inside forward, and checkpoints never see it.
 """
 import math
 from dataclasses import dataclass, fields
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -27,7 +37,35 @@ import torch.nn.functional as F
 
 from speedgpt import attention
 
-ACTIVATIONS = {"gelu": "none", "gelu_tanh": "tanh"}   # name -> nn.GELU(approximate=...)
+ROPE_BASE = 10000.0       # rotary embeddings' base (theta): RoFormer's and GPT-NeoX's
+NORM_EPS = 1e-5           # LayerNorm's default, and RMSNorm's here (Llama's)
+
+
+class ReLUSquared(nn.Module):
+    """relu(x)^2 (So et al. 2021, "Primer"), the MLP activation of modded-nanogpt and nanochat."""
+
+    def forward(self, x):
+        return F.relu(x).square()
+
+
+ACTIVATIONS = {"gelu": nn.GELU, "gelu_tanh": partial(nn.GELU, approximate="tanh"), "relu2": ReLUSquared}
+NORMS = {"layernorm": lambda dim, bias: nn.LayerNorm(dim, eps=NORM_EPS, bias=bias),
+         "rmsnorm": lambda dim, bias: nn.RMSNorm(dim, eps=NORM_EPS)}      # no bias: it has no shift to learn
+
+
+def rotary(x, position_ids):
+    """x (B, T, nh, hs) rotated by its positions, position_ids (T,) or (B, T): rotary position embedding (Su et
+    al. 2021, RoFormer), each pair (i, i + hs/2) turned by the angle position * ROPE_BASE^(-2i/hs), the
+    half-split layout of GPT-NeoX and Llama's Hugging Face port (nanochat's, modded-nanogpt's). A dot product of
+    two rotated vectors depends on their positions' difference only. Computed in float32 at least, returned in
+    x's dtype."""
+    f = torch.promote_types(x.dtype, torch.float32)
+    hs = x.size(-1)
+    inv_freq = ROPE_BASE ** -(torch.arange(0, hs, 2, device=x.device, dtype=f) / hs)      # (hs/2,)
+    angle = position_ids.to(f)[..., None, None] * inv_freq                                 # (B or 1, T, 1, hs/2)
+    cos, sin = angle.cos(), angle.sin()
+    x1, x2 = x.to(f).chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
 
 
 @dataclass
@@ -42,7 +80,11 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False        # biases in Linear layers and LayerNorms (GPT-2 had them)
     attention: str = "sdpa"   # naive | sdpa | flex | varlen
-    activation: str = "gelu"  # gelu (exact, erf) | gelu_tanh (the tanh approximation GPT-2 was trained with)
+    activation: str = "gelu"  # gelu (exact, erf) | gelu_tanh (the tanh approximation GPT-2 was trained with) | relu2
+    norm: str = "layernorm"   # layernorm (GPT-2's) | rmsnorm (no mean, no bias: Zhang & Sennrich 2019)
+    rope: bool = False        # rotary position embeddings on q and k (RoFormer) instead of the learned wpe
+    qk_norm: bool = False     # RMSNorm of q and k, per head, before attention (OLMo 2, Qwen3)
+    tie_embeddings: bool = True   # the output head is the token embedding's matrix (GPT-2's; Press & Wolf 2017)
 
     @property
     def padded_vocab_size(self):
@@ -52,12 +94,14 @@ class GPTConfig:
     def from_dict(cls, settings, vocab_size, **overrides):
         """GPTConfig from a mapping with (at least) the shape keys, such as a run's config or a
         checkpoint's: its other keys are ignored, absent optional ones keep their defaults (a checkpoint
-        older than `activation` reads as gelu). Raises TypeError when a shape key is missing."""
+        older than `activation` reads as gelu, one older than `rope` as GPT-2's learned positions). Raises
+        TypeError when a shape key is missing."""
         known = {f.name for f in fields(cls)}
         return cls(**{**{k: v for k, v in settings.items() if k in known}, "vocab_size": vocab_size, **overrides})
 
 
 class CausalSelfAttention(nn.Module):
+    LINEARS = {"c_attn": "qkv", "c_proj": "attn_proj"}        # its Linears by kind (GPT.block_linears)
 
     def __init__(self, config):
         super().__init__()
@@ -66,6 +110,10 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
+        self.rope = config.rope
+        if config.qk_norm:                               # one gain per channel of a head, shared by the heads
+            self.q_norm, self.k_norm = (nn.RMSNorm(config.n_embd // config.n_head, eps=NORM_EPS) for _ in range(2))
+        self.qk_norm = config.qk_norm
         self.attention = config.attention
         self.flex = attention.compiled_flex_attention() if config.attention == "flex" else None
         self.varlen = attention.causal_varlen_attn() if config.attention == "varlen" else None
@@ -89,9 +137,15 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y.reshape(B, T, C)))
 
     def transform_qk(self, q, k, position_ids):
-        """The one place where q and k (B, T, nh, hs) change before attention, for every backend: rotary
-        embeddings (from position_ids, which restart at each document) or QK-norm go here. GPT-2 changes
-        nothing. Returns (q, k)."""
+        """The one place where q and k (B, T, nh, hs) change before attention, for every backend (and the KV
+        cache, which keeps k as returned here): QK-norm, then rotary embeddings at position_ids, which restart
+        at each document, so a packed document is rotated as if it were alone. GPT-2 changes nothing and
+        returns q and k themselves. Returns (q, k)."""
+        if self.qk_norm:            # in the gain's dtype (float32 under autocast), back in q's (bf16)
+            q = self.q_norm(q.to(self.q_norm.weight.dtype)).to(q.dtype)
+            k = self.k_norm(k.to(self.k_norm.weight.dtype)).to(k.dtype)
+        if self.rope:
+            q, k = rotary(q, position_ids), rotary(k, position_ids)
         return q, k
 
     def attend(self, q, k, v, mask, packed=None):
@@ -157,25 +211,26 @@ class KVCache:
 
 
 class MLP(nn.Module):
+    LINEARS = {"c_fc": "fc", "c_proj": "mlp_proj"}            # its Linears by kind (GPT.block_linears)
 
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate=ACTIVATIONS[config.activation])
+        self.act = ACTIVATIONS[config.activation]()
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
 class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = NORMS[config.norm](config.n_embd, config.bias)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = NORMS[config.norm](config.n_embd, config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x, mask=None, position_ids=None, kv_cache=None):
@@ -189,8 +244,12 @@ class GPT(nn.Module):
         super().__init__()
         if config.attention not in attention.BACKENDS:
             raise ValueError(f"attention={config.attention!r}: expected one of {attention.BACKENDS}")
-        if config.activation not in ACTIVATIONS:
-            raise ValueError(f"activation={config.activation!r}: expected one of {tuple(ACTIVATIONS)}")
+        for key, known in (("activation", ACTIVATIONS), ("norm", NORMS)):
+            if getattr(config, key) not in known:
+                raise ValueError(f"{key}={getattr(config, key)!r}: expected one of {tuple(known)}")
+        if config.rope and (config.n_embd // config.n_head) % 2:
+            raise ValueError(f"rope=True turns pairs of a head's channels: the head size n_embd / n_head = "
+                             f"{config.n_embd // config.n_head} must be even")
         if config.attention in ("flex", "varlen") and config.dropout > 0:
             raise ValueError(f"attention={config.attention!r} has no attention dropout: set dropout=0 or use "
                              "attention='sdpa'")
@@ -198,19 +257,24 @@ class GPT(nn.Module):
         self.head_loss = None              # a trainer's loss for the head (see head()); None: lm_head + cross-entropy
         self._causal_block_masks = {}      # flex: the plain causal BlockMask per (T, device), built once
         V = config.padded_vocab_size
+        transformer = dict(wte=nn.Embedding(V, config.n_embd))
+        if not config.rope:                                  # learned absolute positions; rotary ones act on q, k
+            transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(V, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
+            **transformer,
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=NORMS[config.norm](config.n_embd, config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, V, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight   # weight tying (Press & Wolf 2017)
+        if config.tie_embeddings:
+            self.transformer.wte.weight = self.lm_head.weight   # weight tying (Press & Wolf 2017)
         self.apply(self._init_weights)
-        for name, p in self.named_parameters():            # scaled residual init (GPT-2 paper)
-            if name.endswith("c_proj.weight"):
-                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        # scaled init of the projections into the residual stream (GPT-2 paper); block_linears() refuses a block
+        # Linear of no kind here, before any work
+        for _, kind, linear in self.block_linears():
+            if kind in ("attn_proj", "mlp_proj"):
+                torch.nn.init.normal_(linear.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
@@ -220,15 +284,40 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    def block_linears(self):
+        """[(name, kind, module)] of every nn.Linear in the transformer blocks, in module order: name as in
+        named_modules() ('transformer.h.0.attn.c_attn'), kind as the module holding it declares in its
+        LINEARS (qkv, attn_proj, fc, mlp_proj, or a forker's: `LINEARS = {..., "w_gate": "gate"}` on MLP). The
+        one list of the blocks' matrices, which Muon's parameter groups, FP8's conversion, the Hugging Face
+        mapping and the memory estimate ask, so a Linear declared here reaches all of them. Raises ValueError
+        naming a Linear that no LINEARS classifies (GPT.__init__ asks, so a model with one is never built)."""
+        out = []
+        for path, parent in self.transformer.h.named_modules(prefix="transformer.h"):
+            for attr, child in parent.named_children():
+                if isinstance(child, nn.Linear):
+                    kind = getattr(parent, "LINEARS", {}).get(attr)
+                    if kind is None:
+                        raise ValueError(f"{path}.{attr} is an nn.Linear of no kind: add \"{attr}\": \"<kind>\" to "
+                                         f"{type(parent).__name__}.LINEARS in model.py (a new kind, or one of qkv, "
+                                         "attn_proj, fc, mlp_proj), so that Muon, FP8 and the exports know it")
+                    out.append((f"{path}.{attr}", kind, child))
+        return out
+
     def num_params(self, non_embedding=True):
-        """Parameter count; position embeddings left out by default (they do no matmul)."""
+        """Parameter count; by default without the embeddings that do no matmul: the position embedding, and
+        the token embedding when it is not the head's matrix (tie_embeddings=False)."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+        if non_embedding:
+            lookups = [self.transformer.wpe] if "wpe" in self.transformer else []
+            if not self.config.tie_embeddings:
+                lookups.append(self.transformer.wte)
+            n -= sum(m.weight.numel() for m in lookups)
+        return n
 
     def flops_per_token(self):
         """Training FLOPs per token, forward + backward, at T = block_size:
             6 N + 12 L H Q T
-        with N the non-embedding parameters (the tied head's matmul counted once), L layers, H heads,
+        with N the non-embedding parameters (the head's matmul counted once, tied or not), L layers, H heads,
         Q head size. Source: PaLM (Chowdhery et al. 2022), Appendix B, as in nanoGPT's estimate_mfu.
         Counts full (non-causal, unmasked) attention and no recomputation, by that convention."""
         c = self.config
@@ -262,13 +351,16 @@ class GPT(nn.Module):
             position_ids = torch.arange(start, start + T, device=idx.device) if doc_ids is None else \
                 attention.position_ids(doc_ids)
         mask = None if kv_cache is not None else self.attention_mask(doc_ids, T, idx.device, cu_seqlens)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(position_ids))
+        x = self.transformer.wte(idx)
+        if not self.config.rope:                                                 # GPT-2's learned positions
+            x = x + self.transformer.wpe(position_ids)
+        x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
             x = block(x, mask, position_ids, None if kv_cache is None else kv_cache[i])
         return self.head(x, targets)
 
     def head(self, x, targets=None):
-        """The final LayerNorm, the output head and the loss of hidden states x (B, T, C): see forward().
+        """The final norm, the output head and the loss of hidden states x (B, T, C): see forward().
         A method of its own so that regional compilation (speedgpt/compilation.py) compiles it apart.
         head_loss, when a trainer installed one, is called as head_loss(x (B*T, C), lm_head.weight (V, C),
         targets (B*T,), vocab_size) and returns the summed cross-entropy over targets != -1."""
@@ -295,7 +387,7 @@ class GPT(nn.Module):
         """Append max_new_tokens sampled tokens to idx (B, T): returns (B, T + max_new_tokens). Each is drawn
         from the logits of the last block_size tokens (nanoGPT's crop); the padded vocabulary is never
         sampled. use_cache: keep every layer's keys and values (KVCache), so that after a prefill of the
-        prompt each new token costs one position. The positions are absolute (wpe): once the context
+        prompt each new token costs one position. The positions are absolute (wpe, or rotary): once the context
         outgrows block_size the window moves by one every token, and every key with it, so from there on
         each token is a forward of the last block_size tokens, with or without the cache. The output is
         the same either way (the same logits, up to rounding, and the same random draws in the same order)."""

@@ -6,8 +6,9 @@ FP8 training, one feature in one module (torchtitan's float8 converter: check, t
                  RowwiseFloat8Linear (per-row scales, its casts fused into the kernels that produce their
                  inputs), or with 'tensorwise_fused' its TensorwiseFloat8Linear (torchao's tensorwise
                  scales in plain ops, below), or with 'tensorwise_delayed' its DelayedFloat8Linear (the same
-                 with delayed scales); never the output head. fp8_layers picks the kinds (qkv, attn_proj,
-                 fc, mlp_proj; default all four). Which recipe wins at which width: BENCHMARKS.md, FP8.
+                 with delayed scales); never the output head. The block Linears are the model's own list,
+                 model.GPT.block_linears(), by kind; fp8_layers picks the kinds (qkv, attn_proj, fc, mlp_proj
+                 and any a fork declares; default all). Which recipe wins at which width: BENCHMARKS.md, FP8.
   fp8_head=True  the fused head's three matmuls (speedgpt/fused_ce.py, so fused_ce=True) run in float8
                  through fp8_mm below: torchao's tensorwise scaling in plain ops (no torchao needed), e4m3
                  for the hidden states and the weight, e5m2 for softmax - one-hot. Evaluation keeps the
@@ -21,29 +22,40 @@ import importlib.util
 import torch
 
 from speedgpt import refuse_unused, softmax_pass
-from speedgpt.memory import cpu_way_out
+from speedgpt.memory import cpu_way_out, meta_model
+
+ALL_KINDS = "all"        # fp8_layers' default: every kind of block Linear the model has
 
 
-# fp8_layers' kinds: the block Linears of model.py, by the end of their names
-KINDS = {"qkv": "attn.c_attn", "attn_proj": "attn.c_proj", "fc": "mlp.c_fc", "mlp_proj": "mlp.c_proj"}
-ALL_KINDS = ",".join(KINDS)
-
-
-def layer_kinds(cfg):
-    """The module-name endings fp8 converts, from cfg.fp8_layers (comma-separated KINDS keys). Raises
-    ValueError naming the unknown kinds and the known ones, or an empty list."""
-    kinds = [k.strip() for k in cfg.fp8_layers.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown or not kinds:
+def layer_kinds(cfg, kinds):
+    """The kinds of block Linear fp8 converts: cfg.fp8_layers, 'all' (every one of `kinds`, those the model has:
+    model.GPT.block_linears) or kinds among them, comma-separated. Raises ValueError naming the unknown kinds and
+    the known ones, or an empty list."""
+    kinds = list(dict.fromkeys(kinds))
+    if cfg.fp8_layers.strip() == ALL_KINDS:
+        return tuple(kinds)
+    picked = [k.strip() for k in cfg.fp8_layers.split(",") if k.strip()]
+    unknown = [k for k in picked if k not in kinds]
+    if unknown or not picked:
         raise ValueError(f"fp8_layers={cfg.fp8_layers!r}: " + (f"unknown kind {', '.join(unknown)}" if unknown
-                         else "no kind") + f"; the kinds are {', '.join(KINDS)} (comma-separated; default all)")
-    return tuple(KINDS[k] for k in kinds)
+                         else "no kind") + f"; the kinds are {', '.join(kinds)} (comma-separated; default all)")
+    return tuple(picked)
+
+
+def eligible_linears(model, cfg):
+    """[(name, module)] of the block Linears of `model` (a GPT: block_linears) that fp8 converts: of the kinds
+    cfg.fp8_layers picks (layer_kinds), both dimensions multiples of 16 (torch._scaled_mm) and the narrower at
+    least cfg.fp8_min_dim. Raises layer_kinds' ValueError."""
+    linears = model.block_linears()
+    kinds = layer_kinds(cfg, [kind for _, kind, _ in linears])
+    return [(name, m) for name, kind, m in linears if kind in kinds and m.in_features % 16 == 0
+            and m.out_features % 16 == 0 and min(m.in_features, m.out_features) >= cfg.fp8_min_dim]
 
 
 def block_width_ok(cfg):
-    """Whether fp8 would convert any block Linear of cfg's shape: the narrower side of each (qkv, attn_proj, fc,
-    mlp_proj) is n_embd, which must be at least fp8_min_dim and a multiple of 16 (torch._scaled_mm)."""
-    return cfg.n_embd >= cfg.fp8_min_dim and cfg.n_embd % 16 == 0
+    """Whether fp8 would convert any block Linear of a model of cfg's shape (eligible_linears of one on the meta
+    device, before any is built)."""
+    return bool(eligible_linears(meta_model(cfg), cfg))
 
 
 def none_eligible(cfg):
@@ -60,7 +72,7 @@ def check(cfg, device):
     (tensorwise, rowwise); fp8_head_kernel
     its own (softmax_pass.check). Called again on resume, where the shape may come from the checkpoint."""
     if cfg.fp8_layers != ALL_KINDS:
-        layer_kinds(cfg)
+        layer_kinds(cfg, [kind for _, kind, _ in meta_model(cfg).block_linears()])
         if not cfg.fp8:
             raise ValueError(f"fp8_layers={cfg.fp8_layers!r} would do nothing: it picks the block Linears fp8=True "
                              "converts. Add --fp8=True, or leave fp8_layers out")
@@ -105,37 +117,29 @@ def check(cfg, device):
 
 
 def convert(model, cfg):
-    """Swap the block Linears of `model` (a GPT) of the kinds cfg.fp8_layers names (layer_kinds), with both
-    dimensions divisible by 16 and at least cfg.fp8_min_dim wide, for torchao Float8Linear (cfg.fp8_recipe)
-    or this module's own (OWN_RECIPES: rowwise_bf16_wgrad, tensorwise_fused, tensorwise_delayed);
+    """Swap the block Linears of `model` (a GPT) that fp8 converts (eligible_linears: the kinds cfg.fp8_layers
+    picks, both dimensions divisible by 16 and at least cfg.fp8_min_dim wide) for torchao Float8Linear
+    (cfg.fp8_recipe) or this module's own (OWN_RECIPES: rowwise_bf16_wgrad, tensorwise_fused, tensorwise_delayed);
     never the output head (the fused head has its own float8 matmuls). Returns the converted names. Raises
     ValueError without torchao or when no layer is eligible. No device check: check() does that (tests
     convert on the CPU)."""
-    converted, kinds = [], layer_kinds(cfg)
-
-    def eligible(module, fqn):
-        ok = (fqn.endswith(kinds) and module.in_features % 16 == 0 and module.out_features % 16 == 0
-              and min(module.in_features, module.out_features) >= cfg.fp8_min_dim)
-        if ok:
-            converted.append(fqn)
-        return ok
+    chosen = {name: m for name, m in eligible_linears(model, cfg) if type(m) is torch.nn.Linear}   # not twice
+    if not chosen:
+        raise ValueError(none_eligible(cfg))
     if cfg.fp8_recipe in OWN_RECIPES:                   # ours (below): no torchao
-        for fqn, module in model.named_modules():
-            if type(module) is torch.nn.Linear and eligible(module, fqn):
-                module.__class__ = OWN_RECIPES[cfg.fp8_recipe]
-                if module.__class__ is DelayedFloat8Linear:
-                    module.fp8_amax = torch.zeros(2, 1 + AMAX_HISTORY, device=module.weight.device)
-                    module.fp8_scaled = module.fp8_bad_history = False
+        for module in chosen.values():
+            module.__class__ = OWN_RECIPES[cfg.fp8_recipe]
+            if module.__class__ is DelayedFloat8Linear:
+                module.fp8_amax = torch.zeros(2, 1 + AMAX_HISTORY, device=module.weight.device)
+                module.fp8_scaled = module.fp8_bad_history = False
     else:
         try:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
         except ImportError as e:
             raise ValueError("fp8=True needs torchao: pip install torchao") from e
         convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(cfg.fp8_recipe),
-                                   module_filter_fn=eligible)
-    if not converted:
-        raise ValueError(none_eligible(cfg))
-    return converted
+                                   module_filter_fn=lambda module, fqn: fqn in chosen)
+    return list(chosen)
 
 
 def tensor_scale(t, dtype=torch.float8_e4m3fn):

@@ -54,15 +54,21 @@ class Estimate:
                 f"activations {self.activations / GB:.1f}, head {self.head / GB:.1f})")
 
 
-def n_params(cfg, vocab_size):
-    """Parameters of model.GPT for `cfg`'s shape: the tied embedding and head (vocabulary padded to a multiple
-    of 64, as GPTConfig.padded_vocab_size), the position embedding, per block 12 C^2 of matrices and the
-    LayerNorms' 2 vectors of C (with bias 13: their biases and the Linears'), and the final LayerNorm.
-    Returns (all parameters, those in the block matrices)."""
-    C, V = cfg.n_embd, -(-vocab_size // 64) * 64
-    matrices = cfg.n_layer * 12 * C * C
-    vectors = cfg.n_layer * (13 if cfg.bias else 2) * C + (2 if cfg.bias else 1) * C
-    return V * C + cfg.block_size * C + matrices + vectors, matrices
+def meta_model(cfg, vocab_size=GPT2_VOCAB):
+    """model.GPT of `cfg`'s shape (a Config: its model keys) on the meta device, before any data or weights: its
+    parameters' shapes and its block_linears(), with no memory and no initialisation (the estimate counts them;
+    fp8.py reads the kinds of block Linear). Its attention is sdpa: the parameters do not depend on it."""
+    from model import GPT, GPTConfig
+    with torch.device("meta"):
+        return GPT(GPTConfig.from_dict(vars(cfg), vocab_size, attention="sdpa"))
+
+
+def n_params(cfg, vocab_size, model=None):
+    """Parameters of model.GPT for `cfg`'s shape, counted on `model` (default meta_model(cfg, vocab_size)): the
+    vocabulary padded as GPTConfig pads it, a tied embedding and head once, whatever the blocks hold. Returns
+    (all parameters, those in the block matrices: the weights of block_linears(), Muon's)."""
+    model = meta_model(cfg, vocab_size) if model is None else model
+    return model.num_params(non_embedding=False), sum(m.weight.numel() for _, _, m in model.block_linears())
 
 
 def estimate(cfg, vocab_size, world=1):
@@ -83,7 +89,8 @@ def estimate(cfg, vocab_size, world=1):
         input (ibid.: 2sbh per layer in 16-bit; here 4sbh, the residual stream being float32 under autocast)
         and recomputes one block at a time; 'selective' keeps the matmul and attention outputs: about half
         (measured: BENCHMARKS.md, Memory).
-        FP8 tensorwise on every block Linear keeps float8 inputs: FP8_TENSORWISE_ACTIVATIONS of the 34 C.
+        FP8 tensorwise on every block Linear (fp8_layers all, or every kind block_linears has) keeps float8
+        inputs: FP8_TENSORWISE_ACTIVATIONS of the 34 C.
     head: without fused_ce the (tokens, padded vocab) logits: uncompiled, in float32 with the log-softmax and
         the gradients of both (16 bytes an element: measured on the CPU, and the ladder's eager rungs);
         compiled, 6 bytes an element (measured at 124M, fused_ce off); with fused_ce one chunk's
@@ -94,7 +101,8 @@ def estimate(cfg, vocab_size, world=1):
     tokens, C, L, T = cfg.batch_size * cfg.block_size, cfg.n_embd, cfg.n_layer, cfg.block_size
     V = -(-vocab_size // 64) * 64
     half = cfg.dtype in ("bfloat16", "float16")
-    n, in_matrices = n_params(cfg, vocab_size)
+    model = meta_model(cfg, vocab_size)
+    n, in_matrices = n_params(cfg, vocab_size, model)
     adam = n - in_matrices if cfg.optimizer == "muon" else n
     params, grads, optimizer = 4 * n, 4 * n, 8 * adam + 4 * (n - adam)
     if world > 1 and cfg.parallelism == "fsdp":
@@ -103,8 +111,9 @@ def estimate(cfg, vocab_size, world=1):
         grads += 4 * n
     per_layer = 34 * C * (1 if half else 2)                        # bytes per token
     float8_inputs = cfg.fp8_recipe in ("tensorwise", "tensorwise_fused", "tensorwise_delayed")
-    if cfg.fp8 and float8_inputs and C >= cfg.fp8_min_dim and C % 16 == 0 \
-            and sorted(k.strip() for k in cfg.fp8_layers.split(",")) == ["attn_proj", "fc", "mlp_proj", "qkv"]:
+    every_kind = cfg.fp8_layers.strip() == "all" or \
+        {k.strip() for k in cfg.fp8_layers.split(",")} >= {kind for _, kind, _ in model.block_linears()}
+    if cfg.fp8 and float8_inputs and C >= cfg.fp8_min_dim and C % 16 == 0 and every_kind:
         per_layer *= FP8_TENSORWISE_ACTIVATIONS
     if cfg.attention == "naive":
         per_layer += 5 * cfg.n_head * T

@@ -5,9 +5,10 @@ edit this module and its keys in configurator.py.
 
   optimizer=adamw  AdamW over every parameter: weight decay on matrices (dim >= 2) only (nanoGPT).
   optimizer=muon   Muon (torch.optim.Muon: momentum, then Newton-Schulz orthogonalisation of the update) for the
-                   transformer blocks' matrices, each one matrix as the model holds it (c_attn's q, k and v
-                   together, 3C x C); AdamW for the rest: the tied embedding / output head, the position
-                   embedding, the LayerNorm gains and any biases. The recipe of modded-nanogpt (Jordan et al.
+                   transformer blocks' matrices (the weights of model.GPT.block_linears(), whatever their kind),
+                   each one matrix as the model holds it (c_attn's q, k and v together, 3C x C); AdamW for the
+                   rest: the token embedding and the output head (one tied matrix by default), the position
+                   embedding, the norms' gains and any biases. The recipe of modded-nanogpt (Jordan et al.
                    2024, github.com/KellerJordan/modded-nanogpt) and nanochat (Karpathy 2025,
                    github.com/karpathy/nanochat), which keep embeddings and the head on Adam: muon_lr 0.02
                    (nanochat's matrix_lr), momentum 0.95 with Nesterov, no weight decay on the Muon matrices.
@@ -38,8 +39,6 @@ import torch.distributed as dist
 
 from speedgpt import refuse_unused
 
-MUON_KINDS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
 
 def check(cfg, world):
     """Raise ValueError naming the keys unless the optimizer settings can work: muon under FSDP (its
@@ -64,12 +63,12 @@ def check(cfg, world):
 
 def param_groups(model, cfg):
     """The parameter groups of `model` (a GPT), each a dict with "params", "weight_decay" and, for
-    optimizer=muon, "muon": True on the group of block matrices Muon takes. Each parameter once (the tied
-    embedding / head is one Parameter)."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    muon = [p for n, p in named if cfg.optimizer == "muon" and n.startswith("transformer.h.") and n.endswith(MUON_KINDS)]
+    optimizer=muon, "muon": True on the group of block matrices Muon takes (the model names them:
+    GPT.block_linears). Each parameter once (the tied embedding / head is one Parameter)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    muon = [m.weight for _, _, m in model.block_linears() if m.weight.requires_grad] if cfg.optimizer == "muon" else []
     taken = {id(p) for p in muon}
-    rest = [p for _, p in named if id(p) not in taken]
+    rest = [p for p in params if id(p) not in taken]
     groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
     if muon:

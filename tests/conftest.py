@@ -94,20 +94,25 @@ def assert_same_outputs(got, want, rtol, atol, grad_rtol=None, grad_atol=None):
                                    atol=grad_atol if grad_atol is not None else atol, msg=lambda m: f"{name}: {m}")
 
 
-def rotary_qk(self, q, k, position_ids):
-    """A rotary embedding (Su et al. 2021, RoFormer) of q and k (B, T, nh, hs) at positions position_ids
-    ((T,) or (B, T): restarting at each document), to monkeypatch model.CausalSelfAttention.transform_qk
-    with: the test that a change to q and k, made in that one place, reaches every attention backend."""
+def rotary_reference(x, position_ids, base=10000.0):
+    """The rotary embedding (Su et al. 2021, RoFormer, section 3.4) of x (B, T, nh, hs) at positions position_ids
+    ((T,) or (B, T)), written apart from model.py's: channels i and i + hs/2 of a head as one complex number,
+    multiplied by exp(1j * position * base^(-2i/hs)) (the half-split pairing of GPT-NeoX and Llama's Hugging Face
+    port), in float64. The reference model.rotary is tested against."""
     import torch
-    hs = q.size(-1)
+    hs = x.size(-1)
     pos = position_ids if position_ids.dim() == 2 else position_ids[None]
-    angle = pos[..., None].double() / 10000 ** (torch.arange(0, hs, 2, device=q.device).double() / hs)  # (B, T, hs/2)
-    cos, sin = (f(angle)[:, :, None].to(q.dtype) for f in (torch.cos, torch.sin))                       # (B, T, 1, hs/2)
+    angle = pos[..., None].double() * base ** (-torch.arange(0, hs, 2, dtype=torch.float64, device=x.device) / hs)
+    z = torch.complex(x[..., :hs // 2].double(), x[..., hs // 2:].double())
+    z = z * torch.polar(torch.ones_like(angle), angle)[:, :, None]                     # (B, T, nh, hs/2)
+    return torch.cat((z.real, z.imag), dim=-1).to(x.dtype)
 
-    def rotate(x):
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-    return rotate(q), rotate(k)
+
+def set_qk_blocks(model, rope, qk_norm):
+    """Turn rotary embeddings and QK-norm on or off in every layer of `model` (a GPT built with them, for the
+    QK-norm gains), weights unchanged: the same model with and without the change to q and k."""
+    for block in model.transformer.h:
+        block.attn.rope, block.attn.qk_norm = rope, qk_norm
 
 
 def packed_b_logits_and_grad(m, a, b, device="cpu"):

@@ -224,6 +224,22 @@ def test_resume_refuses_a_changed_activation_and_reads_old_checkpoints(byte_data
     assert train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=6"))["val_loss"] is not None
 
 
+def test_the_model_keys_are_gptconfigs_fields_each_a_flag_with_its_default():
+    """MODEL_KEYS (what a checkpoint's model is rebuilt from) is derived from GPTConfig: every field but the
+    data's vocab_size, each a key of Config with GPTConfig's default, so a new field of the model cannot be
+    forgotten by a resume, sample.py or eval.py. The flag parser stays free of torch (data.py, plot.py)."""
+    from dataclasses import MISSING, fields
+    from model import GPTConfig
+    ours = {f.name: f.default for f in fields(configurator.Config)}
+    theirs = [f for f in fields(GPTConfig) if f.name != "vocab_size"]
+    assert configurator.MODEL_KEYS == tuple(f.name for f in theirs)
+    assert {"norm", "rope", "qk_norm", "tie_embeddings"} <= set(configurator.MODEL_KEYS)
+    for f in theirs:
+        assert f.name in ours and f.default in (MISSING, ours[f.name]), f.name
+    code = "import sys, configurator; configurator.load_config(['--rope=True']); assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
 def test_a_short_run_resumes_and_a_resume_takes_the_shape(byte_data, tmp_path, capsys):
     """A run shorter than its warm-up (the schedule never decays) resumes with the same command; shape keys
     not given again come from the checkpoint."""

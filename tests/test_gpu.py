@@ -10,9 +10,9 @@ import torch
 import data
 from speedgpt import attention as attn
 import train
-from conftest import packed_b_logits_and_grad, poison_step, read_metrics, rotary_qk, tiny_args
+from conftest import packed_b_logits_and_grad, poison_step, read_metrics, set_qk_blocks, tiny_args
 from speedgpt.mask_check import check_attention_mask
-from model import GPT, CausalSelfAttention, GPTConfig
+from model import GPT, GPTConfig
 from speedgpt.fused_ce import FusedHeadLoss
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -54,23 +54,28 @@ def test_flex_matches_sdpa_with_mask_forward_and_grads():
         torch.testing.assert_close(out["flex"][1][name], g, rtol=1e-3, atol=1e-5)
 
 
+QK_BLOCKS = {"rope": dict(rope=True), "qk_norm": dict(qk_norm=True), "rope+qk_norm": dict(rope=True, qk_norm=True)}
+
+
+@pytest.mark.parametrize("blocks", QK_BLOCKS)
 @pytest.mark.parametrize("attention", ["naive", "sdpa", "flex", "varlen"])
-def test_q_and_k_change_in_one_place_for_every_gpu_backend(attention, monkeypatch):
-    """tests/test_packing.py's one-place test on the GPU backends, bf16: a rotary embedding applied in
-    CausalSelfAttention.transform_qk changes the output, and b packed after a equals b alone with no gradient
-    into a (varlen re-packs the rotated q and k for FA3)."""
+def test_q_and_k_change_in_one_place_for_every_gpu_backend(attention, blocks):
+    """tests/test_packing.py's one-place test on the GPU backends, bf16: rotary embeddings and QK-norm applied in
+    CausalSelfAttention.transform_qk change the output, and b packed after a equals b alone with no gradient into
+    a (varlen re-packs the changed q and k for FA3)."""
     if attention == "varlen":
         varlen_or_skip()
-    m = gpt(attention, dtype=torch.bfloat16)
+    m = gpt(attention, dtype=torch.bfloat16, **QK_BLOCKS[blocks])
+    on = {"rope": False, "qk_norm": False, **QK_BLOCKS[blocks]}
     with torch.no_grad():                   # sharper attention than at init, so that positions matter
         for block in m.transformer.h:
             block.attn.c_attn.weight.mul_(20)
     a, b = (t.tolist() for t in torch.randint(0, 512, (2, 100)))
     with torch.no_grad():
-        plain = m(torch.tensor([b]).cuda())[0][0]
-    monkeypatch.setattr(CausalSelfAttention, "transform_qk", rotary_qk)
-    with torch.no_grad():
         alone = m(torch.tensor([b]).cuda())[0][0]
+        set_qk_blocks(m, rope=False, qk_norm=False)
+        plain = m(torch.tensor([b]).cuda())[0][0]
+        set_qk_blocks(m, **on)
     assert (alone.float() - plain.float()).abs().max() > 0.05
     logits, grad_a, grad_b = packed_b_logits_and_grad(m, a, b, "cuda")
     torch.testing.assert_close(logits.float(), alone.float(), rtol=2e-2, atol=2e-2)
@@ -370,6 +375,22 @@ def test_the_fp8_presets_path_never_recompiles(short_data, tmp_path, regional):
             "--fp8_min_dim=128", "--fused_ce=True", "--fp8_head=True", "--fp8_head_kernel=True", "--max_iters=10"]
     if regional:
         args.append("--compile_regional=True")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        losses = _gpu_run(short_data, tmp_path, *args)
+    assert len(losses) == 10 and losses[-1] < losses[0]
+    torch._dynamo.reset()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="needs a GPU of compute capability 8.9+ (float8 matmuls)")
+def test_every_block_on_the_presets_path_trains_without_recompiling(short_data, tmp_path):
+    """The blocks beside GPT-2's all at once (rmsnorm, rope, qk_norm, relu2, an untied head the FP8 fused head
+    takes) on the presets' path (compiled, the document mask through the fastest kernel, FP8 blocks with delayed
+    scales found through block_linears, the FP8 fused head and its Triton softmax pass): 10 steps, no
+    recompilation, the loss falls."""
+    args = ["--compile=True", "--attention=auto", "--fp8=True", "--fp8_recipe=tensorwise_delayed",
+            "--fp8_min_dim=128", "--fused_ce=True", "--fp8_head=True", "--fp8_head_kernel=True", "--max_iters=10",
+            "--norm=rmsnorm", "--rope=True", "--qk_norm=True", "--activation=relu2", "--tie_embeddings=False"]
     with torch._dynamo.config.patch(error_on_recompile=True):
         losses = _gpu_run(short_data, tmp_path, *args)
     assert len(losses) == 10 and losses[-1] < losses[0]

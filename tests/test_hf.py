@@ -117,6 +117,41 @@ def test_train_main_loads_the_hf_model(byte_data, hf_dir, tmp_path, attention):
     assert summary["val_loss"] == pytest.approx(total / n, abs=1e-5)
 
 
+GPT2_CANNOT = [("norm", "rmsnorm", "LayerNorm"), ("rope", True, r"learned absolute positions \(wpe\)"),
+               ("qk_norm", True, "no QK-norm"), ("activation", "relu2", "gelu_tanh or gelu"),
+               ("tie_embeddings", False, "the output head tied to the embedding")]
+
+
+@pytest.mark.parametrize("key, value, has", GPT2_CANNOT, ids=[c[0] for c in GPT2_CANNOT])
+def test_export_refuses_a_block_gpt2_does_not_have(tmp_path, monkeypatch, key, value, has):
+    """A checkpoint of a model with a block GPT-2 has no place for is refused in one line naming the setting,
+    before transformers is imported and before anything is written; the same model with GPT-2's block exports."""
+    torch.manual_seed(0)
+    shape, meta = dict(vocab_size=257, block_size=32, n_layer=1, n_head=2, n_embd=32), \
+        {"tokenizer": "byte", "vocab_size": 257, "eot_id": 256}
+    fake_checkpoint(tmp_path / "ckpt.pt", GPT(GPTConfig(**shape, **{key: value})), meta)
+    fake_checkpoint(tmp_path / "gpt2.pt", GPT(GPTConfig(**shape)), meta)
+    line = rf"^{re.escape(str(tmp_path))}/ckpt.pt was trained with {key}={value!r}, which Hugging Face's GPT-2 " \
+           rf"cannot hold \(it has {has}\): [^\n]*$"
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "transformers", None)              # refused before transformers is needed
+        with pytest.raises(ValueError, match=line):
+            hf.export_hf(str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"))
+    assert not os.path.exists(tmp_path / "hf")
+    hf.export_hf(str(tmp_path / "gpt2.pt"), str(tmp_path / "hf"))
+
+
+def test_gpt2_weights_bring_gpt2s_blocks():
+    """init_from a GPT-2: its blocks (LayerNorm, learned positions, no QK-norm, the tied head) replace a config that
+    asks for others, as its shape does, so the weights are loaded into the architecture they were trained in."""
+    asked = GPTConfig(vocab_size=257, block_size=64, n_layer=2, n_head=2, n_embd=32, norm="rmsnorm", rope=True,
+                      qk_norm=True, activation="relu2", tie_embeddings=False, attention="naive")
+    got = hf.gpt_config_from_hf(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64,
+                                                        vocab_size=257), "tiny", asked)
+    assert (got.norm, got.rope, got.qk_norm, got.activation, got.tie_embeddings, got.attention) == \
+        ("layernorm", False, False, "gelu_tanh", True, "naive")
+
+
 def test_fine_tune_export_and_back(byte_data, hf_dir, tmp_path, monkeypatch, capsys):
     """Fine-tune from the HF folder, resume, sample, export: transformers loads the export with our
     logits, the head stays tied to the embedding, and loading the export again gives the same model."""
@@ -260,11 +295,11 @@ def test_errors_are_one_line(byte_data, hf_dir, tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=re.escape(f"error: cannot create the output folder {tmp_path}/afile/sub: "
                                                    f"{tmp_path}/afile is a file, not a folder; choose another --to")):
         hf.main(["export", f"--out_dir={tmp_path / 'run'}", f"--to={tmp_path / 'afile' / 'sub'}"])
-    ckpt = torch.load(ckpt_path, weights_only=True)
-    ckpt["model"]["lm_head.weight"] = ckpt["model"]["lm_head.weight"].clone() + 1
-    torch.save(ckpt, tmp_path / "untied.pt")
-    check(ValueError, "lm_head.weight differs from transformer.wte.weight, and HF's GPT-2 ties them",
-          hf.export_hf, str(tmp_path / "untied.pt"), str(tmp_path / "x"))
+    torch.manual_seed(0)
+    untied = GPT(GPTConfig(vocab_size=257, block_size=32, n_layer=1, n_head=2, n_embd=32, tie_embeddings=False))
+    fake_checkpoint(tmp_path / "untied.pt", untied, {"tokenizer": "byte", "vocab_size": 257, "eot_id": 256})
+    check(ValueError, r"trained with tie_embeddings=False, which Hugging Face's GPT-2 cannot hold \(it has the output "
+                      r"head tied to the embedding\)", hf.export_hf, str(tmp_path / "untied.pt"), str(tmp_path / "x"))
 
     class GPTWithExtra(GPT):                                   # a model.py feature GPT-2 has no place for
         def __init__(self, config):

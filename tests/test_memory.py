@@ -16,7 +16,6 @@ import torch
 
 from configurator import Config, load_config
 from conftest import tiny_args
-from model import GPT, GPTConfig
 from speedgpt import attention, memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,17 +86,21 @@ def test_no_preset_is_refused_on_an_h200(path, monkeypatch):
     assert line.startswith("memory: about ") and line.endswith("; fits in the 141.0 GB of cuda:0")
 
 
-@pytest.mark.parametrize("argv", [[], ["--config", "config/fast.py"], ["--config", "config/gpt2-xl.py"],
-                                  ["--config", "config/baseline.py", "--bias=True"]])
-@pytest.mark.parametrize("vocab", [BYTE_VOCAB, GPT2_VOCAB])
-def test_the_parameters_counted_are_the_models(argv, vocab):
-    cfg = load_config(argv)
-    with torch.device("meta"):
-        model = GPT(GPTConfig.from_dict(vars(cfg), vocab, attention="sdpa"))
-    n, in_matrices = memory.n_params(cfg, vocab)
-    assert n == model.num_params(non_embedding=False)
-    assert in_matrices == sum(p.numel() for name, p in model.named_parameters()
-                              if name.startswith("transformer.h.") and p.dim() == 2)
+GPT2_124M = 124_475_904      # GPT-2 small with its embedding padded to 50,304 rows: 50,304 x 768 + 1,024 x 768 (wpe)
+                             # + 12 x (12 x 768^2 + 13 x 768) + 2 x 768 (ln_f)
+BLOCKS = {"": 0, "--rope=True": -1024 * 768,                            # no wpe
+          "--tie_embeddings=False": 50304 * 768,                        # a head of its own
+          "--norm=rmsnorm": -(2 * 12 + 1) * 768,                        # norms without a bias (bias=True here)
+          "--qk_norm=True": 12 * 2 * 64}                                # a gain per channel of a head, q and k
+
+
+@pytest.mark.parametrize("flag", BLOCKS)
+def test_the_parameters_counted_are_gpt2s_and_each_block_changes_them(flag):
+    """memory.n_params of GPT-2 small (bias=True) is its known count, and each block flag moves it by what it adds
+    or removes; Muon's share (the block matrices, 12 C^2 a layer) stays."""
+    cfg = load_config(["--n_layer=12", "--n_head=12", "--n_embd=768", "--block_size=1024", "--bias=True",
+                       *([flag] if flag else [])])
+    assert memory.n_params(cfg, GPT2_VOCAB) == (GPT2_124M + BLOCKS[flag], 12 * 12 * 768 ** 2)
 
 
 def reported_run():

@@ -57,8 +57,9 @@ def test_adamw_groups_decay_matrices_only_and_muon_takes_the_block_matrices():
     muon = optim.param_groups(m, configurator.Config(optimizer="muon"))
     by_id = {id(p): n for n, p in m.named_parameters()}
     names = [[by_id[id(p)] for p in g["params"]] for g in muon]
-    assert muon[0]["muon"] and sorted(names[0]) == sorted(
-        f"transformer.h.{i}.{k}" for i in range(2) for k in optim.MUON_KINDS)
+    kinds = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")                # GPT.block_linears
+    assert muon[0]["muon"] and sorted(names[0]) == sorted(f"transformer.h.{i}.{k}.weight" for i in range(2)
+                                                          for k in kinds)
     assert sorted(names[1]) == ["transformer.wpe.weight", "transformer.wte.weight"]  # the tied head: one tensor
     assert all(p.dim() == 1 for p in muon[2]["params"])
     seen = [id(p) for g in muon for p in g["params"]]

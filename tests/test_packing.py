@@ -13,9 +13,9 @@ import torch
 import data
 from speedgpt import attention as attn
 import train
-from conftest import (ROOT, assert_same_outputs, outputs_and_grads, packed_b_logits_and_grad, read_metrics, rotary_qk,
-                      tiny_args)
-from model import GPT, CausalSelfAttention, GPTConfig
+from conftest import (ROOT, assert_same_outputs, outputs_and_grads, packed_b_logits_and_grad, read_metrics,
+                      set_qk_blocks, tiny_args)
+from model import GPT, GPTConfig
 from speedgpt.attention import position_ids
 from speedgpt.mask_check import check_attention_mask
 
@@ -119,13 +119,18 @@ def test_no_contamination_across_documents(attention):
     assert (_b_logits(m, a2, b, document_mask=False) - leaked).abs().max() > 1e-3
 
 
+QK_BLOCKS = {"rope": dict(rope=True), "qk_norm": dict(qk_norm=True), "rope+qk_norm": dict(rope=True, qk_norm=True)}
+
+
+@pytest.mark.parametrize("blocks", QK_BLOCKS)
 @pytest.mark.parametrize("attention", ["naive", "sdpa", "varlen"])
-def test_q_and_k_change_in_one_place_for_every_backend(attention, monkeypatch):
-    """A rotary embedding from per-document positions, applied once in CausalSelfAttention.transform_qk,
-    reaches the backend (the output changes) and keeps the packing guarantee, forward and backward: b packed
-    after a gives b's logits alone, and sends a's embeddings no gradient (tests/test_gpu.py: flex, varlen
-    on the GPU)."""
-    m = tiny(attention, T=32).double().train()
+def test_q_and_k_change_in_one_place_for_every_backend(attention, blocks):
+    """Rotary embeddings from per-document positions and QK-norm, applied once in CausalSelfAttention.transform_qk,
+    reach the backend (the output changes) and keep the packing guarantee, forward and backward: b packed after a
+    gives b's logits alone (its positions restart at 0), and sends a's embeddings no gradient (tests/test_gpu.py:
+    flex, varlen on the GPU)."""
+    m = tiny(attention, T=32, **QK_BLOCKS[blocks]).double().train()
+    on = {"rope": False, "qk_norm": False, **QK_BLOCKS[blocks]}
     with torch.no_grad():                   # sharper attention than at init, so that positions matter
         for block in m.transformer.h:
             block.attn.c_attn.weight.mul_(20)
@@ -133,11 +138,11 @@ def test_q_and_k_change_in_one_place_for_every_backend(attention, monkeypatch):
     a = torch.randint(0, 64, (13,), generator=g).tolist()
     b = torch.randint(0, 64, (19,), generator=g).tolist()
     with torch.no_grad():
-        plain = m(torch.tensor([b]))[0][0]
-    monkeypatch.setattr(CausalSelfAttention, "transform_qk", rotary_qk)
-    with torch.no_grad():
         alone = m(torch.tensor([b]))[0][0]
-    assert (alone - plain).abs().max() > 1e-3                     # the rotation is applied
+        set_qk_blocks(m, rope=False, qk_norm=False)
+        plain = m(torch.tensor([b]))[0][0]
+        set_qk_blocks(m, **on)
+    assert (alone - plain).abs().max() > 1e-3                     # the change to q and k is applied
     logits, grad_a, grad_b = packed_b_logits_and_grad(m, a, b)
     torch.testing.assert_close(logits, alone, rtol=1e-10, atol=1e-10)
     assert grad_a.abs().max() == 0 and grad_b.abs().max() > 0
