@@ -70,8 +70,8 @@ def evaluate(args):
     returns speedgpt.hellaswag's result dict. Raises ValueError / FileNotFoundError for bad input."""
     if args.examples < 0 or args.batch_size < 1:
         raise ValueError(f"--examples must be >= 0 and --batch_size >= 1, got {args.examples} and {args.batch_size}")
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
-        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {args.device!r}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", args.device):
+        raise ValueError(f"--device must be auto, cpu, cuda, cuda:N or mps, got {args.device!r}")
     proc, clean = setup_processes(args), False
     try:
         check_source(args)
@@ -99,7 +99,8 @@ def main(argv=None):
                         "downloaded when missing)")
     parser.add_argument("--examples", type=int, default=0, help="score the first N examples (0: all)")
     parser.add_argument("--batch_size", type=int, default=8, help="examples per forward (4 rows each)")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (torchrun: each rank its GPU)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (torchrun: "
+                        "each rank its GPU)")
     parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES), help="autocast precision")
     args = parser.parse_args(argv)
     if args.out_dir and args.init_from:          # one model is scored: say which instead of ignoring one
