@@ -250,10 +250,11 @@ def find_shards(data_dir, split):
                                 f"`python data.py --input CORPUS --out {data_dir}{tok}`")
     paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*{split}_*.bin")))
     names = [] if paths else [n for n in os.listdir(data_dir) if not n.startswith(".")]
-    if names and not any(n.endswith(".bin") or n == "meta.json" for n in names):    # a corpus, not shards
+    if names and not any(n.endswith(".bin") or OUR_FILE.fullmatch(n) for n in names):    # a corpus, not shards
         out = os.path.join("data", os.path.basename(os.path.normpath(data_dir)))
         out += "_tokens" if os.path.realpath(out) == os.path.realpath(data_dir) else ""
-        raise FileNotFoundError(f"data folder {data_dir!r} holds no shards but {len(names)} other files "
+        raise FileNotFoundError(f"data folder {data_dir!r} holds no shards but {len(names)} other "
+                                f"file{'s' * (len(names) > 1)} "
                                 f"({', '.join(sorted(names)[:3])}{', ...' if len(names) > 3 else ''}): if it is a "
                                 f"corpus, prepare it with `python data.py --input {data_dir} --out {out}{tok}`, "
                                 f"then pass --data_dir={out}")
