@@ -2,6 +2,7 @@
 #   make quickstart   train the CPU quickstart (python train.py): core packages only; run again, it continues
 #                     out/ckpt.pt (--init_from=resume), or says the run is finished (rm -rf out: afresh)
 #   make test         the test suite, with every optional package (make test-fast: without the slow tests)
+# make help lists every target; make clean removes what runs and tests leave (it keeps .venv and data/).
 # The venv is isolated: it sees only what it installs, so `pip install transformers` there resolves against
 # the venv alone. torch: where $(PYTHON) already has a build in the range of requirements.txt (a GPU box's
 # preinstalled one), the venv is made with --system-site-packages to reuse it, and says so (it then sees
@@ -19,24 +20,35 @@ TORCH_FITS := import sys, importlib, importlib.util, torch; \
     req = importlib.import_module(('' if importlib.util.find_spec('packaging') else 'pip._vendor.') + 'packaging.requirements'); \
     sys.exit(not req.Requirement('$(TORCH)').specifier.contains(torch.__version__.split('+')[0]))
 
-.PHONY: quickstart test test-fast setup setup-test
+.PHONY: help quickstart test test-fast setup setup-test clean
+.DEFAULT_GOAL := quickstart
+
+# each target's line: the comment after its `##`
+help:  ## this list
+	@awk -F ':.*## ' '/^[a-z-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
 
 # train.py refuses a new run over an existing checkpoint; a second quickstart means "go on", so it resumes
 # (a finished run says so and exits 0)
-quickstart: $(VENV)/.core
+quickstart: $(VENV)/.core  ## train the CPU quickstart (python train.py), or continue it (out/ckpt.pt)
 	@if [ -f out/ckpt.pt ]; then \
 	    echo "quickstart: out/ckpt.pt exists: continuing it (--init_from=resume; rm -rf out to start afresh)"; \
 	    echo "$(PY) train.py --init_from=resume"; $(PY) train.py --init_from=resume; \
 	else echo "$(PY) train.py"; $(PY) train.py; fi
 
-test: $(VENV)/.extra
+test: $(VENV)/.extra  ## the whole test suite, every optional package installed
 	$(PY) -m pytest -q tests
 
-test-fast: $(VENV)/.extra
+test-fast: $(VENV)/.extra  ## the test suite without the slow tests (torchrun, signals, compile)
 	$(PY) -m pytest -q -m "not slow" tests
 
-setup: $(VENV)/.core
-setup-test: $(VENV)/.extra
+setup: $(VENV)/.core  ## only make .venv: torch and the core packages (requirements.txt)
+setup-test: $(VENV)/.extra  ## only make .venv with the optional packages too (requirements-extra.txt)
+
+# the runs' folders (checkpoints included), bench.py's, W&B's offline runs and Python's and pytest's caches;
+# not .venv, nor data/ (prepared corpora, the HellaSwag file)
+clean:  ## rm -rf out*/ bench_out*/ bench_cpu/ wandb/ .pytest_cache/ and every __pycache__/ (keeps .venv, data/)
+	rm -rf out*/ bench_out*/ bench_cpu/ wandb/ .pytest_cache/
+	find . -name __pycache__ -type d -not -path './$(VENV)/*' -prune -exec rm -rf {} +
 
 $(VENV)/.core: requirements.txt
 	@test -x $(PY) || if $(PYTHON) -c "$(TORCH_FITS)" 2>/dev/null; then \

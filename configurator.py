@@ -84,7 +84,7 @@ class Config:
     fused_adamw: bool = False              # the fused AdamW kernel
     max_skipped_steps: int = 0             # non-finite steps skipped (no update) before the run stops
     # system
-    device: str = "auto"                   # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
+    device: str = "auto"                   # auto (cuda if available, else mps, else cpu) | cpu | cuda | cuda:N | mps
     dtype: str = "float32"                 # float32 | bfloat16 | float16 (float16 adds a GradScaler)
     memory_check: bool = True              # refuse a run whose estimated memory exceeds the device's; False: try anyway
     tf32: bool = False                     # TF32 matmuls in float32
@@ -124,6 +124,8 @@ LEGACY_EVAL_ITERS = ("it is replaced by eval_tokens, the validation tokens of ea
                      "batch_size and number of processes (eval_iters x batch_size x block_size x processes before); "
                      "eval_iters=0 still means no evaluation")
 DERIVED = "it is derived: set total_batch_size, the tokens per optimizer step for the whole job"
+# data.py's flags, which a newcomer gives train.py: the prepared folder's meta.json holds what they chose
+DATA_PY_FLAGS = ("tokenizer", "input", "val_frac", "text_field", "shard_tokens", "max_tokens", "workers")
 RENAMED = {"eval_iters": LEGACY_EVAL_ITERS, "grad_accum_steps": DERIVED, "gradient_accumulation_steps": DERIVED}
 HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: OpenAI's GPT-2 on the Hugging Face hub
 
@@ -188,7 +190,10 @@ def did_you_mean(name, known, help_command):
 
 
 def _unknown(key, where):
-    """The one line for a key Config does not have, with the closest one it has."""
+    """The one line for a key Config does not have, with the closest one it has (data.py's flags: said so)."""
+    if key in DATA_PY_FLAGS:
+        return (f"{key!r} ({where}) is a flag of data.py, not of train.py: prepare the data with it (python data.py "
+                f"--{key}=... --input CORPUS --out data/NAME), then train on it with --data_dir=data/NAME")
     return f"unknown config key {key!r} ({where}): " + did_you_mean(key, [f.name for f in fields(Config)],
                                                                     "python train.py --help lists every key")
 
@@ -343,7 +348,8 @@ def load_config(argv, with_explicit=False):
     cfg = Config(**values)
     positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval",
                 "fused_ce_chunk", "keep_checkpoints")
-    way_out = {"keep_checkpoints": " (to keep none, --save_checkpoints=False)"}
+    way_out = {"keep_checkpoints": " (to keep none, --save_checkpoints=False)",
+               "eval_interval": " (to turn evaluation off, --eval_tokens=0)"}
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}"
@@ -365,8 +371,8 @@ def load_config(argv, with_explicit=False):
             raise ValueError(f"config key {key!r} (AdamW) must be in [0, 1), got {getattr(cfg, key)}")
     if cfg.init_from != "resume":        # a resume checks the schedule it continues with (resume_config)
         check_schedule(cfg)
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
-        raise ValueError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", cfg.device):
+        raise ValueError(f"config key 'device' must be auto, cpu, cuda, cuda:N or mps, got {cfg.device!r}")
     if not cfg.out_dir:
         raise ValueError("config key 'out_dir' must not be empty")
     if not cfg.data_dir:

@@ -43,8 +43,9 @@ from speedgpt import corpus
 from speedgpt.corpus import ByteTokenizer, GPT2Tokenizer, get_tokenizer   # noqa: F401 (data.get_tokenizer is public)
 from speedgpt.corpus import sigterm_as_interrupt
 from speedgpt.shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, SHARD_TOKENS,  # noqa: F401 (data.X is public)
-                             DataError, describe_os_error, find_shards, index_path, index_tmp_path, load_meta,
-                             prepared_folder, read_header, read_index, read_shard, write_index, write_shard)
+                             TOKEN_BYTES, DataError, describe_os_error, find_shards, index_path, index_tmp_path,
+                             load_meta, prepared_folder, read_header, read_index, read_shard, token_bytes, write_index,
+                             write_shard)
 
 # -----------------------------------------------------------------------------
 # preparation
@@ -166,6 +167,7 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
                 "binary_files_skipped": len(report.binary), "encoding": report.encoding,
                 "replaced_chars": report.replaced,
                 **{f"{s}_{k}": getattr(w, k) for s, w in writers.items() for k in ("tokens", "docs")}}
+        np.save(os.path.join(tmp, TOKEN_BYTES), tok.token_bytes().astype(np.uint16))   # no tokenizer files to train
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f, indent=2)
     for note in report.all_notes():
@@ -180,6 +182,14 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
         print(f"note: the val split is one document ({meta['val_tokens']:,} tokens): its loss measures that document "
               "alone; a larger --val_frac (or more documents) makes it a sample of the corpus")
     return meta
+
+
+def check_first_use(data_dir):
+    """Before any work: raise FileNotFoundError (the way out named) when `data_dir` is data/stdlib_gpt2, which
+    train.py prepares on first use, still unprepared, and GPT-2's tokenizer files cannot be had (offline)."""
+    if os.path.basename(str(data_dir).rstrip("/")) == "stdlib_gpt2" and \
+            not os.path.isfile(os.path.join(data_dir, "meta.json")):
+        get_tokenizer("gpt2")
 
 # -----------------------------------------------------------------------------
 # loading

@@ -76,8 +76,8 @@ def check_args(args):
     """Raise ValueError naming the flag for a setting that cannot be run, before any work."""
     if args.examples < 0 or args.batch_size < 1:
         raise ValueError(f"--examples must be >= 0 and --batch_size >= 1, got {args.examples} and {args.batch_size}")
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
-        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {args.device!r}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", args.device):
+        raise ValueError(f"--device must be auto, cpu, cuda, cuda:N or mps, got {args.device!r}")
 
 
 def evaluate(args):
@@ -187,7 +187,8 @@ def main(argv=None):
                         "of each task)")
     parser.add_argument("--batch_size", type=int, default=8, help="examples per forward (4 rows each; --lm_eval: "
                         "the harness's requests per forward)")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (torchrun: each rank its GPU)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (torchrun: "
+                        "each rank its GPU)")
     parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES),
                         help="autocast precision (--lm_eval: the weights' dtype)")
     parser.add_argument("--lm_eval", default="", help="instead of our HellaSwag: lm-evaluation-harness tasks, "

@@ -316,11 +316,15 @@ def export_hf(ckpt_path, to):
 def main(argv=None):
     parser = FlagParser(prog="hf.py", description="Hugging Face interop. Fine-tuning from GPT-2 is train.py's "
                                      f"init_from ({', '.join(HF_GPT2)} or a folder); this exports.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command")
     ex = sub.add_parser("export", help="write out_dir/ckpt.pt as a Hugging Face GPT-2 folder")
     ex.add_argument("--out_dir", default="out", help="the training run's folder, holding ckpt.pt")
     ex.add_argument("--to", default=None, help="the folder to write (default: OUT_DIR/hf)")
     args = parser.parse_args(argv)
+    if args.command is None:                  # argparse's words ("arguments are required: command") name no command
+        parser.error("hf.py needs a command: export (python hf.py export --out_dir=out writes out/hf); to fine-tune "
+                     f"from GPT-2, train.py takes --init_from=gpt2 (or {', '.join(HF_GPT2[1:])}, a Hugging Face "
+                     "folder)")
     to = args.to or os.path.join(args.out_dir, "hf")
     try:
         export_hf(os.path.join(args.out_dir, "ckpt.pt"), to)

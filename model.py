@@ -390,7 +390,8 @@ class GPT(nn.Module):
         prompt each new token costs one position. The positions are absolute (wpe, or rotary): once the context
         outgrows block_size the window moves by one every token, and every key with it, so from there on
         each token is a forward of the last block_size tokens, with or without the cache. The output is
-        the same either way (the same logits, up to rounding, and the same random draws in the same order)."""
+        the same either way (the same logits, up to rounding, and the same random draws in the same order).
+        temperature=0 is greedy decoding: the likeliest token each time (argmax; no random draw)."""
         block_size, kv_cache = self.config.block_size, None
         for _ in range(max_new_tokens):
             if kv_cache is not None and kv_cache[0].length < block_size:
@@ -399,10 +400,14 @@ class GPT(nn.Module):
                 room = use_cache and idx.size(1) < block_size
                 kv_cache = [KVCache(block_size) for _ in self.transformer.h] if room else None
                 logits, _ = self(idx[:, -block_size:], kv_cache=kv_cache)
-            logits = logits[:, -1, :self.config.vocab_size] / max(temperature, 1e-6)
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            logits = logits[:, -1, :self.config.vocab_size]
+            if temperature == 0:                    # greedy
+                idx_next = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / max(temperature, 1e-6)
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")
+                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx

@@ -6,6 +6,7 @@ Generate text from a checkpoint, decoding with the checkpoint's tokenizer.
     python sample.py --start=""                        # a whole document, from its first token
     python sample.py --out_dir out-fast --top_k 0      # the space form too; top_k 0: the whole vocabulary
     python sample.py --kv_cache=False                  # no KV cache: the whole context per token
+    python sample.py --temperature=0                   # greedy: the likeliest token each time (the same every run)
 
 Each sample starts a document (the prompt follows one end-of-text token, as every training document
 does) and stops where the model ends it (its next end-of-text), or after max_new_tokens.
@@ -42,14 +43,14 @@ def load_model(out_dir, device):
 
 
 def temperature(text):
-    """float(text) if it is a finite number > 0, else argparse's one-line error: nan passes a `> 0` check
-    and ends in multinomial's traceback, and inf flattens the distribution into noise."""
+    """float(text) if it is a finite number >= 0 (0: greedy), else argparse's one-line error: nan passes a
+    `>= 0` check and ends in multinomial's traceback, and inf flattens the distribution into noise."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0: greedy, the likeliest token), got {text!r}")
     return value
 
 
@@ -68,19 +69,23 @@ def main(argv=None):
     parser.add_argument("--start", default="def ", help="prompt; FILE:path reads it from a file")
     parser.add_argument("--num_samples", type=whole(1), default=2)
     parser.add_argument("--max_new_tokens", type=whole(1), default=300)
-    parser.add_argument("--temperature", type=temperature, default=0.8, help="a finite number > 0")
+    parser.add_argument("--temperature", type=temperature, default=0.8,
+                        help="a finite number >= 0; 0: greedy (the likeliest token each time; top_k does nothing)")
     parser.add_argument("--top_k", type=whole(0, " (0: the whole vocabulary)"), default=50,
                         help="sample from the k likeliest tokens; 0: from the whole vocabulary")
     parser.add_bool("--kv_cache", help="keep each layer's keys and values so that a new token costs one position; "
                     "False recomputes the whole context per token (the same samples, up to rounding)")
     parser.set_defaults(kv_cache=True)       # add_bool's flags default to False
     parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else
+                        "mps" if torch.backends.mps.is_available() else "cpu", help="cpu | cuda | cuda:N | mps")
     args = parser.parse_args(argv)
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
-        parser.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):
+        parser.error(f"--device must be cpu, cuda, cuda:N or mps, got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA GPU is available (sample on the CPU: --device cpu)")
+    if args.device == "mps" and not torch.backends.mps.is_available():
+        parser.error("--device mps: Apple's MPS backend is not available here (sample on the CPU: --device cpu)")
     if args.start.startswith("FILE:") and not os.path.isfile(args.start[5:]):
         # a folder exists, so "not found" would send the user looking for it (configurator.py's wording)
         parser.error(f"prompt file {args.start[5:]} "

@@ -26,15 +26,15 @@ import torch
 import torch.distributed as dist
 
 from configurator import MODEL_KEYS, help_text, load_config, non_defaults, resolve_decay, resume_changes, resume_config
-from data import DataError, Loader, get_tokenizer, load_meta, prepare, sigterm_as_interrupt
+from data import DataError, Loader, check_first_use, load_meta, prepare, sigterm_as_interrupt, token_bytes
 from model import GPT, GPTConfig
-from speedgpt import (activation_checkpointing, attention, compilation, evaluation, fp8, fused_ce, hellaswag, measure,
-                      memory, optim)
+from speedgpt import (Refusals, activation_checkpointing, attention, compilation, evaluation, fp8, fused_ce, hellaswag,
+                      measure, memory, optim)
 from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, target_reached
 from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, Branch, check_disk, check_out_dir, checkpoint_bytes,
                                  finish_write, last_good, load_checkpoint, load_weights, remove_stale_tmp, restore_state,
                                  resume_path, rewind_notes, save_run, start_branch)
-from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, exit_status,
+from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, check_dtype, exit_status,
                                   failed_after_signal, leave, plan_batch, print0, seed_rank_stream, setup_processes)
 from speedgpt.distributed import check as check_parallelism
 from speedgpt.mask_check import check_attention_mask
@@ -51,23 +51,31 @@ PT_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": tor
 def check_flags(cfg, proc):
     """Each feature's own check of its flags for this device and launch, before any work: ValueError
     naming the keys and the way out. Returns `cfg` with what the flags resolve to (attention='auto' ->
-    a backend, printed; document_mask False without packing), so every later stage reads one answer."""
+    a backend, printed; document_mask False without packing), so every later stage reads one answer.
+    A GPU-sized run on the CPU (a GPU preset: memory.cpu_way_out) hears all its refusals in one line."""
     resolved = attention.check(cfg, proc.device)
     if cfg.attention == "auto":
         print0(f"attention: auto -> {resolved.attention}")
     if resolved.attention == "varlen":
         print0(f"attention: varlen through {attention.varlen_kernel(proc.device)}")
-    if cfg.dtype == "bfloat16" and proc.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(proc.device)}; use float16")
-    fused_ce.check(resolved)
-    evaluation.check(resolved)
-    measure.check(resolved)
-    fp8.check(resolved, proc.device)
-    optim.check(resolved, proc.world)
-    compilation.check(resolved, proc.device)
-    check_parallelism(resolved, proc.world)
-    memory.check_run(resolved, proc.device, proc.world)
-    check_out_dir(resolved.out_dir)
+    check_dtype(resolved, proc.device)
+    refuse = Refusals(gather=bool(memory.cpu_way_out(resolved, proc.device)))     # a GPU preset on a CPU
+    refuse(fused_ce.check, resolved)
+    refuse(evaluation.check, resolved)
+    refuse(measure.check, resolved)
+    refuse(fp8.check, resolved, proc.device)
+    refuse(optim.check, resolved, proc.world)
+    refuse(compilation.check, resolved, proc.device)
+    refuse(check_parallelism, resolved, proc.world)
+    refuse(memory.check_run, resolved, proc.device, proc.world)
+    refuse(check_first_use, resolved.data_dir)      # GPT-2's tokenizer files, to prepare data/stdlib_gpt2
+    refuse(check_out_dir, resolved.out_dir)
+    if refuse.found and resolved.eval_tokens > 65536:      # beside what is refused, what would be slow here
+        refuse.found.append(ValueError(f"on a CPU, steps and evaluations of {resolved.total_batch_size:,} and "
+                                       f"{resolved.eval_tokens:,} tokens are slow: add --total_batch_size=0 (one "
+                                       "micro-batch a step) and --eval_tokens=16384"))
+    refuse.raise_all(f"a GPU-sized run (steps of {resolved.total_batch_size:,} tokens) on the CPU",
+                     "train on a CPU at the quickstart's size (python train.py)")
     return hellaswag.check(resolved, proc)          # last: 'on' may download the file
 
 
@@ -132,11 +140,10 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
                 vocab_size=meta["vocab_size"])
     train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, prefetch=grad_accum_steps, **args)
     val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **args) if cfg.eval_tokens > 0 else None
-    token_bytes = None if val_loader is None else \
-        torch.as_tensor(get_tokenizer(meta["tokenizer"]).token_bytes(), device=proc.device)
+    counts = None if val_loader is None else torch.as_tensor(token_bytes(cfg.data_dir, meta), device=proc.device)
     if val_loader is not None and eval_rows(cfg, val_loader) * cfg.block_size < cfg.eval_tokens:
         print0(evaluation.small_split_note(cfg, val_loader))
-    return meta, train_loader, val_loader, token_bytes
+    return meta, train_loader, val_loader, counts
 
 
 def build_model(cfg, meta, proc, ckpt, train_loader):
@@ -280,21 +287,26 @@ class Run:
     target: dict = None                 # where target_val_loss was reached (evaluation.target_reached)
     writer: BackgroundWrite = field(default_factory=BackgroundWrite)    # async_checkpoint's write in flight
     branch: Branch = None               # out_dir's history this run continues: files it replaces, ckpt_best's loss
+    saved: bool = False                 # this process wrote a checkpoint (an earlier run's may be in out_dir)
 
     @property
     def ckpt_path(self):
         return os.path.join(self.cfg.out_dir, "ckpt.pt")
 
     def last_good(self, then=DIVERGED):
-        """What a stopped run says of ckpt.pt (checkpoint.last_good), once a background write has ended."""
+        """What a stopped run says of ckpt.pt (checkpoint.last_good), once a background write has ended: only
+        this run's (written, or resumed from), not an earlier run's that init_from=scratch left in out_dir."""
         self.writer.wait()
+        if not (self.saved or self.cfg.init_from == "resume") and os.path.exists(self.ckpt_path):
+            return f"no checkpoint of this run was written ({self.ckpt_path} is an earlier run's)"
         return last_good(self.ckpt_path, then)
 
     def summary(self):
         """The run's summary (MetricsLogger.summary), with the last bits per byte and HellaSwag acc_norm."""
         return {**self.logger.summary(self.step, self.val_loss, self.best_val), "val_bpb": self.val_bpb,
                 "hellaswag_acc_norm": self.hellaswag_acc_norm, "target_val_loss": self.cfg.target_val_loss or None,
-                "target_reached": self.target}
+                "target_reached": self.target, **({} if self.saved or self.cfg.init_from == "resume" else
+                                                  {"checkpoint": None})}    # an earlier run's is not named
 
     def evaluate(self, step, train_seconds):
         """Validation loss and bits per byte at `step` (and HellaSwag when on), logged with the training
@@ -319,6 +331,7 @@ class Run:
     def save(self, step, background=False):
         """Write the checkpoint of `step` (speedgpt/checkpoint.py's save_run: every rank calls it)."""
         save_run(self, step, background)
+        self.saved = True
 
 
 def train(run, stop):

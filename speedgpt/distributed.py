@@ -53,7 +53,19 @@ def setup_processes(cfg):
     rank, local_rank = int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0))
     cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
     if cuda and not torch.cuda.is_available():
-        raise ValueError(f"device={cfg.device!r} but no CUDA GPU is available")
+        why = "this torch is a CPU build" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ValueError(f"device={cfg.device!r} but {why}: train on the CPU with --device=cpu (or leave --device out: "
+                         "auto picks a GPU when there is one)")
+    # Apple's GPU (Metal), after CUDA: untested on real hardware; the features that need CUDA refuse it in
+    # their checks, as they refuse the CPU (flex, varlen, FP8, compile_tuning, sdpa_backend)
+    mps = cfg.device == "mps" or (cfg.device == "auto" and not cuda and world == 1
+                                  and torch.backends.mps.is_available())
+    if mps and not torch.backends.mps.is_available():
+        raise ValueError("device='mps' but Apple's MPS backend is not available here (it needs an Apple silicon Mac "
+                         "and torch built with MPS): use --device=cpu")
+    if mps and world > 1:
+        raise ValueError("device='mps' runs one process (MPS has no process-group backend): launch it without "
+                         "torchrun, or use --device=cpu (gloo)")
     if cuda and world > 1:
         per_node, n_gpus = int(env.get("LOCAL_WORLD_SIZE", world)), torch.cuda.device_count()
         if per_node > n_gpus:
@@ -65,12 +77,21 @@ def setup_processes(cfg):
         if device.index >= torch.cuda.device_count():
             raise ValueError(f"device={cfg.device!r} but only {torch.cuda.device_count()} GPU(s) are visible")
     else:
-        device = torch.device("cpu")
+        device = torch.device("mps" if mps else "cpu")
     if cuda:
         torch.cuda.set_device(device)
     if world > 1:
         dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=device if cuda else None)
     return Proc(rank, local_rank, world, device)
+
+
+def check_dtype(cfg, device):
+    """Raise ValueError for a dtype that `device` (a torch.device) cannot compute in: bfloat16 on a GPU without it
+    (before Ampere), or on Apple's MPS before macOS 14."""
+    if cfg.dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(device)}; use float16")
+    if cfg.dtype == "bfloat16" and device.type == "mps" and not torch.backends.mps.is_macos_or_newer(14, 0):
+        raise ValueError("dtype='bfloat16' on MPS needs macOS 14 or newer; use float16, or float32")
 
 
 def plan_batch(cfg, world):

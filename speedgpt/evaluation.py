@@ -31,7 +31,8 @@ def estimate_loss(model, loader, rows, ctx, token_bytes):
     (FSDP gathers weights in each); rows past `rows` get no targets."""
     model.eval()
     loader.reset()
-    totals = torch.zeros(3, dtype=torch.float64, device=loader.device)      # (loss sum, real tokens, their bytes)
+    wide = torch.float32 if loader.device.type == "mps" else torch.float64  # MPS has no float64
+    totals = torch.zeros(3, dtype=wide, device=loader.device)      # (loss sum, real tokens, their bytes)
     per_call = loader.world_size * loader.B
     for call in range(-(-rows // per_call)):
         b = next(loader)
@@ -42,7 +43,7 @@ def estimate_loss(model, loader, rows, ctx, token_bytes):
         with ctx:
             _, loss = model(b.x, b.y, b.doc_ids, b.cu_seqlens, b.position_ids)
         n, n_bytes = (b.y != -1).sum(), torch.where(b.y != -1, token_bytes[b.y.clamp(min=0)], 0).sum()
-        totals += torch.stack([loss.double() * n, n.double(), n_bytes.double()])
+        totals += torch.stack([loss.to(wide) * n, n.to(wide), n_bytes.to(wide)])
     if dist.is_initialized():
         dist.all_reduce(totals)
     model.train()

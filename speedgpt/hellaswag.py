@@ -231,12 +231,12 @@ class HellaSwag:
         return torch.cat(sums), torch.cat(counts)
 
     def counts(self, model, ctx):
-        """(right by mean loss, right by summed loss, examples) of this rank: a float64 tensor on the device."""
+        """(right by mean loss, right by summed loss, examples) of this rank: an int64 tensor (MPS has no float64)."""
         sums, n = self.losses(model, ctx)
         labels = self.labels.to(sums.device)
         norm, total = (sums / n).argmin(1), sums.argmin(1)       # the lowest loss wins (first of ties)
         n = torch.tensor(len(labels), device=labels.device)
-        return torch.stack([(norm == labels).sum(), (total == labels).sum(), n]).double()
+        return torch.stack([(norm == labels).sum(), (total == labels).sum(), n]).long()
 
     def evaluate(self, model, ctx):
         """Score `model` (in eval mode, then back to its mode before) on every rank's examples together:

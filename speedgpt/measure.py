@@ -77,6 +77,8 @@ def sync(device):
     """Wait for the GPU's queued work: before every reading of the clock (CUDA calls are asynchronous)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":          # Apple's GPU queues its work too
+        torch.mps.synchronize()
 
 
 def cuda_time_ms(fn, warmup=5, iters=20, device=None):

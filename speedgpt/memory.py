@@ -151,13 +151,15 @@ def _read_int(path, field=None):
 
 def available(device):
     """Bytes of memory a run on `device` (a torch.device or its name) may use, or None where it cannot be read.
-    A GPU: its total memory (torch.cuda.get_device_properties). The CPU: the machine's available memory
-    (MemAvailable in /proc/meminfo: free memory plus what the kernel can reclaim; else os.sysconf's available
-    pages), capped on Linux by the cgroup's memory limit (cgroup v2 memory.max, v1 memory.limit_in_bytes), since
-    a container's /proc/meminfo reports the host's memory."""
+    A GPU: its total memory (torch.cuda.get_device_properties); Apple's MPS: Metal's recommended working set.
+    The CPU: the machine's available memory (MemAvailable in /proc/meminfo: free memory plus what the kernel
+    can reclaim; else os.sysconf's available pages), capped on Linux by the cgroup's memory limit (cgroup v2
+    memory.max, v1 memory.limit_in_bytes), since a container's /proc/meminfo reports the host's memory."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "mps":            # unified memory: what Metal recommends one process's GPU work stays under
+        return torch.mps.recommended_max_memory()
     free = _read_int(MEMINFO, "MemAvailable")
     if free is None:
         try:

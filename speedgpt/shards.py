@@ -22,9 +22,10 @@ LLMC_LLAMA3 = (20240801, 7)   # llm.c's uint32 shards for Llama 3 tokens: readab
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 SHARD_TOKENS = 100_000_000    # tokens per shard, as llm.c
+TOKEN_BYTES = "token_bytes.npy"   # beside meta.json: each token id's UTF-8 bytes (token_bytes)
 FORMAT = 2                    # meta.json "format": 2 = EOT before each document (1 put it after)
 OUR_SHARD = re.compile(r"(train|val)_\d{6}\.bin")
-OUR_FILE = re.compile(r"((train|val)_\d{6}\.(bin|idx\.npz)|meta\.json)(\.\d+)?(\.tmp)?")
+OUR_FILE = re.compile(r"((train|val)_\d{6}\.(bin|idx\.npz)|meta\.json|token_bytes\.npy)(\.\d+)?(\.tmp)?")
 
 # -----------------------------------------------------------------------------
 # shards and their index
@@ -222,6 +223,19 @@ def prepared_folder(out_dir):
         shutil.rmtree(old, ignore_errors=True)
 
 
+def token_bytes(data_dir, meta):
+    """(vocab_size,) int64: the UTF-8 bytes each token id stands for (bits per byte's denominator), from the
+    folder's token_bytes.npy, which data.py writes at preparation so that training on GPT-2 tokens needs no
+    tokenizer files; from the tokenizer for a folder prepared before that, or foreign shards."""
+    path = os.path.join(str(data_dir), TOKEN_BYTES)
+    if os.path.isfile(path):
+        counts = np.load(path)
+        if counts.shape == (meta["vocab_size"],):
+            return counts.astype(np.int64)
+    from speedgpt.corpus import get_tokenizer
+    return get_tokenizer(meta["tokenizer"]).token_bytes()
+
+
 def tokenizer_flag(data_dir):
     """The --tokenizer a preparation hint for `data_dir` needs: the presets' folders say it in their names
     (data/stdlib_gpt2, data/shakespeare_gpt2)."""
@@ -245,6 +259,15 @@ def find_shards(data_dir, split):
         raise FileNotFoundError(f"data folder {data_dir!r} does not exist: prepare it with "
                                 f"`python data.py --input CORPUS --out {data_dir}{tok}`")
     paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*{split}_*.bin")))
+    names = [] if paths else [n for n in os.listdir(data_dir) if not n.startswith(".")]
+    if names and not any(n.endswith(".bin") or OUR_FILE.fullmatch(n) for n in names):    # a corpus, not shards
+        out = os.path.join("data", os.path.basename(os.path.normpath(data_dir)))
+        out += "_tokens" if os.path.realpath(out) == os.path.realpath(data_dir) else ""
+        raise FileNotFoundError(f"data folder {data_dir!r} holds no shards but {len(names)} other "
+                                f"file{'s' * (len(names) > 1)} "
+                                f"({', '.join(sorted(names)[:3])}{', ...' if len(names) > 3 else ''}): if it is a "
+                                f"corpus, prepare it with `python data.py --input {data_dir} --out {out}{tok}`, "
+                                f"then pass --data_dir={out}")
     if not paths:
         hint = " (prepared with --val_frac=0? then train with --eval_tokens=0)" if split == "val" else \
             (f": prepare it with `python data.py --input CORPUS --out {data_dir}{tok}` "

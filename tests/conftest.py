@@ -23,6 +23,15 @@ def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 
 
+def gpt2_tokenizer():
+    """data.get_tokenizer("gpt2"), or the calling test skipped with the reason: tiktoken's GPT-2 files are missing
+    (offline without TIKTOKEN_CACHE_DIR)."""
+    try:
+        return data.get_tokenizer("gpt2")
+    except FileNotFoundError as e:
+        pytest.skip(f"GPT-2 tokenizer files unavailable: {str(e).split(' (')[0]}")
+
+
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory):
     """A folder of 80 real documents of varied length: the first stdlib .py files."""

@@ -66,6 +66,16 @@ def test_an_unknown_key_names_the_closest(argv, message):
     assert str(e.value) == message
 
 
+def test_a_flag_of_data_py_given_to_train_py_says_so():
+    """--tokenizer=gpt2 is how data.py prepares a corpus; train.py reads the tokenizer from the folder's meta.json."""
+    with pytest.raises(ValueError) as e:
+        configurator.load_config(["--tokenizer=gpt2"])
+    assert str(e.value) == ("'tokenizer' (command line) is a flag of data.py, not of train.py: prepare the data with "
+                            "it (python data.py --tokenizer=... --input CORPUS --out data/NAME), then train on it with "
+                            "--data_dir=data/NAME")
+    assert configurator.load_config(["--device=mps"]).device == "mps"
+
+
 def test_an_unknown_key_in_a_config_file_names_the_closest(tmp_path):
     (tmp_path / "c.py").write_text("learning_rat = 1e-3\n")
     with pytest.raises(ValueError) as e:

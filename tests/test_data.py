@@ -16,15 +16,35 @@ import pytest
 import torch
 
 import data
-from conftest import DOCS, ROOT, _folder_state, _foreign_shards, _split_docs, _stream, _write_docs, tiny_args
+import train
+from conftest import (DOCS, ROOT, _folder_state, _foreign_shards, _split_docs, _stream, _write_docs, gpt2_tokenizer,
+                      tiny_args)
+
+
+def test_training_on_gpt2_tokens_needs_no_tokenizer_files(tmp_path, monkeypatch):
+    """prepare() keeps each token id's UTF-8 bytes beside meta.json (token_bytes.npy), so a run on GPT-2 tokens
+    computes bits per byte without tiktoken's files; a folder prepared before that reads the tokenizer's."""
+    tok = gpt2_tokenizer()
+    _write_docs(tmp_path / "in", [f"{i} {d} " * 20 for i, d in enumerate(DOCS * 4)])
+    data.prepare(str(tmp_path / "in"), str(tmp_path / "d"), "gpt2", val_frac=0.3, seed=1, workers=1)
+    meta = data.load_meta(str(tmp_path / "d"))
+    assert np.array_equal(data.token_bytes(str(tmp_path / "d"), meta), tok.token_bytes())
+
+    def offline(self):
+        raise FileNotFoundError("could not load tiktoken's GPT-2 files (offline)")
+    monkeypatch.setattr(data.GPT2Tokenizer, "__init__", offline)
+    summary = train.main(tiny_args(tmp_path / "d", tmp_path / "out", "--max_iters=2"))
+    assert summary["val_bpb"] > 0
+    os.remove(tmp_path / "d" / data.TOKEN_BYTES)                  # a folder prepared before token_bytes.npy
+    with pytest.raises(FileNotFoundError, match="tiktoken's GPT-2 files"):
+        data.token_bytes(str(tmp_path / "d"), meta)
+    monkeypatch.undo()
+    assert np.array_equal(data.token_bytes(str(tmp_path / "d"), meta), tok.token_bytes())
 
 
 @pytest.mark.parametrize("tokenizer", ["byte", "gpt2"])
 def test_round_trip_and_index(tmp_path, tokenizer):
-    try:
-        tok = data.get_tokenizer(tokenizer)
-    except FileNotFoundError as e:
-        pytest.skip(f"GPT-2 tokenizer files unavailable: {e}")
+    tok = data.get_tokenizer(tokenizer) if tokenizer == "byte" else gpt2_tokenizer()
     _write_docs(tmp_path / "in", DOCS + [""])            # an empty document is skipped
     meta = data.prepare(str(tmp_path / "in"), str(tmp_path / "out"), tokenizer, val_frac=0.3, seed=1, workers=2)
     assert meta["eot_id"] == tok.eot and meta["vocab_size"] == tok.vocab_size and meta["format"] == 2

@@ -18,7 +18,7 @@ import configurator
 import train
 from conftest import ROOT, losses, read_metrics, tiny_args
 from speedgpt import checkpoint
-from speedgpt.distributed import plan_batch, setup_processes
+from speedgpt.distributed import check_dtype, plan_batch, setup_processes
 
 # -----------------------------------------------------------------------------
 # torchrun with gloo: each of these tests starts several processes, so each is marked slow (the
@@ -238,6 +238,31 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line_naming_the_last_checkpoint(b
     assert e.value.exit_code == 130 and sorted(checkpoint.saved_steps(str(tmp_path))) == [4]
 
 
+def test_a_second_ctrl_c_names_no_checkpoint_of_an_earlier_run(byte_data, tmp_path, monkeypatch):
+    """--init_from=scratch over an earlier run's ckpt.pt, aborted before its first save: the stop line and the
+    summary name no checkpoint (the earlier run's is not this run's to resume); after a save, they name it."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))                    # the earlier run: step 4
+    set_lr = train.optim.set_lr
+
+    def ctrl_c_twice_at(step_at):
+        def f(optimizer, step, cfg):
+            if step == step_at:
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
+            return set_lr(optimizer, step, cfg)
+        return f
+    monkeypatch.setattr(train.optim, "set_lr", ctrl_c_twice_at(2))
+    with pytest.raises(train.RunStopped, match=r"with 2 steps done, without saving; no checkpoint of this run was "
+                                               r"written \(.*ckpt.pt is an earlier run's\)$"):
+        train.main(tiny_args(byte_data, tmp_path, "--max_iters=12", "--init_from=scratch"))
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["checkpoint"] is None and summary["steps"] == 2
+    monkeypatch.setattr(train.optim, "set_lr", ctrl_c_twice_at(6))
+    with pytest.raises(train.RunStopped, match=r"with 6 steps done, without saving; .*ckpt.pt still holds step 4: "):
+        train.main(tiny_args(byte_data, tmp_path, "--max_iters=12", "--init_from=scratch"))
+    assert json.load(open(tmp_path / "summary.json"))["checkpoint"].endswith("ckpt.pt")
+
+
 def test_a_step_that_fails_after_a_signal_names_the_process_group(byte_data, tmp_path, monkeypatch):
     """A SIGTERM sent to the whole process group (plain `timeout`) also kills torch.compile's compiler
     processes, and the step being compiled fails: the run stops with the signal's exit code and one line that
@@ -286,6 +311,49 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
     with pytest.raises(ValueError, match=r"2 processes per node but 1 visible GPU\(s\): "
                                          r"use torchrun --nproc_per_node=1"):
         setup_processes(configurator.Config())
+
+
+def test_device_auto_is_cuda_then_mps_then_the_cpu(monkeypatch):
+    """Apple's MPS (patched in: no Mac here) is picked after CUDA and named by --device=mps; a one-process launch."""
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert setup_processes(configurator.Config()).device == torch.device("cpu")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert setup_processes(configurator.Config()).device == torch.device("mps")
+    assert setup_processes(configurator.Config(device="mps")).device == torch.device("mps")
+    assert setup_processes(configurator.Config(device="cpu")).device == torch.device("cpu")
+
+
+def test_a_device_that_is_not_here_names_the_way_out(monkeypatch):
+    """--device=cuda without a GPU, --device=mps without Apple's MPS or under torchrun: one line, --device=cpu."""
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^device='cuda' but (this torch is a CPU build|no CUDA GPU is visible): "
+                                         r"train on the CPU with --device=cpu \(or leave --device out"):
+        setup_processes(configurator.Config(device="cuda"))
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^device='mps' but Apple's MPS backend is not available here .*: use "
+                                         r"--device=cpu$"):
+        setup_processes(configurator.Config(device="mps"))
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="x", MASTER_PORT="1").items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError, match=r"^device='mps' runs one process .*: launch it without torchrun, or use "
+                                         r"--device=cpu \(gloo\)$"):
+        setup_processes(configurator.Config(device="mps"))
+
+
+def test_bfloat16_on_mps_needs_macos_14(monkeypatch):
+    cfg = configurator.Config(dtype="bfloat16")
+    monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: (major, minor) <= (13, 5))
+    with pytest.raises(ValueError, match=r"^dtype='bfloat16' on MPS needs macOS 14 or newer; use float16, or float32$"):
+        check_dtype(cfg, torch.device("mps"))
+    check_dtype(configurator.Config(dtype="float16"), torch.device("mps"))
+    monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: True)
+    check_dtype(cfg, torch.device("mps"))
 
 
 def readme_commands():

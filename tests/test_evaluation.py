@@ -11,7 +11,7 @@ import torch
 
 import data
 import train
-from conftest import TEXTS, read_metrics, tiny_args
+from conftest import TEXTS, gpt2_tokenizer, read_metrics, tiny_args
 from model import GPT, GPTConfig
 
 
@@ -72,12 +72,12 @@ def test_bits_per_byte_is_the_direct_count(tmp_path, tokenizer):
     """estimate_loss's bits per byte = sum over targets of -log2 p / the UTF-8 bytes of the val texts, the
     probabilities from the model run on each document alone ([EOT] + its tokens, targets its tokens and
     the next EOT, whose loss counts and whose bytes are 0); its loss is the same sum in nats per target."""
+    tok = data.get_tokenizer(tokenizer) if tokenizer == "byte" else gpt2_tokenizer()
     src = tmp_path / "src"
     src.mkdir()
     for i, text in enumerate(TEXTS):
         (src / f"{i}.txt").write_text(text, encoding="utf-8")
     data.prepare(str(src), str(tmp_path / "d"), tokenizer, val_frac=0.5, seed=0, workers=1)
-    tok = data.get_tokenizer(tokenizer)
     docs = val_documents(tmp_path / "d", tok)
     assert docs and all(d in TEXTS for d in docs)            # the val split holds some of the texts, whole
     torch.manual_seed(0)

@@ -11,16 +11,16 @@ from dataclasses import asdict
 import pytest
 import torch
 import torch.nn.functional as F
-import transformers
 
 import configurator
 import data
 import hf
 import train
-from conftest import ROOT, tiny_args
+from conftest import ROOT, gpt2_tokenizer, tiny_args
 from model import GPT, GPTConfig
 from speedgpt.checkpoint import load_checkpoint, load_weights
 
+transformers = pytest.importorskip("transformers")     # an optional package: this file skips without it
 CPU = torch.device("cpu")   # every test here runs on the CPU
 
 
@@ -215,14 +215,19 @@ def fake_checkpoint(path, model, meta, **config):
                 "config": cfg, "meta": meta, "loader": {}, "rng": {}}, path)
 
 
+def test_hf_without_a_command_names_export(capsys):
+    with pytest.raises(SystemExit) as e:
+        hf.main([])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: hf.py needs a command: export (python hf.py export --out_dir=out writes out/hf); to fine-tune from "
+        "GPT-2, train.py takes --init_from=gpt2 (or gpt2-medium, gpt2-large, gpt2-xl, a Hugging Face folder)\n")
+
+
 def test_export_writes_the_gpt2_tokenizer(tmp_path):
     """GPT-2 BPE data: the export holds the GPT-2 tokenizer (from tiktoken's files), which encodes as
     data.py does; greedy generation in transformers matches model.generate. The checkpoint predates the
     activation key (read as gelu). A later byte-level export into the same folder removes the tokenizer."""
-    try:
-        tok = data.get_tokenizer("gpt2")
-    except FileNotFoundError as e:
-        pytest.skip(f"GPT-2 tokenizer files unavailable: {e}")
+    tok = gpt2_tokenizer()
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50257, block_size=32, n_layer=1, n_head=2, n_embd=32)).eval()
     fake_checkpoint(tmp_path / "ckpt.pt", model, {"tokenizer": "gpt2", "vocab_size": 50257, "eot_id": 50256})

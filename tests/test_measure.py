@@ -15,6 +15,16 @@ from conftest import read_metrics, run_with_file_limit, tiny_args
 from model import GPT, GPTConfig
 
 
+def test_the_clock_waits_for_apples_gpu(monkeypatch):
+    """sync() before each reading of the clock: MPS queues its work as CUDA does (patched in: no Mac here)."""
+    from speedgpt import measure
+    calls = []
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: calls.append("mps"))
+    measure.sync(torch.device("cpu"))
+    measure.sync(torch.device("mps"))
+    assert calls == ["mps"]
+
+
 def test_metrics_timing_and_checkpoint(byte_data, tmp_path):
     summary = train.main(tiny_args(byte_data, tmp_path, "--peak_flops=1e12"))
     rows = [r for r in read_metrics(tmp_path) if "loss" in r]

@@ -207,6 +207,11 @@ def test_gpu_memory_is_the_devices_total(monkeypatch):
     assert memory.available(torch.device("cuda:0")) == memory.available("cuda") == 150_100_000_000
 
 
+def test_mps_memory_is_metals_recommended_working_set(monkeypatch):
+    monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 12 * 2**30)
+    assert memory.available(torch.device("mps")) == 12 * 2**30
+
+
 def test_the_vocabulary_is_known_before_the_data_is_prepared(tmp_path):
     prepared = tmp_path / "mine"
     prepared.mkdir()

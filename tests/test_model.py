@@ -83,6 +83,19 @@ def test_padded_ids_stay_out_of_the_softmax():
     assert (m.generate(idx[:, :4], 20, top_k=None) < 70).all()
 
 
+def test_temperature_zero_is_greedy():
+    """temperature=0: each new token is the likeliest after its context (argmax), and no random number is drawn."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=70, block_size=32, n_layer=2, n_head=2, n_embd=32)).eval()
+    idx = torch.randint(0, 70, (2, 5))
+    rng = torch.get_rng_state()
+    out = m.generate(idx, 12, temperature=0)
+    assert torch.equal(torch.get_rng_state(), rng)
+    for t in range(5, out.size(1)):
+        logits, _ = m(out[:, :t])
+        assert torch.equal(out[:, t], logits[:, -1, :70].argmax(-1))
+
+
 def test_flops_per_token_gpt2_124m():
     m = GPT(GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768))
     n = sum(p.numel() for p in m.parameters()) - 1024 * 768

@@ -14,12 +14,11 @@ from conftest import ROOT, tiny_args
 
 
 @pytest.mark.parametrize("flag, value, why", [
-    ("--temperature", "nan", "must be a finite number > 0"),     # nan passes a `> 0` check: multinomial's traceback
-    ("--temperature", "inf", "must be a finite number > 0"),     # logits / inf: uniform noise
-    ("--temperature", "-inf", "must be a finite number > 0"),
-    ("--temperature", "0", "must be a finite number > 0"),
-    ("--temperature", "-0.5", "must be a finite number > 0"),
-    ("--temperature", "warm", "must be a finite number > 0"),
+    ("--temperature", "nan", r"must be a finite number >= 0 \(0: greedy"),  # nan passes a `>= 0` check: a traceback
+    ("--temperature", "inf", r"must be a finite number >= 0 \(0: greedy"),  # logits / inf: uniform noise
+    ("--temperature", "-inf", r"must be a finite number >= 0 \(0: greedy"),
+    ("--temperature", "-0.5", r"must be a finite number >= 0 \(0: greedy"),
+    ("--temperature", "warm", r"must be a finite number >= 0 \(0: greedy"),
     ("--top_k", "2.5", r"must be a whole number >= 0 \(0: the whole vocabulary\)"),
     ("--top_k", "-1", r"must be a whole number >= 0 \(0: the whole vocabulary\)"),
     ("--top_k", "inf", r"must be a whole number >= 0 \(0: the whole vocabulary\)"),
@@ -67,6 +66,11 @@ def test_good_flags_sample(byte_data, tmp_path, capsys):
                  "--temperature=1.5"])
     out = capsys.readouterr().out
     assert out.startswith("def ") and out.endswith("-" * 60 + "\n"), out
+    for seed in (1, 2):                             # --temperature=0: greedy, whatever the seed
+        sample.main([f"--out_dir={tmp_path}", "--device=cpu", "--num_samples=2", "--max_new_tokens=8",
+                     "--temperature=0", f"--seed={seed}", "--start=def"])
+    zero = capsys.readouterr().out.split("-" * 60 + "\n")[:-1]
+    assert zero == greedy[:1] * 4, (zero, greedy)
 
 
 def test_kv_cache_flag(byte_data, tmp_path, capsys, monkeypatch):

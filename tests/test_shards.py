@@ -113,6 +113,26 @@ def test_data_dir_given_a_corpus_file_suggests_a_command_that_works(tmp_path, mo
         data.find_shards("train_000000.bin", "train")
 
 
+def test_data_dir_given_a_folder_of_text_suggests_preparing_it_elsewhere(tmp_path, monkeypatch):
+    """A corpus folder passed as --data_dir: the data.py command that prepares it into data/NAME (not into
+    itself, which data.py refuses), and that command works."""
+    monkeypatch.chdir(tmp_path)
+    for where in ("texts", "data/texts"):           # the second one is where the first suggestion would go
+        os.makedirs(where)
+        for i in range(4):
+            (tmp_path / where / f"part_{i}.txt").write_text(f"story {i} " * 40)
+        with pytest.raises(FileNotFoundError) as e:
+            train.main(tiny_args(where, tmp_path / "out"))
+        command, data_dir = str(e.value).split("`")[1], str(e.value).rsplit("--data_dir=", 1)[1]
+        assert str(e.value).startswith(f"data folder '{where}' holds no shards but 4 other files (part_0.txt, "
+                                       "part_1.txt, part_2.txt, ...): if it is a corpus, prepare it with `python "
+                                       f"data.py --input {where} --out data/texts"), str(e.value)
+        assert data_dir == ("data/texts" if where == "texts" else "data/texts_tokens")
+    subprocess.run([sys.executable, os.path.join(ROOT, "data.py"), *command.split()[2:]], check=True,
+                   capture_output=True)
+    assert next(data.Loader(data_dir, "train", 2, 16)).x.shape == (2, 16)
+
+
 def test_missing_data_dir(tmp_path):
     with pytest.raises(FileNotFoundError, match="prepare it"):
         train.main(tiny_args(tmp_path / "no_data", tmp_path))

@@ -101,7 +101,9 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--batch_size=0"], ValueError, "'batch_size' must be positive"),
     (["--max_iters=-1"], ValueError, "'max_iters' must be >= 0"),
     (["--n_embd=30", "--n_head=4"], ValueError, "divisible by n_head"),
-    (["--device=tpu"], ValueError, "'device' must be auto, cpu, cuda or cuda:N"),
+    (["--device=tpu"], ValueError, "'device' must be auto, cpu, cuda, cuda:N or mps"),
+    (["--eval_interval=0"], ValueError, r"'eval_interval' must be positive, got 0 \(to turn evaluation off, "
+                                        r"--eval_tokens=0\)"),
     (["--grad_clip=-1"], ValueError, "'grad_clip' must be >= 0"),
     (["--learning_rate=nan"], ValueError, "'learning_rate' .command line. must be a finite number, got 'nan'"),
     (["--min_lr=inf"], ValueError, "'min_lr' .command line. must be a finite number"),
@@ -135,6 +137,49 @@ def test_setup_errors_come_before_any_work(byte_data, tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ValueError, match="is a file, not a folder"):
         train.main(tiny_args(byte_data, tmp_path / "afile"))
+
+
+def test_a_gpu_preset_on_the_cpu_is_refused_once_naming_every_change(tmp_path, monkeypatch):
+    """config/fast.py on a CPU, offline: FP8, memory, the GPT-2 tokenizer files and the time of a step, in one
+    line, before any work, instead of one refusal per try; a GPU-sized run with nothing to refuse goes on."""
+    monkeypatch.setattr(train.memory, "available", lambda device: 16e9)          # any laptop's
+    monkeypatch.setattr(data, "get_tokenizer", lambda name: (_ for _ in ()).throw(
+        FileNotFoundError("could not load tiktoken's GPT-2 files (offline). Offline, point TIKTOKEN_CACHE_DIR ...")))
+    unprepared = tmp_path / "data" / "stdlib_gpt2"
+    argv = ["--config", "config/fast.py", f"--data_dir={unprepared}", f"--out_dir={tmp_path / 'out'}", "--device=cpu"]
+    with pytest.raises(ValueError) as e:
+        train.main(argv)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("a GPU-sized run (steps of 524,288 tokens) on the CPU: every change it "
+                                                "needs, at once: [1] fp8=True and fp8_head=True need a GPU"), line
+    assert re.search(r"\[2\] this run needs about [\d.]+ GB per process .*; \[3\] could not load tiktoken's GPT-2 "
+                     r"files .*; \[4\] on a CPU, steps and evaluations of 524,288 and 524,288 tokens are slow: add "
+                     r"--total_batch_size=0 .*; or train on a CPU at the quickstart's size \(python train.py\)$",
+                     line), line
+    assert not unprepared.exists() and not (tmp_path / "out" / "config.json").exists()
+    cfg = train.load_config(tiny_args(tmp_path / "data" / "stdlib_byte", tmp_path / "o", "--total_batch_size=131072"))
+    assert train.check_flags(cfg, train.Proc(0, 0, 1, torch.device("cpu"))).total_batch_size == 131072
+
+
+@pytest.mark.parametrize("flags, why", [
+    (["--attention=flex"], r"^attention='flex' needs a CUDA GPU"),
+    (["--attention=varlen", "--dtype=bfloat16"], r"^attention='varlen' needs a CUDA GPU"),
+    (["--fp8=True", "--fp8_min_dim=0"], r"^fp8=True needs a GPU of compute capability 8.9 or newer"),
+    (["--compile=True", "--compile_tuning=True"], r"^compile_tuning=True tunes the Triton kernels compiled for a GPU; "
+                                                  r"on mps it would do nothing"),
+    (["--sdpa_backend=flash", "--dtype=bfloat16", "--packing=False"], r"^sdpa_backend='flash' picks a GPU kernel"),
+])
+def test_what_needs_cuda_is_refused_on_mps_in_one_line(tmp_path, monkeypatch, flags, why):
+    """Apple's MPS (patched in: no Mac here): each CUDA-only path refused by its feature's check, before any work;
+    the quickstart passes every check there (fused AdamW and bfloat16 on macOS 14 too: MPS has both)."""
+    monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 16 * 2**30)
+    monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: True)
+    mps = train.Proc(0, 0, 1, torch.device("mps"))
+    quickstart = ["--data_dir=data/stdlib_byte", f"--out_dir={tmp_path}", "--device=mps"]
+    with pytest.raises(ValueError, match=why):
+        train.check_flags(train.load_config([*quickstart, *flags]), mps)
+    cfg = train.load_config([*quickstart, "--fused_adamw=True", "--dtype=bfloat16", "--compile=True"])
+    assert train.check_flags(cfg, mps) == cfg
 
 
 def test_data_without_val_split_trains_without_evaluation(corpus_dir, tmp_path):
