@@ -76,7 +76,10 @@ class Config:
     min_lr: float = 3e-4                   # learning rate after the decay
     warmup_iters: int = 30                 # linear warmup steps
     lr_decay_iters: int = 0                # cosine decay until this step; 0: max_iters of the run that started
-    max_iters: int = 500                   # optimizer steps
+    max_iters: int = 500                   # optimizer steps (with time_budget: the most)
+    time_budget: float = 0.0               # minutes of training (evaluations, checkpoints and the first step's compile
+                                           # apart): the run ends there and the decay runs on it (speedgpt/budget.py)
+                                           # instead of on lr_decay_iters; a resume continues its clock; 0: off
     weight_decay: float = 0.1              # AdamW weight decay, matrices only
     beta1: float = 0.9                     # AdamW beta1
     beta2: float = 0.95                    # AdamW beta2
@@ -119,7 +122,7 @@ FEATURE_DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim"),    # a fe
                    "compile": ("compile_regional", "compile_tuning")}
 DATA_KEYS = ("data_dir", "packing", "document_mask")    # what a resumed run reads: the checkpoint's unless set
 SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule", "wsd_decay_frac",
-                 "muon_lr", "muon_momentum", "muon_batched")   # kept on resume unless set
+                 "muon_lr", "muon_momentum", "muon_batched", "time_budget")   # kept on resume unless set
 LEGACY_EVAL_ITERS = ("it is replaced by eval_tokens, the validation tokens of each evaluation, the same whatever the "
                      "batch_size and number of processes (eval_iters x batch_size x block_size x processes before); "
                      "eval_iters=0 still means no evaluation")
@@ -362,9 +365,9 @@ def load_config(argv, with_explicit=False):
         raise ValueError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
     if not 0 <= cfg.dropout < 1:
         raise ValueError(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
-    for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "peak_flops", "target_val_loss"):
+    for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "peak_flops", "target_val_loss", "time_budget"):
         if getattr(cfg, key) < 0:
-            off = " (0 turns it off)" if key in ("grad_clip", "target_val_loss") else ""
+            off = " (0 turns it off)" if key in ("grad_clip", "target_val_loss", "time_budget") else ""
             raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}{off}")
     for key in ("beta1", "beta2"):
         if not 0 <= getattr(cfg, key) < 1:
@@ -393,7 +396,10 @@ def load_config(argv, with_explicit=False):
 
 def resolve_decay(cfg):
     """`cfg` with lr_decay_iters=0 ("until max_iters") made explicit once the run leaves warm-up, so that
-    a resume that extends max_iters keeps the decay horizon the run was planned with."""
+    a resume that extends max_iters keeps the decay horizon the run was planned with. Under a time budget
+    the horizon is the budget: lr_decay_iters stays 0."""
+    if cfg.time_budget:
+        return cfg
     return replace(cfg, lr_decay_iters=cfg.lr_decay_iters or (cfg.max_iters if cfg.max_iters > cfg.warmup_iters else 0))
 
 
@@ -440,7 +446,10 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
     kept = {k: saved[k] for k in SCHEDULE_KEYS + DATA_KEYS if k not in explicit and k in saved}
     if "lr_schedule" in explicit and cfg.lr_schedule != "wsd":     # the saved WSD decay share would do nothing
         kept.pop("wsd_decay_frac", None)
-    if kept.get("lr_decay_iters") == 0:          # unresolved: an older checkpoint, or a run that ended in warm-up
+    if "time_budget" in explicit and cfg.time_budget:     # the decay runs on the budget now: no step horizon
+        kept.pop("lr_decay_iters", None)
+    if kept.get("lr_decay_iters") == 0 and not kept.get("time_budget", cfg.time_budget):
+        # unresolved: an older checkpoint, or a run that ended in warm-up (a time budget's horizon is the budget)
         started = Config(**{k: saved[k] for k in ("max_iters", "warmup_iters")})
         kept["lr_decay_iters"] = resolve_decay(started).lr_decay_iters
     cfg, notes = resolve_decay(replace(cfg, **kept)), []
@@ -462,6 +471,7 @@ def resume_changes(cfg, explicit, saved):
     `saved`, and where the learning rate goes from here."""
     def why(k):
         return " (set explicitly)" if k in SCHEDULE_KEYS and k in explicit else \
+            " (the decay runs on time_budget)" if k == "lr_decay_iters" and cfg.time_budget else \
             " (0 resolved: decay to the end of the run)" if k == "lr_decay_iters" else ""
     changes = [f"{k} {saved[k]!r} -> {v!r}{why(k)}" for k, v in asdict(cfg).items()
                if k in saved and saved[k] != v and k not in ("init_from", "resume_from")]   # this command's own

@@ -17,7 +17,6 @@ import math
 import os
 import signal
 import sys
-import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
@@ -28,7 +27,8 @@ import torch.distributed as dist
 from configurator import MODEL_KEYS, help_text, load_config, non_defaults, resolve_decay, resume_changes, resume_config
 from data import DataError, Loader, check_first_use, load_meta, prepare, sigterm_as_interrupt, token_bytes
 from model import GPT, GPTConfig
-from speedgpt import (Refusals, activation_checkpointing, attention, compilation, evaluation, fp8, fused_ce, hellaswag,
+from speedgpt import (Refusals, activation_checkpointing, attention, budget, compilation, evaluation, fp8, fused_ce,
+                      hellaswag,
                       measure, memory, optim)
 from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, target_reached
 from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, Branch, check_disk, check_out_dir, checkpoint_bytes,
@@ -65,6 +65,7 @@ def check_flags(cfg, proc):
     refuse(measure.check, resolved)
     refuse(fp8.check, resolved, proc.device)
     refuse(optim.check, resolved, proc.world)
+    refuse(budget.check, resolved)
     refuse(compilation.check, resolved, proc.device)
     refuse(check_parallelism, resolved, proc.world)
     refuse(memory.check_run, resolved, proc.device, proc.world)
@@ -110,7 +111,9 @@ def settle_config(cfg, explicit, proc):
         raise ValueError(f"profile=True profiles step {ckpt['step'] + cfg.timing_warmup - 1} of this resumed run: "
                          f"max_iters={cfg.max_iters} ends before it")
     ckpt["finished"] = evaluation.reached_before(cfg, ckpt) or ckpt["step"] == cfg.max_iters and \
-        f"is at step {cfg.max_iters:,} = max_iters; to train on, give a larger --max_iters"   # main says so, ends
+        f"is at step {cfg.max_iters:,} = max_iters; to train on, give a larger --max_iters" or \
+        budget.spent(cfg, ckpt.get("train_seconds", 0)) and \
+        f"has spent its {budget.describe(cfg, ckpt['train_seconds'])}; to train on, give a larger --time_budget"
     if ckpt["finished"]:
         return cfg, ckpt
     print0(f"resume: {path} at step {ckpt['step']:,} of max_iters={cfg.max_iters:,}")
@@ -282,8 +285,9 @@ class Run:
     val_bpb: float = None
     hellaswag_acc_norm: float = None
     evaluated: int = None               # the step of the last evaluation
-    tokens: float = 0                   # real tokens trained by this process's run (the job's under torchrun)
-    eval_s: float = 0.0                 # seconds of evaluations and checkpoints, kept out of the training time
+    tokens: float = 0                   # real tokens trained so far (the job's under torchrun; a resume continues them)
+    train_seconds: float = 0.0          # seconds of training so far, the same on every rank (speedgpt/budget.py)
+    clock: budget.Clock = None          # the clock of train_seconds, started by train()
     target: dict = None                 # where target_val_loss was reached (evaluation.target_reached)
     writer: BackgroundWrite = field(default_factory=BackgroundWrite)    # async_checkpoint's write in flight
     branch: Branch = None               # out_dir's history this run continues: files it replaces, ckpt_best's loss
@@ -305,8 +309,9 @@ class Run:
         """The run's summary (MetricsLogger.summary), with the last bits per byte and HellaSwag acc_norm."""
         return {**self.logger.summary(self.step, self.val_loss, self.best_val), "val_bpb": self.val_bpb,
                 "hellaswag_acc_norm": self.hellaswag_acc_norm, "target_val_loss": self.cfg.target_val_loss or None,
-                "target_reached": self.target, **({} if self.saved or self.cfg.init_from == "resume" else
-                                                  {"checkpoint": None})}    # an earlier run's is not named
+                "target_reached": self.target, "train_seconds": round(self.train_seconds, 3),
+                "compile_s": self.clock and self.clock.compile_s(), "time_budget": self.cfg.time_budget or None,
+                **({} if self.saved or self.cfg.init_from == "resume" else {"checkpoint": None})}   # not an earlier run's
 
     def evaluate(self, step, train_seconds):
         """Validation loss and bits per byte at `step` (and HellaSwag when on), logged with the training
@@ -335,24 +340,26 @@ class Run:
 
 
 def train(run, stop):
-    """The loop: optimizer steps start_step .. max_iters - 1; validation and a checkpoint every
-    eval_interval steps and at max_iters. Returns the summary; raises RunStopped on divergence
-    (max_skipped_steps exceeded) or after a signal."""
+    """The loop: optimizer steps start_step .. max_iters - 1, or until time_budget's minutes of training;
+    validation and a checkpoint every eval_interval steps and at the end. Returns the summary; raises
+    RunStopped on divergence (max_skipped_steps exceeded) or after a signal."""
     cfg, proc, device = run.cfg, run.proc, run.proc.device
-    timer, skipped, started = Timer(device, cfg.timing_warmup), 0, time.perf_counter()
+    timer, skipped = Timer(device, cfg.timing_warmup), 0
+    clock = run.clock = budget.Clock(run.train_seconds, proc if cfg.time_budget else None)   # agreed under a budget
     tokens_per_step = cfg.batch_size * cfg.block_size * run.grad_accum_steps     # per process, padding included
     for step in range(run.start_step, cfg.max_iters + 1):
-        last_step = step == cfg.max_iters
+        last_step = step == cfg.max_iters or budget.spent(cfg, run.train_seconds)
         if step % cfg.eval_interval == 0 or last_step:
             timer.pause()                       # evaluation and checkpoints are not training time
-            paused = time.perf_counter()
-            train_seconds = paused - started - run.eval_s
+            train_seconds = clock.pause()
+            if last_step and cfg.time_budget:
+                print0(f"step {step}: {budget.describe_end(cfg, step, run.train_seconds)}")
             if cfg.eval_tokens > 0:
                 run.evaluate(step, train_seconds)
             run.target = target_reached(cfg, run.val_loss, step, train_seconds, run.tokens)   # saved with it
             if cfg.save_checkpoints and (step > run.start_step or last_step):
                 run.save(step, background=cfg.async_checkpoint and not last_step)   # the last one before the end
-            run.eval_s += time.perf_counter() - paused
+            clock.resume()
             timer.resume()
             if run.target:
                 print0(f"step {step}: {describe_target(run.target)}")
@@ -362,7 +369,7 @@ def train(run, stop):
         timer.step_begins()
         profiled = cfg.profile and step - run.start_step == cfg.timing_warmup - 1   # the last warm-up step
         prof = start_profile(device) if profiled else None
-        lr = optim.set_lr(run.optimizer, step, cfg)
+        lr = optim.set_lr(run.optimizer, step, cfg, run.train_seconds)
         batches = [next(run.train_loader) for _ in range(run.grad_accum_steps)]
         n_valid = sum(b.n_valid for b in batches)
         # every micro-batch's loss is weighted by its share of the real tokens of the whole step, so
@@ -379,8 +386,9 @@ def train(run, stop):
                 check_attention_mask(mask, b.doc_ids)
         grad_norm = optim.clip_grad_norm(run.raw_model, run.optimizer, run.scaler, cfg.grad_clip)
         loss, nonfinite, signum = agree(loss, grad_norm, stop.signum, proc, cfg.dtype == "float16")
-        if step == run.start_step:              # agree() synced: the first step's wall time, compile included,
-            run.logger.first_step_s = time.perf_counter() - started - run.eval_s   # the step-0 evaluation not
+        run.train_seconds = clock.step_done()   # agree() synced: the step's wall time is done
+        if step == run.start_step:              # the first step's wall time, compile included
+            run.logger.first_step_s = clock.first
         if nonfinite:                           # never applied to the weights
             skipped += 1
             if skipped <= cfg.max_skipped_steps:        # else the run stops below, in one line
@@ -445,7 +453,8 @@ def main(argv=None):
     run = Run(cfg, proc, meta, raw_model, model, grad_sync, optimizer, ctx, scaler, train_loader, val_loader,
               logger, grad_accum_steps, start_step, best_val, step=start_step, token_bytes=token_bytes,
               hellaswag=hellaswag_eval, after_step=fp8.step_hooks(raw_model),
-              branch=start_branch(cfg.out_dir, ckpt, proc.master))
+              branch=start_branch(cfg.out_dir, ckpt, proc.master),
+              **{k: ckpt[k] for k in ("train_seconds", "tokens") if ckpt and k in ckpt})   # a resume continues them
     del ckpt                           # its memory is not needed for training
     _setup_done, stop, summary, exit_code, clean = True, StopSignals(proc.world > 1), None, 1, False
     try:

@@ -1,29 +1,35 @@
 """
-Time to a target validation loss, the field's measure of a trainer (modded-nanogpt: time to 3.28 on FineWeb):
-our recipes, and optionally karpathy/nanoGPT's own train.py, on the same tokens, scored by the same evaluator.
+Time to a target validation loss, the field's measure of a trainer (modded-nanogpt: time to 3.28 on FineWeb), by a
+protocol fair to every recipe: each at its own best setting, found by the same sweep, against a target fixed before
+the runs, over several seeds. One command, one table.
 
-    python benchmarks/time_to_target.py                                   # AdamW + cosine vs Muon + WSD, two seeds
-    python benchmarks/time_to_target.py --nanogpt ../nanoGPT --target 1.6 --max_iters 200
+    python benchmarks/time_to_target.py --target 3.74                # AdamW + cosine against Muon + WSD, GPT-2 124M
+    python benchmarks/time_to_target.py --target 3.74 --minutes 1.5  # at a fixed wall clock: the best model in 1.5 min
 
 1. The corpus: every .py file of this Python installation (its standard library, site-packages and the folders
    on sys.path outside this repository), one document each, files deduplicated by content hash: hundreds of MB of
    real text with no download. Prepared once with the GPT-2 tokenizer into --out/data (or give --data_dir).
-2. Each recipe of --runs (adamw: config/fast.py as shipped; muon: the same with config/muon.py laid over it,
-   Muon + WSD), for each seed, for --max_iters steps (the schedules' horizon; the warm-up fast.py's
-   100 steps, at most a fifth of the run), evaluating every
-   --eval_interval steps on the whole val split (the same tokens for every run and seed).
-3. With --nanogpt: nanoGPT's train.py (once: its seed is fixed in its file) on the same train tokens (flat uint16 train.bin / val.bin written from our
-   shards), the same tokens per step, learning rate and schedule as config/fast.py; at each of its evaluations a
-   copy of its weights is kept, and afterwards each copy is scored by our evaluator on our val tokens (without our
-   document mask and per-document positions, as it was trained). Its file is run unedited: a launcher times its
-   loop around its evaluations and keeps the copies (LAUNCHER below); --nanogpt_args adds flags of its own
-   (on a CPU: --nanogpt_args="--device=cpu --compile=False --dtype=float32" and a small shape, with the same
-   shape in --train_args for ours).
+2. The target, --target: a validation loss fixed before the runs (never one run's endpoint, which would make that
+   run the yardstick). Every evaluation is on the whole val split, the same tokens for every run.
+3. The sweep, at the first of --seeds: for each recipe of --recipes (adamw: --config as shipped, AdamW + cosine; muon:
+   config/muon.py laid over it, Muon + WSD), every tokens per optimizer step of --batch_tokens (train.py's
+   total_batch_size) with every peak learning rate of --lr_scales (times the recipe's own: learning_rate for adamw,
+   muon_lr for muon; min_lr keeps its share), each run on the same --tokens (its steps follow, and its schedule's
+   horizon), warming up over --warmup_frac of its steps and evaluated every --eval_every tokens.
+   With --minutes M, each run trains M minutes of training time instead (train.py's time_budget: the schedule
+   decays over the time, max_iters only a bound), with the warm-up and evaluations of the --tokens runs.
+4. The best setting of each recipe: the one that reached the target in the fewest seconds of training (then the
+   fewest tokens); when none did, the lowest final val loss. With --minutes: the lowest final val loss.
+5. That setting at the other seeds (the sweep's run is the first seed's). The table: per recipe, how many seeds
+   reached the target, and the seconds and tokens to it and the final val loss, each as mean +- standard deviation.
 
-The target is --target, or by default the highest final val loss of the runs (so every run reaches it). Each row:
-the first evaluation at or below it, its step, tokens, and seconds of training (compile included, evaluations
-left out; ours from metrics.jsonl's val rows). Prints a Markdown table (BENCHMARKS.md, "Optimizers and schedules"),
-then every run's evaluations, also written to --out/curves.json.
+Seconds are train.py's training clock (speedgpt/budget.py): evaluations and checkpoints apart, and the first step's
+compile too (counted at the second step's time), so a cold compile cache robs no run; the compile is a column of
+its own. Prints the sweep, then the table, last; writes both tables' rows and every run's evaluations to
+--out/time_to_target.json. --nanogpt adds karpathy/nanoGPT's own train.py on the same tokens (its AdamW + cosine at
+config/fast.py's step and learning rate, one run: its seed is fixed in its file), each evaluation's copy of its
+weights scored by our evaluator on our val tokens (without the document mask, as it was trained); its file is run
+unedited, a launcher times its loop around its evaluations (LAUNCHER below), its seconds include its compile.
 Needs a CUDA GPU for the presets' speed; --config and --train_args let it run anywhere (tests/test_time_to_target.py).
 """
 import argparse
@@ -32,6 +38,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import sysconfig
@@ -41,7 +48,10 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from speedgpt.measure import error_line  # noqa: E402
-RECIPES = {"adamw": [], "muon": ["--config=config/muon.py"]}     # muon: Muon + WSD laid over --config
+# each recipe: the config laid over --config, and the peak learning rate its sweep scales
+RECIPES = {"adamw": ([], "learning_rate"), "muon": ([f"--config={os.path.join(ROOT, 'config', 'muon.py')}"], "muon_lr")}
+NANOGPT_STEP = 64 * 1024 * 8                # tokens per step of nanoGPT's GPT-2 124M config: config/fast.py's
+MAX_STEPS = 10**9                           # --minutes: train.py's max_iters, a bound the time budget ends before
 LAUNCHER = r'''import json, os, sys, time
 import torch
 sys.path.insert(0, os.getcwd())
@@ -122,11 +132,6 @@ def evals(out_dir):
     return [(r["step"], r["val_loss"], r.get("tokens"), r.get("train_seconds")) for r in rows if "val_loss" in r]
 
 
-def warmup(args):
-    """Warm-up steps of every run: config/fast.py's 100, at most a fifth of a short run."""
-    return min(100, max(1, args.max_iters // 5))
-
-
 def first_at_or_below(rows, target):
     """The first (step, val_loss, tokens, train_seconds) of `rows` past step 0 with val_loss <= target, or None."""
     return next((r for r in rows if r[0] > 0 and r[1] is not None and r[1] <= target), None)
@@ -169,15 +174,17 @@ def launch_nanogpt(nanogpt, argv, run_dir):
 
 
 def nanogpt_run(nanogpt, data_dir, out, args):
-    """nanoGPT's train.py on our data (config/fast.py's step, learning rate and schedule); its evaluations'
+    """nanoGPT's train.py on our data (config/fast.py's step, learning rate and schedule) on --tokens; its evaluations'
     copies scored by our evaluator: [(step, val_loss, tokens, train_seconds)]."""
     run_dir = os.path.join(out, "nanogpt")
     os.makedirs(run_dir, exist_ok=True)
     bins = flat_bins(data_dir, run_dir)
+    steps = args.tokens // NANOGPT_STEP
     argv = [f"--dataset={os.path.abspath(bins)}", f"--out_dir={os.path.abspath(run_dir)}", "--batch_size=64",
-            "--gradient_accumulation_steps=8", f"--max_iters={args.max_iters}", f"--lr_decay_iters={args.max_iters}",
-            f"--warmup_iters={warmup(args)}", "--learning_rate=6e-4", "--min_lr=6e-5", f"--eval_interval={args.eval_interval}",
-            "--eval_iters=1", "--always_save_checkpoint=False", "--log_interval=10", *" ".join(args.nanogpt_args).split()]
+            "--gradient_accumulation_steps=8", f"--max_iters={steps}", f"--lr_decay_iters={steps}",
+            f"--warmup_iters={round(args.warmup_frac * steps)}", "--learning_rate=6e-4", "--min_lr=6e-5",
+            f"--eval_interval={args.eval_every // NANOGPT_STEP}", "--eval_iters=1", "--always_save_checkpoint=False",
+            "--log_interval=10", *" ".join(args.nanogpt_args).split()]
     return [(r["step"], score(r["path"], data_dir), r["tokens"], r["train_seconds"])
             for r in launch_nanogpt(nanogpt, argv, run_dir)]
 
@@ -208,22 +215,10 @@ def score(weights, data_dir):
     return estimate_loss(model, loader, loader.n_rows, ctx, token_bytes)[0]
 
 
-def curves_table(curves):
-    """Every run's evaluations as Markdown rows (val loss, then training seconds, per evaluated step): the table
-    says where each run crossed the target, these say how it got there."""
-    steps = sorted({r[0] for curve in curves.values() for r in curve if r[0] > 0})
-    rows = ["| run | " + " | ".join(map(str, steps)) + " |", "|---|" + "---:|" * len(steps)]
-    for (name, seed), curve in curves.items():
-        at = {r[0]: r for r in curve}
-        for label, i, spec in (("val loss", 1, ".4f"), ("seconds", 3, ".1f")):
-            cells = (format(at[s][i], spec) if s in at and at[s][i] is not None else "" for s in steps)
-            rows.append(f"| {name} {seed}, {label} | " + " | ".join(cells) + " |")
-    return rows
-
-
-# train.py flags each run gets from this script's own settings: --train_args may not set them
+# train.py flags each run gets from this script's own settings: --train_args may not set them (learning_rate, min_lr
+# and muon_lr it may: they centre the sweep)
 OWN_KEYS = ("config", "data_dir", "out_dir", "max_iters", "lr_decay_iters", "warmup_iters", "seed", "eval_interval",
-            "eval_tokens", "save_checkpoints", "hellaswag")
+            "eval_tokens", "save_checkpoints", "hellaswag", "total_batch_size", "time_budget", "target_val_loss")
 
 
 class Parser(argparse.ArgumentParser):
@@ -235,18 +230,157 @@ class Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFo
     pass
 
 
-def train_argv(args, name, seed, data_dir, out_dir):
-    """train.py's flags for recipe `name` at `seed`: the preset, this script's settings, the recipe, --train_args."""
-    return [*([f"--config={args.config}"] if args.config else []), f"--data_dir={os.path.abspath(data_dir)}",
-            f"--out_dir={os.path.abspath(out_dir)}", f"--max_iters={args.max_iters}", f"--lr_decay_iters={args.max_iters}",
-            f"--seed={seed}", f"--warmup_iters={warmup(args)}", f"--eval_interval={args.eval_interval}",
-            "--eval_tokens=1000000000", "--save_checkpoints=False", "--hellaswag=off", *RECIPES[name],
-            *" ".join(args.train_args).split()]
+def base_argv(args, recipe):
+    """train.py's flags every run of `recipe` shares: the preset, the recipe's config, --train_args."""
+    preset = [f"--config={args.config}"] if args.config else []
+    return [*preset, *RECIPES[recipe][0], *" ".join(args.train_args).split()]
 
 
-def preflight(args, runs, seeds, data_dir):
-    """Check every run's flags as train.py does (its check_flags: keys, values, this device) before the corpus is
-    prepared and the first run starts; exits in one line naming the problem."""
+def settings(args, recipe, base):
+    """The sweep of `recipe`: [{"batch_tokens", "lr_scale", "lr": {key: value}}], the peak learning rates `base`'s
+    (a train.py Config) times each scale; for adamw min_lr keeps its share of learning_rate."""
+    key = RECIPES[recipe][1]
+    out = []
+    for batch in args.batch_tokens:
+        for scale in args.lr_scales:
+            lr = {key: getattr(base, key) * scale}
+            if key == "learning_rate":
+                lr["min_lr"] = base.min_lr * scale
+            out.append({"batch_tokens": batch, "lr_scale": scale, "lr": lr})
+    return out
+
+
+def train_argv(args, recipe, setting, seed, data_dir, out_dir):
+    """train.py's flags for one run: `setting` of `recipe` at `seed`, on --tokens (or --minutes of training)."""
+    batch = setting["batch_tokens"]
+    steps = args.tokens // batch
+    length = ([f"--max_iters={MAX_STEPS}", f"--time_budget={args.minutes}", "--lr_decay_iters=0"] if args.minutes else
+              [f"--max_iters={steps}", f"--lr_decay_iters={steps}"])
+    return [*base_argv(args, recipe), f"--data_dir={os.path.abspath(data_dir)}",
+            f"--out_dir={os.path.abspath(out_dir)}", f"--total_batch_size={batch}", *length,
+            f"--warmup_iters={round(args.warmup_frac * steps)}",
+            f"--eval_interval={args.eval_every // batch}", f"--seed={seed}", "--eval_tokens=1000000000",
+            "--save_checkpoints=False", "--hellaswag=off", *(f"--{k}={v!r}" for k, v in setting["lr"].items())]
+
+
+def run_name(recipe, setting, seed):
+    return f"{recipe}_b{setting['batch_tokens']}_lr{setting['lr_scale']:g}_s{seed}"
+
+
+def train_run(args, recipe, setting, seed, data_dir):
+    """One train.py process (a fresh one: nothing carried over but the compile cache); exits in one line if it fails.
+    Returns its row: the setting, the seed, its evaluations [(step, val_loss, tokens, train_seconds)], the first
+    at or below the target (or None), the final val loss and the first step's compile (summary.json's compile_s)."""
+    out_dir = os.path.join(args.out, run_name(recipe, setting, seed))
+    shutil.rmtree(out_dir, ignore_errors=True)          # never the metrics of an earlier invocation
+    with open(out_dir + ".log", "w") as log:
+        cmd = [sys.executable, "train.py", *train_argv(args, recipe, setting, seed, data_dir, out_dir)]
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:                                         # the next runs would fail alike (data, device, flags)
+        sys.exit(f"error: run {run_name(recipe, setting, seed)} failed: "
+                 f"{error_line(out_dir + '.log').removeprefix('error: ')} (log: {out_dir}.log)")
+    with open(os.path.join(out_dir, "summary.json")) as f:
+        summary = json.load(f)
+    curve = evals(out_dir)
+    return result(recipe, setting, seed, curve, args.target, summary.get("compile_s"))
+
+
+def result(recipe, setting, seed, curve, target, compile_s):
+    """A run's row (train_run's) from its evaluations."""
+    return {"recipe": recipe, **setting, "seed": seed, "evals": curve, "hit": first_at_or_below(curve, target),
+            "final": curve[-1][1] if curve else None, "compile_s": compile_s}
+
+
+def best(rows, by_time=True):
+    """The best of one recipe's sweep rows: by_time, the one that reached the target in the fewest seconds (then the
+    fewest tokens), or, when none did, the lowest final val loss; else (--minutes) the lowest final val loss.
+    Ties keep the earlier row (the sweep's order)."""
+    reached = [r for r in rows if r["hit"]]
+    if by_time and reached:
+        return min(reached, key=lambda r: (r["hit"][3], r["hit"][2]))
+    return min(rows, key=lambda r: math.inf if r["final"] is None else r["final"])
+
+
+def spread(xs, spec):
+    """'mean +- sd' of xs (the sample standard deviation; one value: the value), formatted with spec; '' for none."""
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return ""
+    return format(statistics.mean(xs), spec) + (f" ± {format(statistics.stdev(xs), spec)}" if len(xs) > 1 else "")
+
+
+def lr_text(setting):
+    return ", ".join(f"{k} {v:.3g}" for k, v in setting["lr"].items() if k != "min_lr")
+
+
+def sweep_table(rows):
+    """Every setting of the sweep, one row each: where it reached the target, and its final val loss."""
+    out = ["| recipe | tokens per step | peak lr | time to target, s | tokens to target | final val loss |",
+           "|---|---:|---|---:|---:|---:|"]
+    for r in rows:
+        hit = f"{r['hit'][3]:.1f} | {r['hit'][2]:,}" if r["hit"] else "not reached | "
+        out.append(f"| {r['recipe']} | {r['batch_tokens']:,} | {lr_text(r)} | {hit} | {r['final']:.4f} |")
+    return out
+
+
+def final_rows(seeded, nanogpt=None):
+    """The table's rows: per recipe (its best setting's runs, one per seed), seeds that reached the target, seconds
+    and tokens to it and the final val loss as mean +- sd, and the first step's compile; nanoGPT's run last."""
+    out = []
+    for recipe, runs in seeded.items():
+        hits = [r["hit"] for r in runs if r["hit"]]
+        out.append({"recipe": recipe, "batch_tokens": runs[0]["batch_tokens"], "lr": runs[0]["lr"],
+                    "lr_scale": runs[0]["lr_scale"], "seeds": [r["seed"] for r in runs], "reached": len(hits),
+                    "train_seconds": [h[3] for h in hits], "tokens": [h[2] for h in hits],
+                    "final": [r["final"] for r in runs], "compile_s": [r["compile_s"] for r in runs]})
+    if nanogpt is not None:
+        out.append({"recipe": "nanoGPT train.py", "batch_tokens": NANOGPT_STEP, "lr": {"learning_rate": 6e-4},
+                    "lr_scale": None, "seeds": ["fixed"], "reached": int(bool(nanogpt["hit"])),
+                    "train_seconds": [nanogpt["hit"][3]] if nanogpt["hit"] else [],
+                    "tokens": [nanogpt["hit"][2]] if nanogpt["hit"] else [], "final": [nanogpt["final"]],
+                    "compile_s": [None]})
+    return out
+
+
+def table(rows):
+    """The Markdown table of final_rows."""
+    out = ["| recipe | tokens per step | peak lr | reached | time to target, s | tokens to target | final val loss "
+           "| compile, s |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        compile_s = spread(r["compile_s"], ".1f") or ("in the time" if r["recipe"].startswith("nanoGPT") else "")
+        cells = [r["recipe"], f"{r['batch_tokens']:,}", lr_text(r), f"{r['reached']} of {len(r['seeds'])}",
+                 spread(r["train_seconds"], ".1f"), spread(r["tokens"], ",.0f"), spread(r["final"], ".4f"), compile_s]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def edges(args, chosen):
+    """Lines for each recipe whose best setting sits at an edge of a swept axis of several values: its optimum may lie
+    beyond it."""
+    out = []
+    for recipe, r in chosen.items():
+        for axis, value, flag in (("lr_scales", r["lr_scale"], "--lr_scales"),
+                                  ("batch_tokens", r["batch_tokens"], "--batch_tokens")):
+            values = getattr(args, axis)
+            if len(values) > 1 and value in (min(values), max(values)):
+                out.append(f"note: {recipe}'s best is at the edge of the sweep ({axis} {value:,}): its optimum may lie "
+                           f"beyond; widen {flag}")
+    return out
+
+
+def ints(text, flag):
+    try:
+        values = list(dict.fromkeys(int(v) for v in text.split(",") if v.strip()))
+    except ValueError:
+        values = []
+    if not values or any(v <= 0 for v in values):
+        sys.exit(f"error: {flag} {text!r}: comma-separated positive integers")
+    return values
+
+
+def preflight(args, recipes, data_dir):
+    """Check every run's flags as train.py does (its check_flags: keys, values, this device; the batch plan) before the
+    corpus is prepared and the first run starts; exits in one line naming the problem. Returns {recipe: its sweep}."""
     import contextlib
     import io
     import warnings
@@ -254,29 +388,46 @@ def preflight(args, runs, seeds, data_dir):
     import train
     from configurator import load_config
     from speedgpt import memory
-    from speedgpt.distributed import Proc
+    from speedgpt.distributed import Proc, plan_batch
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    for name in runs:
+    sweeps = {}
+    for recipe in recipes:
         try:
             with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
-                cfg = load_config(train_argv(args, name, seeds[0], data_dir, os.path.join(args.out, f"{name}_{seeds[0]}")))
-                resolved = train.check_flags(cfg, Proc(0, 0, 1, device))
-                if not os.path.isfile(os.path.join(data_dir, "meta.json")):   # the corpus to come: GPT-2's tokens
-                    memory.check(resolved, memory.GPT2_VOCAB, device)          # (check_flags skips a missing folder)
+                sweeps[recipe] = settings(args, recipe, load_config(base_argv(args, recipe)))
+                for setting in sweeps[recipe]:
+                    cfg = load_config(train_argv(args, recipe, setting, args.seeds[0], data_dir,
+                                                 os.path.join(args.out, run_name(recipe, setting, args.seeds[0]))))
+                    resolved = train.check_flags(cfg, Proc(0, 0, 1, device))
+                    plan_batch(resolved, 1)
+                    if not os.path.isfile(os.path.join(data_dir, "meta.json")):   # the corpus to come: GPT-2's
+                        memory.check(resolved, memory.GPT2_VOCAB, device)          # tokens (check_flags skips it)
         except (ValueError, TypeError, FileNotFoundError) as e:
-            sys.exit(f"error: the {name} runs: {e} (train.py's flags go through --train_args; without a CUDA GPU: "
+            sys.exit(f"error: the {recipe} runs: {e} (train.py's flags go through --train_args; without a CUDA GPU: "
                      "--config '' and a small model there)")
+    return sweeps
 
 
 def main(argv=None):
     head, rest = __doc__.strip().split("\n\n", 1)
     p = Parser(description=head, epilog=rest, allow_abbrev=False, formatter_class=Help)
-    p.add_argument("--runs", default="adamw,muon", help="comma-separated recipes: " + ", ".join(RECIPES))
-    p.add_argument("--seeds", default="1337,1338", help="comma-separated: each recipe runs once per seed")
-    p.add_argument("--target", type=float, default=0.0, help="val loss; 0: the highest final val loss of the runs")
-    p.add_argument("--max_iters", type=int, default=150, help="optimizer steps of every run (the schedules' horizon)")
-    p.add_argument("--eval_interval", type=int, default=10, help="steps between evaluations (the whole val split)")
+    p.add_argument("--target", type=float, help="the val loss to reach, fixed before the runs (required)")
+    p.add_argument("--recipes", default="adamw,muon", help="comma-separated: " + ", ".join(RECIPES))
+    p.add_argument("--batch_tokens", default="65536,131072,262144,524288",
+                   help="tokens per optimizer step to sweep (train.py's total_batch_size), comma-separated")
+    p.add_argument("--lr_scales", default="0.5,1,2", help="peak learning rates to sweep, as multiples of each "
+                   "recipe's own (adamw: learning_rate, with min_lr; muon: muon_lr), comma-separated")
+    p.add_argument("--tokens", type=int, default=100 * 524288, help="tokens of every run (a multiple of every "
+                   "--batch_tokens); with --minutes, the scale of the warm-up and of --eval_every only")
+    p.add_argument("--minutes", type=float, default=0.0, help="train every run this many minutes of training time "
+                   "instead of --tokens (train.py's time_budget), and pick the lowest final val loss; 0: off")
+    p.add_argument("--seeds", default="1337,1338,1339", help="comma-separated: the sweep at the first, the best "
+                   "setting of each recipe at all of them")
+    p.add_argument("--eval_every", type=int, default=0, help="tokens between evaluations (a multiple of every "
+                   "--batch_tokens); 0: a tenth of --tokens")
+    p.add_argument("--warmup_frac", type=float, default=0.2, help="each run's warm-up, a share of its steps "
+                   "at --tokens (a fifth: the first comparison's 20 of 100)")
     p.add_argument("--config", default="config/fast.py", help="our preset; '' for train.py's defaults")
     p.add_argument("--data_dir", default="", help="a prepared folder instead of the .py files of this Python")
     p.add_argument("--train_args", action="append", default=[], help="more train.py flags for our runs, "
@@ -286,29 +437,42 @@ def main(argv=None):
                    "space-separated: --nanogpt_args=\"--device=cpu --compile=False --n_layer=2\" (with the =)")
     p.add_argument("--out", default="bench_out/time_to_target", help="the corpus, the runs' folders and logs")
     args = p.parse_args(argv)
-    runs = list(dict.fromkeys(r.strip() for r in args.runs.split(",") if r.strip()))     # each recipe once
-    if not runs or any(r not in RECIPES for r in runs):
-        sys.exit(f"error: --runs {args.runs!r}: the recipes are {', '.join(RECIPES)}")
+    if args.target is None or not math.isfinite(args.target) or args.target <= 0:
+        sys.exit(f"error: --target {args.target}: give the val loss to reach, a positive number fixed before the runs "
+                 "(never one run's endpoint), e.g. --target 3.5")
+    recipes = list(dict.fromkeys(r.strip() for r in args.recipes.split(",") if r.strip()))     # each recipe once
+    if not recipes or any(r not in RECIPES for r in recipes):
+        sys.exit(f"error: --recipes {args.recipes!r}: the recipes are {', '.join(RECIPES)}")
     if args.nanogpt and not os.path.isfile(os.path.join(args.nanogpt, "train.py")):
         sys.exit(f"error: no nanoGPT train.py in {args.nanogpt!r}: give --nanogpt PATH (a clone of karpathy/nanoGPT)")
-    for key in ("max_iters", "eval_interval"):
-        if getattr(args, key) < 1:
-            sys.exit(f"error: --{key} {getattr(args, key)}: give a positive number of steps")
-    if args.eval_interval > args.max_iters:
-        sys.exit(f"error: --eval_interval {args.eval_interval} is longer than the run (--max_iters {args.max_iters}): "
-                 "the table would have one evaluation, the last; give an --eval_interval of a few steps")
-    if not math.isfinite(args.target) or args.target < 0:
-        sys.exit(f"error: --target {args.target}: a finite val loss, or 0 for the highest final one of the runs")
+    args.batch_tokens = sorted(ints(args.batch_tokens, "--batch_tokens"))
+    args.seeds = ints(args.seeds, "--seeds")
+    try:
+        args.lr_scales = sorted(dict.fromkeys(float(v) for v in args.lr_scales.split(",") if v.strip()))
+    except ValueError:
+        args.lr_scales = []
+    if not args.lr_scales or not all(math.isfinite(v) and v > 0 for v in args.lr_scales):
+        sys.exit("error: --lr_scales: comma-separated positive multiples of each recipe's learning rate, e.g. 0.5,1,2")
+    args.eval_every = args.eval_every or args.tokens // 10
+    for flag, value in (("--tokens", args.tokens), ("--eval_every", args.eval_every)):
+        odd = [b for b in args.batch_tokens if value <= 0 or value % b]
+        if odd:
+            sys.exit(f"error: {flag} {value:,} is not a positive multiple of --batch_tokens {odd[0]:,}: every run "
+                     "takes whole steps on the same tokens")
+    if args.tokens // args.eval_every > 1000:
+        sys.exit(f"error: --eval_every {args.eval_every:,}: more than 1,000 evaluations of --tokens {args.tokens:,}")
+    if not math.isfinite(args.minutes) or args.minutes < 0:
+        sys.exit(f"error: --minutes {args.minutes}: minutes of training per run, or 0 for --tokens")
+    if not 0 <= args.warmup_frac < 1:
+        sys.exit(f"error: --warmup_frac {args.warmup_frac}: a share of each run's steps, in [0, 1)")
+    if args.nanogpt and (args.minutes or args.tokens % NANOGPT_STEP or args.eval_every % NANOGPT_STEP):
+        sys.exit(f"error: --nanogpt runs nanoGPT's train.py at its {NANOGPT_STEP:,} tokens per step on --tokens: give "
+                 "--tokens and --eval_every multiples of it, without --minutes (its train.py has no time budget)")
     own = [a.split("=")[0] for a in " ".join(args.train_args).split() if a.startswith("--") and a[2:].split("=")[0] in OWN_KEYS]
     if own:
         sys.exit(f"error: --train_args sets {own[0]}, which this script sets for every run: use its own flag "
-                 "(--config, --data_dir, --out, --max_iters, --eval_interval, --seeds), the same for every trainer")
-    try:
-        seeds = list(dict.fromkeys(int(s) for s in args.seeds.split(",") if s.strip()))
-    except ValueError:
-        sys.exit(f"error: --seeds {args.seeds!r}: comma-separated integers, e.g. --seeds 1337,1338")
-    if not seeds:
-        sys.exit("error: --seeds is empty: give one or more, e.g. --seeds 1337,1338")
+                 "(--config, --data_dir, --out, --tokens, --minutes, --batch_tokens, --eval_every, --warmup_frac, "
+                 "--seeds)")
     if args.data_dir and not os.path.isfile(os.path.join(args.data_dir, "meta.json")):
         sys.exit(f"error: --data_dir {args.data_dir!r} is not a prepared folder (no meta.json): prepare one with "
                  "data.py (docs/data.md), or leave --data_dir out for the .py files of this Python")
@@ -316,43 +480,46 @@ def main(argv=None):
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         sys.exit(f"error: cannot create --out {args.out}: {e.strerror}; choose another --out")
-    preflight(args, runs, seeds, args.data_dir or os.path.join(args.out, "data"))
+    sweeps = preflight(args, recipes, args.data_dir or os.path.join(args.out, "data"))
     data_dir = args.data_dir or prepare_corpus(args.out)
-    curves = {}
-    for name in runs:
-        for seed in seeds:
-            out_dir = os.path.join(args.out, f"{name}_{seed}")
-            cmd = [sys.executable, "train.py", *train_argv(args, name, seed, data_dir, out_dir)]
-            shutil.rmtree(out_dir, ignore_errors=True)      # never the metrics of an earlier invocation
-            with open(out_dir + ".log", "w") as log:
-                rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-            if rc != 0:                                     # the next runs would fail alike (data, device, flags)
-                sys.exit(f"error: run {name} seed {seed} failed: {error_line(out_dir + '.log').removeprefix('error: ')} "
-                         f"(log: {out_dir}.log)")
-            curves[f"ours, {name}", seed] = evals(out_dir)
-            print(f"{name} seed {seed}: final val {curves[f'ours, {name}', seed][-1][1]:.4f}", flush=True)
+    swept, chosen, seeded = [], {}, {}
+    for recipe in recipes:                  # the sweep, at the first seed
+        rows = []
+        for setting in sweeps[recipe]:
+            r = train_run(args, recipe, setting, args.seeds[0], data_dir)
+            rows.append(r)
+            print(f"sweep: {recipe}, {setting['batch_tokens']:,} tokens per step, {lr_text(setting)}: final val "
+                  f"{r['final']:.4f}" + (f", the target at {r['hit'][3]:.1f} s" if r["hit"] else ""), flush=True)
+        swept += rows
+        chosen[recipe] = best(rows, by_time=not args.minutes)
+    for recipe, top in chosen.items():      # the best setting at every seed
+        setting = {k: top[k] for k in ("batch_tokens", "lr_scale", "lr")}
+        seeded[recipe] = [top] + [train_run(args, recipe, setting, seed, data_dir) for seed in args.seeds[1:]]
+        print(f"seeds: {recipe} done", flush=True)
+    nanogpt = None
     if args.nanogpt:
-        curves["nanoGPT train.py", 1337] = nanogpt_run(args.nanogpt, data_dir, args.out, args)
-    if args.nanogpt and not curves["nanoGPT train.py", 1337]:
-        sys.exit(f"error: nanoGPT's train.py made no evaluation: {error_line(os.path.join(args.out, 'nanogpt', 'train.log'))}"
-                 f" (log: {os.path.join(args.out, 'nanogpt', 'train.log')})")
-    finals = [c[-1][1] for c in curves.values() if c]
-    target = args.target or (max(finals) if finals else 0.0)
-    rows = [f"Target val loss {target:.4f} ({'given' if args.target else 'the highest final'}); {args.max_iters} steps, "
-            f"evaluated every {args.eval_interval} on the whole val split of {data_dir}", "",
-            "| trainer, recipe | seed | reached at step | tokens | training seconds | final val loss |",
-            "|---|---:|---:|---:|---:|---:|"]
-    for (name, seed), curve in curves.items():
-        hit = first_at_or_below(curve, target)
-        final = f"{curve[-1][1]:.4f}" if curve else "failed"
-        rows.append(f"| {name} | {seed} | " + (f"{hit[0]} | {hit[2]:,.0f} | {hit[3]:.1f} | {final} |" if hit else
-                                                f"not reached | | | {final} |"))
-    rows += ["", "Each run's evaluations (step: val loss, seconds of training):", "", *curves_table(curves)]
-    print("\n".join(rows))
-    with open(os.path.join(args.out, "curves.json"), "w") as f:       # the numbers behind both tables
+        curve = nanogpt_run(args.nanogpt, data_dir, args.out, args)
+        if not curve:
+            log = os.path.join(args.out, "nanogpt", "train.log")
+            sys.exit(f"error: nanoGPT's train.py made no evaluation: {error_line(log)} (log: {log})")
+        nanogpt = result("nanoGPT train.py", {}, None, curve, args.target, None)
+    rows = final_rows(seeded, nanogpt)
+    length = f"{args.minutes:g} minutes of training" if args.minutes else f"{args.tokens:,} tokens"
+    pick = "the lowest final val loss" if args.minutes else "the fewest seconds to the target"
+    lines = [f"The sweep at seed {args.seeds[0]}: every run {length}, evaluated every {args.eval_every:,} tokens on "
+             f"the whole val split of {data_dir}", "", *sweep_table(swept), "", *edges(args, chosen),
+             f"Target val loss {args.target:.4f}, fixed before the runs; each recipe at its best setting of the sweep "
+             f"({pick}), seeds {', '.join(map(str, args.seeds))}; every run {length}; seconds of training (compile "
+             "apart, its own column); mean ± sd", "", *table(rows)]
+    with open(os.path.join(args.out, "time_to_target.json"), "w") as f:      # the numbers behind both tables
         keys = ("step", "val_loss", "tokens", "train_seconds")
-        json.dump({"target": target, "runs": [{"run": name, "seed": seed, "evals": [dict(zip(keys, r)) for r in curve]}
-                                              for (name, seed), curve in curves.items()]}, f, indent=1)
+        runs = [*swept, *(r for rs in seeded.values() for r in rs[1:]), *([nanogpt] if nanogpt else [])]
+        json.dump({"target": args.target, "tokens": args.tokens, "minutes": args.minutes or None,
+                   "eval_every": args.eval_every, "seeds": args.seeds, "table": rows,
+                   "sweep": [{k: v for k, v in r.items() if k != "evals"} for r in swept],
+                   "runs": [{**{k: v for k, v in r.items() if k != "evals"},
+                             "evals": [dict(zip(keys, e)) for e in r["evals"]]} for r in runs]}, f, indent=1)
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ speedgpt's helpers: what train.py, model.py and data.py lean on, one feature or 
   activation_checkpointing.py  recompute blocks in the backward (grad_checkpointing)
   compilation.py               torch.compile, whole model or per block (compile, compile_regional)
   optim.py                     the optimizer (AdamW, Muon) and the learning-rate schedule (cosine, WSD)
+  budget.py                    the training clock and the time budget: a run of N minutes of training (time_budget)
   evaluation.py                validation loss, bits per byte and time to a target loss (eval_tokens, target_val_loss)
   memory.py                    whether a run fits the device's memory: the estimate and its check (memory_check)
   distributed.py               processes and devices (torchrun), the batch plan, DDP / FSDP, signals, agreement

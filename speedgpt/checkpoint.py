@@ -1,8 +1,8 @@
 """
 Checkpoints of a speedgpt run. Each one holds everything a resume needs to continue exactly (weights of the
 raw module, optimizer, GradScaler, step, RNG states, the loader's position, the config, the tokenizer
-metadata, the W&B run id), written atomically (a temp file, fsync, rename) and never with non-finite
-weights; read with torch.load(weights_only=True).
+metadata, the W&B run id, the seconds and tokens trained so far), written atomically (a temp file, fsync,
+rename) and never with non-finite weights; read with torch.load(weights_only=True).
 
 In out_dir (keep_checkpoints=N):
   ckpt_step000250.pt  one file per saved step; the N latest are kept, older ones deleted
@@ -549,6 +549,7 @@ def save_run(run, step, background=False):
                 "best_val_loss": run.best_val, "config": asdict(cfg), "meta": run.meta, "target_reached": run.target,
                 "loader": run.train_loader.state_dict(), "wandb_run_id": run.logger.wandb_run_id,
                 "tokens_per_step": cfg.batch_size * cfg.block_size * run.grad_accum_steps * proc.world,
+                "train_seconds": run.train_seconds, "tokens": int(run.tokens),      # the clock a resume continues
                 "rng": {"cpu": rng[0][0], "cuda": rng[0][1], "ranks": rng}}
         if background:
             run.writer.start(path, own_copy(ckpt, run.raw_model, run.optimizer, run.writer.buffers),

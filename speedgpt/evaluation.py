@@ -59,8 +59,8 @@ def check(cfg):
 
 def target_reached(cfg, val_loss, step, train_seconds, tokens):
     """When target_val_loss is set and the evaluation of `step` is at or below it: a dict of where it was
-    reached (step, real tokens trained, seconds of training: compile included, evaluations and checkpoints
-    not), else None."""
+    reached (step, real tokens trained, seconds of training: speedgpt/budget.py's clock, which leaves out the
+    evaluations, the checkpoints and the first step's compile), else None."""
     if not cfg.target_val_loss or val_loss is None or val_loss > cfg.target_val_loss:
         return None
     return {"step": step, "val_loss": val_loss, "tokens": int(tokens), "train_seconds": round(train_seconds, 3)}
@@ -69,7 +69,7 @@ def target_reached(cfg, val_loss, step, train_seconds, tokens):
 def describe_target(reached):
     """One phrase for target_reached's dict."""
     return (f"target val loss reached ({reached['val_loss']:.4f}) at step {reached['step']:,}: {reached['tokens']:,} "
-            f"tokens, {reached['train_seconds']:.1f} s of training (compile included, evaluation apart)")
+            f"tokens, {reached['train_seconds']:.1f} s of training (compile and evaluation apart)")
 
 
 def reached_before(cfg, ckpt):

@@ -201,7 +201,7 @@ def summary_line(summary):
              *([f"hellaswag acc_norm {summary['hellaswag_acc_norm']:.4f}"] if summary.get("hellaswag_acc_norm")
                is not None else []),
              *([("target val loss reached at step {step:,}: {tokens:,} tokens, {train_seconds:.1f} s of training (compile "
-                 "included, evaluation apart)").format(**summary["target_reached"]) if summary.get("target_reached")
+                 "and evaluation apart)").format(**summary["target_reached"]) if summary.get("target_reached")
                 else "target val loss not reached"] if summary.get("target_val_loss") else []),
              f"checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else "no checkpoint",
              f"metrics {summary['metrics']} (plot: python plot.py {os.path.dirname(summary['metrics'])})"]

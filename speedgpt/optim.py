@@ -18,6 +18,8 @@ edit this module and its keys in configurator.py.
   lr_schedule=wsd     warm-up, then the peak held ("stable"), then a linear decay to min_lr over the last
                       wsd_decay_frac of lr_decay_iters (warmup-stable-decay, the "trapezoidal" schedule of
                       Hägele et al. 2024, modded-nanogpt's and nanochat's).
+  time_budget=M       either shape over M minutes of training time instead of lr_decay_iters steps (lr_at;
+                      the clock and the run's end: speedgpt/budget.py); the warm-up stays in steps.
 
   muon_batched=True   the same update, with the Newton-Schulz iterations of every matrix of one shape run
                       together as batched matmuls (modded-nanogpt batches them too): a few dozen kernels per
@@ -112,12 +114,19 @@ def describe(optimizer, cfg):
     return f"optimizer: {cfg.optimizer}, lr_schedule {cfg.lr_schedule}: " + "; ".join(parts)
 
 
-def lr_at(step, cfg, peak=None):
+def lr_at(step, cfg, peak=None, seconds=0.0):
     """The learning rate at optimizer step `step` (from 0) of a group whose peak is `peak` (default
     cfg.learning_rate): warm-up, then cfg.lr_schedule's shape down to peak * min_lr / learning_rate at
-    lr_decay_iters (0: max_iters)."""
+    lr_decay_iters (0: max_iters). With cfg.time_budget (minutes) the decay runs on training time instead:
+    `seconds` of training before this step over the budget's take the place of step / lr_decay_iters (floor at
+    the budget), and the warm-up, still warmup_iters steps (it protects the first updates, whatever they take),
+    caps the decay's rate: the lower of the two, so no state beyond (step, seconds) is needed and a resume, which
+    continues both (speedgpt/budget.py), gives the same rate at the same elapsed time."""
     peak = cfg.learning_rate if peak is None else peak
     floor = cfg.min_lr if peak == cfg.learning_rate else peak * cfg.min_lr / cfg.learning_rate
+    if cfg.time_budget:
+        ramp = peak * (step + 1) / (cfg.warmup_iters + 1) if step < cfg.warmup_iters else peak
+        return min(ramp, decayed(min(1.0, seconds / (60 * cfg.time_budget)), cfg, peak, floor))
     decay_iters = cfg.lr_decay_iters or cfg.max_iters
     if step < cfg.warmup_iters:
         return peak * (step + 1) / (cfg.warmup_iters + 1)
@@ -128,16 +137,23 @@ def lr_at(step, cfg, peak=None):
         if step < max(start, cfg.warmup_iters):
             return peak
         return floor + (peak - floor) * (decay_iters - step) / max(1, decay_iters - max(start, cfg.warmup_iters))
-    ratio = (step - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
-    return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak - floor)
+    return decayed((step - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters), cfg, peak, floor)
 
 
-def set_lr(optimizer, step, cfg):
-    """Set every group's learning rate for `step`; returns the rate of the groups at cfg.learning_rate's peak
-    (the one the logs show)."""
+def decayed(x, cfg, peak, floor):
+    """The rate at the share x (in [0, 1]) of the decay's horizon: cosine from peak to floor, or for WSD the peak
+    held, then linear to floor over the last wsd_decay_frac."""
+    if cfg.lr_schedule == "wsd":
+        return peak if x <= 1 - cfg.wsd_decay_frac else floor + (peak - floor) * (1 - x) / cfg.wsd_decay_frac
+    return floor + 0.5 * (1.0 + math.cos(math.pi * x)) * (peak - floor)
+
+
+def set_lr(optimizer, step, cfg, seconds=0.0):
+    """Set every group's learning rate for `step` (after `seconds` of training: a time budget's schedule);
+    returns the rate of the groups at cfg.learning_rate's peak (the one the logs show)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr_at(step, cfg, peak_lr(group, cfg))
-    return lr_at(step, cfg)
+        group["lr"] = lr_at(step, cfg, peak_lr(group, cfg), seconds)
+    return lr_at(step, cfg, seconds=seconds)
 
 
 def clip_grad_norm(model, optimizer, scaler, grad_clip):

@@ -50,6 +50,26 @@ def test_wsd_warms_up_holds_then_decays_linearly():
     assert optim.lr_at(50, cfg, peak=0.02) == 0.02 and optim.lr_at(100, cfg, peak=0.02) == pytest.approx(0.002)
 
 
+def test_a_time_budget_decays_on_the_seconds_trained_and_warms_up_in_steps():
+    """time_budget=1 (60 s): the decay's share is seconds / 60, whatever the step; the warm-up's ramp (steps) caps it;
+    past the budget, the floor. Without a budget the seconds change nothing."""
+    cfg = configurator.Config(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=10**6, time_budget=1.0)
+    for step in (10, 500, 90000):                                       # past warm-up: the step does not matter
+        assert optim.lr_at(step, cfg, seconds=0.0) == 1e-3
+        assert optim.lr_at(step, cfg, seconds=30.0) == pytest.approx(5.5e-4)     # cosine's midpoint
+        assert optim.lr_at(step, cfg, seconds=60.0) == optim.lr_at(step, cfg, seconds=600.0) == 1e-4
+    curve = [optim.lr_at(50, cfg, seconds=s) for s in range(61)]
+    assert curve == sorted(curve, reverse=True) and len(set(curve)) == 61
+    assert optim.lr_at(0, cfg, seconds=0.0) == 1e-3 / 11                 # the ramp, in steps
+    assert optim.lr_at(9, cfg, seconds=50.0) == optim.lr_at(10, cfg, seconds=50.0) < 1e-3 * 10 / 11   # decay caps it
+    wsd = configurator.Config(learning_rate=1e-3, min_lr=1e-4, warmup_iters=0, time_budget=1.0, lr_schedule="wsd")
+    assert optim.lr_at(7, wsd, seconds=47.9) == 1e-3                     # stable until the last fifth of the time
+    assert optim.lr_at(7, wsd, seconds=54.0) == pytest.approx(5.5e-4)    # linear over it
+    assert optim.lr_at(7, wsd, seconds=54.0, peak=0.02) == pytest.approx(0.011)   # another peak, the same shape
+    steps = configurator.Config(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, lr_decay_iters=100)
+    assert [optim.lr_at(s, steps, seconds=999.0) for s in range(120)] == [optim.lr_at(s, steps) for s in range(120)]
+
+
 def test_adamw_groups_decay_matrices_only_and_muon_takes_the_block_matrices():
     m = tiny()
     adamw = optim.param_groups(m, configurator.Config())

@@ -1,6 +1,7 @@
 """benchmarks/time_to_target.py on the CPU: the corpus of .py files (deduplicated by content), the first
-evaluation at or below the target from a run's metrics.jsonl, two tiny recipes end to end, and the launcher that
-times nanoGPT's train.py around its evaluations (a stand-in train.py with the same lines) or refuses a changed one."""
+evaluation at or below the target from a run's metrics.jsonl, the protocol's choice of each recipe's best setting and
+its table (on made-up runs), a tiny sweep end to end on tokens and on minutes, and the launcher that times nanoGPT's
+train.py around its evaluations (a stand-in train.py with the same lines) or refuses a changed one."""
 import json
 import os
 import sys
@@ -31,25 +32,89 @@ def test_the_first_evaluation_at_or_below_the_target_counts():
     assert ttt.first_at_or_below(rows, 1.0) is None
 
 
-def test_two_recipes_train_and_the_table_names_where_each_reached_the_target(byte_data, tmp_path, capsys):
+def row(recipe, batch, scale, seed, hit_seconds=None, final=3.0, tokens=1000):
+    """A run's row as train_run gives it: reached the target at hit_seconds (None: never)."""
+    hit = (10, 2.9, tokens, hit_seconds) if hit_seconds is not None else None
+    return {"recipe": recipe, "batch_tokens": batch, "lr_scale": scale, "lr": {"learning_rate": 1e-3 * scale},
+            "seed": seed, "evals": [(0, 5.0, 0, 0.0), (10, final, tokens, hit_seconds or 9.0)], "hit": hit,
+            "final": final, "compile_s": 1.0}
+
+
+def test_the_best_setting_reaches_the_target_soonest_else_has_the_lowest_final_loss():
+    rows = [row("adamw", 256, 1, 1, None, final=2.5), row("adamw", 512, 1, 1, 8.0, final=2.8),
+            row("adamw", 256, 2, 1, 6.0, final=2.9, tokens=3000), row("adamw", 512, 2, 1, 6.0, final=2.7, tokens=2000)]
+    assert ttt.best(rows) is rows[3]                                  # the fewest seconds; a tie: the fewest tokens
+    assert ttt.best(rows, by_time=False) is rows[0]                   # --minutes: the best model, reached or not
+    never = [row("muon", 256, 1, 1, final=3.1), row("muon", 512, 1, 1, final=3.0)]
+    assert ttt.best(never) is never[1]                                # none reached it: the lowest final loss
+
+
+def test_the_protocol_sweeps_picks_each_recipes_best_runs_its_seeds_and_prints_one_table_last(byte_data, tmp_path,
+                                                                                              monkeypatch, capsys):
+    """On made-up runs (train_run replaced): the sweep at the first seed, the best setting of each recipe at every
+    seed, then one table, mean +- sd over the seeds, printed last and saved with every run's evaluations."""
+    seconds = {("adamw", 256, 1.0): 9.0, ("adamw", 512, 1.0): 7.0, ("adamw", 256, 2.0): None, ("adamw", 512, 2.0): 8.0,
+               ("muon", 256, 1.0): 3.0, ("muon", 512, 1.0): 4.0, ("muon", 256, 2.0): 5.0, ("muon", 512, 2.0): 6.0}
+    later = {("adamw", 512, 1.0, 2): 7.5, ("adamw", 512, 1.0, 3): 8.5}      # the chosen setting's other seeds
+    calls = []
+
+    def fake(args, recipe, setting, seed, data_dir):
+        key = (recipe, setting["batch_tokens"], setting["lr_scale"])
+        calls.append((*key, seed))
+        hit = later.get((*key, seed), seconds[key])
+        curve = [(0, 5.0, 0, 0.0), (4, 2.0, 1024, hit)] if hit else [(0, 5.0, 0, 0.0), (4, 3.5, 1024, 9.0)]
+        return ttt.result(recipe, setting, seed, curve, args.target, 1.5)
+    monkeypatch.setattr(ttt, "train_run", fake)
+    tiny = "--n_layer=1 --n_head=2 --n_embd=32 --block_size=64 --batch_size=4"
+    ttt.main(["--target", "2.5", "--config", "", "--data_dir", str(byte_data), "--batch_tokens", "256,512",
+              "--lr_scales", "1,2", "--seeds", "1,2,3", "--tokens", "2048", "--eval_every", "1024", "--train_args",
+              tiny, "--out", str(tmp_path)])
+    sweep = [(r, b, s, 1) for r in ("adamw", "muon") for b in (256, 512) for s in (1.0, 2.0)]
+    assert calls == sweep + [("adamw", 512, 1.0, 2), ("adamw", 512, 1.0, 3),     # each recipe's best, at the other
+                             ("muon", 256, 1.0, 2), ("muon", 256, 1.0, 3)]      # seeds
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-4:] == [
+        "| recipe | tokens per step | peak lr | reached | time to target, s | tokens to target | final val loss "
+        "| compile, s |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+        "| adamw | 512 | learning_rate 0.003 | 3 of 3 | 7.7 ± 0.8 | 1,024 ± 0 | 2.0000 ± 0.0000 | 1.5 ± 0.0 |",
+        "| muon | 256 | muon_lr 0.02 | 3 of 3 | 3.0 ± 0.0 | 1,024 ± 0 | 2.0000 ± 0.0000 | 1.5 ± 0.0 |"]
+    assert "note: muon's best is at the edge of the sweep (lr_scales 1.0): its optimum may lie beyond; widen " \
+           "--lr_scales" in out
+    assert "| adamw | 256 | learning_rate 0.006 | not reached |  | 3.5000 |" in out      # every setting of the sweep
+    saved = json.loads((tmp_path / "time_to_target.json").read_text())
+    assert saved["target"] == 2.5 and len(saved["sweep"]) == 8 and len(saved["runs"]) == 12
+    assert saved["table"][0]["train_seconds"] == [7.0, 7.5, 8.5] and saved["table"][0]["seeds"] == [1, 2, 3]
+    assert saved["runs"][0]["evals"][1] == {"step": 4, "val_loss": 2.0, "tokens": 1024, "train_seconds": 9.0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("minutes", [None, "0.01"])
+def test_a_tiny_sweep_runs_end_to_end(short_data, tmp_path, capsys, minutes):
+    """Two recipes, two steps' sizes, two seeds, on the same tokens (or the same minutes of training: train.py's
+    time budget): every run's evaluations, the chosen setting at both seeds, the table last. (short_data: a val
+    split of a few thousand tokens, each evaluation being all of it.)"""
     tiny = "--n_layer=1 --n_head=2 --n_embd=32 --block_size=64 --batch_size=4 --log_interval=1"
-    ttt.main(["--config", "", "--data_dir", str(byte_data), "--seeds", "1", "--max_iters", "4", "--eval_interval", "2",
-              "--train_args", tiny, "--out", str(tmp_path)])
-    out = capsys.readouterr().out
-    rows = ttt.evals(str(tmp_path / "adamw_1"))
-    assert [r[0] for r in rows] == [0, 2, 4] and all(r[3] is not None and r[2] >= 0 for r in rows)
-    assert rows[2][2] > rows[1][2] > 0                                             # tokens grow
-    target = max(ttt.evals(str(tmp_path / name))[-1][1] for name in ("adamw_1", "muon_1"))
-    assert f"Target val loss {target:.4f} (the highest final)" in out
-    assert "| ours, adamw | 1 |" in out and "| ours, muon | 1 |" in out and "not reached" not in out
-    # every evaluation, printed and in curves.json: the path to the target, not only where it was crossed
-    assert "| run | 2 | 4 |" in out and f"| ours, adamw 1, val loss | {rows[1][1]:.4f} | {rows[2][1]:.4f} |" in out
-    assert f"| ours, adamw 1, seconds | {rows[1][3]:.1f} | {rows[2][3]:.1f} |" in out
-    saved = json.loads((tmp_path / "curves.json").read_text())
-    assert saved["target"] == target and [r["run"] for r in saved["runs"]] == ["ours, adamw", "ours, muon"]
-    assert saved["runs"][0]["evals"] == [dict(step=r[0], val_loss=r[1], tokens=r[2], train_seconds=r[3]) for r in rows]
-    config = json.loads((tmp_path / "muon_1" / "config.json").read_text())
-    assert (config["optimizer"], config["lr_schedule"], config["max_iters"]) == ("muon", "wsd", 4)
+    ttt.main(["--target", "5.0", "--config", "", "--data_dir", str(short_data), "--batch_tokens", "256,512",
+              "--lr_scales", "1", "--seeds", "1,2", "--tokens", "2048", "--eval_every", "1024", "--train_args", tiny,
+              "--out", str(tmp_path), *(["--minutes", minutes] if minutes else [])])
+    out = capsys.readouterr().out.strip().splitlines()
+    saved = json.loads((tmp_path / "time_to_target.json").read_text())
+    assert [(r["recipe"], r["batch_tokens"], r["seed"]) for r in saved["sweep"]] == \
+        [("adamw", 256, 1), ("adamw", 512, 1), ("muon", 256, 1), ("muon", 512, 1)]
+    assert len(saved["runs"]) == 6 and [r["recipe"] for r in saved["table"]] == ["adamw", "muon"]
+    assert out[-2].startswith("| adamw | ") and out[-1].startswith("| muon | ") and " of 2 | " in out[-1]
+    run = saved["runs"][1]                      # adamw at 512 tokens per step: 4 steps, evaluated every 2
+    config = json.loads((tmp_path / "adamw_b512_lr1_s1" / "config.json").read_text())
+    if minutes:
+        assert config["time_budget"] == 0.01 and config["max_iters"] == ttt.MAX_STEPS
+        summary = json.loads((tmp_path / "adamw_b512_lr1_s1" / "summary.json").read_text())
+        assert summary["train_seconds"] >= 0.6 and run["evals"][-1]["train_seconds"] >= 0.6
+    else:
+        assert [e["step"] for e in run["evals"]] == [0, 2, 4] and run["evals"][-1]["tokens"] == 2048
+        assert (config["max_iters"], config["total_batch_size"], config["eval_interval"]) == (4, 512, 2)
+    muon = json.loads((tmp_path / "muon_b256_lr1_s1" / "config.json").read_text())
+    assert (muon["optimizer"], muon["lr_schedule"]) == ("muon", "wsd")
 
 
 FAKE_TRAIN = '''import time
@@ -93,28 +158,47 @@ def test_a_failed_run_stops_it_in_one_line(byte_data, tmp_path):
     broken = tmp_path / "data"
     broken.mkdir()
     (broken / "meta.json").write_text((byte_data / "meta.json").read_text())
-    with pytest.raises(SystemExit, match=r"^error: run adamw seed 1 failed: .* \(log: "):
-        ttt.main(["--config", "", "--data_dir", str(broken), "--seeds", "1", "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match=r"^error: run adamw_b256_lr1_s1 failed: .* \(log: "):
+        ttt.main(["--target", "3", "--config", "", "--data_dir", str(broken), "--batch_tokens", "256",
+                  "--lr_scales", "1", "--tokens", "512", "--eval_every", "256", "--seeds", "1", "--train_args",
+                  "--batch_size=4 --block_size=64", "--out", str(tmp_path / "out")])
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--runs", "sgd"], "--runs 'sgd': the recipes are adamw, muon"),
-    (["--seeds", "x"], "--seeds 'x': comma-separated integers"),
-    (["--nanogpt", "/nonexistent"], "no nanoGPT train.py in '/nonexistent'"),
-    (["--max_iters", "0"], "--max_iters 0: give a positive number of steps"),
-    (["--eval_interval", "-2"], "--eval_interval -2: give a positive number of steps"),
-    (["--eval_interval", "8", "--max_iters", "4"], r"--eval_interval 8 is longer than the run \(--max_iters 4\)"),
-    (["--target", "nan"], "--target nan: a finite val loss"),
-    (["--max_iters", "x"], "argument --max_iters: invalid int value: 'x' .*--help lists every flag"),
-    (["--train_args=--n_layer=2", "--train_args=--out_dir=/tmp/x"], "--train_args sets --out_dir, which this script sets"),
-    (["--data_dir", "/nonexistent"], "--data_dir '/nonexistent' is not a prepared folder"),
-    (["--config", "config/none.py"], "the adamw runs: config file 'config/none.py' not found"),
+    ([], "--target None: give the val loss to reach, a positive number fixed before the runs"),
+    (["--target", "nan"], "--target nan: give the val loss to reach"),
+    (["--target", "3", "--recipes", "sgd"], "--recipes 'sgd': the recipes are adamw, muon"),
+    (["--target", "3", "--seeds", "x"], "--seeds 'x': comma-separated positive integers"),
+    (["--target", "3", "--batch_tokens", "0,512"], "--batch_tokens '0,512': comma-separated positive integers"),
+    (["--target", "3", "--lr_scales", "1,-2"], "--lr_scales: comma-separated positive multiples"),
+    (["--target", "3", "--tokens", "1000000"],
+     r"--tokens 1,000,000 is not a positive multiple of --batch_tokens 65,536"),
+    (["--target", "3", "--eval_every", "100"], r"--eval_every 100 is not a positive multiple of --batch_tokens 65,536"),
+    (["--target", "3", "--minutes", "-1"], "--minutes -1.0: minutes of training per run"),
+    (["--target", "3", "--warmup_frac", "1"], r"--warmup_frac 1.0: a share of each run's steps, in \[0, 1\)"),
+    (["--target", "3", "--nanogpt", "/nonexistent"], "no nanoGPT train.py in '/nonexistent'"),
+    (["--target", "3", "--tokens", "x"], "argument --tokens: invalid int value: 'x' .*--help lists every flag"),
+    (["--target", "3", "--train_args=--n_layer=2", "--train_args=--total_batch_size=8"],
+     "--train_args sets --total_batch_size, which this script sets"),
+    (["--target", "3", "--data_dir", "/nonexistent"], "--data_dir '/nonexistent' is not a prepared folder"),
+    (["--target", "3", "--config", "config/none.py"], "the adamw runs: config file 'config/none.py' not found"),
+    (["--target", "3", "--config", "", "--batch_tokens", "1000", "--tokens", "2000", "--eval_every", "1000"],
+     r"the adamw runs: total_batch_size=1,000 tokens is not a multiple of batch_size x block_size"),
 ])
 def test_bad_input_is_refused_in_one_line(argv, message, tmp_path):
     """Each refusal comes before the corpus is prepared (nothing in --out but the folder)."""
     with pytest.raises(SystemExit, match=message):
         ttt.main([*argv, "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out" / "data").exists()
+
+
+def test_nanogpt_needs_its_step_and_no_time_budget(tmp_path):
+    nanogpt = tmp_path / "nanogpt"
+    nanogpt.mkdir()
+    (nanogpt / "train.py").write_text("")
+    for extra in (["--minutes", "1"], ["--tokens", str(3 * 65536), "--batch_tokens", "65536", "--eval_every", "65536"]):
+        with pytest.raises(SystemExit, match=r"--nanogpt runs nanoGPT's train.py at its 524,288 tokens per step"):
+            ttt.main(["--target", "3", "--nanogpt", str(nanogpt), *extra, "--out", str(tmp_path / "out")])
 
 
 def test_a_preset_this_machine_cannot_run_is_refused_before_the_corpus(tmp_path, monkeypatch):
@@ -125,14 +209,14 @@ def test_a_preset_this_machine_cannot_run_is_refused_before_the_corpus(tmp_path,
                        match=r"the adamw runs: a GPU-sized run \(steps of 524,288 tokens\) on the CPU: every change "
                              r"it needs, at once: \[1\] fp8=True and fp8_head=True need a GPU.*without a CUDA GPU: "
                              r"--config ''"):
-        ttt.main(["--out", str(tmp_path / "out")])
+        ttt.main(["--target", "3", "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out" / "data").exists()
     # that line's way out, followed: GPT-2 124M at 64 x 1024 does not fit a 24 GB CPU, said before the corpus too
     # (the corpus is GPT-2's tokens, so the estimate needs no prepared folder)
     from speedgpt import memory
     monkeypatch.setattr(memory, "available", lambda device: 24e9)
     with pytest.raises(SystemExit, match=r"the adamw runs: this run needs about \d+\.\d GB per process .* 24\.0 GB"):
-        ttt.main(["--out", str(tmp_path / "out"), "--train_args=--fp8=False --fp8_head=False"])
+        ttt.main(["--target", "3", "--out", str(tmp_path / "out"), "--train_args=--fp8=False --fp8_head=False"])
     assert not (tmp_path / "out" / "data").exists()
 
 

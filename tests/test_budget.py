@@ -1,0 +1,194 @@
+"""speedgpt/budget.py and train.py's time budget on the CPU: the clock (evaluations and the first step's compile left
+out), a run that ends at its budget with its final evaluation and checkpoint, the learning rate on the clock, a
+resume that continues the clock and honours the budget's total, every rank on rank 0's clock, and the refusals.
+Most of these run on a fake clock: each step takes the seconds the test says, so nothing depends on the load."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train
+from configurator import help_text, load_config
+from conftest import ROOT, read_metrics, tiny_args
+from speedgpt import budget, optim
+from speedgpt.distributed import Proc
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """budget's clock made a counter that only a training step moves: the first step of each start takes 10 s
+    (its compile), every later one 1 s; evaluations and checkpoints take none."""
+    t = {"now": 100.0, "calls": 0}
+    real = train.forward_backward
+
+    def step(*args, **kwargs):
+        t["now"] += 10.0 if t["calls"] == 0 else 1.0
+        t["calls"] += 1
+        return real(*args, **kwargs)
+    monkeypatch.setattr(budget, "now", lambda: t["now"])
+    monkeypatch.setattr(train, "forward_backward", step)
+    return t
+
+
+def budget_args(data, out, *extra):
+    # 0.1 min = 6 s of training: steps of 1 s on the fake clock
+    return tiny_args(data, out, "--time_budget=0.1", "--max_iters=1000", "--warmup_iters=2", "--eval_interval=4",
+                     *extra)
+
+
+def lrs(out_dir):
+    return {r["step"]: r["lr"] for r in read_metrics(out_dir) if "loss" in r}
+
+
+def test_the_clock_leaves_out_evaluations_and_counts_the_first_step_at_the_seconds(monkeypatch):
+    t = {"now": 0.0}
+    monkeypatch.setattr(budget, "now", lambda: t["now"])
+    clock = budget.Clock(before=7.0)           # a resumed run: the checkpoint's 7 s
+    assert clock.compile_s() is None
+    clock.pause()                               # the evaluation before the first step
+    t["now"] += 50.0
+    clock.resume()
+    t["now"] += 12.0                            # the first step: 2 s of work, 10 s of compile
+    assert clock.step_done() == 7.0             # not counted until a second step says what a step takes
+    t["now"] += 2.0
+    assert clock.step_done() == 7.0 + 2.0 + 2.0            # the first step at the second's 2 s
+    assert clock.compile_s() == 10.0
+    t["now"] += 4.0
+    assert clock.pause() == 15.0                # an evaluation's reading, the clock stopped
+    t["now"] += 100.0
+    clock.resume()
+    t["now"] += 2.0
+    assert clock.step_done() == 17.0
+    fast_first = budget.Clock()                 # a first step faster than the second: counted whole, never less
+    t["now"] += 1.0
+    fast_first.step_done()
+    t["now"] += 2.0
+    assert fast_first.step_done() == 3.0 and fast_first.compile_s() == 0.0
+
+
+def test_under_torchrun_every_rank_takes_rank_0s_clock(monkeypatch):
+    """Ranks whose clocks differ (rank 1's reads 5 s more) take the same seconds, rank 0's: the same learning rate,
+    the same last step."""
+    t = {"now": 0.0}
+    monkeypatch.setattr(budget, "now", lambda: t["now"])
+    sent = []
+
+    def broadcast(tensor, src):                 # what torch.distributed gives every rank: rank 0's tensor
+        sent.append(tensor.item())
+        tensor.fill_(sent[0])
+    monkeypatch.setattr(budget.dist, "broadcast", broadcast)
+    proc = Proc(1, 1, 2, torch.device("cpu"))
+    clock = budget.Clock(proc=proc)
+    t["now"] = 1.0
+    clock.step_done()
+    t["now"] = 2.0
+    sent[:] = [2.0]                             # rank 0's reading after its second step
+    assert clock.step_done() == 2.0 and sent[-1] == 2.0     # this rank read 2.0 too here; now it differs:
+    t["now"] = 8.0
+    sent[:] = [3.0]
+    assert clock.step_done() == 3.0
+    assert budget.Clock(proc=Proc(0, 0, 1, torch.device("cpu"))).proc is None       # one process: no collective
+
+
+def test_a_budgeted_run_ends_at_its_budget_on_the_clock_and_its_rate_follows_it(byte_data, tmp_path, fake_clock,
+                                                                              capsys):
+    summary = train.main(budget_args(byte_data, tmp_path))
+    # seconds before each step: 0, 0 (the first step not yet counted), then 2, 3, 4, 5; at 6 the budget is spent
+    seconds = {0: 0.0, 1: 0.0, 2: 2.0, 3: 3.0, 4: 4.0, 5: 5.0}
+    cfg = load_config(budget_args(byte_data, tmp_path))
+    assert lrs(tmp_path) == {s: optim.lr_at(s, cfg, seconds=x) for s, x in seconds.items()}
+    assert summary["steps"] == 6 and summary["train_seconds"] == 6.0 and summary["compile_s"] == 9.0
+    vals = [(r["step"], r["train_seconds"]) for r in read_metrics(tmp_path) if "val_loss" in r]
+    assert vals == [(0, 0.0), (4, 4.0), (6, 6.0)]           # the final evaluation, at the budget
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert (ckpt["step"], ckpt["train_seconds"], ckpt["tokens"]) == (6, 6.0, 6 * 4 * 64)
+    assert "step 6: time_budget=0.1 min spent (0.10 min of training): the last evaluation" in capsys.readouterr().out
+
+
+def test_a_resume_continues_the_clock_and_honours_the_budgets_total(byte_data, tmp_path, fake_clock, capsys):
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    train.main(budget_args(byte_data, whole))
+    fake_clock["calls"] = 0                                # a new process: its first step compiles again
+    train.main(budget_args(byte_data, cut, "--max_iters=3"))
+    assert torch.load(cut / "ckpt.pt", weights_only=True)["train_seconds"] == 3.0
+    assert "max_iters=3 reached after 0.05 of time_budget=0.1 min" in capsys.readouterr().out
+    fake_clock["calls"] = 0
+    summary = train.main(budget_args(byte_data, cut, "--init_from=resume"))
+    # the resumed clock starts at the checkpoint's 3 s: steps 3, 4, 5 at 3, 3 (its first step, not yet counted), 5 s
+    cfg = load_config(budget_args(byte_data, cut))
+    resumed, straight = lrs(cut), lrs(whole)
+    assert resumed[3] == straight[3] == optim.lr_at(3, cfg, seconds=3.0)
+    assert resumed[4] == optim.lr_at(4, cfg, seconds=3.0) == straight[3]     # the same rate at the same elapsed time
+    assert resumed[5] == straight[5] and sorted(resumed) == sorted(straight)
+    assert summary["steps"] == 6 and summary["train_seconds"] == 6.0        # the budget's total, across the resume
+    ckpt = torch.load(cut / "ckpt.pt", weights_only=True)
+    assert (ckpt["step"], ckpt["train_seconds"], ckpt["tokens"]) == (6, 6.0, 6 * 4 * 64)
+    # tokens and seconds in the evaluation records continue too (time to a target across a resume)
+    # (step 4's evaluation comes after the resumed first step, which counts once a second one has run)
+    assert [(r["step"], r["train_seconds"]) for r in read_metrics(cut) if "val_loss" in r] == \
+        [(0, 0.0), (3, 3.0), (4, 3.0), (6, 6.0)]
+    capsys.readouterr()
+    assert train.main(budget_args(byte_data, cut, "--init_from=resume"))["finished"]
+    assert "has spent its 0.10 of time_budget=0.1 min; to train on, give a larger --time_budget" \
+        in capsys.readouterr().out
+    train.main(budget_args(byte_data, cut, "--init_from=resume", "--time_budget=0.15"))     # more time: more steps
+    assert torch.load(cut / "ckpt.pt", weights_only=True)["step"] > 6
+
+
+def test_a_tiny_budget_on_the_real_clock_ends_the_run_with_its_evaluation_and_checkpoint(byte_data, tmp_path):
+    summary = train.main(tiny_args(byte_data, tmp_path, "--time_budget=0.02", "--max_iters=100000",
+                                   "--eval_interval=100000", "--warmup_iters=0"))
+    assert 1 < summary["steps"] < 100000 and summary["train_seconds"] >= 1.2
+    vals = [r for r in read_metrics(tmp_path) if "val_loss" in r]
+    assert vals[-1]["step"] == summary["steps"] and vals[-1]["train_seconds"] >= 1.2
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == summary["steps"]
+    assert ckpt["train_seconds"] == pytest.approx(summary["train_seconds"], abs=1e-3)
+    # the last step began under the budget (its rate is above the floor the budget's end reaches): the run
+    # overshoots by at most one step, however slow the machine
+    assert lrs(tmp_path)[summary["steps"] - 1] > 3e-4
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--time_budget=-1"], r"'time_budget' must be >= 0, got -1.0 \(0 turns it off\)"),
+    (["--time_budget=5", "--lr_decay_iters=300"],
+     r"^time_budget=5 decays the learning rate over the budget's training time: lr_decay_iters=300 would be a "
+     r"second horizon; leave it out \(or --lr_decay_iters=0\)$"),
+])
+def test_a_budget_that_cannot_be_meant_is_refused_in_one_line(byte_data, tmp_path, args, match):
+    with pytest.raises(ValueError, match=match):
+        train.main(tiny_args(byte_data, tmp_path, *args))
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_resume_given_a_budget_leaves_its_step_horizon(byte_data, tmp_path):
+    """A step-scheduled run resumed with --time_budget decays over the budget, which counts the seconds trained
+    already: the checkpoint's lr_decay_iters is dropped, not refused as a second horizon."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    done = torch.load(tmp_path / "ckpt.pt", weights_only=True)["train_seconds"]
+    assert done > 0                                 # a run without a budget keeps the clock too
+    summary = train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=100000",
+                                   f"--time_budget={(done + 0.6) / 60}", "--eval_interval=100000"))
+    assert 4 < summary["steps"] < 100000 and summary["train_seconds"] >= done + 0.6
+
+
+def test_help_shows_the_flag():
+    out = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert "--time_budget=0.0" in out and "minutes of training" in out
+    assert out == help_text() + "\n"
+
+
+@pytest.mark.slow
+def test_a_budget_under_torchrun_stops_every_rank_after_the_same_step(short_data, tmp_path):
+    """Two CPU processes (gloo, DDP) on rank 0's clock: both end at the budget, together, with one checkpoint."""
+    args = tiny_args(short_data, tmp_path, "--batch_size=2", "--total_batch_size=512", "--time_budget=0.02",
+                     "--max_iters=100000", "--eval_interval=100000", "--device=cpu")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "train.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert 1 < ckpt["step"] < 100000 and ckpt["train_seconds"] >= 1.2
+    assert f"step {ckpt['step']}: time_budget=0.02 min spent" in proc.stdout
