@@ -103,8 +103,9 @@ def check(cfg, device):
     off = " ".join(f"--{k}=False" for k in keys) + \
         (f" (config/fast.py and config/gpt2-*.py set {presets})" if cfg.fp8_head else "")
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
-        where = "the CPU" if device.type != "cuda" else \
-            f"{torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))})"
+        cc = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+        where = f"{torch.cuda.get_device_name(device)} (sm_{cc[0]}{cc[1]})" if cc else \
+            {"cpu": "the CPU", "mps": "Apple's GPU (MPS)"}.get(device.type, device.type)
         cpu = cpu_way_out(cfg, device)
         raise ValueError(f"{asking} a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on "
                          f"{where}: add {off}" + (f"; or, {cpu}" if cpu else ""))

@@ -87,13 +87,28 @@ def test_compare_accepts_float8_rounding_and_names_anything_else():
     assert softmax_pass.compare(out, ref) == "1 row losses differ"
 
 
+def in_interpreter(call):
+    """Run `call` (Python code using this module's helpers) in a fresh process with TRITON_INTERPRET=1 set before
+    Triton is imported: Triton binds its own jit helpers (in triton.language) to the interpreter at import, so
+    once another test has imported Triton, setting the variable here would no longer take effect."""
+    import os
+    code = (f"import sys; sys.path[:0] = [{ROOT!r}, {os.path.join(ROOT, 'tests')!r}]; "
+            f"import test_softmax_pass as t; {call}")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (for its interpreter)")
 @pytest.mark.parametrize("n, V, vocab", [(48, 320, 300), (37, 320, 320), (16, 64, 50)])
-def test_the_kernels_layout_and_masks_in_the_interpreter(n, V, vocab, monkeypatch):
+def test_the_kernels_layout_and_masks_in_the_interpreter(n, V, vocab):
     """Both row_stats variants and both grad_fp8 orders, in tiles that do not divide the rows or the
     vocabulary: each row's loss, g8t exactly g8 transposed, zero rows for ignored targets and zero padded
     columns, and each value within the interpreter's float8 rounding of the reference."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    in_interpreter(f"t.layout_and_masks({n}, {V}, {vocab})")
+
+
+def layout_and_masks(n, V, vocab):
     torch.manual_seed(0)
     logits = (3 * torch.randn(n, V)).bfloat16()
     y = torch.randint(0, vocab, (n,))
@@ -111,14 +126,15 @@ def test_the_kernels_layout_and_masks_in_the_interpreter(n, V, vocab, monkeypatc
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (for its interpreter)")
-def test_verify_runs_every_tile_shape_once_and_leaves_the_rng_alone(monkeypatch):
+def test_verify_runs_every_tile_shape_once_and_leaves_the_rng_alone():
     """verify()'s launches in Triton's interpreter: one comparison per (row_stats, grad_fp8) shape, on outputs
     the kernels wrote in full (the interpreter's float8 rounding is not the GPU's, so the bytes are judged
     here only by what it gets right: the losses and the transposed copy), the answer kept per device, and the
     global RNG as it was."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(softmax_pass, "_kernels", {})
-    monkeypatch.setattr(softmax_pass, "_verified", {})
+    in_interpreter("t.verify_in_interpreter()")
+
+
+def verify_in_interpreter():
     seen = []
 
     def judge(out, ref):
@@ -127,13 +143,13 @@ def test_verify_runs_every_tile_shape_once_and_leaves_the_rng_alone(monkeypatch)
         assert torch.equal(out[2].view(torch.uint8), out[1].view(torch.uint8).t())
         assert not out[1].float().isnan().any()
         return None
-    monkeypatch.setattr(softmax_pass, "compare", judge)
+    softmax_pass.compare = judge
     rng = torch.get_rng_state()
     cpu = torch.device("cpu")
     assert softmax_pass.verify(cpu, n=32, V=320, vocab=300) is None
     assert len(seen) == len(softmax_pass.STATS_CONFIGS) * len(softmax_pass.GRAD_CONFIGS)
     assert torch.equal(torch.get_rng_state(), rng)
-    monkeypatch.setattr(softmax_pass, "compare", lambda out, ref: "2% of the bytes of g8t differ")
+    softmax_pass.compare = lambda out, ref: "2% of the bytes of g8t differ"
     assert softmax_pass.verify(cpu, n=32, V=320, vocab=300) is None          # once per process and device
     softmax_pass._verified.clear()
     assert softmax_pass.verify(cpu, n=32, V=320, vocab=300).endswith("(tile shapes (8, 256, 8, 0) and "
