@@ -141,7 +141,7 @@ def table(rows, title, ratio_name):
 
 def fp8_blocks_skipped(cfg):
     """Why the FP8 blocks rung cannot run for `cfg` (the config and the arguments after --) here, or None."""
-    from speedgpt import fp8
+    from speedgpt.features import fp8
     torchao = cfg.fp8_recipe not in fp8.OWN_RECIPES
     if not cfg.fp8:
         return "the config keeps its blocks in bf16 (fp8=False)"

@@ -20,7 +20,7 @@ import re
 import sys
 import types
 import warnings
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 
 @dataclass
@@ -99,11 +99,11 @@ class Config:
     grad_checkpointing: str = "none"       # none | full | selective: recompute blocks in the backward (less memory)
     fp8: bool = False                      # float8 training of the block Linears at least fp8_min_dim wide
     fp8_recipe: str = "tensorwise"         # tensorwise | rowwise (torchao) | rowwise_bf16_wgrad | tensorwise_fused |
-                                           # tensorwise_delayed (speedgpt/fp8.py's)
+                                           # tensorwise_delayed (speedgpt/features/fp8.py's)
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
     fp8_layers: str = "all"                # which block Linears fp8 converts: all, or kinds (qkv,attn_proj,fc,mlp_proj)
     fp8_head: bool = False                 # the fused head's matmuls in float8 (needs fused_ce; Ada/Hopper, torchao)
-    fp8_head_kernel: bool = False          # the FP8 head's softmax pass in Triton kernels (speedgpt/softmax_pass.py)
+    fp8_head_kernel: bool = False          # the FP8 head's softmax pass in Triton kernels (speedgpt/features/softmax_pass.py)
     fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward
     fused_ce_chunk: int = 16384            # tokens per chunk of fused_ce (memory against speed: docs/flags.md)
     parallelism: str = "ddp"               # ddp | fsdp, under torchrun
@@ -116,13 +116,6 @@ CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backe
                activation=("gelu", "gelu_tanh", "relu2"), norm=("layernorm", "rmsnorm"),
                hellaswag=("off", "on", "auto"),
                optimizer=("adamw", "muon"), lr_schedule=("cosine", "wsd"))
-RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
-FEATURE_DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim"),    # a feature's keys that mean nothing
-                   "fp8_head": ("fp8_head_kernel",), "fused_ce": ("fused_ce_chunk",),   # without it
-                   "compile": ("compile_regional", "compile_tuning")}
-DATA_KEYS = ("data_dir", "packing", "document_mask")    # what a resumed run reads: the checkpoint's unless set
-SCHEDULE_KEYS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule", "wsd_decay_frac",
-                 "muon_lr", "muon_momentum", "muon_batched", "time_budget")   # kept on resume unless set
 LEGACY_EVAL_ITERS = ("it is replaced by eval_tokens, the validation tokens of each evaluation, the same whatever the "
                      "batch_size and number of processes (eval_iters x batch_size x block_size x processes before); "
                      "eval_iters=0 still means no evaluation")
@@ -142,10 +135,25 @@ def model_keys():
     return tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 
 
+def feature_details():
+    """{a feature's flag: its keys that mean nothing without it}, each feature's DETAILS (speedgpt/features/): a
+    feature removed takes its keys with it. Imported here only (torch with it), as model_keys."""
+    import importlib
+    import pkgutil
+    import speedgpt.features as features
+    details = {}
+    for info in pkgutil.iter_modules(features.__path__):
+        details.update(getattr(importlib.import_module(f"speedgpt.features.{info.name}"), "DETAILS", {}))
+    return details
+
+
 def __getattr__(name):
-    """configurator.MODEL_KEYS: model_keys(), derived when first asked for (PEP 562), not kept by hand."""
+    """configurator.MODEL_KEYS: model_keys(), and FEATURE_DETAILS: feature_details(), derived when first asked for
+    (PEP 562), not kept by hand."""
     if name == "MODEL_KEYS":
         return model_keys()
+    if name == "FEATURE_DETAILS":
+        return feature_details()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -343,7 +351,7 @@ def load_config(argv, with_explicit=False):
         setter.update(dict.fromkeys(update, len(files)))
     # --fp8=False on gpt2-medium.py (or a later --config file setting it): the fp8_recipe set before goes too,
     # else it would be refused as doing nothing; a detail set with or after the feature's False stays (refused)
-    for feature, details in FEATURE_DETAILS.items():
+    for feature, details in feature_details().items():
         if feature in setter and values.get(feature) is False:
             for key in details:
                 if setter.get(key, len(files) + 1) < setter[feature]:
@@ -394,15 +402,6 @@ def load_config(argv, with_explicit=False):
     return (cfg, set(values)) if with_explicit else cfg
 
 
-def resolve_decay(cfg):
-    """`cfg` with lr_decay_iters=0 ("until max_iters") made explicit once the run leaves warm-up, so that
-    a resume that extends max_iters keeps the decay horizon the run was planned with. Under a time budget
-    the horizon is the budget: lr_decay_iters stays 0."""
-    if cfg.time_budget:
-        return cfg
-    return replace(cfg, lr_decay_iters=cfg.lr_decay_iters or (cfg.max_iters if cfg.max_iters > cfg.warmup_iters else 0))
-
-
 def check_schedule(cfg):
     """Refuse a learning-rate schedule that cannot be meant (ValueError naming the keys); warn about one
     a short run (a benchmark) could mean. lr_decay_iters=0 stands for max_iters."""
@@ -417,66 +416,3 @@ def check_schedule(cfg):
         warnings.warn(f"warmup_iters={cfg.warmup_iters} >= max_iters={cfg.max_iters}: the learning rate never reaches "
                       f"learning_rate={cfg.learning_rate} and never decays (fine for a benchmark, not for training)",
                       stacklevel=3)
-
-
-def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
-    """The config a resumed run continues with. `cfg` is this command's config, `explicit` the keys its
-    config files and overrides set, `saved` the checkpoint's config (a dict). The model's shape must
-    match (ValueError naming the key; dropout and attention may change: the weights do not depend on
-    them; shape keys not set explicitly are taken from the checkpoint). The optimizer, the schedule
-    (SCHEDULE_KEYS) and the data (DATA_KEYS: the loader's position is a position in them) are the saved
-    ones unless set explicitly, so extending max_iters keeps the decay horizon the run started with;
-    lr_decay_iters=0 set explicitly means the new max_iters. With total_batch_size=0 (one
-    micro-batch per process) a resume on `world` processes keeps the checkpoint's `saved_tokens` per step
-    unless total_batch_size is set explicitly. Returns (config, lines to print); resume_changes()
-    describes what differs, once the flags are resolved."""
-    defaults = Config()          # a key a checkpoint predates has its default (activation: gelu)
-    if "optimizer" not in explicit:
-        cfg = replace(cfg, optimizer=saved.get("optimizer", "adamw"))
-    if saved.get("optimizer", "adamw") != cfg.optimizer:
-        raise ValueError(f"optimizer={cfg.optimizer!r} differs from the checkpoint's {saved.get('optimizer', 'adamw')!r}: "
-                         "its state cannot carry over. Resume with the checkpoint's, or start afresh (another out_dir)")
-    for k in model_keys():
-        old = saved.get(k, getattr(defaults, k))
-        if k not in RUN_STATE_KEYS and k not in explicit:
-            cfg = replace(cfg, **{k: old})           # the shape is the checkpoint's (from gpt2, say)
-        elif k not in RUN_STATE_KEYS and old != getattr(cfg, k):
-            raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {old!r}: "
-                             "the model's shape cannot change on resume")
-    kept = {k: saved[k] for k in SCHEDULE_KEYS + DATA_KEYS if k not in explicit and k in saved}
-    if "lr_schedule" in explicit and cfg.lr_schedule != "wsd":     # the saved WSD decay share would do nothing
-        kept.pop("wsd_decay_frac", None)
-    if "time_budget" in explicit and cfg.time_budget:     # the decay runs on the budget now: no step horizon
-        kept.pop("lr_decay_iters", None)
-    if kept.get("lr_decay_iters") == 0 and not kept.get("time_budget", cfg.time_budget):
-        # unresolved: an older checkpoint, or a run that ended in warm-up (a time budget's horizon is the budget)
-        started = Config(**{k: saved[k] for k in ("max_iters", "warmup_iters")})
-        kept["lr_decay_iters"] = resolve_decay(started).lr_decay_iters
-    cfg, notes = resolve_decay(replace(cfg, **kept)), []
-    check_schedule(cfg)
-    here = cfg.batch_size * cfg.block_size * world
-    if cfg.total_batch_size == 0 and saved_tokens not in (None, here):    # one micro-batch per process: another step
-        if "total_batch_size" in explicit:
-            notes.append(f"total_batch_size=0 makes a step {here:,} tokens here; the checkpoint's steps were "
-                         f"{saved_tokens:,}")
-        else:
-            cfg = replace(cfg, total_batch_size=saved_tokens)
-            notes.append(f"total_batch_size=0 keeps the checkpoint's step of {saved_tokens:,} tokens (one micro-batch "
-                         f"per process is {here:,} here); set --total_batch_size to change it")
-    return cfg, notes
-
-
-def resume_changes(cfg, explicit, saved):
-    """Lines describing each key of the resumed run's `cfg` that differs from the checkpoint's config
-    `saved`, and where the learning rate goes from here."""
-    def why(k):
-        return " (set explicitly)" if k in SCHEDULE_KEYS and k in explicit else \
-            " (the decay runs on time_budget)" if k == "lr_decay_iters" and cfg.time_budget else \
-            " (0 resolved: decay to the end of the run)" if k == "lr_decay_iters" else ""
-    changes = [f"{k} {saved[k]!r} -> {v!r}{why(k)}" for k, v in asdict(cfg).items()
-               if k in saved and saved[k] != v and k not in ("init_from", "resume_from")]   # this command's own
-    if 0 < cfg.lr_decay_iters < cfg.max_iters:       # 0: a run still in warm-up decays to its end
-        changes.append(f"the learning rate decays until lr_decay_iters={cfg.lr_decay_iters}, then stays at "
-                       f"min_lr={cfg.min_lr} up to max_iters={cfg.max_iters} (set --lr_decay_iters to decay over "
-                       "another horizon)")
-    return changes

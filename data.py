@@ -41,10 +41,10 @@ import numpy as np
 from configurator import FlagParser
 from speedgpt import corpus
 from speedgpt.corpus import ByteTokenizer, GPT2Tokenizer, get_tokenizer   # noqa: F401 (data.get_tokenizer is public)
-from speedgpt.corpus import sigterm_as_interrupt
+from speedgpt.corpus import sigterm_as_interrupt, token_bytes
 from speedgpt.shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, SHARD_TOKENS,  # noqa: F401 (data.X is public)
                              TOKEN_BYTES, DataError, describe_os_error, find_shards, index_path, index_tmp_path,
-                             load_meta, prepared_folder, read_header, read_index, read_shard, token_bytes, write_index,
+                             load_meta, prepared_folder, read_header, read_index, read_shard, write_index,
                              write_shard)
 
 # -----------------------------------------------------------------------------
@@ -184,12 +184,17 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
     return meta
 
 
-def check_first_use(data_dir):
-    """Before any work: raise FileNotFoundError (the way out named) when `data_dir` is data/stdlib_gpt2, which
-    train.py prepares on first use, still unprepared, and GPT-2's tokenizer files cannot be had (offline)."""
-    if os.path.basename(str(data_dir).rstrip("/")) == "stdlib_gpt2" and \
-            not os.path.isfile(os.path.join(data_dir, "meta.json")):
+KEPT_ON_RESUME = ("data_dir", "packing", "document_mask")    # a resumed loader's position is a position in them
+
+
+def check(cfg, proc=None):
+    """train.py's check, before any work: raise FileNotFoundError (the way out named) when cfg.data_dir is
+    data/stdlib_gpt2, which train.py prepares on first use, still unprepared, and GPT-2's tokenizer files cannot
+    be had (offline). Returns cfg."""
+    if os.path.basename(str(cfg.data_dir).rstrip("/")) == "stdlib_gpt2" and \
+            not os.path.isfile(os.path.join(cfg.data_dir, "meta.json")):
         get_tokenizer("gpt2")
+    return cfg
 
 # -----------------------------------------------------------------------------
 # loading

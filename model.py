@@ -24,7 +24,7 @@ Sampling (GPT.generate) keeps each layer's keys and values in a KVCache, made pe
 through forward: after the prompt, a new token costs one position.
 
 The model is the architecture only: no training trick is a setting here. A trainer may install a loss
-for the head (GPT.head_loss: train.py installs speedgpt/fused_ce.py's fused head + cross-entropy, in
+for the head (GPT.head_loss: train.py installs speedgpt/features/fused_ce.py's fused head + cross-entropy, in
 bf16 or FP8); it runs inside forward, and checkpoints never see it.
 """
 import math
@@ -361,7 +361,7 @@ class GPT(nn.Module):
 
     def head(self, x, targets=None):
         """The final norm, the output head and the loss of hidden states x (B, T, C): see forward().
-        A method of its own so that regional compilation (speedgpt/compilation.py) compiles it apart.
+        A method of its own so that regional compilation (speedgpt/features/compilation.py) compiles it apart.
         head_loss, when a trainer installed one, is called as head_loss(x (B*T, C), lm_head.weight (V, C),
         targets (B*T,), vocab_size) and returns the summed cross-entropy over targets != -1."""
         B, T, _ = x.size()

@@ -24,23 +24,31 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 import torch.distributed as dist
 
-from configurator import MODEL_KEYS, help_text, load_config, non_defaults, resolve_decay, resume_changes, resume_config
-from data import DataError, Loader, check_first_use, load_meta, prepare, sigterm_as_interrupt, token_bytes
+import data
+from configurator import MODEL_KEYS, help_text, load_config, non_defaults
+from data import DataError, Loader, load_meta, prepare, sigterm_as_interrupt, token_bytes
 from model import GPT, GPTConfig
-from speedgpt import (Refusals, activation_checkpointing, attention, budget, compilation, evaluation, fp8, fused_ce,
-                      hellaswag,
-                      measure, memory, optim)
+from speedgpt import (Refusals, attention, budget, checkpoint, distributed, evaluation, hellaswag, measure, memory,
+                      optim, resume)
+from speedgpt.features import activation_checkpointing, compilation, fp8, fused_ce, parallel
 from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, target_reached
-from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, Branch, check_disk, check_out_dir, checkpoint_bytes,
-                                 finish_write, last_good, load_checkpoint, load_weights, remove_stale_tmp, restore_state,
-                                 resume_path, rewind_notes, save_run, start_branch)
-from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, apply_parallelism, check_dtype, exit_status,
-                                  failed_after_signal, leave, plan_batch, print0, seed_rank_stream, setup_processes)
-from speedgpt.distributed import check as check_parallelism
+from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, Branch, check_disk, checkpoint_bytes, finish_write, last_good,
+                                 load_weights, save_run, start_branch)
+from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, exit_status, failed_after_signal, leave,
+                                  plan_batch, print0, seed_rank_stream, setup_processes)
 from speedgpt.mask_check import check_attention_mask
 from speedgpt.measure import (MetricsLogger, Timer, ideal_seconds_per_token, peak_flops_for, remove_profile,
                               start_profile, write_json, write_profile)
 
+# The features, in the order they transform the model (torchtitan's: FP8 conversion, the fused head's loss,
+# activation checkpointing, compile), then DDP/FSDP wraps it (parallel). Each answers check(cfg, proc) -> cfg and
+# apply(model, cfg, proc), and FP8 prepare() and step_hooks() too (speedgpt/features/__init__.py). A feature added
+# is a module there and an entry here; a feature removed, the reverse (and its keys in configurator.py).
+FEATURES = (fp8, fused_ce, activation_checkpointing, compilation)
+# every check before any work, in this order: the attention backend first (it resolves 'auto'), HellaSwag last
+# (hellaswag='on' may download its file)
+CHECKS = (attention, distributed, *FEATURES, parallel, evaluation, measure, optim, budget, memory, data, checkpoint,
+          hellaswag)
 _setup_done = False        # errors after setup are bugs, not bad input: they keep their traceback
 PT_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -49,77 +57,26 @@ PT_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": tor
 # the stages of a run, in the order main() calls them
 
 def check_flags(cfg, proc):
-    """Each feature's own check of its flags for this device and launch, before any work: ValueError
-    naming the keys and the way out. Returns `cfg` with what the flags resolve to (attention='auto' ->
-    a backend, printed; document_mask False without packing), so every later stage reads one answer.
-    A GPU-sized run on the CPU (a GPU preset: memory.cpu_way_out) hears all its refusals in one line."""
-    resolved = attention.check(cfg, proc.device)
-    if cfg.attention == "auto":
-        print0(f"attention: auto -> {resolved.attention}")
-    if resolved.attention == "varlen":
+    """Every module's check of its flags for this device and launch (CHECKS, each check(cfg, proc) -> cfg), before
+    any work: ValueError naming the keys and the way out. Returns `cfg` with what the flags resolve to
+    (attention='auto' -> a backend, printed; document_mask False without packing), so every later stage reads
+    one answer. A GPU-sized run on the CPU (a GPU preset: memory.cpu_way_out) hears all its refusals in one line."""
+    cfg, asked = attention.check(cfg, proc), cfg.attention
+    if asked == "auto":
+        print0(f"attention: auto -> {cfg.attention}")
+    if cfg.attention == "varlen":
         print0(f"attention: varlen through {attention.varlen_kernel(proc.device)}")
-    check_dtype(resolved, proc.device)
-    refuse = Refusals(gather=bool(memory.cpu_way_out(resolved, proc.device)))     # a GPU preset on a CPU
-    refuse(fused_ce.check, resolved)
-    refuse(evaluation.check, resolved)
-    refuse(measure.check, resolved)
-    refuse(fp8.check, resolved, proc.device)
-    refuse(optim.check, resolved, proc.world)
-    refuse(budget.check, resolved)
-    refuse(compilation.check, resolved, proc.device)
-    refuse(check_parallelism, resolved, proc.world)
-    refuse(memory.check_run, resolved, proc.device, proc.world)
-    refuse(check_first_use, resolved.data_dir)      # GPT-2's tokenizer files, to prepare data/stdlib_gpt2
-    refuse(check_out_dir, resolved.out_dir)
-    if refuse.found and resolved.eval_tokens > 65536:      # beside what is refused, what would be slow here
-        refuse.found.append(ValueError(f"on a CPU, steps and evaluations of {resolved.total_batch_size:,} and "
-                                       f"{resolved.eval_tokens:,} tokens are slow: add --total_batch_size=0 (one "
-                                       "micro-batch a step) and --eval_tokens=16384"))
-    refuse.raise_all(f"a GPU-sized run (steps of {resolved.total_batch_size:,} tokens) on the CPU",
-                     "train on a CPU at the quickstart's size (python train.py)")
-    return hellaswag.check(resolved, proc)          # last: 'on' may download the file
-
-
-def settle_config(cfg, explicit, proc):
-    """The run's config, checked (check_flags), and for init_from='resume' the checkpoint: the config
-    continues the checkpoint's (its shape, and its schedule unless a schedule key is set explicitly;
-    a different shape refused; every change printed; ckpt["finished"]: why a finished run has nothing to
-    do). For a new run lr_decay_iters=0 is resolved to max_iters (past warm-up), so a later resume keeps
-    this schedule; a new run is refused, when init_from is not given, if out_dir holds a checkpoint it
-    would replace. Returns (cfg, checkpoint or None). Raises FileNotFoundError / ValueError for a
-    missing, corrupt or mismatched checkpoint."""
-    cfg, path = resume_path(cfg, explicit)           # init_from='resume' (resume_from implies it): which file
-    latest = os.path.join(cfg.out_dir, "ckpt.pt")
-    if remove_stale_tmp(latest):
-        print0(f"removed the .tmp files in {cfg.out_dir}, left by a run stopped while saving")
-    if cfg.init_from != "resume":
-        cfg = check_flags(cfg, proc)
-        if cfg.init_from != "scratch":
-            from hf import check_tokens
-            check_tokens(cfg.init_from, cfg.data_dir)
-        if cfg.save_checkpoints and "init_from" not in explicit and os.path.isfile(latest):
-            raise ValueError(f"{path} holds a run: continue it with --init_from=resume, or start afresh with "
-                             "--init_from=scratch (which replaces it) or another out_dir")
-        return resolve_decay(cfg), None
-    ckpt = load_checkpoint(path, missing=": nothing to resume (to start afresh, leave out --init_from=resume)")
-    cfg, notes = resume_config(cfg, explicit, ckpt["config"], ckpt.get("tokens_per_step"), proc.world)
-    cfg = check_flags(cfg, proc)                                        # the shape may be the checkpoint's
-    if ckpt["step"] > cfg.max_iters:
-        raise ValueError(f"checkpoint {path} is at step {ckpt['step']}, past max_iters={cfg.max_iters}: give a larger "
-                         "--max_iters, or --resume_from an earlier step")
-    if cfg.profile and ckpt["step"] + cfg.timing_warmup > cfg.max_iters:
-        raise ValueError(f"profile=True profiles step {ckpt['step'] + cfg.timing_warmup - 1} of this resumed run: "
-                         f"max_iters={cfg.max_iters} ends before it")
-    ckpt["finished"] = evaluation.reached_before(cfg, ckpt) or ckpt["step"] == cfg.max_iters and \
-        f"is at step {cfg.max_iters:,} = max_iters; to train on, give a larger --max_iters" or \
-        budget.spent(cfg, ckpt.get("train_seconds", 0)) and \
-        f"has spent its {budget.describe(cfg, ckpt['train_seconds'])}; to train on, give a larger --time_budget"
-    if ckpt["finished"]:
-        return cfg, ckpt
-    print0(f"resume: {path} at step {ckpt['step']:,} of max_iters={cfg.max_iters:,}")
-    for line in rewind_notes(ckpt, path, cfg.out_dir) + notes + resume_changes(cfg, explicit, ckpt["config"]):
-        print0(f"resume: {line}")
-    return cfg, ckpt
+    refuse = Refusals(gather=bool(memory.cpu_way_out(cfg, proc.device)))     # a GPU preset on a CPU
+    for module in CHECKS[1:]:
+        if module is hellaswag:
+            if refuse.found and cfg.eval_tokens > 65536:      # beside what is refused, what would be slow here
+                refuse.found.append(ValueError(f"on a CPU, steps and evaluations of {cfg.total_batch_size:,} and "
+                                               f"{cfg.eval_tokens:,} tokens are slow: add --total_batch_size=0 (one "
+                                               "micro-batch a step) and --eval_tokens=16384"))
+            refuse.raise_all(f"a GPU-sized run (steps of {cfg.total_batch_size:,} tokens) on the CPU",
+                             "train on a CPU at the quickstart's size (python train.py)")
+        cfg = refuse(module.check, cfg, proc) or cfg
+    return cfg
 
 
 def build_data(cfg, proc, grad_accum_steps, ckpt):
@@ -150,12 +107,11 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
 
 
 def build_model(cfg, meta, proc, ckpt, train_loader):
-    """The GPT (weights from `ckpt` when resuming, or GPT-2's through Hugging Face for init_from=gpt2* or
-    a folder, whose shape then replaces the config's), then the transforms in this fixed order, as
-    torchtitan applies them: FP8 conversion (its delayed scales calibrated on the loader's first batch when
-    there is no history yet, before anything is compiled), activation checkpointing, compile, DDP/FSDP
-    wrapping. Returns (cfg, raw_model, model, grad_sync): the raw module owns the weights; grad_sync(bool)
-    turns gradient sync on or off (None in a single process)."""
+    """The GPT (or GPT-2's weights through Hugging Face for init_from=gpt2* or a folder, whose shape then replaces
+    the config's), then each feature's transform in FEATURES' order, then the checkpoint's weights and each module's
+    own state when resuming, the features' preparation before the first step (FP8's first amax history, from the
+    loader's first batch), and DDP/FSDP's wrapper. Returns (cfg, raw_model, model, grad_sync): the raw module owns
+    the weights; grad_sync(bool) turns gradient sync on or off (None in a single process)."""
     torch.manual_seed(cfg.seed)        # same initial weights on every rank
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
     if proc.device.type == "cuda":
@@ -167,26 +123,18 @@ def build_model(cfg, meta, proc, ckpt, train_loader):
         from hf import load_hf_gpt2
         raw_model = load_hf_gpt2(cfg.init_from, model_cfg).to(proc.device)
         cfg = replace(cfg, **{k: getattr(raw_model.config, k) for k in MODEL_KEYS})     # saved in checkpoints
-    if cfg.fp8:
-        converted = fp8.convert(raw_model, cfg)
-        print0(f"fp8: {len(converted)} Linear layers converted ({cfg.fp8_recipe}); the rest stay {cfg.dtype}")
-    if ckpt is not None:                   # after the FP8 swap: its layers' own state (amax histories) loads too
+    for feature in FEATURES:
+        said = feature.apply(raw_model, cfg, proc)
+        if said:
+            print0(said)
+    if ckpt is not None:                   # after the transforms: FP8's layers load their amax histories too
         load_weights(raw_model, ckpt, os.path.join(cfg.out_dir, "ckpt.pt"))
     seed_rank_stream(cfg.seed, proc.rank)  # the same weights, but each rank's own dropout
-    installed = fused_ce.install(raw_model, cfg)          # the head's loss: model.head_loss
-    if installed:
-        print0(installed)
-    calibrated = fp8.calibrate(raw_model, train_loader.peek(), autocast(cfg, proc.device))
-    if calibrated:
-        print0(calibrated)
-    if cfg.grad_checkpointing != "none":
-        activation_checkpointing.apply(raw_model, cfg.grad_checkpointing)
-    if cfg.compile:
-        fsdp = proc.world > 1 and cfg.parallelism == "fsdp"         # FSDP's hooks stay outside the compiled graphs
-        compilation.apply(raw_model, regional=cfg.compile_regional or fsdp, tuning=cfg.compile_tuning)
-    if proc.world == 1:
-        return cfg, raw_model, raw_model, None
-    model, grad_sync = apply_parallelism(raw_model, cfg.parallelism, PT_DTYPE[cfg.dtype], proc.device, proc.local_rank)
+    for feature in [f for f in FEATURES if hasattr(f, "prepare")]:
+        said = feature.prepare(raw_model, train_loader.peek(), cfg)
+        if said:
+            print0(said)
+    model, grad_sync = parallel.wrap(raw_model, cfg, proc)
     return cfg, raw_model, model, grad_sync
 
 
@@ -200,7 +148,7 @@ def build_optimizer(cfg, raw_model, proc, ckpt, train_loader):
     scaler = torch.amp.GradScaler(proc.device.type, enabled=cfg.dtype == "float16")
     if ckpt is None:
         return optimizer, ctx, scaler, 0, None
-    for line in restore_state(ckpt, raw_model, optimizer, scaler, train_loader, proc, cfg):
+    for line in resume.restore_state(ckpt, raw_model, optimizer, scaler, train_loader, proc, cfg):
         print0(f"resume: {line}")
     return optimizer, ctx, scaler, ckpt["step"], ckpt["best_val_loss"]
 
@@ -224,8 +172,8 @@ def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
     changed = ", ".join(f"{k}={v}" for k, v in non_defaults(cfg).items())
     print0(f"config: {changed or 'the defaults'} (the rest are defaults; all in {cfg.out_dir}/config.json)")
     flops_per_token, peak = raw_model.flops_per_token(), peak_flops_for(proc.device, cfg)
-    ideal_s = ideal_seconds_per_token(flops_per_token, fp8.flops_per_token(raw_model, cfg), peak,
-                                      peak_flops_for(proc.device, cfg, "fp8"))
+    fp8_flops = sum(f.fp8_flops_per_token(raw_model, cfg) for f in FEATURES if hasattr(f, "fp8_flops_per_token"))
+    ideal_s = ideal_seconds_per_token(flops_per_token, fp8_flops, peak, peak_flops_for(proc.device, cfg, "fp8"))
     tokens = cfg.batch_size * cfg.block_size * grad_accum_steps * proc.world
     print0(f"{raw_model.num_params() / 1e6:.2f}M parameters | {flops_per_token / 1e6:.1f} MFLOP/token | "
            f"device {proc.device} x {proc.world} | grad_accum_steps {grad_accum_steps} per process | "
@@ -369,7 +317,7 @@ def train(run, stop):
         timer.step_begins()
         profiled = cfg.profile and step - run.start_step == cfg.timing_warmup - 1   # the last warm-up step
         prof = start_profile(device) if profiled else None
-        lr = optim.set_lr(run.optimizer, step, cfg, run.train_seconds)
+        rates = optim.set_lr(run.optimizer, step, cfg, run.train_seconds)
         batches = [next(run.train_loader) for _ in range(run.grad_accum_steps)]
         n_valid = sum(b.n_valid for b in batches)
         # every micro-batch's loss is weighted by its share of the real tokens of the whole step, so
@@ -407,7 +355,7 @@ def train(run, stop):
         timer.step_ends(step_tokens)
         run.tokens += step_tokens
         if step % cfg.log_interval == 0 or step == cfg.max_iters - 1 or signum or nonfinite:
-            run.logger.step(step, loss, lr, grad_norm, 1 - n_valid / tokens_per_step, timer.read())
+            run.logger.step(step, loss, rates, grad_norm, 1 - n_valid / tokens_per_step, timer.read())
         if skipped > cfg.max_skipped_steps:
             raise RunStopped(f"error: step {step}: the loss or gradient norm is not finite: the run diverged; "
                              f"{run.last_good()}", 1)
@@ -437,12 +385,12 @@ def main(argv=None):
         warnings.simplefilter("always")
         cfg, explicit = load_config(argv, with_explicit=True)
         proc = setup_processes(cfg)
-        cfg, ckpt = settle_config(cfg, explicit, proc)        # refuse what cannot work, before any work
+        cfg, ckpt = resume.settle(cfg, explicit, proc, check_flags)   # refuse what cannot work, before any work
         grad_accum_steps = plan_batch(cfg, proc.world)
     for message in dict.fromkeys(str(w.message) for w in caught):
         print0(f"warning: {message}")
     if ckpt is not None and ckpt["finished"]:        # nothing to do, nothing written
-        print0(f"this run is finished: {resume_path(cfg, explicit)[1]} {ckpt['finished']}")
+        print0(f"this run is finished: {resume.resume_path(cfg, explicit)[1]} {ckpt['finished']}")
         leave(proc, True)
         return {"finished": True, "step": ckpt["step"], "best_val_loss": ckpt["best_val_loss"]}
     meta, train_loader, val_loader, token_bytes = build_data(cfg, proc, grad_accum_steps, ckpt)
@@ -452,7 +400,8 @@ def main(argv=None):
     logger = start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt)
     run = Run(cfg, proc, meta, raw_model, model, grad_sync, optimizer, ctx, scaler, train_loader, val_loader,
               logger, grad_accum_steps, start_step, best_val, step=start_step, token_bytes=token_bytes,
-              hellaswag=hellaswag_eval, after_step=fp8.step_hooks(raw_model),
+              hellaswag=hellaswag_eval, after_step=[h for f in FEATURES if hasattr(f, "step_hooks")
+                                                     for h in f.step_hooks(raw_model)],
               branch=start_branch(cfg.out_dir, ckpt, proc.master),
               **{k: ckpt[k] for k in ("train_seconds", "tokens") if ckpt and k in ckpt})   # a resume continues them
     del ckpt                           # its memory is not needed for training

@@ -40,8 +40,8 @@ def layer(kind, C, recipe):
     pre = {"qkv": nn.LayerNorm(C, bias=False), "fc": nn.LayerNorm(C, bias=False), "attn_proj": nn.Identity(),
            "mlp_proj": nn.GELU()}[kind]
     m = nn.Sequential(pre, nn.Linear(fan_in, fan_out, bias=False)).cuda()
-    if recipe == "rowwise_bf16_wgrad":                   # speedgpt/fp8.py's own: no torchao
-        from speedgpt.fp8 import RowwiseFloat8Linear
+    if recipe == "rowwise_bf16_wgrad":                   # speedgpt/features/fp8.py's own: no torchao
+        from speedgpt.features.fp8 import RowwiseFloat8Linear
         m[1].__class__ = RowwiseFloat8Linear
     elif recipe != "bf16":
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -80,7 +80,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--widths", default="768,1024,1280,1600")
     ap.add_argument("--recipes", default="bf16,tensorwise,rowwise,rowwise_bf16_wgrad",
-                    help="bf16 first; torchao's recipe names, and rowwise_bf16_wgrad (speedgpt/fp8.py's)")
+                    help="bf16 first; torchao's recipe names, and rowwise_bf16_wgrad (speedgpt/features/fp8.py's)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default="", help="also write every row as JSON lines here")
     args = ap.parse_args()

@@ -8,7 +8,7 @@ Hopper, shows it, and 13.x does not, per the report).
     TRITON_PTXAS_PATH=.../ptxas-blackwell python benchmarks/fp8_transpose_store.py      # another ptxas
     compute-sanitizer --tool racecheck python benchmarks/fp8_transpose_store.py --rows 1024 --iters 1
 
-Each kernel is grad_fp8 of speedgpt/softmax_pass.py (softmax - one-hot, scaled, cast to e5m2, stored row-major and
+Each kernel is grad_fp8 of speedgpt/features/softmax_pass.py (softmax - one-hot, scaled, cast to e5m2, stored row-major and
 transposed), in two forms:
   trans8   the tile cast to 8 bits, then that 8-bit tile transposed and stored (the pattern of the report)
   trans32  the float32 tile transposed, then cast (the same bytes: the cast is elementwise); what
@@ -28,7 +28,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from speedgpt import softmax_pass                       # noqa: E402
+from speedgpt.features import softmax_pass  # noqa: E402
 
 SCALE = 57344.0
 

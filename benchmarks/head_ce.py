@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from speedgpt.measure import cuda_time_ms as time_ms        # noqa: E402
-from speedgpt.fused_ce import LinearCrossEntropy            # noqa: E402
+from speedgpt.features.fused_ce import LinearCrossEntropy            # noqa: E402
 
 
 def loss_baseline(h, w, y):
@@ -39,7 +39,7 @@ def loss_baseline(h, w, y):
 
 def fused_loss(chunk, vocab_size, fp8=False, kernel=False):
     """train.py's fused_ce path: LinearCrossEntropy, `chunk` tokens at a time (fp8: fp8_head's float8 matmuls;
-    kernel: their softmax pass in speedgpt/softmax_pass.py's Triton kernels, fp8_head_kernel)."""
+    kernel: their softmax pass in speedgpt/features/softmax_pass.py's Triton kernels, fp8_head_kernel)."""
     return lambda h, w, y: (LinearCrossEntropy.apply(h, w, y, vocab_size, chunk, fp8, kernel)
                             / (y != -1).sum().clamp(min=1))
 
@@ -111,7 +111,7 @@ def main():
             variants.append((f"fused_ce in FP8 (fp8_head), chunk {chunk}", None,
                              torch.compile(fused_loss(chunk, V, fp8=True))))
             if importlib.util.find_spec("triton") is not None:
-                import speedgpt.softmax_pass  # noqa: F401  (registers the kernels' op)
+                import speedgpt.features.softmax_pass  # noqa: F401  (registers the kernels' op)
                 variants.append((f"fused_ce in FP8, chunk {chunk}, softmax pass in Triton (fp8_head_kernel)", None,
                                  torch.compile(fused_loss(chunk, V, fp8=True, kernel=True))))
         from torchao.float8.float8_linear import Float8Linear

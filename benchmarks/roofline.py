@@ -62,10 +62,10 @@ GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm")
 ATTENTION = re.compile(r"flash|fmha|flex_attention|FlashAttn|attention", re.IGNORECASE)
 BACKWARD = re.compile(r"bwd|backward|Bwd", re.IGNORECASE)
 OPTIMIZER = re.compile(r"adam|multi_tensor", re.IGNORECASE)
-# the FP8 head's softmax pass in speedgpt/softmax_pass.py's kernels (fp8_head_kernel): its floor reads each bf16
+# the FP8 head's softmax pass in speedgpt/features/softmax_pass.py's kernels (fp8_head_kernel): its floor reads each bf16
 # logit once and writes both float8 copies, 4 bytes per logit (the row statistics' own read is above the floor)
 SOFTMAX_PASS_OP = "speedgpt::softmax_grad_fp8"
-SOFTMAX_PASS = "the head's softmax pass (speedgpt/softmax_pass.py: row_stats + grad_fp8)"
+SOFTMAX_PASS = "the head's softmax pass (speedgpt/features/softmax_pass.py: row_stats + grad_fp8)"
 GEMM_KERNEL = re.compile(r"gemm|cutlass|nvjet|cublas|xmma|wgmma", re.IGNORECASE)
 ELEMENT_SIZE = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
                 "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "bool": 1, "unsigned char": 1, "signed char": 1,

@@ -1,5 +1,5 @@
 """
-The FP8 head's softmax pass alone: speedgpt/softmax_pass.py's Triton kernels (fp8_head_kernel=True), each
+The FP8 head's softmax pass alone: speedgpt/features/softmax_pass.py's Triton kernels (fp8_head_kernel=True), each
 tile shape of a sweep, against the same math in PyTorch ops compiled by torch.compile (what the head runs
 without the flag), and the floor: the pass's bytes at the bandwidth of a plain device-to-device copy
 measured in the same process.
@@ -18,8 +18,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from speedgpt import softmax_pass                       # noqa: E402
-from speedgpt.fp8 import E5M2_MAX                       # noqa: E402
+from speedgpt.features import softmax_pass  # noqa: E402
+from speedgpt.features.fp8 import E5M2_MAX                       # noqa: E402
 from speedgpt.measure import cuda_time_ms               # noqa: E402
 
 # --sweep: every tile shape here is timed alone (BLOCK_M, BLOCK_V, num_warps, variant: softmax_pass.py)

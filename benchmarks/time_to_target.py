@@ -402,7 +402,7 @@ def preflight(args, recipes, data_dir):
                     resolved = train.check_flags(cfg, Proc(0, 0, 1, device))
                     plan_batch(resolved, 1)
                     if not os.path.isfile(os.path.join(data_dir, "meta.json")):   # the corpus to come: GPT-2's
-                        memory.check(resolved, memory.GPT2_VOCAB, device)          # tokens (check_flags skips it)
+                        memory.fits(resolved, memory.GPT2_VOCAB, device)          # tokens (check_flags skips it)
         except (ValueError, TypeError, FileNotFoundError) as e:
             sys.exit(f"error: the {recipe} runs: {e} (train.py's flags go through --train_args; without a CUDA GPU: "
                      "--config '' and a small model there)")

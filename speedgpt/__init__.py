@@ -3,23 +3,22 @@ speedgpt's helpers: what train.py, model.py and data.py lean on, one feature or 
 
   attention.py                 the attention kernels (flex, varlen, FA3) and the document mask: masks, positions, checks
   mask_check.py                the packing guarantee, checked against an independent reference (tests, check_mask)
-  fused_ce.py                  the output head and cross-entropy as one function (fused_ce)
-  fp8.py                       FP8 training: block Linears (fp8) and the fused head's matmuls (fp8_head)
-  activation_checkpointing.py  recompute blocks in the backward (grad_checkpointing)
-  compilation.py               torch.compile, whole model or per block (compile, compile_regional)
+  features/                    what changes how the model trains, one flag per module, one protocol
+                               (features/__init__.py): FP8, the fused head, activation checkpointing, compile, DDP/FSDP
   optim.py                     the optimizer (AdamW, Muon) and the learning-rate schedule (cosine, WSD)
   budget.py                    the training clock and the time budget: a run of N minutes of training (time_budget)
   evaluation.py                validation loss, bits per byte and time to a target loss (eval_tokens, target_val_loss)
   memory.py                    whether a run fits the device's memory: the estimate and its check (memory_check)
-  distributed.py               processes and devices (torchrun), the batch plan, DDP / FSDP, signals, agreement
-  checkpoint.py                out_dir/ckpt.pt: written atomically, read safely
-  measure.py                   MFU and its peak-FLOPs table, the training clock, the metrics logger, the profiler
+  distributed.py               processes and devices (torchrun), the batch plan, signals, agreement
+  checkpoint.py                out_dir's checkpoints: written atomically, read safely, their history
+  resume.py                    a resume, in one place: which checkpoint, which config, which state continues
+  measure.py                   MFU and its peak-FLOPs table, the metrics logger, the profiler
   hellaswag.py                 HellaSwag at each evaluation and in eval.py: the file, its checks, scoring (hellaswag)
   corpus.py                    data.py's input readers, tokenizers and parallel tokenisation
   shards.py                    the token shard format (llm.c's), its index and meta.json
 
 A feature module holds its flag's check (what GPU, package or shape it needs) and its apply: dropping a
-feature is deleting its module, its config keys and the one line of train.py that calls it.
+feature is deleting its module in features/, its entry in train.py's FEATURES and its config keys.
 """
 
 

@@ -34,12 +34,13 @@ BACKENDS = ("naive", "sdpa", "flex", "varlen")
 # the flags: checked and resolved once, before any work
 
 
-def check(cfg, device, world=1):
+def check(cfg, proc):
     """`cfg` with attention='auto' resolved (printed by the caller) and document_mask made False
     without packing (it masks packed rows only). Raises ValueError naming the keys for what cannot run
-    on `device` (a torch.device): flex or varlen on a CPU, varlen in float32, an sdpa_backend kernel
+    on proc.device: flex or varlen on a CPU, varlen in float32, an sdpa_backend kernel
     that cannot take the run, check_mask without the document mask. Warns (UserWarning) about packing
     without the mask: documents then attend across their boundaries."""
+    device = proc.device
     cfg = replace(cfg, document_mask=cfg.packing and cfg.document_mask)
     if cfg.sdpa_backend != "auto":
         if cfg.attention != "sdpa":
@@ -368,7 +369,7 @@ def fa3_varlen_attn(qkv, cu_seqlens, max_seqlen):
 
 def saved_ops():
     """The attention ops of every backend whose outputs selective activation checkpointing keeps instead of
-    recomputing them in the backward (speedgpt/activation_checkpointing.py): SDPA's kernels, FlexAttention,
+    recomputing them in the backward (speedgpt/features/activation_checkpointing.py): SDPA's kernels, FlexAttention,
     PyTorch's FA2 varlen and this module's FA3 op. A backend added here is saved there too."""
     aten = torch.ops.aten
     ops = {aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default,

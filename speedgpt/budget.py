@@ -21,13 +21,17 @@ import torch.distributed as dist
 now = time.perf_counter          # the clock's source; tests set a fake one
 
 
-def check(cfg):
+KEPT_ON_RESUME = ("time_budget",)    # a resume keeps the checkpoint's unless set explicitly (speedgpt/resume.py)
+
+
+def check(cfg, proc):
     """Raise ValueError (one line, the way out) for a time budget that cannot be meant: a decay horizon in steps
-    beside it (lr_decay_iters; the budget is the horizon). Negative values are configurator.py's."""
+    beside it (lr_decay_iters; the budget is the horizon). Negative values are configurator.py's. Returns cfg."""
     if cfg.time_budget and cfg.lr_decay_iters:
         raise ValueError(f"time_budget={cfg.time_budget:g} decays the learning rate over the budget's training time: "
                          f"lr_decay_iters={cfg.lr_decay_iters} would be a second horizon; leave it out (or "
                          "--lr_decay_iters=0)")
+    return cfg
 
 
 def spent(cfg, seconds):

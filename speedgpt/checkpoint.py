@@ -31,6 +31,12 @@ from speedgpt.shards import describe_os_error
 CKPT_KEYS = ("model", "optimizer", "scaler", "step", "best_val_loss", "config", "meta", "loader", "rng")
 
 
+def check(cfg, proc=None):
+    """train.py's check: out_dir can be written (check_out_dir). Returns cfg."""
+    check_out_dir(cfg.out_dir)
+    return cfg
+
+
 def check_out_dir(out_dir):
     """Make `out_dir` if needed and check that this process can write there, before any work. Raises
     ValueError naming the folder and the cause: a file in its place, a read-only filesystem, no
@@ -125,25 +131,6 @@ def mismatch(saved, wanted, show=4):
     more = f"; and {len(diffs) - show} more keys that differ" if len(diffs) > show else ""
     return "; ".join(diffs[:show]) + more
 
-
-def restore_state(ckpt, model, optimizer, scaler, loader, proc, cfg):
-    """Set what a resume continues from the checkpoint `ckpt`: the optimizer's state (unsharded under
-    FSDP), the GradScaler's (float16), the loader's position and each rank's random streams (the weights
-    and the modules' own state: load_weights). Returns lines describing what could not continue as it was (a fresh
-    GradScaler; no amax history; fresh dropout streams)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-    from speedgpt.distributed import restore_rng_states
-    set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
-    notes = []
-    if ckpt["scaler"] and scaler.is_enabled():
-        scaler.load_state_dict(ckpt["scaler"])
-    elif scaler.is_enabled():          # the checkpoint was not float16: its loss scale starts afresh
-        notes.append("a fresh GradScaler for float16 (the checkpoint was trained without one)")
-    loader.load_state_dict(ckpt["loader"])
-    if not restore_rng_states(ckpt["rng"], proc, cfg.seed, ckpt["step"]) and cfg.dropout > 0:
-        notes.append(f"{proc.world} processes where the checkpoint had {len(ckpt['rng'].get('ranks') or [0])}: the "
-                     "dropout streams of the ranks it did not have start afresh (the data order is unchanged)")
-    return notes
 
 
 def all_finite(state_dict):
@@ -285,61 +272,6 @@ def remove_stale_tmp(path):
     return bool(stale)
 
 
-def resume_path(cfg, explicit):
-    """(cfg, the checkpoint a resume reads): resume_from (a kept step, or a path) implies init_from='resume';
-    the file is out_dir/ckpt.pt (the latest) without resume_from, else resume_from's (resolve_resume). Raises
-    ValueError for resume_from with another init_from given explicitly (`explicit`: the keys set)."""
-    from dataclasses import replace
-    if cfg.resume_from:
-        if "init_from" in explicit and cfg.init_from != "resume":
-            raise ValueError(f"resume_from={cfg.resume_from!r} resumes a run: it cannot go with "
-                             f"init_from={cfg.init_from!r} (leave init_from out, or set it to resume)")
-        cfg = replace(cfg, init_from="resume")
-    if cfg.init_from != "resume":
-        return cfg, os.path.join(cfg.out_dir, "ckpt.pt")
-    return cfg, resolve_resume(cfg.out_dir, cfg.resume_from)
-
-
-def checkpoint_step(path):
-    """The step of the checkpoint at `path`: from its step file's name (step_of), else read from the file
-    memory-mapped (nothing of its tensors is loaded)."""
-    step = step_of(path)
-    return step if step is not None else torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"]
-
-
-def rewind_notes(ckpt, path, out_dir):
-    """Lines a resume prints when `ckpt` (loaded from `path`) is older than out_dir's newest checkpoint
-    (resume_from an earlier step): the steps after it are abandoned. Marks ckpt["rewound"] with what
-    start_branch does once the run is set up: ckpt.pt names `path`, ckpt_best.pt, when it holds an abandoned
-    step, becomes the best kept checkpoint up to ckpt's step by metrics.jsonl's validation losses (or goes);
-    the metrics logger moves the abandoned records aside and starts a new W&B run. [] for the newest."""
-    def step(path):                            # None for a file that is not there or cannot be read
-        try:
-            return checkpoint_step(path) if os.path.isfile(path) else None
-        except Exception:
-            return None
-    steps, r = saved_steps(out_dir), ckpt["step"]
-    newest = max([*steps, step(os.path.join(out_dir, "ckpt.pt")) or -1], default=-1)
-    if r >= newest:
-        return []
-    said, best_path, best = [f"ckpt.pt names step {r:,} from now on"], os.path.join(out_dir, "ckpt_best.pt"), "keep"
-    if (step(best_path) or -1) > r:            # the best is an abandoned step's: the best kept up to r instead
-        from speedgpt.measure import read_metrics
-        logged = os.path.join(out_dir, "metrics.jsonl")
-        val = {x["step"]: x["val_loss"] for x in (read_metrics(logged)[0] if os.path.isfile(logged) else [])
-               if x.get("val_loss") is not None and x["step"] <= r}
-        kept = sorted((val[s], s) for s in steps if s in val)
-        best = (steps[kept[0][1]], kept[0][0]) if kept else None
-        said.append(f"ckpt_best.pt step {kept[0][1]:,}'s (val loss {kept[0][0]:.4f}, the best kept up to step {r:,})"
-                    if kept else f"ckpt_best.pt none (no kept checkpoint up to step {r:,} has a logged val loss)")
-    ckpt["rewound"] = {"path": path, "best": best}
-    later = ", ".join(str(s) for s in sorted(steps) if s > r) or "none"
-    return [f"step {r:,} is older than the latest checkpoint (step {newest:,}): the steps after it are abandoned: "
-            f"{', '.join(said)}; metrics.jsonl's later records move to metrics.abandoned.jsonl, W&B gets a new run "
-            f"(it cannot rewind one), and the checkpoints of the later steps ({later}) are removed once this run "
-            "has written its first"]
-
-
 @dataclass
 class Branch:
     """out_dir's history as a run continues it, for save_run: `stale`, the files of another history (the steps
@@ -348,6 +280,14 @@ class Branch:
     an evaluation must match or beat to take its place."""
     stale: list
     best: float = math.inf
+
+
+def checkpoint_step(path):
+    """The step of the checkpoint at `path`: from its step file's name (step_of), else read from the file
+    memory-mapped (nothing of its tensors is loaded)."""
+    step = step_of(path)
+    return step if step is not None else torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"]
+
 
 
 def start_branch(out_dir, ckpt, master=True):

@@ -46,7 +46,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from speedgpt.shards import HOLD, signals_held
+from speedgpt.shards import HOLD, TOKEN_BYTES, signals_held
 
 GZIP_MAGIC, ZSTD_MAGIC, PARQUET_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"PAR1"
 VALIDATION_SPLITS = ("validation", "valid", "val")     # a DatasetDict's own validation split, by these names
@@ -685,3 +685,15 @@ def _interrupt(signum, frame):
         HOLD["signum"] = HOLD["signum"] or signum
         return
     raise KeyboardInterrupt(signum)
+
+
+def token_bytes(data_dir, meta):
+    """(vocab_size,) int64: the UTF-8 bytes each token id stands for (bits per byte's denominator), from the
+    folder's token_bytes.npy, which data.py writes at preparation so that training on GPT-2 tokens needs no
+    tokenizer files; from the tokenizer for a folder prepared before that, or foreign shards."""
+    path = os.path.join(str(data_dir), TOKEN_BYTES)
+    if os.path.isfile(path):
+        counts = np.load(path)
+        if counts.shape == (meta["vocab_size"],):
+            return counts.astype(np.int64)
+    return get_tokenizer(meta["tokenizer"]).token_bytes()

@@ -85,13 +85,15 @@ def setup_processes(cfg):
     return Proc(rank, local_rank, world, device)
 
 
-def check_dtype(cfg, device):
-    """Raise ValueError for a dtype that `device` (a torch.device) cannot compute in: bfloat16 on a GPU without it
-    (before Ampere), or on Apple's MPS before macOS 14."""
+def check(cfg, proc):
+    """Raise ValueError for a dtype that proc.device cannot compute in: bfloat16 on a GPU without it (before
+    Ampere), or on Apple's MPS before macOS 14. Returns cfg."""
+    device = proc.device
     if cfg.dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(device)}; use float16")
     if cfg.dtype == "bfloat16" and device.type == "mps" and not torch.backends.mps.is_macos_or_newer(14, 0):
         raise ValueError("dtype='bfloat16' on MPS needs macOS 14 or newer; use float16, or float32")
+    return cfg
 
 
 def plan_batch(cfg, world):
@@ -139,36 +141,6 @@ def restore_rng_states(rng, proc, seed, step):
     else:
         seed_rank_stream(seed + step, proc.rank)
     return len(ranks) == proc.world
-
-
-def check(cfg, world):
-    """Raise ValueError naming the keys for a parallelism that cannot run: FSDP needs torchrun (several
-    processes) and bfloat16 or float32 (float16 would need a sharded GradScaler)."""
-    if cfg.parallelism == "fsdp" and world == 1:
-        raise ValueError("parallelism='fsdp' needs torchrun (several processes)")
-    if cfg.parallelism == "fsdp" and cfg.dtype == "float16":
-        raise ValueError("parallelism='fsdp' with dtype='float16' is not supported (it needs a sharded GradScaler); "
-                         "use bfloat16")
-
-
-def apply_parallelism(model, parallelism, param_dtype, device, local_rank):
-    """Wrap `model` (a GPT) for data parallelism. Returns (model, grad_sync): DDP (one all-reduce per
-    optimizer step) or FSDP2 (fully_shard per block then the root, parameters in param_dtype and fp32
-    gradient reduction); grad_sync(bool) turns gradient sync on or off, so it runs on the last
-    micro-step only."""
-    if parallelism == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
-        return model, lambda on: setattr(model, "require_backward_grad_sync", on)
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    # the run's device (gloo on a CPU, even beside a GPU)
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    for block in model.transformer.h:
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
-    return model, model.set_requires_gradient_sync
 
 
 class StopSignals:

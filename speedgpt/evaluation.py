@@ -50,11 +50,12 @@ def estimate_loss(model, loader, rows, ctx, token_bytes):
     return (totals[0] / totals[1].clamp(min=1)).item(), (totals[0] / math.log(2) / totals[2].clamp(min=1)).item()
 
 
-def check(cfg):
-    """Raise ValueError unless the evaluation settings can work: target_val_loss needs evaluations."""
+def check(cfg, proc):
+    """Raise ValueError unless the evaluation settings can work: target_val_loss needs evaluations. Returns cfg."""
     if cfg.target_val_loss and not cfg.eval_tokens:
         raise ValueError(f"target_val_loss={cfg.target_val_loss} stops at the first evaluation at or below it: it needs "
                          "eval_tokens > 0")
+    return cfg
 
 
 def target_reached(cfg, val_loss, step, train_seconds, tokens):

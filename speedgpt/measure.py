@@ -15,7 +15,6 @@ import warnings
 import torch
 
 from speedgpt.distributed import RunStopped, print0
-from speedgpt.optim import lr_at
 
 PEAK_FLOPS = {   # dense FLOP/s by device-name substring (first match wins) and precision; NVIDIA datasheets
     "H100 PCIe": dict(bf16=756e12, tf32=378e12, fp32=51e12, fp8=1513e12),
@@ -30,12 +29,13 @@ PEAK_FLOPS = {   # dense FLOP/s by device-name substring (first match wins) and 
 }
 
 
-def check(cfg):
-    """Raise ValueError unless the logging settings can work: wandb_log=True needs the wandb package."""
+def check(cfg, proc):
+    """Raise ValueError unless the logging settings can work: wandb_log=True needs the wandb package. Returns cfg."""
     import importlib.util
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
         raise ValueError("wandb_log=True needs the wandb package: pip install wandb (offline: WANDB_MODE=offline), "
                          "or add --wandb_log=False")
+    return cfg
 
 
 def peak_flops_for(device, cfg, precision=None):
@@ -409,13 +409,12 @@ class MetricsLogger:
         self.last = order(record)
         self._send(record)
 
-    def step(self, step, loss, lr, grad_norm, pad_frac, timing):
-        """Log one training step: `timing` is (tokens_per_sec, step_ms) from Timer.read(), or None while
+    def step(self, step, loss, rates, grad_norm, pad_frac, timing):
+        """Log one training step: `rates` the learning rates the optimizer set ({"lr": ..., and any other group's
+        by its name: optim.set_lr}); `timing` is (tokens_per_sec, step_ms) from Timer.read(), or None while
         the clock has not started; tokens/s is for the whole job, MFU per GPU (mfu())."""
-        record = {"step": step, "loss": loss, "lr": lr, "step_ms": None, "tokens_per_sec": None, "mfu": None,
+        record = {"step": step, "loss": loss, **rates, "step_ms": None, "tokens_per_sec": None, "mfu": None,
                   "mfu_fp8": None, "mem_gb": None, "pad_frac": pad_frac, "grad_norm": float(grad_norm)}
-        if self.cfg.optimizer == "muon":             # its matrices' rate: the same schedule from muon_lr's peak
-            record["muon_lr"] = lr_at(step, self.cfg, self.cfg.muon_lr)
         if timing is not None:
             tps = timing[0]
             record.update(step_ms=timing[1], tokens_per_sec=tps, tokens_per_sec_per_gpu=tps / self.world,
@@ -451,8 +450,8 @@ class MetricsLogger:
                       + (f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a")
                       + f" | eta {duration((total - r['step'] - 1) * r['step_ms'] / 1000)}")
         if self.master:
-            muon = f" (muon {r['muon_lr']:.2e})" if "muon_lr" in r else ""
-            print(f"step {r['step']}/{total} | loss {r['loss']:.4f} | lr {r['lr']:.2e}{muon} | {timing} | "
+            groups = "".join(f" ({k[:-3]} {v:.2e})" for k, v in r.items() if k.endswith("_lr"))   # muon_lr: (muon ...)
+            print(f"step {r['step']}/{total} | loss {r['loss']:.4f} | lr {r['lr']:.2e}{groups} | {timing} | "
                   f"pad {r['pad_frac']:.3f}"
                   + (f" | mem {r['mem_gb']:.1f} GB" if r["mem_gb"] else ""), flush=True)
         self.log(record)

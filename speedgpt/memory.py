@@ -4,7 +4,7 @@ any work, a run that clearly cannot fit on its device, in one line naming the wa
 is found out late: on a CPU the machine swaps for minutes before the kernel kills it, with no checkpoint.
 
     est = estimate(cfg, vocab_size, world)      # bytes by part: Estimate.describe() says them in GB
-    line = check(cfg, vocab_size, device, world)  # ValueError when est.total > MARGIN x available(device)
+    line = fits(cfg, vocab_size, device, world)   # ValueError when est.total > MARGIN x available(device)
 
 The estimate is a model of the peak, not a measurement: within 0.8x-1.2x of each peak measured on the H200
 (torch.cuda.max_memory_allocated: the table in tests/test_memory.py, from BENCHMARKS.md "Memory" and
@@ -185,7 +185,7 @@ def vocab_size(data_dir):
     return ByteTokenizer.vocab_size if os.path.basename(str(data_dir).rstrip("/")) == "stdlib_byte" else GPT2_VOCAB
 
 
-def check(cfg, vocab_size, device, world=1):
+def fits(cfg, vocab_size, device, world=1):
     """Refuse, before any work, a run of `cfg` (resolved: check_flags' config) on a vocabulary of `vocab_size`
     whose estimate() exceeds MARGIN of available(device) (a torch.device), with `world` processes in the job;
     on the CPU torchrun's LOCAL_WORLD_SIZE processes share the machine's memory. Raises ValueError in one line:
@@ -243,12 +243,14 @@ def out_of_memory_line(e):
             "naive with the document mask build a batch_size x block_size^2 mask")
 
 
-def check_run(cfg, device, world=1):
-    """train.py's call: check() on the vocabulary of cfg.data_dir, its line printed on rank 0. Skipped when
+def check(cfg, proc):
+    """train.py's check: fits() on the vocabulary of cfg.data_dir, its line printed on rank 0. Skipped when
     data_dir holds no data (missing, or without meta.json and shards) and is not a corpus prepared on first use:
-    train.py then refuses the folder in its own line, the mistake to fix first."""
+    train.py then refuses the folder in its own line, the mistake to fix first. Returns cfg."""
+    device, world = proc.device, proc.world
     from speedgpt.distributed import print0
     name = os.path.basename(str(cfg.data_dir).rstrip("/"))
     has_data = os.path.isdir(cfg.data_dir) and any(n == "meta.json" or n.endswith(".bin") for n in os.listdir(cfg.data_dir))
     if has_data or name in ("stdlib_byte", "stdlib_gpt2"):
-        print0(check(cfg, vocab_size(cfg.data_dir), device, world))
+        print0(fits(cfg, vocab_size(cfg.data_dir), device, world))
+    return cfg

@@ -42,11 +42,17 @@ import torch.distributed as dist
 from speedgpt import refuse_unused
 
 
-def check(cfg, world):
+# the schedule's keys: a resume keeps the checkpoint's unless set explicitly (speedgpt/resume.py), so extending
+# max_iters keeps the decay horizon the run started with
+KEPT_ON_RESUME = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule", "wsd_decay_frac",
+                  "muon_lr", "muon_momentum", "muon_batched")
+
+
+def check(cfg, proc):
     """Raise ValueError naming the keys unless the optimizer settings can work: muon under FSDP (its
     matrices are sharded), a decay fraction outside (0, 1], a non-positive muon_lr; and for a setting of Muon's or
-    of WSD's while that is off (it would do nothing)."""
-    if cfg.optimizer == "muon" and world > 1 and cfg.parallelism == "fsdp":
+    of WSD's while that is off (it would do nothing). Returns cfg."""
+    if cfg.optimizer == "muon" and proc.world > 1 and cfg.parallelism == "fsdp":
         raise ValueError("optimizer='muon' needs whole matrices for its Newton-Schulz step, and FSDP shards them: "
                          "use --parallelism=ddp, or --optimizer=adamw")
     if not 0 < cfg.wsd_decay_frac <= 1:
@@ -61,6 +67,7 @@ def check(cfg, world):
     if cfg.lr_schedule != "wsd":
         refuse_unused(cfg, ("wsd_decay_frac",), "the share of a WSD schedule spent decaying",
                       "--lr_schedule=wsd")
+    return cfg
 
 
 def param_groups(model, cfg):
@@ -149,11 +156,15 @@ def decayed(x, cfg, peak, floor):
 
 
 def set_lr(optimizer, step, cfg, seconds=0.0):
-    """Set every group's learning rate for `step` (after `seconds` of training: a time budget's schedule);
-    returns the rate of the groups at cfg.learning_rate's peak (the one the logs show)."""
+    """Set every group's learning rate for `step` (after `seconds` of training: a time budget's schedule).
+    Returns the rates the logs show: {"lr": the groups at cfg.learning_rate's peak (AdamW's), "muon_lr": the
+    Muon matrices' with optimizer=muon}."""
+    rates = {"lr": lr_at(step, cfg, seconds=seconds)}
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step, cfg, peak_lr(group, cfg), seconds)
-    return lr_at(step, cfg, seconds=seconds)
+        if group.get("muon"):
+            rates["muon_lr"] = group["lr"]
+    return rates
 
 
 def clip_grad_norm(model, optimizer, scaler, grad_clip):

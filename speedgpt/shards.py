@@ -223,19 +223,6 @@ def prepared_folder(out_dir):
         shutil.rmtree(old, ignore_errors=True)
 
 
-def token_bytes(data_dir, meta):
-    """(vocab_size,) int64: the UTF-8 bytes each token id stands for (bits per byte's denominator), from the
-    folder's token_bytes.npy, which data.py writes at preparation so that training on GPT-2 tokens needs no
-    tokenizer files; from the tokenizer for a folder prepared before that, or foreign shards."""
-    path = os.path.join(str(data_dir), TOKEN_BYTES)
-    if os.path.isfile(path):
-        counts = np.load(path)
-        if counts.shape == (meta["vocab_size"],):
-            return counts.astype(np.int64)
-    from speedgpt.corpus import get_tokenizer
-    return get_tokenizer(meta["tokenizer"]).token_bytes()
-
-
 def tokenizer_flag(data_dir):
     """The --tokenizer a preparation hint for `data_dir` needs: the presets' folders say it in their names
     (data/stdlib_gpt2, data/shakespeare_gpt2)."""

@@ -319,3 +319,10 @@ def poison_step(monkeypatch, step, value):
                 h.remove()
     monkeypatch.setattr(train, "forward_backward", poisoned)
     return calls                            # clear it to poison the same step of the next run
+
+
+def on(device, world=1):
+    """A single process's Proc on `device` (a name or a torch.device), for a feature's check(cfg, proc)."""
+    import torch
+    from speedgpt.distributed import Proc
+    return Proc(0, 0, world, torch.device(device))

@@ -1,11 +1,11 @@
-"""speedgpt/activation_checkpointing.py on the CPU: full and selective checkpointing give the loss and gradients
+"""speedgpt/features/activation_checkpointing.py on the CPU: full and selective checkpointing give the loss and gradients
 of none (dropout on), recompute what each mode should, and keep every checkpointed block compiled."""
 import pytest
 import torch
 
 from conftest import assert_same_outputs, outputs_and_grads
 from conftest import tiny_gpt as tiny
-from speedgpt import activation_checkpointing
+from speedgpt.features import activation_checkpointing
 
 
 @pytest.mark.parametrize("attention", ["naive", "sdpa"])
@@ -19,7 +19,7 @@ def test_checkpointing_gradients_equal(attention, with_docs):
     for mode in ("none", "full", "selective"):
         m = tiny(attention).train()
         if mode != "none":
-            activation_checkpointing.apply(m, mode)
+            activation_checkpointing.checkpoint_blocks(m, mode)
         torch.manual_seed(123)                           # the same dropout masks in every run
         results[mode] = outputs_and_grads(m, idx, tgt, doc_ids)
     assert results["none"][1] != tiny(attention, dropout=0.0)(idx, tgt, doc_ids)[1]   # dropout really on
@@ -37,7 +37,7 @@ def test_checkpointed_blocks_stay_compiled(attention, mode):
     Parameters are frozen so FlexAttention may trace on the CPU (it has no backward there)."""
     import torch._dynamo as dynamo
     m = tiny(attention, dropout=0.0).float().requires_grad_(False)
-    activation_checkpointing.apply(m, mode)
+    activation_checkpointing.checkpoint_blocks(m, mode)
     idx = torch.randint(0, 64, (2, 32))
     doc_ids = torch.cumsum(torch.rand(2, 32) < 0.15, dim=1)
     dynamo.reset()
@@ -64,7 +64,7 @@ def test_what_each_mode_recomputes():
     def backward_ops(mode):
         m = tiny(dropout=0.0)
         if mode != "none":
-            activation_checkpointing.apply(m, mode)
+            activation_checkpointing.checkpoint_blocks(m, mode)
         _, loss = m(torch.randint(0, 64, (2, 32)), torch.randint(0, 64, (2, 32)))
         with Count() as c:
             loss.backward()

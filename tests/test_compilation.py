@@ -1,4 +1,4 @@
-"""speedgpt/compilation.py on the CPU: a compiled run trains without recompiling, and its checkpoint holds the plain
+"""speedgpt/features/compilation.py on the CPU: a compiled run trains without recompiling, and its checkpoint holds the plain
 model's keys.
 Regional compilation against whole-model compilation is in tests/test_gpu.py."""
 import pytest
@@ -16,7 +16,7 @@ def test_a_compiled_run_compiles_once_per_mode(byte_data, tmp_path, monkeypatch)
     recompiled the model (tests/test_gpu.py checks the same on the GPU). The checkpoint holds the plain
     model's keys."""
     from torch._dynamo.utils import counters
-    from speedgpt import fp8
+    from speedgpt.features import fp8
     monkeypatch.setattr(fp8, "check", lambda cfg, device: None)
     torch._dynamo.reset()
     counters.clear()
@@ -34,11 +34,11 @@ def test_compile_tuning_turns_on_inductors_tuner():
     key hidden, and every later compile in the process failed.)"""
     import torch._inductor.config as inductor_config
     from model import GPT, GPTConfig
-    from speedgpt import compilation
+    from speedgpt.features import compilation
     with inductor_config.patch(coordinate_descent_tuning=False):
         model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8))
-        compilation.apply(model)
+        compilation.compile_model(model)
         assert inductor_config.coordinate_descent_tuning is False
-        compilation.apply(model, tuning=True)
+        compilation.compile_model(model, tuning=True)
         assert inductor_config.coordinate_descent_tuning is True
     assert inductor_config.coordinate_descent_tuning is False

@@ -16,7 +16,7 @@ import eval as eval_script
 import hf
 import sample
 import train
-from conftest import ROOT, read_metrics, tiny_args
+from conftest import ROOT, on, read_metrics, tiny_args
 
 HELP = "(python train.py --help lists every key)"
 
@@ -339,18 +339,19 @@ def test_help_lists_every_key_with_its_whole_comment():
     assert "several in order, the later winning" in lines[0]
     assert len(lines) == 1 + len(fields(Config))
     recipe = next(line for line in lines if line.lstrip().startswith("--fp8_recipe="))
-    assert recipe.rstrip().endswith("tensorwise_fused | tensorwise_delayed (speedgpt/fp8.py's)")
+    assert recipe.rstrip().endswith("tensorwise_fused | tensorwise_delayed (speedgpt/features/fp8.py's)")
 
 
 def test_a_resume_that_leaves_wsd_drops_its_decay_share():
     """A WSD run resumed with --lr_schedule=cosine: the checkpoint's wsd_decay_frac is not kept (it would do nothing,
     and optim.check would refuse it as set), while a resume that stays on WSD keeps it."""
     from dataclasses import asdict
-    from configurator import Config, resume_config
+    from configurator import Config
+    from speedgpt.resume import resume_config
     from speedgpt import optim
     saved = asdict(Config(lr_schedule="wsd", wsd_decay_frac=0.3, max_iters=100))
     left, _ = resume_config(Config(lr_schedule="cosine", max_iters=100), {"lr_schedule"}, saved)
     assert (left.lr_schedule, left.wsd_decay_frac) == ("cosine", Config().wsd_decay_frac)
-    optim.check(left, 1)
+    optim.check(left, on("cpu"))
     stayed, _ = resume_config(Config(max_iters=200), {"max_iters"}, saved)
     assert (stayed.lr_schedule, stayed.wsd_decay_frac) == ("wsd", 0.3)

@@ -16,9 +16,10 @@ import torch
 
 import configurator
 import train
-from conftest import ROOT, losses, read_metrics, tiny_args
+from conftest import ROOT, losses, on, read_metrics, tiny_args
 from speedgpt import checkpoint
-from speedgpt.distributed import check_dtype, plan_batch, setup_processes
+from speedgpt import distributed
+from speedgpt.distributed import plan_batch, setup_processes
 
 # -----------------------------------------------------------------------------
 # torchrun with gloo: each of these tests starts several processes, so each is marked slow (the
@@ -226,11 +227,11 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line_naming_the_last_checkpoint(b
     """Ctrl-C after Ctrl-C, or after a SIGTERM (timeout, a scheduler): the message of the first promised it."""
     set_lr = train.optim.set_lr
 
-    def ctrl_c_twice_at_step_6(optimizer, step, cfg):
+    def ctrl_c_twice_at_step_6(optimizer, step, cfg, *args):
         if step == 6:
             os.kill(os.getpid(), first)
             os.kill(os.getpid(), signal.SIGINT)
-        return set_lr(optimizer, step, cfg)
+        return set_lr(optimizer, step, cfg, *args)
     monkeypatch.setattr(train.optim, "set_lr", ctrl_c_twice_at_step_6)
     with pytest.raises(train.RunStopped, match=r"^SIGINT: aborted at once \(a second Ctrl-C\) with 6 steps done, without "
                                                r"saving; .*ckpt.pt still holds step 4: resume from it") as e:
@@ -245,11 +246,11 @@ def test_a_second_ctrl_c_names_no_checkpoint_of_an_earlier_run(byte_data, tmp_pa
     set_lr = train.optim.set_lr
 
     def ctrl_c_twice_at(step_at):
-        def f(optimizer, step, cfg):
+        def f(optimizer, step, cfg, *args):
             if step == step_at:
                 os.kill(os.getpid(), signal.SIGINT)
                 os.kill(os.getpid(), signal.SIGINT)
-            return set_lr(optimizer, step, cfg)
+            return set_lr(optimizer, step, cfg, *args)
         return f
     monkeypatch.setattr(train.optim, "set_lr", ctrl_c_twice_at(2))
     with pytest.raises(train.RunStopped, match=r"with 2 steps done, without saving; no checkpoint of this run was "
@@ -350,10 +351,10 @@ def test_bfloat16_on_mps_needs_macos_14(monkeypatch):
     cfg = configurator.Config(dtype="bfloat16")
     monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: (major, minor) <= (13, 5))
     with pytest.raises(ValueError, match=r"^dtype='bfloat16' on MPS needs macOS 14 or newer; use float16, or float32$"):
-        check_dtype(cfg, torch.device("mps"))
-    check_dtype(configurator.Config(dtype="float16"), torch.device("mps"))
+        distributed.check(cfg, on("mps"))
+    distributed.check(configurator.Config(dtype="float16"), on("mps"))
     monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: True)
-    check_dtype(cfg, torch.device("mps"))
+    distributed.check(cfg, on("mps"))
 
 
 def readme_commands():

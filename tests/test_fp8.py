@@ -1,4 +1,4 @@
-"""speedgpt/fp8.py on the CPU: the rowwise recipe's math (float8 operands multiplied in float32, as
+"""speedgpt/features/fp8.py on the CPU: the rowwise recipe's math (float8 operands multiplied in float32, as
 torch._scaled_mm does on the GPU: tests/test_gpu.py compares the two), its conversion, and its refusals; the
 conversion of exactly the eligible layers (torchao's recipes, fp8_layers) and the checks (a preset on the CPU,
 a resume's shapes); fp8_mm against torchao's Float8Linear, bit for bit (the CPU build of torch runs float8
@@ -10,9 +10,10 @@ import configurator
 import train
 from configurator import load_config
 from conftest import build_preset as build
+from conftest import on
 from conftest import poison_step, read_metrics, tiny_args
 from model import GPT, GPTConfig
-from speedgpt import fp8
+from speedgpt.features import fp8
 
 
 def test_rowwise_cast_scales_each_row_to_the_float8_range():
@@ -169,13 +170,13 @@ def test_calibrate_gives_the_first_history_and_leaves_the_run_as_it_was(byte_dat
     the plain head), so no compiled step sees a layer without history; it leaves gradients, RNG, mode and the
     installed head as they were, and does nothing once every layer has a history."""
     import data
-    from speedgpt import fused_ce
+    from speedgpt.features import fused_ce
     cfg = configurator.Config(n_layer=2, n_head=2, n_embd=32, block_size=64, fp8=True,
                               fp8_recipe="tensorwise_delayed", fp8_min_dim=32, fused_ce=True)
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_dict(vars(cfg), 257))
     fp8.convert(model, cfg)
-    fused_ce.install(model, cfg)
+    fused_ce.apply(model, cfg)
     head = model.head_loss
     model.eval()
     batch = next(data.Loader(str(byte_data), "train", batch_size=4, block_size=64))
@@ -208,8 +209,7 @@ def test_delayed_scales_compile_and_are_refused_with_float16_loss_scaling():
     assert torch.equal(y, y_eager) and torch.equal(lin.fp8_amax, eager.fp8_amax)
     assert lin.fp8_amax[0, 0] == x.abs().max() and lin.fp8_amax[1, 0] == 1.0
     with pytest.raises(ValueError, match="tensorwise_delayed' with dtype=float16: .* --dtype=bfloat16"):
-        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", dtype="float16"),
-                  torch.device("cpu"))
+        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", dtype="float16"), on("cpu"))
 
 
 def test_a_delayed_run_resumes_exactly_with_its_amax_history(byte_data, tmp_path, monkeypatch, capsys):
@@ -316,9 +316,9 @@ def test_the_rowwise_recipe_converts_the_eligible_linears_without_torchao(monkey
 def test_the_rowwise_recipe_is_refused_where_it_cannot_run():
     cpu = torch.device("cpu")
     with pytest.raises(ValueError, match=r"fp8=True needs a GPU of compute capability 8.9 .* add --fp8=False"):
-        fp8.check(configurator.Config(fp8=True, fp8_recipe="rowwise_bf16_wgrad"), cpu)
+        fp8.check(configurator.Config(fp8=True, fp8_recipe="rowwise_bf16_wgrad"), on(cpu))
     with pytest.raises(ValueError, match="fp8_recipe='rowwise_bf16_wgrad' would do nothing"):
-        fp8.check(configurator.Config(fp8_head=True, fused_ce=True, fp8_recipe="rowwise_bf16_wgrad"), cpu)
+        fp8.check(configurator.Config(fp8_head=True, fused_ce=True, fp8_recipe="rowwise_bf16_wgrad"), on(cpu))
     with pytest.raises(ValueError, match="fp8_recipe"):
         configurator.load_config(["--fp8_recipe=rowwise_bf16"])
 
@@ -336,8 +336,8 @@ def test_a_shape_fp8_would_convert_nothing_in_is_refused_by_check(argv, monkeypa
     assert not fp8.block_width_ok(cfg)
     with pytest.raises(ValueError, match=r"^fp8=True but no Linear layer is eligible: .* fp8_min_dim=768 .* or add "
                                          r"--fp8=False$"):
-        fp8.check(cfg, torch.device("cuda"))
-    fp8.check(load_config(["--config", "config/fast.py"]), torch.device("cuda"))       # 768: converts
+        fp8.check(cfg, on(torch.device("cuda")))
+    fp8.check(load_config(["--config", "config/fast.py"]), on(torch.device("cuda")))       # 768: converts
 
 
 def test_fp8_converts_exactly_the_eligible_layers():
@@ -371,15 +371,15 @@ def test_fp8_layers_picks_the_kinds_to_convert():
     for bad, message in (("fc,mlp", "unknown kind mlp; the kinds are qkv, attn_proj, fc, mlp_proj"),
                          (",", "no kind; the kinds are")):
         with pytest.raises(ValueError, match=f"fp8_layers={bad!r}: {message}"):
-            fp8.check(load_config(["--config", "config/gpt2-large.py", f"--fp8_layers={bad}"]), gpu)
+            fp8.check(load_config(["--config", "config/gpt2-large.py", f"--fp8_layers={bad}"]), on(gpu))
     with pytest.raises(ValueError, match=r"fp8_layers='fc' would do nothing: .* Add --fp8=True"):
-        fp8.check(load_config(["--config", "config/fast.py", "--fp8=False", "--fp8_layers=fc"]), gpu)
+        fp8.check(load_config(["--config", "config/fast.py", "--fp8=False", "--fp8_layers=fc"]), on(gpu))
 
 
 def test_a_preset_on_the_cpu_names_the_way_out():
     cfg = load_config(["--config", "config/gpt2-xl.py"])
     with pytest.raises(ValueError, match=r"fp8=True and fp8_head=True need a GPU .* add --fp8=False --fp8_head=False"):
-        fp8.check(cfg, torch.device("cpu"))
+        fp8.check(cfg, on(torch.device("cpu")))
 
 
 def test_resume_checks_fp8_shapes_of_the_checkpoint(byte_data, tmp_path):

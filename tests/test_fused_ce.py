@@ -1,4 +1,4 @@
-"""speedgpt/fused_ce.py on the CPU: LinearCrossEntropy (the head and its cross-entropy fused, gradients made in
+"""speedgpt/features/fused_ce.py on the CPU: LinearCrossEntropy (the head and its cross-entropy fused, gradients made in
 the forward, chunk by chunk) gives the plain head's loss and gradients, and in float8 (fp8_head: the CPU build
 of torch runs float8 matmuls) comes close to bf16, casting the weight once; train.py with fused_ce trains step
 for step as the plain head does. The GPU checks are in tests/test_gpu.py."""
@@ -8,8 +8,8 @@ import torch
 import train
 from conftest import assert_same_outputs, outputs_and_grads, read_metrics, tiny_args
 from conftest import tiny_gpt as tiny
-from speedgpt import fp8
-from speedgpt.fused_ce import FusedHeadLoss, LinearCrossEntropy
+from speedgpt.features import fp8
+from speedgpt.features.fused_ce import FusedHeadLoss, LinearCrossEntropy
 
 
 def test_fused_ce_gives_the_plain_loss_and_gradients():
@@ -24,7 +24,7 @@ def test_fused_ce_gives_the_plain_loss_and_gradients():
     out = {}
     for chunk in (0, 24, 64):
         m = tiny(dropout=0.0, vocab_size=61)
-        if chunk:                                   # what train.py's fused_ce.install does
+        if chunk:                                   # what fused_ce.apply does
             m.head_loss = FusedHeadLoss(chunk)
         out[chunk] = outputs_and_grads(m, idx, tgt, doc_ids)
         assert (out[chunk][0] is None) == (chunk > 0)
@@ -61,7 +61,7 @@ def test_fused_ce_in_fp8_casts_the_weight_once_with_the_same_result():
     """LinearCrossEntropy casts the head's weight to float8 once for all chunks (fp8.cast_rhs, both
     layouts); each chunk then gives exactly what head_ce_chunk gives when it casts the weight itself."""
     pytest.importorskip("torchao")
-    from speedgpt.fused_ce import head_ce_chunk
+    from speedgpt.features.fused_ce import head_ce_chunk
     torch.manual_seed(0)
     h = torch.randn(256, 64, dtype=torch.bfloat16)
     w = (0.1 * torch.randn(512, 64)).bfloat16()

@@ -13,7 +13,7 @@ import train
 from conftest import packed_b_logits_and_grad, poison_step, read_metrics, set_qk_blocks, tiny_args
 from speedgpt.mask_check import check_attention_mask
 from model import GPT, GPTConfig
-from speedgpt.fused_ce import FusedHeadLoss
+from speedgpt.features.fused_ce import FusedHeadLoss
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -221,7 +221,7 @@ def test_fused_ce_compiles_and_matches_the_plain_head():
     fp8 = torch.cuda.get_device_capability() >= (8, 9) and importlib.util.find_spec("torchao") is not None
     for chunk, in_fp8 in ((0, False), (384, False)) + (((256, True),) if fp8 else ()):
         m = gpt("sdpa")
-        if chunk:                                   # what train.py's fused_ce.install does
+        if chunk:                                   # what fused_ce.apply does
             m.head_loss = FusedHeadLoss(chunk, fp8=in_fp8)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits, loss = torch.compile(m, fullgraph=True)(idx, tgt, doc_ids)
@@ -261,7 +261,7 @@ def test_fused_ce_trains_like_the_plain_head(short_data, tmp_path):
 def _fp8_kernels_or_skip():
     if torch.cuda.get_device_capability() < (8, 9) or importlib.util.find_spec("triton") is None:
         pytest.skip("the FP8 head's Triton kernels need Triton and a GPU of compute capability 8.9+")
-    from speedgpt import softmax_pass
+    from speedgpt.features import softmax_pass
     return softmax_pass
 
 
@@ -272,7 +272,7 @@ _SOFTMAX_SHAPES = [(stats, grad) for stats in ((8, 256, 8, 0), (1, 4096, 8, 0), 
 @pytest.mark.parametrize("n", [1002, 4096, 16384])
 @pytest.mark.parametrize("stats, grad", _SOFTMAX_SHAPES, ids=lambda c: "x".join(map(str, c)))
 def test_softmax_pass_kernels_give_the_pytorch_math(n, stats, grad):
-    """speedgpt/softmax_pass.py, each tile shape it may pick (one case each, so a failure names its shape):
+    """speedgpt/features/softmax_pass.py, each tile shape it may pick (one case each, so a failure names its shape):
     per-row losses as the PyTorch ops give them, the float8 bytes of both layouts equal but where exp's
     rounding crosses a rounding boundary of e5m2 (then one step apart), the transposed copy exact, ignored
     rows and padded columns zero. The outputs are NaN first, so a value the kernels do not write shows. Rows
@@ -311,7 +311,7 @@ def test_fp8_head_kernel_gives_the_fp8_heads_loss_and_gradients():
     """fused_ce in FP8 with fp8_head_kernel, compiled fullgraph (the kernels' op is one opaque call): the
     loss and both gradients of the same head without the kernels, to float8's rounding."""
     _fp8_kernels_or_skip()
-    from speedgpt.fused_ce import LinearCrossEntropy
+    from speedgpt.features.fused_ce import LinearCrossEntropy
     torch.manual_seed(0)
     N, C, V = 2048, 256, 50304
     h = torch.randn(N, C, device="cuda", requires_grad=True)
@@ -430,7 +430,7 @@ def test_fp8_mm_is_torchaos_tensorwise_on_the_gpu():
         pytest.skip("needs a GPU of compute capability 8.9+ (float8 matmuls)")
     from torchao.float8 import Float8LinearConfig
     from torchao.float8.float8_linear import Float8Linear
-    from speedgpt import fp8
+    from speedgpt.features import fp8
     torch.manual_seed(0)
     h = torch.randn(4096, 768, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     lin = torch.nn.Linear(768, 2048, bias=False).bfloat16().cuda()
@@ -485,7 +485,7 @@ def test_more_processes_than_gpus_is_refused(short_data, tmp_path):
 def test_rowwise_fp8_linear_matches_its_math_and_bf16(compiled):
     """fp8_recipe='rowwise_bf16_wgrad': torch._scaled_mm's rowwise product equals the same float8 operands
     multiplied in float32 (the CPU path), and the Linear's output and both gradients stay near bf16's."""
-    from speedgpt.fp8 import RowwiseFloat8Linear, rowwise_cast, scaled_mm
+    from speedgpt.features.fp8 import RowwiseFloat8Linear, rowwise_cast, scaled_mm
     torch.manual_seed(0)
     a, b = torch.randn(4096, 768, device="cuda"), torch.randn(2304, 768, device="cuda")
     (a8, sa), (b8, sb) = rowwise_cast(a), rowwise_cast(b)
@@ -519,7 +519,7 @@ def test_tensorwise_fused_linear_gives_torchaos_tensorwise_results(compiled):
     gradients equal torchao Float8Linear's up to the GEMMs' rounding, and stay near bf16's."""
     pytest.importorskip("torchao")
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    from speedgpt.fp8 import TensorwiseFloat8Linear
+    from speedgpt.features.fp8 import TensorwiseFloat8Linear
     torch.manual_seed(0)
     make = lambda: torch.nn.Linear(1024, 4096, bias=False, device="cuda", dtype=torch.bfloat16)
     ref = torch.nn.Sequential(make())

@@ -278,7 +278,7 @@ def test_mfu_fp8_counts_the_flops_that_ran_in_fp8_at_the_fp8_peak():
     and the head's three with fp8_head) at the FP8 peak, the rest at the run's; the same as mfu without FP8,
     and None where FP8 FLOPs run on a GPU without a known FP8 peak."""
     import configurator
-    from speedgpt import fp8
+    from speedgpt.features import fp8
     from speedgpt.measure import ideal_seconds_per_token
     assert ideal_seconds_per_token(100, 0, 10.0, None) == 10.0
     assert ideal_seconds_per_token(100, 60, 10.0, 20.0) == pytest.approx(40 / 10 + 60 / 20)
@@ -288,7 +288,7 @@ def test_mfu_fp8_counts_the_flops_that_ran_in_fp8_at_the_fp8_peak():
             cfg = configurator.Config(n_layer=2, n_head=2, n_embd=32, block_size=16, fp8=True, fp8_recipe=recipe,
                                       fp8_min_dim=32, fp8_head=head)
             model = GPT(GPTConfig.from_dict(vars(cfg), 257))
-            assert fp8.flops_per_token(model, cfg) == 6 * model.lm_head.weight.numel() * head
+            assert fp8.fp8_flops_per_token(model, cfg) == 6 * model.lm_head.weight.numel() * head
             fp8.convert(model, cfg)
             blocks = sum(m.weight.numel() for m in model.transformer.h.modules() if isinstance(m, torch.nn.Linear))
-            assert fp8.flops_per_token(model, cfg) == gemms * blocks + 6 * model.lm_head.weight.numel() * head
+            assert fp8.fp8_flops_per_token(model, cfg) == gemms * blocks + 6 * model.lm_head.weight.numel() * head

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from configurator import Config, load_config
-from conftest import tiny_args
+from conftest import on, tiny_args
 from speedgpt import attention, memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,7 +82,7 @@ def test_no_preset_is_refused_on_an_h200(path, monkeypatch):
     cfg = load_config(["--config", path])
     cfg = replace(cfg, attention="varlen" if cfg.attention == "auto" else cfg.attention,
                   document_mask=cfg.packing and cfg.document_mask)
-    line = memory.check(cfg, GPT2_VOCAB, torch.device("cuda:0"), 1)
+    line = memory.fits(cfg, GPT2_VOCAB, torch.device("cuda:0"), 1)
     assert line.startswith("memory: about ") and line.endswith("; fits in the 141.0 GB of cuda:0")
 
 
@@ -106,8 +106,7 @@ def test_the_parameters_counted_are_gpt2s_and_each_block_changes_them(flag):
 def reported_run():
     """Issue 37: `python train.py --config config/fast.py --fp8=False --fp8_head=False` on a CPU, flags resolved as
     train.py's check_flags resolves them there (attention='auto' -> sdpa, with the document mask)."""
-    cfg = attention.check(load_config(["--config", "config/fast.py", "--fp8=False", "--fp8_head=False"]),
-                          torch.device("cpu"))
+    cfg = attention.check(load_config(["--config", "config/fast.py", "--fp8=False", "--fp8_head=False"]), on("cpu"))
     assert cfg.attention == "sdpa" and cfg.document_mask and cfg.compile and cfg.dtype == "bfloat16"
     return cfg
 
@@ -116,7 +115,7 @@ def test_the_reported_run_is_refused_on_a_24_gb_cpu_in_one_line(monkeypatch):
     monkeypatch.setattr(memory, "available", lambda device: 24e9)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     with pytest.raises(ValueError) as e:
-        memory.check(reported_run(), GPT2_VOCAB, torch.device("cpu"), 1)
+        memory.fits(reported_run(), GPT2_VOCAB, torch.device("cpu"), 1)
     n = r"\d+\.\d"
     assert pytest.approx(float(str(e.value).split()[4]), rel=0.05) == 36.0     # its estimate, in GB
     assert re.fullmatch(
@@ -132,7 +131,7 @@ def test_memory_check_false_tries_anyway(monkeypatch):
     def unread(device):
         raise AssertionError("memory_check=False reads no memory")
     monkeypatch.setattr(memory, "available", unread)
-    line = memory.check(replace(reported_run(), memory_check=False), GPT2_VOCAB, torch.device("cpu"), 1)
+    line = memory.fits(replace(reported_run(), memory_check=False), GPT2_VOCAB, torch.device("cpu"), 1)
     assert line.startswith("memory: about 3") and line.endswith("not checked (memory_check=False)")
     assert load_config(["--memory_check=False"]).memory_check is False and Config().memory_check is True
 
@@ -141,29 +140,29 @@ def test_the_way_out_names_what_holds_the_memory(monkeypatch):
     """naive attention's scores and a plain head's logits get their own way out; under DDP the weights do."""
     monkeypatch.setattr(memory, "available", lambda device: 4e9)
     with pytest.raises(ValueError, match=r"or --attention=sdpa \(no T x T scores\), or --fused_ce=True"):
-        memory.check(resolved(["--config", "config/baseline.py"], "naive"), GPT2_VOCAB, torch.device("cpu"))
+        memory.fits(resolved(["--config", "config/baseline.py"], "naive"), GPT2_VOCAB, torch.device("cpu"))
     monkeypatch.setattr(memory, "available", lambda device: 25e9)
     with pytest.raises(ValueError, match=r"or --parallelism=fsdp \(shards the weights\); --memory_check"):
-        memory.check(resolved(["--config", "config/large.py", "--batch_size=1", "--grad_checkpointing=full"], "flex"),
+        memory.fits(resolved(["--config", "config/large.py", "--batch_size=1", "--grad_checkpointing=full"], "flex"),
                      GPT2_VOCAB, torch.device("cuda:1"), world=2)
-    assert memory.check(resolved(["--config", "config/large.py", "--batch_size=1", "--parallelism=fsdp",
+    assert memory.fits(resolved(["--config", "config/large.py", "--batch_size=1", "--parallelism=fsdp",
                                   "--grad_checkpointing=full"], "flex"), GPT2_VOCAB, torch.device("cuda:1"), world=2)
 
 
 def test_the_quickstart_fits_a_small_machine(monkeypatch):
     """The defaults (python train.py) on a 2-core CI machine or the 24 GB one: far inside even 4 GB free;
     processes that torchrun starts on one CPU machine share its memory."""
-    cfg = attention.check(Config(), torch.device("cpu"))
+    cfg = attention.check(Config(), on("cpu"))
     assert memory.estimate(cfg, BYTE_VOCAB).total < 0.5e9
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     for free in (24e9, 4e9):
         monkeypatch.setattr(memory, "available", lambda device: free)
-        assert memory.check(cfg, BYTE_VOCAB, torch.device("cpu"), 1).startswith("memory: about 0.2 GB per process")
+        assert memory.fits(cfg, BYTE_VOCAB, torch.device("cpu"), 1).startswith("memory: about 0.2 GB per process")
     monkeypatch.setattr(memory, "available", lambda device: 0.5e9)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     with pytest.raises(ValueError, match=r"per process .* \(4 processes on this machine: 0\.\d GB\), more than 90% "
                                          r"of the 0\.5 GB cpu has available"):
-        memory.check(cfg, BYTE_VOCAB, torch.device("cpu"), 4)
+        memory.fits(cfg, BYTE_VOCAB, torch.device("cpu"), 4)
 
 
 def test_parallelism_and_the_optimizer_change_the_state_kept():

@@ -17,9 +17,10 @@ import train
 from conftest import (assert_same_outputs, outputs_and_grads, read_metrics, rotary_reference, set_qk_blocks,
                       tiny_args)
 from model import GPT, GPTConfig, KVCache
-from speedgpt import fp8, memory, optim
+from speedgpt import memory, optim
+from speedgpt.features import fp8
 from speedgpt.checkpoint import load_checkpoint
-from speedgpt.fused_ce import FusedHeadLoss
+from speedgpt.features.fused_ce import FusedHeadLoss
 
 
 def tiny(attention="sdpa", **kw):
@@ -410,7 +411,7 @@ def test_the_fused_head_takes_the_untied_head_with_every_block():
     idx, tgt, doc_ids = batch()
     plain = outputs_and_grads(tiny(**ALL_BLOCKS), idx, tgt, doc_ids)
     m = tiny(**ALL_BLOCKS)
-    m.head_loss = FusedHeadLoss(40)                             # what train.py's fused_ce.install does
+    m.head_loss = FusedHeadLoss(40)                             # what fused_ce.apply does
     fused = outputs_and_grads(m, idx, tgt, doc_ids)
     assert fused[0] is None and fused[2]["lm_head.weight"].abs().sum() > 0
     assert_same_outputs(fused, plain, rtol=1e-12, atol=0, grad_rtol=1e-10, grad_atol=1e-13)

@@ -7,9 +7,9 @@ import pytest
 
 import configurator
 import data
-from conftest import ROOT
+from conftest import ROOT, on
 from conftest import build_preset as build
-from speedgpt import compilation, fp8
+from speedgpt.features import compilation, fp8
 
 # Hugging Face's GPT-2 checkpoints: (n_layer, n_head, n_embd, parameters with biases and vocabulary 50,257)
 GPT2 = {"config/fast.py": (12, 12, 768, 124_439_808), "config/gpt2-medium.py": (24, 16, 1024, 354_823_168),
@@ -34,7 +34,7 @@ def test_preset_is_gpt2s_shape_and_size(path):
     assert not off.fp8_head and not off.fp8_head_kernel
     eager = configurator.load_config(["--config", path, "--compile=False"])    # drops compile_regional too
     assert not eager.compile and not eager.compile_regional
-    compilation.check(eager)
+    compilation.check(eager, on("cpu"))
 
 
 @pytest.mark.parametrize("path", GPT2)

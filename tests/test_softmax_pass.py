@@ -1,4 +1,4 @@
-"""speedgpt/softmax_pass.py on the CPU: its flag's refusals (the kernels need Triton on a CUDA GPU), and, where
+"""speedgpt/features/softmax_pass.py on the CPU: its flag's refusals (the kernels need Triton on a CUDA GPU), and, where
 Triton is installed, the kernels' layout and masking run by Triton's interpreter (TRITON_INTERPRET=1) against
 the PyTorch reference. The interpreter does not round float8 as the GPU does, so the bytes themselves are
 compared on the GPU only (tests/test_gpu.py::test_softmax_pass_kernels_give_the_pytorch_math)."""
@@ -10,19 +10,19 @@ import pytest
 import torch
 
 import configurator
-from conftest import ROOT
-from speedgpt import fp8, softmax_pass
+from conftest import ROOT, on
+from speedgpt.features import fp8, softmax_pass
 
 
 def test_the_kernel_flag_is_refused_where_it_cannot_run():
     cpu = torch.device("cpu")
     with pytest.raises(ValueError, match=r"fp8_head_kernel=True would do nothing: .* Add --fp8_head=True"):
-        fp8.check(configurator.Config(fp8_head_kernel=True), cpu)
+        fp8.check(configurator.Config(fp8_head_kernel=True), on(cpu))
     with pytest.raises(ValueError, match=r"fp8_head_kernel=True needs Triton on a CUDA GPU .* --fp8_head_kernel=False"):
         softmax_pass.check(configurator.Config(fp8_head=True, fused_ce=True, fp8_head_kernel=True), cpu)
     # fp8_head's own refusal comes first on the CPU, and names both flags' way out through fp8_head
     with pytest.raises(ValueError, match=r"fp8_head=True needs a GPU of compute capability 8.9"):
-        fp8.check(configurator.Config(fp8_head=True, fused_ce=True, fp8_head_kernel=True), cpu)
+        fp8.check(configurator.Config(fp8_head=True, fused_ce=True, fp8_head_kernel=True), on(cpu))
 
 
 def test_train_refuses_the_kernel_flag_in_one_line(tmp_path):

@@ -1,6 +1,6 @@
 """
 The FP8 head's softmax pass as two Triton kernels (fp8_head_kernel=True; the feature is fp8_head's, in
-speedgpt/fused_ce.py). The pass turns a chunk of logits (n, V) into each row's loss and softmax - one-hot,
+speedgpt/features/fused_ce.py). The pass turns a chunk of logits (n, V) into each row's loss and softmax - one-hot,
 scaled and cast to float8 e5m2 in the two layouts the gradient matmuls need: row-major for grad_h = g @ w,
 and transposed for grad_w = g.T @ h (torch._scaled_mm takes K-major operands only on Hopper). Without
 this flag torch.compile fuses the same math into one reduction kernel that walks each row twice and

@@ -10,7 +10,19 @@ import torch
 from speedgpt import attention
 
 
-def apply(model, mode):
+def check(cfg, proc):
+    """Nothing to refuse: every mode runs on every device and backend (configurator checks the mode's name).
+    Returns cfg."""
+    return cfg
+
+
+def apply(model, cfg, proc):
+    """grad_checkpointing full | selective: recompute `model`'s blocks (checkpoint_blocks). Returns None."""
+    if cfg.grad_checkpointing != "none":
+        checkpoint_blocks(model, cfg.grad_checkpointing)
+
+
+def checkpoint_blocks(model, mode):
     """Recompute each block of `model` (a GPT) in the backward pass. "full" keeps only the block's input;
     "selective" keeps matmul and attention outputs (every backend's: attention.saved_ops) and recomputes the
     cheap elementwise ops (PyTorch's selective activation checkpointing). Non-reentrant, so dropout masks are replayed exactly. Patches

@@ -4,8 +4,8 @@ gradients made in the forward. The plain path (model.py: logits = lm_head(x), th
 (tokens, vocab) logits for the backward and passes over them twice, softmax in the forward and
 softmax - one-hot in the backward; here each chunk of tokens is turned into logits, loss and both
 gradients at once, and the backward only scales what the forward stored (its speed and memory:
-BENCHMARKS.md). With fp8_head the three matmuls run in float8 (speedgpt/fp8.py's fp8_mm), and with
-fp8_head_kernel the softmax pass between them runs as speedgpt/softmax_pass.py's Triton kernels.
+BENCHMARKS.md). With fp8_head the three matmuls run in float8 (speedgpt/features/fp8.py's fp8_mm), and with
+fp8_head_kernel the softmax pass between them runs as speedgpt/features/softmax_pass.py's Triton kernels.
 
 The trainer installs it on the model (install(): model.head_loss), so it runs inside the model's forward,
 where FSDP has gathered the head's weight and compilation sees it, and the model's config and checkpoints
@@ -16,16 +16,20 @@ import torch
 from speedgpt import refuse_unused
 
 
-def check(cfg):
+DETAILS = {"fused_ce": ("fused_ce_chunk",)}      # what means nothing without the flag
+
+
+def check(cfg, proc):
     """Raise ValueError for fused_ce=True with dtype='float16': the head's gradients are made in the
     forward, outside the GradScaler's loss scaling (validated in bfloat16 and float32 only); and for a
-    fused_ce_chunk other than the default without fused_ce, where it would do nothing."""
+    fused_ce_chunk other than the default without fused_ce, where it would do nothing. Returns cfg."""
     if not cfg.fused_ce:
-        refuse_unused(cfg, ("fused_ce_chunk",), "the chunk of the fused head and loss", "--fused_ce=True")
+        refuse_unused(cfg, DETAILS["fused_ce"], "the chunk of the fused head and loss", "--fused_ce=True")
     if cfg.fused_ce and cfg.dtype == "float16":
         raise ValueError("fused_ce=True with dtype='float16' is not supported: it makes the head's gradients in the "
                          "forward, outside the GradScaler's loss scaling, and was validated in bfloat16 and "
                          "float32 only (config/fast.py sets fused_ce=True: add --fused_ce=False for float16)")
+    return cfg
 
 
 class FusedHeadLoss:
@@ -43,18 +47,18 @@ class FusedHeadLoss:
         return f"FusedHeadLoss(chunk={self.chunk}, fp8={self.fp8}, kernel={self.kernel})"
 
 
-def install(model, cfg):
+def apply(model, cfg, proc=None):
     """Install the fused head on `model` (a GPT) when cfg.fused_ce: model.head_loss = FusedHeadLoss(
     cfg.fused_ce_chunk, cfg.fp8_head). Returns a line saying what was installed, or None."""
     if not cfg.fused_ce:
         return None
     kernel = cfg.fp8_head and cfg.fp8_head_kernel
     if kernel:
-        import speedgpt.softmax_pass  # noqa: F401  (registers torch.ops.speedgpt.softmax_grad_fp8)
+        import speedgpt.features.softmax_pass  # noqa: F401  (registers torch.ops.speedgpt.softmax_grad_fp8)
     model.head_loss = FusedHeadLoss(cfg.fused_ce_chunk, cfg.fp8_head, kernel)
     return f"fused_ce: head + cross-entropy in chunks of {cfg.fused_ce_chunk:,} tokens, matmuls in " + \
         ("float8 (tensorwise)" if cfg.fp8_head else cfg.dtype) + \
-        (", softmax pass in Triton (speedgpt/softmax_pass.py)" if kernel else "")
+        (", softmax pass in Triton (speedgpt/features/softmax_pass.py)" if kernel else "")
 
 
 def head_ce_chunk(h, w, y, vocab_size, fp8=False, w8=None, kernel=False):
@@ -62,15 +66,15 @@ def head_ce_chunk(h, w, y, vocab_size, fp8=False, w8=None, kernel=False):
     h (n, C) and w (V, C) in the compute dtype, y (n,) int64 with -1 ignored; the softmax runs in
     float32 (float64 for float64 inputs) over the first vocab_size columns (the padded ids are no
     tokens). The gradient of the logits is softmax - one-hot (zero rows for ignored targets).
-    fp8=True: the three matmuls in float8 (speedgpt.fp8.fp8_mm; h and w in e4m3, the logits' gradient in e5m2);
+    fp8=True: the three matmuls in float8 (speedgpt.features.fp8.fp8_mm; h and w in e4m3, the logits' gradient in e5m2);
     w8 = (cast_rhs(w.t()), cast_rhs(w)): the weight already cast, as LinearCrossEntropy does once for all chunks.
-    kernel=True (with fp8, on a CUDA GPU): the softmax pass runs as speedgpt/softmax_pass.py's Triton kernels,
+    kernel=True (with fp8, on a CUDA GPU): the softmax pass runs as speedgpt/features/softmax_pass.py's Triton kernels,
     which write the float8 gradient in both layouts at once.
     Returns (loss: 0-dim, grad_h (n, C) in h's dtype, grad_w (V, C)), the gradients of the sum
     itself; loss and grad_w in float32 (float64)."""
     acc = torch.promote_types(h.dtype, torch.float32)
     if fp8:
-        from speedgpt.fp8 import E5M2_MAX, fp8_mm
+        from speedgpt.features.fp8 import E5M2_MAX, fp8_mm
         w_t8, w_8 = w8 or (w.t(), w)
         logits = fp8_mm(h, w_t8, out_dtype=h.dtype, fast_accum=True)                 # (n, V)
         if kernel:              # g in e5m2, scaled by E5M2_MAX: |softmax - one-hot| <= 1
@@ -106,7 +110,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     y (N,) int64 targets in [0, vocab_size) or -1 (ignored; other negative values are not checked and
     count as id 0), vocab_size <= V the real vocabulary (columns beyond it are padding, outside the
     softmax), chunk > 0 tokens per chunk. Matmuls in the autocast dtype when autocast is on, else h's;
-    fp8=True (the fp8_head flag) runs the three in float8 instead (speedgpt.fp8.fp8_mm: torchao's tensorwise
+    fp8=True (the fp8_head flag) runs the three in float8 instead (speedgpt.features.fp8.fp8_mm: torchao's tensorwise
     scaling, torch._scaled_mm). Returns the 0-dim sum over targets != -1 of the cross-entropy in nats
     (float32; float64 for float64 inputs). The gradient work is done even under torch.no_grad(): call it
     only when training. Raises what the matmuls raise on mismatched shapes, and ValueError for chunk = 0."""
@@ -122,7 +126,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         loss = torch.zeros((), dtype=acc, device=h.device)
         w8 = None
         if fp8:                           # the weight cast to float8 once, in both layouts, for every chunk
-            from speedgpt.fp8 import cast_rhs
+            from speedgpt.features.fp8 import cast_rhs
             w8 = cast_rhs(wc.t()), cast_rhs(wc)
         for s in range(0, h.size(0), chunk):
             loss_c, grad_h[s:s + chunk], grad_w_c = head_ce_chunk(hc[s:s + chunk], wc, y[s:s + chunk], vocab_size,

@@ -9,7 +9,7 @@ FP8 training, one feature in one module (torchtitan's float8 converter: check, t
                  with delayed scales); never the output head. The block Linears are the model's own list,
                  model.GPT.block_linears(), by kind; fp8_layers picks the kinds (qkv, attn_proj, fc, mlp_proj
                  and any a fork declares; default all). Which recipe wins at which width: BENCHMARKS.md, FP8.
-  fp8_head=True  the fused head's three matmuls (speedgpt/fused_ce.py, so fused_ce=True) run in float8
+  fp8_head=True  the fused head's three matmuls (speedgpt/features/fused_ce.py, so fused_ce=True) run in float8
                  through fp8_mm below: torchao's tensorwise scaling in plain ops (no torchao needed), e4m3
                  for the hidden states and the weight, e5m2 for softmax - one-hot. Evaluation keeps the
                  bf16 head.
@@ -21,7 +21,8 @@ import importlib.util
 
 import torch
 
-from speedgpt import refuse_unused, softmax_pass
+from speedgpt import refuse_unused
+from speedgpt.features import softmax_pass
 from speedgpt.memory import cpu_way_out, meta_model
 
 ALL_KINDS = "all"        # fp8_layers' default: every kind of block Linear the model has
@@ -64,13 +65,19 @@ def none_eligible(cfg):
             "lower fp8_min_dim to convert them anyway, or add --fp8=False")
 
 
-def check(cfg, device):
+DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim"), "fp8_head": ("fp8_head_kernel",)}   # mean nothing
+                                                                                              # without the flag
+
+
+def check(cfg, proc):
     """Raise ValueError naming the flags and the way out unless the run's FP8 settings can work on
-    `device` (a torch.device): fp8_head needs fused_ce; fp8_recipe='rowwise' needs fp8 (the head is
+    proc.device: fp8_head needs fused_ce; fp8_recipe='rowwise' needs fp8 (the head is
     tensorwise only); the head's matmul shapes (n_embd, batch_size * block_size, fused_ce_chunk) must be
     multiples of 16; FP8 needs a GPU of compute capability 8.9+ (Ada, Hopper), and torchao for its recipes
     (tensorwise, rowwise); fp8_head_kernel
-    its own (softmax_pass.check). Called again on resume, where the shape may come from the checkpoint."""
+    its own (softmax_pass.check). Called again on resume, where the shape may come from the checkpoint.
+    Returns cfg."""
+    device = proc.device
     if cfg.fp8_layers != ALL_KINDS:
         layer_kinds(cfg, [kind for _, kind, _ in meta_model(cfg).block_linears()])
         if not cfg.fp8:
@@ -81,7 +88,7 @@ def check(cfg, device):
                       "a setting of the block Linears' FP8", "--fp8=True")
     if not (cfg.fp8 or cfg.fp8_head):
         softmax_pass.check(cfg, device)          # refuses fp8_head_kernel without fp8_head
-        return
+        return cfg
     if cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and cfg.dtype == "float16":
         raise ValueError("fp8_recipe='tensorwise_delayed' with dtype=float16: the loss scale moves the gradients' "
                          "amax from step to step, which scales from earlier steps cannot follow; use "
@@ -115,6 +122,24 @@ def check(cfg, device):
     if cfg.fp8 and not block_width_ok(cfg):
         raise ValueError(none_eligible(cfg))
     softmax_pass.check(cfg, device)
+    return cfg
+
+
+def apply(model, cfg, proc):
+    """fp8=True: convert `model`'s eligible block Linears in place (convert). Returns the line to print, or None."""
+    if not cfg.fp8:
+        return None
+    return f"fp8: {len(convert(model, cfg))} Linear layers converted ({cfg.fp8_recipe}); the rest stay {cfg.dtype}"
+
+
+def prepare(model, batch, cfg):
+    """Before the first step, once the checkpoint's state is loaded: the first amax history of the delayed
+    layers that have none (calibrate), eagerly even where the model is already compiled, under cfg.dtype's
+    autocast. Returns the line to print, or None."""
+    from contextlib import nullcontext
+    ctx = nullcontext() if cfg.dtype == "float32" else torch.autocast(batch.x.device.type, getattr(torch, cfg.dtype))
+    with torch.compiler.set_stance("force_eager"):
+        return calibrate(model, batch, ctx)
 
 
 def convert(model, cfg):
@@ -450,7 +475,7 @@ def calibrate(model, batch, ctx, tokens=8192):
            "(dynamic scales, eager)"
 
 
-def flops_per_token(model, cfg):
+def fp8_flops_per_token(model, cfg):
     """Training FLOPs per token that run in float8 (forward + backward, GPT.flops_per_token's convention: 6 per
     weight of a Linear, 2 per GEMM): every converted block Linear's three GEMMs (the rowwise_bf16_wgrad recipe's two:
     its weight gradient is bf16), and with fp8_head the head's three (6 V C). For mfu_fp8 (speedgpt/measure.py)."""

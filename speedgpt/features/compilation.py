@@ -13,10 +13,13 @@ this GPU instead of by heuristics (modded-nanogpt does the same). The first comp
 import torch
 
 
-def check(cfg, device=None):
+DETAILS = {"compile": ("compile_regional", "compile_tuning")}      # what means nothing without the flag
+
+
+def check(cfg, proc):
     """Raise ValueError unless the compile flags can work together: compile_regional and compile_tuning need
-    compile, and compile_tuning a CUDA `device` (a torch.device; None: not checked), the tuner being
-    Triton's."""
+    compile, and compile_tuning a CUDA device (proc.device), the tuner being Triton's. Returns cfg."""
+    device = proc.device
     if cfg.compile_regional and not cfg.compile:
         raise ValueError("compile_regional=True chooses how the model is compiled: it needs compile=True")
     if cfg.compile_tuning and not cfg.compile:
@@ -24,9 +27,18 @@ def check(cfg, device=None):
     if cfg.compile_tuning and device is not None and device.type != "cuda":
         raise ValueError(f"compile_tuning=True tunes the Triton kernels compiled for a GPU; on {device.type} it "
                          "would do nothing: leave it out")
+    return cfg
 
 
-def apply(model, regional=False, tuning=False):
+def apply(model, cfg, proc):
+    """compile=True: torch.compile `model` (a GPT) in place (compile_model). Regional under FSDP, whose hooks then
+    stay outside the compiled graphs. Returns None (nothing to print)."""
+    if cfg.compile:
+        fsdp = proc.world > 1 and cfg.parallelism == "fsdp"
+        compile_model(model, regional=cfg.compile_regional or fsdp, tuning=cfg.compile_tuning)
+
+
+def compile_model(model, regional=False, tuning=False):
     """torch.compile `model` (a GPT) in place (nn.Module.compile), so the state dict keeps its names (no
     _orig_mod.). regional: each transformer block, and the head with its loss, compiled on their own;
     otherwise the whole model is one graph. tuning: Inductor's coordinate-descent tuner for this process."""

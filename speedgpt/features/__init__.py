@@ -1,0 +1,26 @@
+"""
+The features: each flag that changes how the model trains (not what it is), one module each, every one answering
+the same calls, as torchtitan's converters do. train.py lists them once, in the order they apply (FEATURES), and
+its stages loop over that list:
+
+  check(cfg, proc) -> cfg          before any work: refuse, in one line naming the way out, what cannot work on
+                                   this device (proc.device) and launch (proc.world); return cfg with what the flags
+                                   resolve to. Every module train.py checks answers it (train.CHECKS)
+  apply(model, cfg, proc) -> line  transform the raw GPT in place when the flag is on; a line to print, or None
+  prepare(model, batch, cfg)       optional: once, before the first step, after a checkpoint's state is loaded,
+                                   eagerly even where the model is compiled (FP8's first amax history)
+  step_hooks(model) -> [hook]      optional: hook(applied) after every optimizer step, applied or skipped
+  fp8_flops_per_token(model, cfg)  optional: the FLOPs per token that run in FP8 (measure.py's mfu_fp8)
+  DETAILS                          optional: {flag: keys that mean nothing without it} (configurator refuses them)
+
+  fp8.py                        FP8 training: block Linears (fp8) and the fused head's matmuls (fp8_head)
+  softmax_pass.py               the FP8 head's softmax pass in Triton (fp8_head_kernel; checked by fp8.check)
+  fused_ce.py                   the output head and cross-entropy as one function (fused_ce)
+  activation_checkpointing.py   recompute blocks in the backward (grad_checkpointing)
+  compilation.py                torch.compile, whole model or per block (compile, compile_regional, compile_tuning)
+  parallel.py                   DDP / FSDP (parallelism): the last transform, a wrapper (wrap) rather than apply
+
+Bookkeeping (speedgpt/checkpoint.py, measure.py, memory.py, evaluation.py, resume.py, distributed.py) never imports
+a feature: it handles whatever state it is given (a module's extra state, an optimizer's groups, the FLOPs the
+features report). tests/test_layout.py holds the project to that.
+"""

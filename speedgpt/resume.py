@@ -1,0 +1,209 @@
+"""
+A resume, decided in one place: which checkpoint (resume_path: init_from=resume, resume_from), which config
+continues (resume_config: the checkpoint's shape, and its schedule and data unless set; resume_changes: what
+changed), whether the run is finished already, and which state continues (restore_state: the optimizer, the
+GradScaler, the loader's position and the RNG streams; the weights and each module's own state load with the model:
+checkpoint.load_weights). settle() is train.py's stage: a new run's config, or a resumed one's with its checkpoint.
+Files (writing, rotation, the history of out_dir) are speedgpt/checkpoint.py's.
+"""
+import os
+from dataclasses import asdict, replace
+
+import data
+from configurator import Config, check_schedule, model_keys
+from speedgpt import budget, evaluation, optim
+from speedgpt.checkpoint import checkpoint_step, load_checkpoint, remove_stale_tmp, resolve_resume, saved_steps
+from speedgpt.distributed import print0
+
+RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
+
+
+def kept_keys():
+    """The keys a resumed run takes from its checkpoint unless set explicitly: the schedule's (optim, budget) and
+    the data's (the loader's position is a position in them), as their modules declare them."""
+    return optim.KEPT_ON_RESUME + budget.KEPT_ON_RESUME + data.KEPT_ON_RESUME
+
+
+def settle(cfg, explicit, proc, check_flags):
+    """The run's config, checked (`check_flags(cfg, proc)`: train.py's), and for init_from='resume' the checkpoint: the config
+    continues the checkpoint's (its shape, and its schedule unless a schedule key is set explicitly;
+    a different shape refused; every change printed; ckpt["finished"]: why a finished run has nothing to
+    do). For a new run lr_decay_iters=0 is resolved to max_iters (past warm-up), so a later resume keeps
+    this schedule; a new run is refused, when init_from is not given, if out_dir holds a checkpoint it
+    would replace. Returns (cfg, checkpoint or None). Raises FileNotFoundError / ValueError for a
+    missing, corrupt or mismatched checkpoint."""
+    cfg, path = resume_path(cfg, explicit)           # init_from='resume' (resume_from implies it): which file
+    latest = os.path.join(cfg.out_dir, "ckpt.pt")
+    if remove_stale_tmp(latest):
+        print0(f"removed the .tmp files in {cfg.out_dir}, left by a run stopped while saving")
+    if cfg.init_from != "resume":
+        cfg = check_flags(cfg, proc)
+        if cfg.init_from != "scratch":
+            from hf import check_tokens
+            check_tokens(cfg.init_from, cfg.data_dir)
+        if cfg.save_checkpoints and "init_from" not in explicit and os.path.isfile(latest):
+            raise ValueError(f"{path} holds a run: continue it with --init_from=resume, or start afresh with "
+                             "--init_from=scratch (which replaces it) or another out_dir")
+        return resolve_decay(cfg), None
+    ckpt = load_checkpoint(path, missing=": nothing to resume (to start afresh, leave out --init_from=resume)")
+    cfg, notes = resume_config(cfg, explicit, ckpt["config"], ckpt.get("tokens_per_step"), proc.world)
+    cfg = check_flags(cfg, proc)                                        # the shape may be the checkpoint's
+    if ckpt["step"] > cfg.max_iters:
+        raise ValueError(f"checkpoint {path} is at step {ckpt['step']}, past max_iters={cfg.max_iters}: give a larger "
+                         "--max_iters, or --resume_from an earlier step")
+    if cfg.profile and ckpt["step"] + cfg.timing_warmup > cfg.max_iters:
+        raise ValueError(f"profile=True profiles step {ckpt['step'] + cfg.timing_warmup - 1} of this resumed run: "
+                         f"max_iters={cfg.max_iters} ends before it")
+    ckpt["finished"] = evaluation.reached_before(cfg, ckpt) or ckpt["step"] == cfg.max_iters and \
+        f"is at step {cfg.max_iters:,} = max_iters; to train on, give a larger --max_iters" or \
+        budget.spent(cfg, ckpt.get("train_seconds", 0)) and \
+        f"has spent its {budget.describe(cfg, ckpt['train_seconds'])}; to train on, give a larger --time_budget"
+    if ckpt["finished"]:
+        return cfg, ckpt
+    print0(f"resume: {path} at step {ckpt['step']:,} of max_iters={cfg.max_iters:,}")
+    for line in rewind_notes(ckpt, path, cfg.out_dir) + notes + resume_changes(cfg, explicit, ckpt["config"]):
+        print0(f"resume: {line}")
+    return cfg, ckpt
+
+
+def resolve_decay(cfg):
+    """`cfg` with lr_decay_iters=0 ("until max_iters") made explicit once the run leaves warm-up, so that
+    a resume that extends max_iters keeps the decay horizon the run was planned with. Under a time budget
+    the horizon is the budget: lr_decay_iters stays 0."""
+    if cfg.time_budget:
+        return cfg
+    return replace(cfg, lr_decay_iters=cfg.lr_decay_iters or (cfg.max_iters if cfg.max_iters > cfg.warmup_iters else 0))
+
+
+
+
+def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
+    """The config a resumed run continues with. `cfg` is this command's config, `explicit` the keys its
+    config files and overrides set, `saved` the checkpoint's config (a dict). The model's shape must
+    match (ValueError naming the key; dropout and attention may change: the weights do not depend on
+    them; shape keys not set explicitly are taken from the checkpoint). The optimizer, the schedule
+    (optim's and budget's KEPT_ON_RESUME) and the data (data's: the loader's position is a position in them) are the saved
+    ones unless set explicitly, so extending max_iters keeps the decay horizon the run started with;
+    lr_decay_iters=0 set explicitly means the new max_iters. With total_batch_size=0 (one
+    micro-batch per process) a resume on `world` processes keeps the checkpoint's `saved_tokens` per step
+    unless total_batch_size is set explicitly. Returns (config, lines to print); resume_changes()
+    describes what differs, once the flags are resolved."""
+    defaults = Config()          # a key a checkpoint predates has its default (activation: gelu)
+    if "optimizer" not in explicit:
+        cfg = replace(cfg, optimizer=saved.get("optimizer", "adamw"))
+    if saved.get("optimizer", "adamw") != cfg.optimizer:
+        raise ValueError(f"optimizer={cfg.optimizer!r} differs from the checkpoint's {saved.get('optimizer', 'adamw')!r}: "
+                         "its state cannot carry over. Resume with the checkpoint's, or start afresh (another out_dir)")
+    for k in model_keys():
+        old = saved.get(k, getattr(defaults, k))
+        if k not in RUN_STATE_KEYS and k not in explicit:
+            cfg = replace(cfg, **{k: old})           # the shape is the checkpoint's (from gpt2, say)
+        elif k not in RUN_STATE_KEYS and old != getattr(cfg, k):
+            raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {old!r}: "
+                             "the model's shape cannot change on resume")
+    kept = {k: saved[k] for k in kept_keys() if k not in explicit and k in saved}
+    if "lr_schedule" in explicit and cfg.lr_schedule != "wsd":     # the saved WSD decay share would do nothing
+        kept.pop("wsd_decay_frac", None)
+    if "time_budget" in explicit and cfg.time_budget:     # the decay runs on the budget now: no step horizon
+        kept.pop("lr_decay_iters", None)
+    if kept.get("lr_decay_iters") == 0 and not kept.get("time_budget", cfg.time_budget):
+        # unresolved: an older checkpoint, or a run that ended in warm-up (a time budget's horizon is the budget)
+        started = Config(**{k: saved[k] for k in ("max_iters", "warmup_iters")})
+        kept["lr_decay_iters"] = resolve_decay(started).lr_decay_iters
+    cfg, notes = resolve_decay(replace(cfg, **kept)), []
+    check_schedule(cfg)
+    here = cfg.batch_size * cfg.block_size * world
+    if cfg.total_batch_size == 0 and saved_tokens not in (None, here):    # one micro-batch per process: another step
+        if "total_batch_size" in explicit:
+            notes.append(f"total_batch_size=0 makes a step {here:,} tokens here; the checkpoint's steps were "
+                         f"{saved_tokens:,}")
+        else:
+            cfg = replace(cfg, total_batch_size=saved_tokens)
+            notes.append(f"total_batch_size=0 keeps the checkpoint's step of {saved_tokens:,} tokens (one micro-batch "
+                         f"per process is {here:,} here); set --total_batch_size to change it")
+    return cfg, notes
+
+
+def resume_changes(cfg, explicit, saved):
+    """Lines describing each key of the resumed run's `cfg` that differs from the checkpoint's config
+    `saved`, and where the learning rate goes from here."""
+    def why(k):
+        return " (set explicitly)" if k in kept_keys() and k in explicit else \
+            " (the decay runs on time_budget)" if k == "lr_decay_iters" and cfg.time_budget else \
+            " (0 resolved: decay to the end of the run)" if k == "lr_decay_iters" else ""
+    changes = [f"{k} {saved[k]!r} -> {v!r}{why(k)}" for k, v in asdict(cfg).items()
+               if k in saved and saved[k] != v and k not in ("init_from", "resume_from")]   # this command's own
+    if 0 < cfg.lr_decay_iters < cfg.max_iters:       # 0: a run still in warm-up decays to its end
+        changes.append(f"the learning rate decays until lr_decay_iters={cfg.lr_decay_iters}, then stays at "
+                       f"min_lr={cfg.min_lr} up to max_iters={cfg.max_iters} (set --lr_decay_iters to decay over "
+                       "another horizon)")
+    return changes
+
+
+def resume_path(cfg, explicit):
+    """(cfg, the checkpoint a resume reads): resume_from (a kept step, or a path) implies init_from='resume';
+    the file is out_dir/ckpt.pt (the latest) without resume_from, else resume_from's (resolve_resume). Raises
+    ValueError for resume_from with another init_from given explicitly (`explicit`: the keys set)."""
+    if cfg.resume_from:
+        if "init_from" in explicit and cfg.init_from != "resume":
+            raise ValueError(f"resume_from={cfg.resume_from!r} resumes a run: it cannot go with "
+                             f"init_from={cfg.init_from!r} (leave init_from out, or set it to resume)")
+        cfg = replace(cfg, init_from="resume")
+    if cfg.init_from != "resume":
+        return cfg, os.path.join(cfg.out_dir, "ckpt.pt")
+    return cfg, resolve_resume(cfg.out_dir, cfg.resume_from)
+
+
+
+
+def rewind_notes(ckpt, path, out_dir):
+    """Lines a resume prints when `ckpt` (loaded from `path`) is older than out_dir's newest checkpoint
+    (resume_from an earlier step): the steps after it are abandoned. Marks ckpt["rewound"] with what
+    start_branch does once the run is set up: ckpt.pt names `path`, ckpt_best.pt, when it holds an abandoned
+    step, becomes the best kept checkpoint up to ckpt's step by metrics.jsonl's validation losses (or goes);
+    the metrics logger moves the abandoned records aside and starts a new W&B run. [] for the newest."""
+    def step(path):                            # None for a file that is not there or cannot be read
+        try:
+            return checkpoint_step(path) if os.path.isfile(path) else None
+        except Exception:
+            return None
+    steps, r = saved_steps(out_dir), ckpt["step"]
+    newest = max([*steps, step(os.path.join(out_dir, "ckpt.pt")) or -1], default=-1)
+    if r >= newest:
+        return []
+    said, best_path, best = [f"ckpt.pt names step {r:,} from now on"], os.path.join(out_dir, "ckpt_best.pt"), "keep"
+    if (step(best_path) or -1) > r:            # the best is an abandoned step's: the best kept up to r instead
+        from speedgpt.measure import read_metrics
+        logged = os.path.join(out_dir, "metrics.jsonl")
+        val = {x["step"]: x["val_loss"] for x in (read_metrics(logged)[0] if os.path.isfile(logged) else [])
+               if x.get("val_loss") is not None and x["step"] <= r}
+        kept = sorted((val[s], s) for s in steps if s in val)
+        best = (steps[kept[0][1]], kept[0][0]) if kept else None
+        said.append(f"ckpt_best.pt step {kept[0][1]:,}'s (val loss {kept[0][0]:.4f}, the best kept up to step {r:,})"
+                    if kept else f"ckpt_best.pt none (no kept checkpoint up to step {r:,} has a logged val loss)")
+    ckpt["rewound"] = {"path": path, "best": best}
+    later = ", ".join(str(s) for s in sorted(steps) if s > r) or "none"
+    return [f"step {r:,} is older than the latest checkpoint (step {newest:,}): the steps after it are abandoned: "
+            f"{', '.join(said)}; metrics.jsonl's later records move to metrics.abandoned.jsonl, W&B gets a new run "
+            f"(it cannot rewind one), and the checkpoints of the later steps ({later}) are removed once this run "
+            "has written its first"]
+
+
+def restore_state(ckpt, model, optimizer, scaler, loader, proc, cfg):
+    """Set what a resume continues from the checkpoint `ckpt`: the optimizer's state (unsharded under
+    FSDP), the GradScaler's (float16), the loader's position and each rank's random streams (the weights
+    and the modules' own state: load_weights). Returns lines describing what could not continue as it was (a fresh
+    GradScaler; no amax history; fresh dropout streams)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    from speedgpt.distributed import restore_rng_states
+    set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
+    notes = []
+    if ckpt["scaler"] and scaler.is_enabled():
+        scaler.load_state_dict(ckpt["scaler"])
+    elif scaler.is_enabled():          # the checkpoint was not float16: its loss scale starts afresh
+        notes.append("a fresh GradScaler for float16 (the checkpoint was trained without one)")
+    loader.load_state_dict(ckpt["loader"])
+    if not restore_rng_states(ckpt["rng"], proc, cfg.seed, ckpt["step"]) and cfg.dropout > 0:
+        notes.append(f"{proc.world} processes where the checkpoint had {len(ckpt['rng'].get('ranks') or [0])}: the "
+                     "dropout streams of the ranks it did not have start afresh (the data order is unchanged)")
+    return notes
