@@ -221,11 +221,11 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line_naming_the_last_checkpoint(b
     """Ctrl-C after Ctrl-C, or after a SIGTERM (timeout, a scheduler): the message of the first promised it."""
     set_lr = train.optim.set_lr
 
-    def ctrl_c_twice_at_step_6(optimizer, step, cfg):
+    def ctrl_c_twice_at_step_6(optimizer, step, *rest):
         if step == 6:
             os.kill(os.getpid(), first)
             os.kill(os.getpid(), signal.SIGINT)
-        return set_lr(optimizer, step, cfg)
+        return set_lr(optimizer, step, *rest)
     monkeypatch.setattr(train.optim, "set_lr", ctrl_c_twice_at_step_6)
     with pytest.raises(train.RunStopped, match=r"^SIGINT: aborted at once \(a second Ctrl-C\) with 6 steps done, without "
                                                r"saving; .*ckpt.pt still holds step 4: resume from it") as e:
