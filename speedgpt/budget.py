@@ -5,8 +5,8 @@ The clock counts a run's seconds of training: wall time with evaluations and che
 around them, as modded-nanogpt stops its clock around validation) and the first step's compilation left out
 too. The first step of each start (and of each resume) counts at the second step's time, not its own: the
 excess (compile_s, in summary.json) is compilation and allocator warm-up, so a cold compile cache does not
-eat a budget and a warm one gains nothing (modded-nanogpt keeps its compile warm-up out of the timed region
-the same way). Until a second step has run, the first counts nothing. A resumed run continues the seconds
+eat a budget and a warm one gains nothing (modded-nanogpt, too, keeps its compile warm-up out of its timed
+region). Until a second step has run, the first counts nothing. A resumed run continues the seconds
 of its checkpoint. Every evaluation record's train_seconds (time to a target) is this clock's.
 
 With time_budget=M (minutes) the run ends at the first step boundary where the clock reaches M, with its
@@ -44,8 +44,8 @@ def describe(cfg, seconds):
     return f"{seconds / 60:.2f} of time_budget={cfg.time_budget:g} min"
 
 
-def describe_end(cfg, step, seconds):
-    """The line of a budgeted run's end at `step`: the budget spent, or max_iters first (the decay unfinished)."""
+def describe_end(cfg, seconds):
+    """The line of a budgeted run's end after `seconds`: the budget spent, or max_iters first (the decay unfinished)."""
     if spent(cfg, seconds):
         return f"time_budget={cfg.time_budget:g} min spent ({seconds / 60:.2f} min of training): the last evaluation"
     return (f"max_iters={cfg.max_iters} reached after {describe(cfg, seconds)}: the learning rate had not finished "
