@@ -351,7 +351,7 @@ def load_config(argv, with_explicit=False):
         setter.update(dict.fromkeys(update, len(files)))
     # --fp8=False on gpt2-medium.py (or a later --config file setting it): the fp8_recipe set before goes too,
     # else it would be refused as doing nothing; a detail set with or after the feature's False stays (refused)
-    for feature, details in feature_details().items():
+    for feature, details in (feature_details() if any(v is False for v in values.values()) else {}).items():
         if feature in setter and values.get(feature) is False:
             for key in details:
                 if setter.get(key, len(files) + 1) < setter[feature]:
