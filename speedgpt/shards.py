@@ -108,17 +108,19 @@ def signals_held():
     """SIGINT and SIGTERM held off inside the block (delivered when it ends), for short writes and cleanups an
     interrupt must not cut in two: blocked in this thread where the platform can (pthread_sigmask), and, for the
     handlers of corpus.sigterm_as_interrupt (Python runs them in the main thread, whichever thread the kernel
-    hands a signal to), deferred: its KeyboardInterrupt is raised when the outermost block ends."""
-    mask = hasattr(signal, "pthread_sigmask")
+    hands a signal to), deferred: its KeyboardInterrupt is raised when the outermost block of the main thread
+    ends (only the main thread defers: it is the one the handler interrupts)."""
+    import threading
+    mask, main = hasattr(signal, "pthread_sigmask"), threading.current_thread() is threading.main_thread()
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if mask else None
-    HOLD["depth"] += 1
+    HOLD["depth"] += main
     try:
         yield
     finally:
-        HOLD["depth"] -= 1
+        HOLD["depth"] -= main
         if mask:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        if HOLD["depth"] == 0 and HOLD["signum"] is not None:
+        if main and HOLD["depth"] == 0 and HOLD["signum"] is not None:
             signum, HOLD["signum"] = HOLD["signum"], None
             raise KeyboardInterrupt(signum)
 

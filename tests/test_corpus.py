@@ -333,6 +333,39 @@ def test_the_handlers_come_back_after_a_preparation_that_ends_without_a_signal()
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+def test_a_hold_in_another_thread_defers_no_signal():
+    """shards.signals_held defers sigterm_as_interrupt's signal only in the main thread, the one its handler
+    interrupts: a block held by another thread neither delays the main thread's KeyboardInterrupt nor gets one."""
+    import threading
+    from speedgpt import shards
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    inside, leave, raised = threading.Event(), threading.Event(), []
+
+    def hold():
+        try:
+            with shards.signals_held():
+                inside.set()
+                leave.wait(30)
+        except KeyboardInterrupt:
+            raised.append("in the thread")
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        start = time.time()
+        with pytest.raises(KeyboardInterrupt):
+            with corpus.sigterm_as_interrupt():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(10)
+        assert time.time() - start < 5
+    finally:
+        leave.set()
+        thread.join()
+        for s, handler in before.items():              # the test process goes on: its own handlers back
+            signal.signal(s, handler)
+    assert raised == []
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="a fork's tokenizer pool, as data.py's on Linux")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_second_signal_in_the_cleanup_never_hangs(tmp_path, signum):
