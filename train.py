@@ -32,8 +32,8 @@ from speedgpt import (Refusals, attention, budget, checkpoint, distributed, eval
                       optim, resume)
 from speedgpt.features import activation_checkpointing, compilation, fp8, fused_ce, parallel
 from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, target_reached
-from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, Branch, check_disk, checkpoint_bytes, finish_write, last_good,
-                                 load_weights, save_run, start_branch)
+from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, Branch, check_disk, checkpoint_bytes, finish_write,
+                                 last_good, load_weights, save_run, start_branch)
 from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, exit_status, failed_after_signal, leave,
                                   plan_batch, print0, seed_rank_stream, setup_processes)
 from speedgpt.mask_check import check_attention_mask

@@ -25,10 +25,10 @@ def kept_keys():
 
 
 def settle(cfg, explicit, proc, check_flags):
-    """The run's config, checked (`check_flags(cfg, proc)`: train.py's), and for init_from='resume' the checkpoint: the config
-    continues the checkpoint's (its shape, and its schedule unless a schedule key is set explicitly;
-    a different shape refused; every change printed; ckpt["finished"]: why a finished run has nothing to
-    do). For a new run lr_decay_iters=0 is resolved to max_iters (past warm-up), so a later resume keeps
+    """The run's config, checked (`check_flags(cfg, proc)`: train.py's), and for init_from='resume' the
+    checkpoint: the config continues the checkpoint's (its shape, and its schedule unless a schedule key is set
+    explicitly; a different shape refused; every change printed; ckpt["finished"]: why a finished run has
+    nothing to do). For a new run lr_decay_iters=0 is resolved to max_iters (past warm-up), so a later resume keeps
     this schedule; a new run is refused, when init_from is not given, if out_dir holds a checkpoint it
     would replace. Returns (cfg, checkpoint or None). Raises FileNotFoundError / ValueError for a
     missing, corrupt or mismatched checkpoint."""
@@ -82,7 +82,8 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
     config files and overrides set, `saved` the checkpoint's config (a dict). The model's shape must
     match (ValueError naming the key; dropout and attention may change: the weights do not depend on
     them; shape keys not set explicitly are taken from the checkpoint). The optimizer, the schedule
-    (optim's and budget's KEPT_ON_RESUME) and the data (data's: the loader's position is a position in them) are the saved
+    (optim's and budget's KEPT_ON_RESUME) and the data (data's: the loader's position is a position in them) are
+    the saved
     ones unless set explicitly, so extending max_iters keeps the decay horizon the run started with;
     lr_decay_iters=0 set explicitly means the new max_iters. With total_batch_size=0 (one
     micro-batch per process) a resume on `world` processes keeps the checkpoint's `saved_tokens` per step
