@@ -110,21 +110,25 @@ def estimate(cfg, vocab_size, world=1):
     elif world > 1:
         grads += 4 * n
     per_layer = 34 * C * (1 if half else 2)                        # bytes per token
-    float8_inputs = cfg.fp8_recipe in ("tensorwise", "tensorwise_fused", "tensorwise_delayed")
-    every_kind = cfg.fp8_layers.strip() == "all" or \
-        {k.strip() for k in cfg.fp8_layers.split(",")} >= {kind for _, kind, _ in model.block_linears()}
-    if cfg.fp8 and float8_inputs and C >= cfg.fp8_min_dim and C % 16 == 0 and every_kind:
+    # the features' keys, read where the config has them: a fork that drops a feature (and its keys) gets the
+    # estimate without it, not an AttributeError
+    on = lambda key, default=False: getattr(cfg, key, default)    # noqa: E731
+    float8_inputs = on("fp8_recipe", "") in ("tensorwise", "tensorwise_fused", "tensorwise_delayed")
+    layers = on("fp8_layers", "all")
+    every_kind = layers.strip() == "all" or \
+        {k.strip() for k in layers.split(",")} >= {kind for _, kind, _ in model.block_linears()}
+    if on("fp8") and float8_inputs and C >= on("fp8_min_dim", 0) and C % 16 == 0 and every_kind:
         per_layer *= FP8_TENSORWISE_ACTIVATIONS
     if cfg.attention == "naive":
         per_layer += 5 * cfg.n_head * T
-    if cfg.grad_checkpointing == "full":
+    if on("grad_checkpointing", "none") == "full":
         blocks = tokens * (4 * C * L + per_layer)                  # the inputs kept, one block recomputed
     else:
-        blocks = tokens * per_layer * L * (0.5 if cfg.grad_checkpointing == "selective" else 1)
+        blocks = tokens * per_layer * L * (0.5 if on("grad_checkpointing", "none") == "selective" else 1)
     masked = cfg.attention in ("naive", "sdpa", "auto") and cfg.packing and cfg.document_mask
     activations = blocks + (cfg.batch_size * T * T if masked else 0)
-    compiled = cfg.compile or cfg.compile_regional
-    if cfg.fused_ce:
+    compiled = on("compile") or on("compile_regional")
+    if on("fused_ce"):
         chunk = min(cfg.fused_ce_chunk, tokens)
         head = chunk * V * 4 * (1 if compiled else 4) + tokens * C * (2 if half else 4) + V * C * 4
     else:
@@ -207,11 +211,11 @@ def fits(cfg, vocab_size, device, world=1):
         return f"memory: about {est.describe()}" + (f" x {sharing} processes" if sharing > 1 else "") + \
             f"; fits in {where}"
     ways = ["lower --batch_size (total_batch_size keeps the step's tokens)", "or --block_size"]
-    if cfg.grad_checkpointing != "full":
+    if getattr(cfg, "grad_checkpointing", "full") != "full":
         ways.append("or use --grad_checkpointing=full")
     if cfg.attention == "naive":
         ways.append("or --attention=sdpa (no T x T scores)")
-    if 4 * est.head > est.total and cfg.fused_ce:
+    if 4 * est.head > est.total and getattr(cfg, "fused_ce", False):
         ways.append("or a smaller --fused_ce_chunk")
     elif 4 * est.head > est.total and cfg.dtype != "float16":       # fused_ce refuses float16
         ways.append("or --fused_ce=True (no logits kept)")

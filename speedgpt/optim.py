@@ -42,10 +42,10 @@ import torch.distributed as dist
 from speedgpt import refuse_unused
 
 
-# the schedule's keys: a resume keeps the checkpoint's unless set explicitly (speedgpt/resume.py), so extending
-# max_iters keeps the decay horizon the run started with
+# the schedule's and the optimizer's keys: a resume keeps the checkpoint's unless set explicitly (speedgpt/resume.py),
+# so extending max_iters keeps the decay horizon the run started with, and the optimizer its settings
 KEPT_ON_RESUME = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "lr_schedule", "wsd_decay_frac",
-                  "muon_lr", "muon_momentum", "muon_batched")
+                  "muon_lr", "muon_momentum", "muon_batched", "weight_decay", "beta1", "beta2")
 
 
 def check(cfg, proc):

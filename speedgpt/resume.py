@@ -193,11 +193,16 @@ def rewind_notes(ckpt, path, out_dir):
 def restore_state(ckpt, model, optimizer, scaler, loader, proc, cfg):
     """Set what a resume continues from the checkpoint `ckpt`: the optimizer's state (unsharded under
     FSDP), the GradScaler's (float16), the loader's position and each rank's random streams (the weights
-    and the modules' own state: load_weights). Returns lines describing what could not continue as it was (a fresh
+    and the modules' own state: load_weights). The optimizer's settings (weight decay, betas, momentum) stay this
+    run's config's: a saved state dict brings its groups' old ones back, which would train on with the values the
+    printed changes said were replaced. Returns lines describing what could not continue as it was (a fresh
     GradScaler; no amax history; fresh dropout streams)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     from speedgpt.distributed import restore_rng_states
+    settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
+    for group, kept in zip(optimizer.param_groups, settings):
+        group.update(kept)
     notes = []
     if ckpt["scaler"] and scaler.is_enabled():
         scaler.load_state_dict(ckpt["scaler"])

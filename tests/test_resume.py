@@ -1,0 +1,26 @@
+"""speedgpt/resume.py on the CPU: what a resume continues. (The config a resume takes is also tested in
+tests/test_configurator.py, the checkpoint files in tests/test_checkpoint.py, exact continuation in
+tests/test_train.py and tests/test_distributed.py.)"""
+import train
+from conftest import tiny_args
+from speedgpt import resume
+
+
+def test_a_resume_trains_with_the_optimizer_settings_it_says(byte_data, tmp_path, monkeypatch):
+    """The optimizer's settings are kept from the checkpoint unless set (as the schedule is), and one set explicitly
+    on resume is the one the optimizer uses: a saved state dict brings its groups' old settings back, which used to
+    win over the config while the resume printed 'weight_decay 0.5 -> 0.1'."""
+    seen = []
+    restore = resume.restore_state
+
+    def recording(ckpt, model, optimizer, *args):
+        notes = restore(ckpt, model, optimizer, *args)
+        seen.append([(g["weight_decay"], g["betas"]) for g in optimizer.param_groups])
+        return notes
+    monkeypatch.setattr(resume, "restore_state", recording)
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4", "--weight_decay=0.5", "--beta2=0.99"))
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=6", "--init_from=resume"))
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=8", "--init_from=resume", "--weight_decay=0.2",
+                         "--beta1=0.8"))
+    assert seen[0] == [(0.5, (0.9, 0.99)), (0.0, (0.9, 0.99))]          # the checkpoint's, as not set
+    assert seen[1] == [(0.2, (0.8, 0.99)), (0.0, (0.8, 0.99))]          # set on resume: the config's
