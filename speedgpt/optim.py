@@ -92,6 +92,8 @@ def build(model, cfg, device):
     adamw = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), **({"fused": True} if cfg.fused_adamw else {}))
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(groups, **adamw)
+    if cfg.optimizer != "muon":          # a choice added to configurator.CHOICES, its optimizer not yet here
+        raise ValueError(f"optimizer={cfg.optimizer!r} has no optimizer in speedgpt/optim.py's build()")
     return MuonAdamW([g for g in groups if g.get("muon")], [g for g in groups if not g.get("muon")],
                      dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=True, weight_decay=0.0), adamw,
                      muon_class=BatchedMuon if cfg.muon_batched else torch.optim.Muon)
