@@ -1,0 +1,93 @@
+"""
+The first step of each preset from empty compile caches (cold) and from the caches that run left (warm): how long a
+launch waits before it trains, how many graphs it compiled, whether anything recompiled, and the speed it then
+trains at. One process per line, `python train.py` with fresh TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR folders,
+then the same command with the same folders.
+
+    python benchmarks/first_step.py                                  # the presets below, whole model and regional
+    python benchmarks/first_step.py --presets config/fast.py --modes whole -- --max_iters=8
+    python benchmarks/first_step.py --presets "" --modes eager --steps 2 -- --device=cpu ...   # tests/test_bench.py
+
+A mode is a way to compile: whole (the preset's compile=True as shipped), regional (--compile_regional=True) or eager
+(--compile=False, the baseline without compilation). "Recompiles" counts torch's `Recompiling` log lines
+(TORCH_LOGS=recompiles): one per graph beyond the first of a function, the evaluation's graph included (another grad
+mode). first_step_s and the median tokens/s are summary.json's (speedgpt/measure.py). Markdown table last.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRESETS = "config/fast.py,config/gpt2-medium.py,config/gpt2-large.py,config/gpt2-xl.py"
+MODES = {"whole": [], "regional": ["--compile_regional=True"], "eager": ["--compile=False"]}
+
+
+def launch(preset, mode, caches, out_dir, steps, extra):
+    """One train.py process of `preset` (a config file, or '' for the defaults) compiled as `mode`, its caches in
+    `caches`: a dict of wall_s, first_step_s, tokens_per_sec, mem_gb, recompiles, or error (the last line it
+    printed) when it failed."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
+           "TRITON_CACHE_DIR": os.path.join(caches, "triton"), "TORCH_LOGS": "recompiles"}
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), *([f"--config={preset}"] if preset else []),
+           f"--max_iters={steps}", f"--out_dir={out_dir}", "--save_checkpoints=False", "--wandb_log=False",
+           *MODES[mode], *extra]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
+    with open(os.path.join(out_dir, "summary.json")) as f:
+        summary = json.load(f)
+    return {"wall_s": wall, "first_step_s": summary["first_step_s"], "tokens_per_sec": summary["median_tokens_per_sec"],
+            "mem_gb": summary["mem_gb"], "recompiles": (proc.stdout + proc.stderr).count("Recompiling")}
+
+
+def table(rows):
+    """Markdown: one line per preset and mode, cold beside warm."""
+    fmt = lambda v, spec: "" if v is None else format(v, spec)
+    out = ["| preset | compile | first step cold (s) | warm (s) | launch to the end, cold (s) | recompiles cold / warm "
+           "| tok/s cold / warm | GB |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for preset, mode, cold, warm in rows:
+        if "error" in cold or "error" in warm:
+            out.append(f"| {preset or 'defaults'} | {mode} | failed: {(cold.get('error') or warm['error'])[:100]} "
+                       "| | | | | |")
+            continue
+        out.append(f"| {preset or 'defaults'} | {mode} | {cold['first_step_s']:.1f} | {warm['first_step_s']:.1f} "
+                   f"| {cold['wall_s']:.1f} | {cold['recompiles']} / {warm['recompiles']} "
+                   f"| {fmt(cold['tokens_per_sec'], ',.0f')} / {fmt(warm['tokens_per_sec'], ',.0f')} "
+                   f"| {fmt(cold['mem_gb'], '.1f')} |")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
+    p.add_argument("--presets", default=PRESETS, help="config files, comma-separated ('' : train.py's defaults)")
+    p.add_argument("--modes", default="whole,regional", help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--steps", type=int, default=8, help="optimizer steps per launch (tokens/s needs a few past "
+                   "timing_warmup)")
+    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        p.error(f"--modes: unknown {', '.join(unknown)}; the modes are {', '.join(MODES)}")
+    rows = []
+    for preset in args.presets.split(","):
+        for mode in modes:
+            with tempfile.TemporaryDirectory(prefix="first_step_") as tmp:
+                cold = launch(preset, mode, tmp, os.path.join(tmp, "cold"), args.steps, extra)
+                warm = launch(preset, mode, tmp, os.path.join(tmp, "warm"), args.steps, extra)
+            rows.append((preset, mode, cold, warm))
+            print(json.dumps({"preset": preset, "mode": mode, "cold": cold, "warm": warm}), flush=True)
+    print(table(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

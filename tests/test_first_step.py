@@ -1,0 +1,32 @@
+"""benchmarks/first_step.py: a cold and a warm launch per preset and mode, read from each run's summary.json."""
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT, tiny_args
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import first_step  # noqa: E402
+
+
+def test_a_cold_and_a_warm_launch_give_one_row(byte_data, tmp_path, capsys):
+    """Two train.py processes (eager, on the CPU) sharing one cache folder: the row has both first steps, no
+    recompile, the tokens/s of each; a launch train.py refuses is a row that says why."""
+    extra = [a for a in tiny_args(byte_data, tmp_path) if not a.startswith(("--out_dir", "--max_iters"))]
+    rows = first_step.main(["--presets", "", "--modes", "eager", "--steps", "3", "--", *extra, "--device=cpu"])
+    (preset, mode, cold, warm), = rows
+    assert (preset, mode) == ("", "eager")
+    for run in (cold, warm):
+        assert run["first_step_s"] > 0 and run["wall_s"] > run["first_step_s"] and run["recompiles"] == 0
+        assert run["tokens_per_sec"] > 0 and run["mem_gb"] is None
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1].startswith("| defaults | eager | ")
+    rows = first_step.main(["--presets", "", "--modes", "eager", "--steps", "1", "--", *extra, "--n_head=3"])
+    assert "failed: " in capsys.readouterr().out.splitlines()[-1] and "error" in rows[0][2]
+
+
+def test_an_unknown_mode_is_one_line(capsys):
+    with pytest.raises(SystemExit):
+        first_step.main(["--modes", "nested"])
+    assert "--modes: unknown nested; the modes are whole, regional, eager" in capsys.readouterr().err
