@@ -343,12 +343,14 @@ def final_rows(seeded, nanogpt=None):
 
 
 def table(rows):
-    """The Markdown table of final_rows."""
+    """The Markdown table of final_rows (and of benchmarks/vs_modded.py's row: its tokens per step a range, text,
+    and its learning rates its own)."""
     out = ["| recipe | tokens per step | peak lr | reached | time to target, s | tokens to target | final val loss "
            "| compile, s |", "|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         compile_s = spread(r["compile_s"], ".1f") or ("in the time" if r["recipe"].startswith("nanoGPT") else "")
-        cells = [r["recipe"], f"{r['batch_tokens']:,}", lr_text(r), f"{r['reached']} of {len(r['seeds'])}",
+        batch = r["batch_tokens"] if isinstance(r["batch_tokens"], str) else f"{r['batch_tokens']:,}"
+        cells = [r["recipe"], batch, lr_text(r) or "its own", f"{r['reached']} of {len(r['seeds'])}",
                  spread(r["train_seconds"], ".1f"), spread(r["tokens"], ",.0f"), spread(r["final"], ".4f"), compile_s]
         out.append("| " + " | ".join(cells) + " |")
     return out
