@@ -124,7 +124,8 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
     first = next(docs, None)         # a bad input fails here, before out_dir is touched
     if first is None:
         raise ValueError(f"input {source} holds no document" + (f" ({len(report.binary)} binary files skipped)"
-                                                                  if report.binary else ""))
+                                                                  if report.binary else "")
+                         + "".join(f"; {note}" for note in report.all_notes()))
     dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
     rng, held, total, empty = random.Random(seed), None, 0, 0
     with prepared_folder(out_dir) as tmp, corpus.TokenizerPool(tokenizer, dtype, workers) as pool:
