@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from speedgpt.measure import size
 from speedgpt.shards import describe_os_error
 
 CKPT_KEYS = ("model", "optimizer", "scaler", "step", "best_val_loss", "config", "meta", "loader", "rng")
@@ -337,12 +338,6 @@ def checkpoint_bytes(n_params):
     """Bytes of one checkpoint of a model of n_params float32 parameters, at most: the weights, AdamW's two
     moments (Muon keeps one), and a little for the rest."""
     return 12 * n_params + (1 << 20)
-
-
-def size(n_bytes):
-    """A size for people, in the unit that shows its digits: '1.52 GB', '31.2 MB', '10.0 kB'."""
-    return f"{n_bytes / 1e9:.2f} GB" if n_bytes >= 1e9 else f"{n_bytes / 1e6:.1f} MB" if n_bytes >= 1e6 \
-        else f"{n_bytes / 1e3:.1f} kB"
 
 
 def check_disk(out_dir, ckpt_bytes, keep):

@@ -188,6 +188,13 @@ def duration(seconds):
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
+def size(n_bytes):
+    """A size for people, in the unit that shows its digits (powers of 10, as BENCHMARKS.md's GB): '1.5 GB',
+    '31.2 MB', '10.0 kB'; never '0.0 GB' for a small model."""
+    return f"{n_bytes / 1e9:.1f} GB" if n_bytes >= 1e9 else f"{n_bytes / 1e6:.1f} MB" if n_bytes >= 1e6 \
+        else f"{n_bytes / 1e3:.1f} kB"
+
+
 def summary_line(summary):
     """The run's last line: steps, median tokens/s and MFU, best validation loss, the last HellaSwag
     acc_norm (when scored), where things went."""
@@ -453,7 +460,7 @@ class MetricsLogger:
             groups = "".join(f" ({k[:-3]} {v:.2e})" for k, v in r.items() if k.endswith("_lr"))   # muon_lr: (muon ...)
             print(f"step {r['step']}/{total} | loss {r['loss']:.4f} | lr {r['lr']:.2e}{groups} | {timing} | "
                   f"pad {r['pad_frac']:.3f}"
-                  + (f" | mem {r['mem_gb']:.1f} GB" if r["mem_gb"] else ""), flush=True)
+                  + (f" | mem {size(r['mem_gb'] * 1e9)}" if r["mem_gb"] else ""), flush=True)
         self.log(record)
 
     def close(self, summary=None, exit_code=0):
