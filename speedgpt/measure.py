@@ -188,6 +188,16 @@ def duration(seconds):
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
+def eta_seconds(cfg, step, step_ms, train_seconds=None):
+    """Seconds of training left after `step` (evaluations and checkpoints not counted): max_iters' remaining steps
+    at `step_ms` each, or under time_budget what is left of the budget after `train_seconds` of the training
+    clock (speedgpt/budget.py), whichever ends the run first."""
+    left = (cfg.max_iters - step - 1) * step_ms / 1000
+    if cfg.time_budget and train_seconds is not None:
+        left = min(left, 60 * cfg.time_budget - train_seconds)
+    return max(0.0, left)
+
+
 def size(n_bytes):
     """A size for people, in the unit that shows its digits (powers of 10, as BENCHMARKS.md's GB): '1.5 GB',
     '31.2 MB', '10.0 kB'; never '0.0 GB' for a small model."""
@@ -416,10 +426,11 @@ class MetricsLogger:
         self.last = order(record)
         self._send(record)
 
-    def step(self, step, loss, rates, grad_norm, pad_frac, timing):
+    def step(self, step, loss, rates, grad_norm, pad_frac, timing, train_seconds=None):
         """Log one training step: `rates` the learning rates the optimizer set ({"lr": ..., and any other group's
         by its name: optim.set_lr}); `timing` is (tokens_per_sec, step_ms) from Timer.read(), or None while
-        the clock has not started; tokens/s is for the whole job, MFU per GPU (mfu())."""
+        the clock has not started; tokens/s is for the whole job, MFU per GPU (mfu()). `train_seconds`: the
+        training clock's reading (speedgpt/budget.py), which ends a run under time_budget."""
         record = {"step": step, "loss": loss, **rates, "step_ms": None, "tokens_per_sec": None, "mfu": None,
                   "mfu_fp8": None, "mem_gb": None, "pad_frac": pad_frac, "grad_norm": float(grad_norm)}
         if timing is not None:
@@ -430,7 +441,7 @@ class MetricsLogger:
             self.timed.append((tps, record["mfu"], record["mfu_fp8"]))
         if self.device.type == "cuda":
             record["mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
-        self.log_step(record)
+        self.log_step(record, train_seconds)
 
     def summary(self, steps, val_loss, best_val_loss):
         """The run's summary: optimizer steps done, last and best validation loss, median tokens/s and MFU
@@ -447,15 +458,15 @@ class MetricsLogger:
                 "checkpoint": ckpt if os.path.isfile(ckpt) else None, "metrics": self.path,
                 "first_step_s": self.first_step_s}
 
-    def log_step(self, record):
-        """A training step's record: to the console as one line (with the time left at this pace, not
-        counting evaluations), then to the file and W&B."""
+    def log_step(self, record, train_seconds=None):
+        """A training step's record: to the console as one line (with the time left, eta_seconds), then to the
+        file and W&B."""
         r, total = record, self.cfg.max_iters
         timing = "warm-up (untimed)"
         if r["tokens_per_sec"]:
             timing = (f"{r['step_ms']:.1f} ms | {r['tokens_per_sec']:,.0f} tok/s | mfu "
                       + (f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a")
-                      + f" | eta {duration((total - r['step'] - 1) * r['step_ms'] / 1000)}")
+                      + f" | eta {duration(eta_seconds(self.cfg, r['step'], r['step_ms'], train_seconds))}")
         if self.master:
             groups = "".join(f" ({k[:-3]} {v:.2e})" for k, v in r.items() if k.endswith("_lr"))   # muon_lr: (muon ...)
             print(f"step {r['step']}/{total} | loss {r['loss']:.4f} | lr {r['lr']:.2e}{groups} | {timing} | "

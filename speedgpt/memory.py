@@ -103,9 +103,9 @@ def estimate(cfg, vocab_size, world=1):
         world > 1 shards all three by world (the gathered block or two is left out: small next to them); DDP
         adds its gradient buckets, a copy of the gradients (gradient_as_bucket_view is off).
     activations of one micro-batch (batch_size x block_size tokens): per layer per token 34 C bytes in 16-bit
-        autocast for GPT-2's block (block_bytes_per_token: from the model's Linears), plus 5 n_head T bytes for attention='naive''s T x T scores (Korthikanti et al. 2022,
-        "Reducing Activation Recomputation in Large Transformer Models", section 4: sbh(34 + 5as/h) bytes per
-        layer). float32 doubles the 34 C (the scores stay: under autocast the softmax runs in float32 anyway,
+        autocast for GPT-2's block (block_bytes_per_token: from the model's Linears), plus 5 n_head T bytes for
+        attention='naive''s T x T scores (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+        Transformer Models", section 4: sbh(34 + 5as/h) bytes per layer). float32 doubles the 34 C (the scores stay: under autocast the softmax runs in float32 anyway,
         and the ladder measured about the same peak for float32 as for bf16, BENCHMARKS.md). sdpa and naive
         with the document mask add one (B, 1, T, T) bool mask. grad_checkpointing='full' keeps each block's
         input (ibid.: 2sbh per layer in 16-bit; here 4sbh, the residual stream being float32 under autocast)
