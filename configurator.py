@@ -400,7 +400,8 @@ def load_config(argv, with_explicit=False):
     if not cfg.out_dir:
         raise ValueError("config key 'out_dir' must not be empty")
     if not cfg.data_dir:
-        raise ValueError("config key 'data_dir' must not be empty: give the folder data.py prepared (--data_dir=data/NAME)")
+        raise ValueError("config key 'data_dir' must not be empty: give the folder data.py prepared "
+                         "(--data_dir=data/NAME)")
     hf_folder = os.path.isfile(os.path.join(cfg.init_from, "config.json"))
     if cfg.init_from not in ("scratch", "resume", *HF_GPT2) and not hf_folder:
         raise ValueError(f"config key 'init_from' must be scratch, resume, {', '.join(HF_GPT2)} or a Hugging Face "

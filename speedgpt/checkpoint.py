@@ -84,7 +84,8 @@ def load_checkpoint(path, required=CKPT_KEYS, missing=""):
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        others = [s for s, p in sorted(saved_steps(os.path.dirname(path) or ".").items()) if not os.path.samefile(p, path)]
+        others = [s for s, p in sorted(saved_steps(os.path.dirname(path) or ".").items())
+                  if not os.path.samefile(p, path)]
         hint = (f" The kept steps {', '.join(map(str, others))} may still load (train.py: --resume_from=STEP)"
                 if others else "")
         raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?{hint}") from e
@@ -258,8 +259,9 @@ def save_checkpoint(path, ckpt, keep=1, best=False, stale=()):
     if gone:
         steps = ", ".join(str(step_of(p)) for p in gone if STEP_FILE.search(p))
         best_too = any(os.path.basename(p) == "ckpt_best.pt" for p in gone)
-        print(f"removed the checkpoints of the abandoned steps {steps}" + (" and their ckpt_best.pt" if best_too else "")
-              if steps else "removed the abandoned ckpt_best.pt", flush=True)
+        print(f"removed the checkpoints of the abandoned steps {steps}"
+              + (" and their ckpt_best.pt" if best_too else "") if steps else "removed the abandoned ckpt_best.pt",
+              flush=True)
     for _, old in sorted(saved_steps(out_dir).items())[:-keep]:     # one history: the lowest steps are the oldest
         os.remove(old)                         # ckpt_best.pt, a link of its own, keeps its data
 

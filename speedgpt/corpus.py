@@ -84,8 +84,8 @@ class Report:
         n, name = len(self.replaced_in), parse_encoding(self.encoding)[0]
         unread = [f"skipped {len(self.unread)} files of a kind no reader takes: " + ", ".join(self.unread[:5])
                   + (", ..." if len(self.unread) > 5 else "") + f"; {ADD_A_READER}"] if self.unread else []
-        return self.notes + unread + ([f"{self.replaced:,} characters that are not {name} replaced by U+FFFD (--encoding="
-                              f"{self.encoding}) in {n} files: " + ", ".join(self.replaced_in[:5])
+        return self.notes + unread + ([f"{self.replaced:,} characters that are not {name} replaced by U+FFFD "
+                                       f"(--encoding={self.encoding}) in {n} files: " + ", ".join(self.replaced_in[:5])
                               + (", ..." if n > 5 else "")] if self.replaced else [])
 
 
@@ -99,7 +99,8 @@ def parse_encoding(spec):
     except LookupError:
         mode = "unknown encoding"
     if mode not in ("", "replace"):
-        raise ValueError(f"--encoding={spec!r}: {mode if mode == 'unknown encoding' else 'unknown mode ' + repr(mode)}; "
+        what = mode if mode == "unknown encoding" else "unknown mode " + repr(mode)
+        raise ValueError(f"--encoding={spec!r}: {what}; "
                          "give a Python codec (utf-8, latin-1, cp1252, ...), optionally with :replace")
     return name, mode == "replace"
 

@@ -217,8 +217,8 @@ def summary_line(summary):
              else "no validation",
              *([f"hellaswag acc_norm {summary['hellaswag_acc_norm']:.4f}"] if summary.get("hellaswag_acc_norm")
                is not None else []),
-             *([("target val loss reached at step {step:,}: {tokens:,} tokens, {train_seconds:.1f} s of training (compile "
-                 "and evaluation apart)").format(**summary["target_reached"]) if summary.get("target_reached")
+             *([("target val loss reached at step {step:,}: {tokens:,} tokens, {train_seconds:.1f} s of training "
+                 "(compile and evaluation apart)").format(**summary["target_reached"]) if summary.get("target_reached")
                 else "target val loss not reached"] if summary.get("target_val_loss") else []),
              f"checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else "no checkpoint",
              f"metrics {summary['metrics']} (plot: python plot.py {os.path.dirname(summary['metrics'])})"]
@@ -321,8 +321,8 @@ class MetricsLogger:
             if abandoned:
                 aside = os.path.join(cfg.out_dir, "metrics.abandoned.jsonl")
                 self.write(lambda: self._rewrite(abandoned, aside, append=True), aside)
-                print0(f"resume: metrics.jsonl's {len(abandoned)} records of the abandoned steps {abandoned[0]['step']} "
-                       f"to {abandoned[-1]['step']} moved to {aside}")
+                print0(f"resume: metrics.jsonl's {len(abandoned)} records of the abandoned steps "
+                       f"{abandoned[0]['step']} to {abandoned[-1]['step']} moved to {aside}")
         self.write(lambda: self._rewrite(kept))
         self.last = max((order(r) for r in kept + self.held), default=(-1, True))
         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -105,12 +105,12 @@ def estimate(cfg, vocab_size, world=1):
     activations of one micro-batch (batch_size x block_size tokens): per layer per token 34 C bytes in 16-bit
         autocast for GPT-2's block (block_bytes_per_token: from the model's Linears), plus 5 n_head T bytes for
         attention='naive''s T x T scores (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-        Transformer Models", section 4: sbh(34 + 5as/h) bytes per layer). float32 doubles the 34 C (the scores stay: under autocast the softmax runs in float32 anyway,
-        and the ladder measured about the same peak for float32 as for bf16, BENCHMARKS.md). sdpa and naive
-        with the document mask add one (B, 1, T, T) bool mask. grad_checkpointing='full' keeps each block's
-        input (ibid.: 2sbh per layer in 16-bit; here 4sbh, the residual stream being float32 under autocast)
-        and recomputes one block at a time; 'selective' keeps the matmul and attention outputs: about half
-        (measured: BENCHMARKS.md, Memory).
+        Transformer Models", section 4: sbh(34 + 5as/h) bytes per layer). float32 doubles the 34 C (the scores stay:
+        under autocast the softmax runs in float32 anyway, and the ladder measured about the same peak for float32
+        as for bf16, BENCHMARKS.md). sdpa and naive with the document mask add one (B, 1, T, T) bool mask.
+        grad_checkpointing='full' keeps each block's input (ibid.: 2sbh per layer in 16-bit; here 4sbh, the residual
+        stream being float32 under autocast) and recomputes one block at a time; 'selective' keeps the matmul and
+        attention outputs: about half (measured: BENCHMARKS.md, Memory).
         FP8 tensorwise on every block Linear (fp8_layers all, or every kind block_linears has) keeps float8
         inputs: FP8_TENSORWISE_ACTIVATIONS of the 34 C.
     head: without fused_ce the (tokens, padded vocab) logits: uncompiled, in float32 with the log-softmax and
@@ -275,7 +275,8 @@ def check(cfg, proc):
     device, world = proc.device, proc.world
     from speedgpt.distributed import print0
     name = os.path.basename(str(cfg.data_dir).rstrip("/"))
-    has_data = os.path.isdir(cfg.data_dir) and any(n == "meta.json" or n.endswith(".bin") for n in os.listdir(cfg.data_dir))
+    has_data = os.path.isdir(cfg.data_dir) and any(n == "meta.json" or n.endswith(".bin")
+                                                   for n in os.listdir(cfg.data_dir))
     if has_data or name in ("stdlib_byte", "stdlib_gpt2"):
         print0(fits(cfg, vocab_size(cfg.data_dir), device, world))
     return cfg
