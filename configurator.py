@@ -58,8 +58,10 @@ class Config:
     n_embd: int = 128                      # width
     dropout: float = 0.0                   # dropout probability, in [0, 1)
     bias: bool = False                     # biases in Linear layers and LayerNorms (GPT-2 had them)
-    activation: str = "gelu"               # gelu (exact) | gelu_tanh (GPT-2's tanh approximation) | relu2 (relu(x)^2)
-    norm: str = "layernorm"                # layernorm (GPT-2's) | rmsnorm (no mean subtraction, no bias: Llama's)
+    activation: str = "gelu"               # the MLP's, a key of model.py's ACTIVATIONS: gelu (exact) | gelu_tanh
+                                           # (GPT-2's tanh approximation) | relu2 (relu(x)^2)
+    norm: str = "layernorm"                # a key of model.py's NORMS: layernorm (GPT-2's) | rmsnorm (no mean
+                                           # subtraction, no bias: Llama's)
     rope: bool = False                     # rotary position embeddings on q and k, in place of learned positions (wpe)
     qk_norm: bool = False                  # RMSNorm of each head's q and k before attention (OLMo 2, Qwen3)
     tie_embeddings: bool = True            # the output head is the token embedding's matrix (GPT-2's); False: its own
@@ -113,7 +115,6 @@ CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backe
                dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
                fp8_recipe=("tensorwise", "rowwise", "rowwise_bf16_wgrad", "tensorwise_fused",
                            "tensorwise_delayed"), parallelism=("ddp", "fsdp"),
-               activation=("gelu", "gelu_tanh", "relu2"), norm=("layernorm", "rmsnorm"),
                hellaswag=("off", "on", "auto"),
                optimizer=("adamw", "muon"), lr_schedule=("cosine", "wsd"))
 LEGACY_EVAL_ITERS = ("it is replaced by eval_tokens, the validation tokens of each evaluation, the same whatever the "
@@ -124,6 +125,17 @@ DERIVED = "it is derived: set total_batch_size, the tokens per optimizer step fo
 DATA_PY_FLAGS = ("tokenizer", "input", "val_frac", "text_field", "shard_tokens", "max_tokens", "workers")
 RENAMED = {"eval_iters": LEGACY_EVAL_ITERS, "grad_accum_steps": DERIVED, "gradient_accumulation_steps": DERIVED}
 HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: OpenAI's GPT-2 on the Hugging Face hub
+MODEL_CHOICES = {"activation": "ACTIVATIONS", "norm": "NORMS"}   # keys whose choices are model.py's tables, by name
+
+
+def choices(key):
+    """The values `key` may take, or None for any: CHOICES', or for activation and norm the keys of model.py's
+    ACTIVATIONS and NORMS (a norm added there is a choice here). model.py (and torch) is imported only when one
+    of these is set, as in model_keys."""
+    if key in MODEL_CHOICES:
+        import model
+        return tuple(getattr(model, MODEL_CHOICES[key]))
+    return CHOICES.get(key)
 
 
 def model_keys():
@@ -297,8 +309,9 @@ def _typed(key, value, where):
     if type(value) is not want:
         raise TypeError(f"config key {key!r} ({where}) must be {want.__name__}, got {value!r} ({type(value).__name__})"
                         + (": give True or False" if want is bool else ""))
-    if key in CHOICES and value not in CHOICES[key]:
-        raise ValueError(f"config key {key!r} ({where}) must be one of {CHOICES[key]}, got {value!r}")
+    allowed = choices(key)
+    if allowed is not None and value not in allowed:
+        raise ValueError(f"config key {key!r} ({where}) must be one of {allowed}, got {value!r}")
     return value
 
 
@@ -387,7 +400,8 @@ def load_config(argv, with_explicit=False):
     if not cfg.out_dir:
         raise ValueError("config key 'out_dir' must not be empty")
     if not cfg.data_dir:
-        raise ValueError("config key 'data_dir' must not be empty: give the folder data.py prepared (--data_dir=data/NAME)")
+        raise ValueError("config key 'data_dir' must not be empty: give the folder data.py prepared "
+                         "(--data_dir=data/NAME)")
     hf_folder = os.path.isfile(os.path.join(cfg.init_from, "config.json"))
     if cfg.init_from not in ("scratch", "resume", *HF_GPT2) and not hf_folder:
         raise ValueError(f"config key 'init_from' must be scratch, resume, {', '.join(HF_GPT2)} or a Hugging Face "

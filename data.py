@@ -43,51 +43,12 @@ from speedgpt import corpus
 from speedgpt.corpus import ByteTokenizer, GPT2Tokenizer, get_tokenizer   # noqa: F401 (data.get_tokenizer is public)
 from speedgpt.corpus import sigterm_as_interrupt, token_bytes
 from speedgpt.shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, SHARD_TOKENS,  # noqa: F401 (data.X is public)
-                             TOKEN_BYTES, DataError, describe_os_error, find_shards, index_path, index_tmp_path,
-                             load_meta, prepared_folder, read_header, read_index, read_shard, write_index,
-                             write_shard)
+                             TOKEN_BYTES, DataError, ShardWriter, describe_os_error, find_shards, index_path,
+                             index_tmp_path, load_meta, prepared_folder, read_header, read_index, read_shard,
+                             write_index, write_shard)
 
 # -----------------------------------------------------------------------------
 # preparation
-
-class ShardWriter:
-    """Streams the documents of one split into shards of `shard_tokens` tokens, a document running on
-    into the next shard as in llm.c. A shard's header and index are written when it is full (or at
-    close); prepare() writes into a folder of its own until the whole preparation is done."""
-
-    def __init__(self, out_dir, split, shard_tokens, dtype, eot):
-        self.out_dir, self.split, self.shard_tokens, self.dtype, self.eot = out_dir, split, shard_tokens, dtype, eot
-        self.names, self.tokens, self.docs, self.f = [], 0, 0, None
-
-    def add(self, ids):
-        """Append one document: 1-D `ids` of self.dtype, starting with its BOS."""
-        self.docs, self.tokens = self.docs + 1, self.tokens + len(ids)
-        while len(ids):
-            if self.f is None:
-                self.path = os.path.join(self.out_dir, f"{self.split}_{len(self.names):06d}.bin")
-                self.f = open(self.path, "wb")
-                self.f.write(bytes(HEADER_BYTES))          # filled in when the shard is complete
-                self.n, self.max_id, self.starts = 0, -1, []
-            if ids[0] == self.eot:
-                self.starts.append(self.n)
-            part, ids = ids[:self.shard_tokens - self.n], ids[self.shard_tokens - self.n:]
-            self.f.write(part.tobytes())
-            self.n, self.max_id = self.n + len(part), max(self.max_id, int(part.max()))
-            if self.n == self.shard_tokens:
-                self.close()
-
-    def close(self):
-        """Complete the current shard, if any."""
-        if self.f is not None:
-            header = np.zeros(HEADER_INTS, dtype=np.int32)
-            header[:3] = MAGIC, 1 if self.dtype == np.uint16 else 2, self.n
-            self.f.seek(0)
-            self.f.write(header.tobytes())
-            self.f.close()
-            self.f = None
-            write_index(self.path, self.n, self.max_id, self.starts, self.eot)
-            self.names.append(os.path.basename(self.path))
-
 
 def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, workers=None,
             shard_tokens=SHARD_TOKENS, text_field="text", max_tokens=None, encoding="utf-8"):
@@ -124,7 +85,8 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
     first = next(docs, None)         # a bad input fails here, before out_dir is touched
     if first is None:
         raise ValueError(f"input {source} holds no document" + (f" ({len(report.binary)} binary files skipped)"
-                                                                  if report.binary else ""))
+                                                                  if report.binary else "")
+                         + "".join(f"; {note}" for note in report.all_notes()))
     dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
     rng, held, total, empty = random.Random(seed), None, 0, 0
     with prepared_folder(out_dir) as tmp, corpus.TokenizerPool(tokenizer, dtype, workers) as pool:

@@ -167,8 +167,9 @@ def check_tokens(init_from, data_dir):
     with open(meta) as f:
         tokenizer = json.load(f).get("tokenizer")
     if tokenizer not in (None, "gpt2"):
-        raise ValueError(f"init_from={init_from!r} is GPT-2 weights, for GPT-2 tokens, but {data_dir} holds {tokenizer} "
-                         "tokens: prepare the data with `python data.py --tokenizer gpt2 ...`, or train from scratch")
+        raise ValueError(f"init_from={init_from!r} is GPT-2 weights, for GPT-2 tokens, but {data_dir} holds "
+                         f"{tokenizer} tokens: prepare the data with `python data.py --tokenizer gpt2 ...`, or train "
+                         "from scratch")
 
 
 def load_hf_gpt2(name_or_path, config=None):

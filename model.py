@@ -48,6 +48,7 @@ class ReLUSquared(nn.Module):
         return F.relu(x).square()
 
 
+RESIDUAL_PROJECTIONS = ("attn_proj", "mlp_proj")    # the block Linear kinds that write into the residual stream
 ACTIVATIONS = {"gelu": nn.GELU, "gelu_tanh": partial(nn.GELU, approximate="tanh"), "relu2": ReLUSquared}
 NORMS = {"layernorm": lambda dim, bias: nn.LayerNorm(dim, eps=NORM_EPS, bias=bias),
          "rmsnorm": lambda dim, bias: nn.RMSNorm(dim, eps=NORM_EPS)}      # no bias: it has no shift to learn
@@ -273,7 +274,7 @@ class GPT(nn.Module):
         # scaled init of the projections into the residual stream (GPT-2 paper); block_linears() refuses a block
         # Linear of no kind here, before any work
         for _, kind, linear in self.block_linears():
-            if kind in ("attn_proj", "mlp_proj"):
+            if kind in RESIDUAL_PROJECTIONS:
                 torch.nn.init.normal_(linear.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module):

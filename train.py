@@ -259,7 +259,8 @@ class Run:
                 "hellaswag_acc_norm": self.hellaswag_acc_norm, "target_val_loss": self.cfg.target_val_loss or None,
                 "target_reached": self.target, "train_seconds": round(self.train_seconds, 3),
                 "compile_s": self.clock and self.clock.compile_s(), "time_budget": self.cfg.time_budget or None,
-                **({} if self.saved or self.cfg.init_from == "resume" else {"checkpoint": None})}   # not an earlier run's
+                # ckpt.pt, when neither saved nor resumed from, is an earlier run's
+                **({} if self.saved or self.cfg.init_from == "resume" else {"checkpoint": None})}
 
     def evaluate(self, step, train_seconds):
         """Validation loss and bits per byte at `step` (and HellaSwag when on), logged with the training
@@ -355,7 +356,8 @@ def train(run, stop):
         timer.step_ends(step_tokens)
         run.tokens += step_tokens
         if step % cfg.log_interval == 0 or step == cfg.max_iters - 1 or signum or nonfinite:
-            run.logger.step(step, loss, rates, grad_norm, 1 - n_valid / tokens_per_step, timer.read())
+            run.logger.step(step, loss, rates, grad_norm, 1 - n_valid / tokens_per_step, timer.read(),
+                            run.train_seconds)
         if skipped > cfg.max_skipped_steps:
             raise RunStopped(f"error: step {step}: the loss or gradient norm is not finite: the run diverged; "
                              f"{run.last_good()}", 1)

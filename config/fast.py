@@ -33,7 +33,8 @@ fused_ce = True                     # the head + cross-entropy as one function: 
 fp8_head = True                     # ... with its three matmuls in float8 (tensorwise scales)
 fp8_head_kernel = True              # ... and its softmax pass in our Triton kernels (speedgpt/features/softmax_pass.py)
 fp8 = True                          # every block Linear in float8 ...
-fp8_recipe = "tensorwise_delayed"   # ... delayed scales from the last steps' amax, speedgpt/features/fp8.py (BENCHMARKS.md, FP8)
+fp8_recipe = "tensorwise_delayed"   # ... delayed scales from the last steps' amax, speedgpt/features/fp8.py
+                                    # (BENCHMARKS.md, FP8)
 fp8_min_dim = 768                   # ... at GPT-2 124M's width too (the default 1024 leaves 768 wide in bf16)
 fused_ce_chunk = 65536              # one chunk per micro-batch (faster, more memory); with --compile=False give 16384:
                                     # uncompiled, a chunk holds ~4 float32 (chunk, vocab) temporaries

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from speedgpt.measure import size
 from speedgpt.shards import describe_os_error
 
 CKPT_KEYS = ("model", "optimizer", "scaler", "step", "best_val_loss", "config", "meta", "loader", "rng")
@@ -83,7 +84,8 @@ def load_checkpoint(path, required=CKPT_KEYS, missing=""):
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        others = [s for s, p in sorted(saved_steps(os.path.dirname(path) or ".").items()) if not os.path.samefile(p, path)]
+        others = [s for s, p in sorted(saved_steps(os.path.dirname(path) or ".").items())
+                  if not os.path.samefile(p, path)]
         hint = (f" The kept steps {', '.join(map(str, others))} may still load (train.py: --resume_from=STEP)"
                 if others else "")
         raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?{hint}") from e
@@ -257,8 +259,9 @@ def save_checkpoint(path, ckpt, keep=1, best=False, stale=()):
     if gone:
         steps = ", ".join(str(step_of(p)) for p in gone if STEP_FILE.search(p))
         best_too = any(os.path.basename(p) == "ckpt_best.pt" for p in gone)
-        print(f"removed the checkpoints of the abandoned steps {steps}" + (" and their ckpt_best.pt" if best_too else "")
-              if steps else "removed the abandoned ckpt_best.pt", flush=True)
+        print(f"removed the checkpoints of the abandoned steps {steps}"
+              + (" and their ckpt_best.pt" if best_too else "") if steps else "removed the abandoned ckpt_best.pt",
+              flush=True)
     for _, old in sorted(saved_steps(out_dir).items())[:-keep]:     # one history: the lowest steps are the oldest
         os.remove(old)                         # ckpt_best.pt, a link of its own, keeps its data
 
@@ -337,12 +340,6 @@ def checkpoint_bytes(n_params):
     """Bytes of one checkpoint of a model of n_params float32 parameters, at most: the weights, AdamW's two
     moments (Muon keeps one), and a little for the rest."""
     return 12 * n_params + (1 << 20)
-
-
-def size(n_bytes):
-    """A size for people, in the unit that shows its digits: '1.52 GB', '31.2 MB', '10.0 kB'."""
-    return f"{n_bytes / 1e9:.2f} GB" if n_bytes >= 1e9 else f"{n_bytes / 1e6:.1f} MB" if n_bytes >= 1e6 \
-        else f"{n_bytes / 1e3:.1f} kB"
 
 
 def check_disk(out_dir, ckpt_bytes, keep):

@@ -6,20 +6,23 @@ order-keeping tokenisation, and sigterm_as_interrupt (a preparation stopped by S
     for doc in corpus.iter_texts("dump.jsonl.gz"):     # doc.where: "dump.jsonl.gz:17", for errors
         ...                                            # doc.text; doc.split: None, or the corpus's own
 
-Each file is read for what it is (`text_field` names the field or column of the document):
+Each file is read for what it is (`text_field` names the field or column of the document), by the reader
+READERS holds for the end of its name (any case): a new kind of file is one reader there.
   a folder                      each file under it (recursive, sorted, hidden ones skipped), read by its
                                 own kind below; a Hugging Face `save_to_disk` folder in it is a dataset;
-                                binary files (a NUL byte in their first 8 KB: images, .pyc, .arrow) are
-                                skipped and listed in `report`
-  JSON lines                    names ending .jsonl or .ndjson (any case): one JSON object per line
+                                binary files (a NUL byte in their first 8 KB: images, .pyc, .arrow) and
+                                files of a kind no reader takes (NOT_READ) are skipped and listed in `report`
+  JSON lines                    names ending .jsonl or .ndjson: one JSON object per line
   JSON                          names ending .json: an array of records (or of strings), or JSON lines
   parquet                       names ending .parquet, or the PAR1 magic: the text column, one row group
                                 at a time (pyarrow)
+  a table (.csv, .tsv)          refused (NOT_READ): its documents would be rows, the text one column; read
+                                whole as text it would train on the other columns and the delimiters
   a save_to_disk folder         a Hugging Face dataset (`datasets`); a DatasetDict gives its train split,
                                 and its validation split (validation, valid or val), when it has one, as
                                 the val documents
   hf:NAME or hf:NAME:CONFIG     the train split of a Hugging Face hub dataset, streamed (online)
-  any other file                one document of text
+  any other file                one document of text (source code, prose, markup with its tags)
   None                          this Python's standard library: each .py file one document (utf-8:replace)
 Compression is read from the content, not the name: gzip and zstandard (zstandard package) streams are
 decompressed, and their .gz / .zst suffix is dropped before the name says the kind (corpus.json.gz is
@@ -49,6 +52,7 @@ import numpy as np
 from speedgpt.shards import HOLD, TOKEN_BYTES, signals_held
 
 GZIP_MAGIC, ZSTD_MAGIC, PARQUET_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"PAR1"
+COMPRESSED = (".gz", ".gzip", ".zst", ".zstd")         # dropped from a compressed file's name before its kind
 VALIDATION_SPLITS = ("validation", "valid", "val")     # a DatasetDict's own validation split, by these names
 BINARY_PROBE = 8192                                     # bytes looked at for a NUL: text never has one
 NEWLINE = b"\n"
@@ -65,19 +69,23 @@ class Document(NamedTuple):
 
 @dataclass
 class Report:
-    """What a reading skipped or decided, for data.py to tell: binary files skipped, notes, and the characters
-    that did not decode in `encoding` (parse_encoding) and became U+FFFD (":replace"), with their files."""
+    """What a reading skipped or decided, for data.py to tell: binary files skipped, files of a kind no reader
+    takes skipped (NOT_READ), notes, and the characters that did not decode in `encoding` (parse_encoding) and
+    became U+FFFD (":replace"), with their files."""
     binary: list = field(default_factory=list)
+    unread: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     encoding: str = "utf-8"
     replaced: int = 0
     replaced_in: list = field(default_factory=list)
 
     def all_notes(self):
-        """The notes, then one on the replaced characters, if any."""
+        """The notes, then one on the files of no reader and one on the replaced characters, if any."""
         n, name = len(self.replaced_in), parse_encoding(self.encoding)[0]
-        return self.notes + ([f"{self.replaced:,} characters that are not {name} replaced by U+FFFD (--encoding="
-                              f"{self.encoding}) in {n} files: " + ", ".join(self.replaced_in[:5])
+        unread = [f"skipped {len(self.unread)} files of a kind no reader takes: " + ", ".join(self.unread[:5])
+                  + (", ..." if len(self.unread) > 5 else "") + f"; {ADD_A_READER}"] if self.unread else []
+        return self.notes + unread + ([f"{self.replaced:,} characters that are not {name} replaced by U+FFFD "
+                                       f"(--encoding={self.encoding}) in {n} files: " + ", ".join(self.replaced_in[:5])
                               + (", ..." if n > 5 else "")] if self.replaced else [])
 
 
@@ -91,7 +99,8 @@ def parse_encoding(spec):
     except LookupError:
         mode = "unknown encoding"
     if mode not in ("", "replace"):
-        raise ValueError(f"--encoding={spec!r}: {mode if mode == 'unknown encoding' else 'unknown mode ' + repr(mode)}; "
+        what = mode if mode == "unknown encoding" else "unknown mode " + repr(mode)
+        raise ValueError(f"--encoding={spec!r}: {what}; "
                          "give a Python codec (utf-8, latin-1, cp1252, ...), optionally with :replace")
     return name, mode == "replace"
 
@@ -159,6 +168,9 @@ def iter_texts(path, text_field="text", report=None):
     if kind == "binary":
         raise ValueError(f"input {path} is a binary file (a NUL byte in its first {BINARY_PROBE // 1024} KB), "
                          "not text, JSON or parquet")
+    if kind in NOT_READ and kind not in READERS:
+        raise ValueError(f"input {path}: {kind} files are {NOT_READ[kind]}, not text, and no reader takes them; "
+                         f"{ADD_A_READER}")
     return _file(path, text_field, report)
 
 
@@ -195,23 +207,21 @@ def compression(path):
 
 
 def file_kind(path):
-    """(kind, compression) of the file at `path`: kind one of 'jsonl', 'json', 'parquet', 'text',
-    'binary', by its name without a compression suffix (case-insensitive) and its content."""
+    """(kind, compression) of the file at `path`: kind the suffix of READERS or NOT_READ its name ends with (in
+    any case, a compression suffix dropped), '.parquet' for the PAR1 magic whatever the name, else 'binary' (a
+    NUL byte in its first BINARY_PROBE bytes) or 'text'."""
     packed = compression(path)
     name = path.lower()
     if packed:
-        for suffix in (".gz", ".gzip", ".zst", ".zstd"):
+        for suffix in COMPRESSED:
             name = name.removesuffix(suffix)
     else:
         with open(path, "rb") as f:
             if f.read(4) == PARQUET_MAGIC:
-                return "parquet", None
-    if name.endswith(".parquet") and not packed:
-        return "parquet", None
-    if name.endswith((".jsonl", ".ndjson")):
-        return "jsonl", packed
-    if name.endswith(".json"):
-        return "json", packed
+                return ".parquet", None
+    for suffix in sorted((*READERS, *NOT_READ), key=len, reverse=True):     # .jsonl before .json's like
+        if name.endswith(suffix):
+            return suffix, packed
     with _open_stream(path, packed) as f:
         head = f.read(BINARY_PROBE)
     return ("binary" if b"\0" in head else "text"), packed
@@ -219,12 +229,11 @@ def file_kind(path):
 
 def _file(path, text_field, report):
     kind, packed = file_kind(path)
-    if kind == "jsonl":
-        return _jsonl(path, packed, text_field, report)
-    if kind == "json":
-        return _json(path, packed, text_field, report)
-    if kind == "parquet":
-        return _parquet(path, text_field)
+    if kind in READERS:
+        return READERS[kind](path, packed, text_field, report)
+    if kind in NOT_READ:
+        report.unread.append(path)
+        return iter(())
     if kind == "binary":
         report.binary.append(path)
         return iter(())
@@ -326,7 +335,10 @@ def _json(path, packed, text_field, report):
     yield from _jsonl(path, packed, text_field, report)   # JSON lines named .json
 
 
-def _parquet(path, text_field):
+def _parquet(path, packed, text_field, report):
+    if packed:
+        raise ValueError(f"{path}: a {packed}-compressed parquet file: parquet compresses its own columns; "
+                         "decompress it")
     _require("pyarrow", f"reading {path}")
     import pyarrow.parquet as pq
     try:
@@ -344,6 +356,19 @@ def _parquet(path, text_field):
                 raise ValueError(f"{path} row {row}: {text_field!r} must be a string, got {type(text).__name__}")
             yield Document(f"{path} row {row}", text)
             row += 1
+
+
+# The readers of a file, by the end of its name (lower case, after any compression suffix is dropped): each a
+# function of (path, compression: 'gzip', 'zstd' or None, text_field, report) yielding Documents. A new kind of
+# input (CSV rows, WARC records, HTML with its tags stripped) is one entry here; a file whose name no entry ends
+# is one document of text, unless it is binary.
+READERS = {".jsonl": _jsonl, ".ndjson": _jsonl, ".json": _json, ".parquet": _parquet}
+# Kinds with documents inside, which no reader above takes yet: refused as an input, skipped (and named) in a
+# folder, rather than read as text (a table read whole would train on its delimiters and other columns). A
+# reader in READERS wins over an entry here.
+NOT_READ = {".csv": "tables of comma-separated rows", ".tsv": "tables of tab-separated rows"}
+ADD_A_READER = ("add a reader to READERS in speedgpt/corpus.py (a function of (path, packed, text_field, report) "
+                "yielding Documents), or convert them to JSON lines or parquet with a text field")
 
 
 def _is_saved_dataset(path):

@@ -17,9 +17,9 @@ def eval_rows(cfg, val_loader):
 
 def small_split_note(cfg, val_loader):
     """The note for a val split smaller than eval_tokens: each evaluation is all of it."""
-    return (f"note: eval_tokens={cfg.eval_tokens:,} but the val split of {cfg.data_dir} holds {val_loader.n_rows:,} rows "
-            f"of block_size={cfg.block_size} ({val_loader.n_rows * cfg.block_size:,} tokens): each evaluation is all "
-            "of them")
+    return (f"note: eval_tokens={cfg.eval_tokens:,} but the val split of {cfg.data_dir} holds "
+            f"{val_loader.n_rows:,} rows of block_size={cfg.block_size} ({val_loader.n_rows * cfg.block_size:,} "
+            "tokens): each evaluation is all of them")
 
 
 @torch.no_grad()
@@ -53,8 +53,8 @@ def estimate_loss(model, loader, rows, ctx, token_bytes):
 def check(cfg, proc):
     """Raise ValueError unless the evaluation settings can work: target_val_loss needs evaluations. Returns cfg."""
     if cfg.target_val_loss and not cfg.eval_tokens:
-        raise ValueError(f"target_val_loss={cfg.target_val_loss} stops at the first evaluation at or below it: it needs "
-                         "eval_tokens > 0")
+        raise ValueError(f"target_val_loss={cfg.target_val_loss} stops at the first evaluation at or below it: it "
+                         "needs eval_tokens > 0")
     return cfg
 
 

@@ -188,6 +188,23 @@ def duration(seconds):
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
+def eta_seconds(cfg, step, step_ms, train_seconds=None):
+    """Seconds of training left after `step` (evaluations and checkpoints not counted): max_iters' remaining steps
+    at `step_ms` each, or under time_budget what is left of the budget after `train_seconds` of the training
+    clock (speedgpt/budget.py), whichever ends the run first."""
+    left = (cfg.max_iters - step - 1) * step_ms / 1000
+    if cfg.time_budget and train_seconds is not None:
+        left = min(left, 60 * cfg.time_budget - train_seconds)
+    return max(0.0, left)
+
+
+def size(n_bytes):
+    """A size for people, in the unit that shows its digits (powers of 10, as BENCHMARKS.md's GB): '1.5 GB',
+    '31.2 MB', '10.0 kB'; never '0.0 GB' for a small model."""
+    return f"{n_bytes / 1e9:.1f} GB" if n_bytes >= 1e9 else f"{n_bytes / 1e6:.1f} MB" if n_bytes >= 1e6 \
+        else f"{n_bytes / 1e3:.1f} kB"
+
+
 def summary_line(summary):
     """The run's last line: steps, median tokens/s and MFU, best validation loss, the last HellaSwag
     acc_norm (when scored), where things went."""
@@ -200,8 +217,8 @@ def summary_line(summary):
              else "no validation",
              *([f"hellaswag acc_norm {summary['hellaswag_acc_norm']:.4f}"] if summary.get("hellaswag_acc_norm")
                is not None else []),
-             *([("target val loss reached at step {step:,}: {tokens:,} tokens, {train_seconds:.1f} s of training (compile "
-                 "and evaluation apart)").format(**summary["target_reached"]) if summary.get("target_reached")
+             *([("target val loss reached at step {step:,}: {tokens:,} tokens, {train_seconds:.1f} s of training "
+                 "(compile and evaluation apart)").format(**summary["target_reached"]) if summary.get("target_reached")
                 else "target val loss not reached"] if summary.get("target_val_loss") else []),
              f"checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else "no checkpoint",
              f"metrics {summary['metrics']} (plot: python plot.py {os.path.dirname(summary['metrics'])})"]
@@ -304,8 +321,8 @@ class MetricsLogger:
             if abandoned:
                 aside = os.path.join(cfg.out_dir, "metrics.abandoned.jsonl")
                 self.write(lambda: self._rewrite(abandoned, aside, append=True), aside)
-                print0(f"resume: metrics.jsonl's {len(abandoned)} records of the abandoned steps {abandoned[0]['step']} "
-                       f"to {abandoned[-1]['step']} moved to {aside}")
+                print0(f"resume: metrics.jsonl's {len(abandoned)} records of the abandoned steps "
+                       f"{abandoned[0]['step']} to {abandoned[-1]['step']} moved to {aside}")
         self.write(lambda: self._rewrite(kept))
         self.last = max((order(r) for r in kept + self.held), default=(-1, True))
         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -409,10 +426,11 @@ class MetricsLogger:
         self.last = order(record)
         self._send(record)
 
-    def step(self, step, loss, rates, grad_norm, pad_frac, timing):
+    def step(self, step, loss, rates, grad_norm, pad_frac, timing, train_seconds=None):
         """Log one training step: `rates` the learning rates the optimizer set ({"lr": ..., and any other group's
         by its name: optim.set_lr}); `timing` is (tokens_per_sec, step_ms) from Timer.read(), or None while
-        the clock has not started; tokens/s is for the whole job, MFU per GPU (mfu())."""
+        the clock has not started; tokens/s is for the whole job, MFU per GPU (mfu()). `train_seconds`: the
+        training clock's reading (speedgpt/budget.py), which ends a run under time_budget."""
         record = {"step": step, "loss": loss, **rates, "step_ms": None, "tokens_per_sec": None, "mfu": None,
                   "mfu_fp8": None, "mem_gb": None, "pad_frac": pad_frac, "grad_norm": float(grad_norm)}
         if timing is not None:
@@ -423,7 +441,7 @@ class MetricsLogger:
             self.timed.append((tps, record["mfu"], record["mfu_fp8"]))
         if self.device.type == "cuda":
             record["mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
-        self.log_step(record)
+        self.log_step(record, train_seconds)
 
     def summary(self, steps, val_loss, best_val_loss):
         """The run's summary: optimizer steps done, last and best validation loss, median tokens/s and MFU
@@ -440,20 +458,20 @@ class MetricsLogger:
                 "checkpoint": ckpt if os.path.isfile(ckpt) else None, "metrics": self.path,
                 "first_step_s": self.first_step_s}
 
-    def log_step(self, record):
-        """A training step's record: to the console as one line (with the time left at this pace, not
-        counting evaluations), then to the file and W&B."""
+    def log_step(self, record, train_seconds=None):
+        """A training step's record: to the console as one line (with the time left, eta_seconds), then to the
+        file and W&B."""
         r, total = record, self.cfg.max_iters
         timing = "warm-up (untimed)"
         if r["tokens_per_sec"]:
             timing = (f"{r['step_ms']:.1f} ms | {r['tokens_per_sec']:,.0f} tok/s | mfu "
                       + (f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a")
-                      + f" | eta {duration((total - r['step'] - 1) * r['step_ms'] / 1000)}")
+                      + f" | eta {duration(eta_seconds(self.cfg, r['step'], r['step_ms'], train_seconds))}")
         if self.master:
             groups = "".join(f" ({k[:-3]} {v:.2e})" for k, v in r.items() if k.endswith("_lr"))   # muon_lr: (muon ...)
             print(f"step {r['step']}/{total} | loss {r['loss']:.4f} | lr {r['lr']:.2e}{groups} | {timing} | "
                   f"pad {r['pad_frac']:.3f}"
-                  + (f" | mem {r['mem_gb']:.1f} GB" if r["mem_gb"] else ""), flush=True)
+                  + (f" | mem {size(r['mem_gb'] * 1e9)}" if r["mem_gb"] else ""), flush=True)
         self.log(record)
 
     def close(self, summary=None, exit_code=0):

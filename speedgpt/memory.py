@@ -3,7 +3,7 @@ The memory check (memory_check=True): estimate what one training step holds per 
 any work, a run that clearly cannot fit on its device, in one line naming the way out. Without it such a run
 is found out late: on a CPU the machine swaps for minutes before the kernel kills it, with no checkpoint.
 
-    est = estimate(cfg, vocab_size, world)      # bytes by part: Estimate.describe() says them in GB
+    est = estimate(cfg, vocab_size, world)      # bytes by part: Estimate.describe() says them (measure.size)
     line = fits(cfg, vocab_size, device, world)   # ValueError when est.total > MARGIN x available(device)
 
 The estimate is a model of the peak, not a measurement: within 0.8x-1.2x of each peak measured on the H200
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-GB = 1e9                 # 10^9 bytes, as BENCHMARKS.md's "peak GB"
+from speedgpt.measure import size
+
 MARGIN = 0.9             # refuse above this share of the device's memory: the allocator's fragmentation, the
                          # CUDA context, the evaluation and the data loader live beside the step
 MEMINFO = "/proc/meminfo"
@@ -49,9 +50,10 @@ class Estimate:
         return self.weights + self.activations + self.head
 
     def describe(self):
-        """One line in GB: '36.0 GB per process (weights + optimizer 2.0, activations 20.6, head 13.4)'."""
-        return (f"{self.total / GB:.1f} GB per process (weights + optimizer {self.weights / GB:.1f}, "
-                f"activations {self.activations / GB:.1f}, head {self.head / GB:.1f})")
+        """One line: '36.0 GB per process (weights + optimizer 2.0 GB, activations 20.6 GB, head 13.4 GB)', each
+        size in its own unit (measure.size: MB for a small model)."""
+        return (f"{size(self.total)} per process (weights + optimizer {size(self.weights)}, "
+                f"activations {size(self.activations)}, head {size(self.head)})")
 
 
 def meta_model(cfg, vocab_size=GPT2_VOCAB):
@@ -71,6 +73,26 @@ def n_params(cfg, vocab_size, model=None):
     return model.num_params(non_embedding=False), sum(m.weight.numel() for _, _, m in model.block_linears())
 
 
+def block_bytes_per_token(model):
+    """Bytes the blocks of `model` (a GPT, on the meta device will do) keep per token for the backward in 16-bit
+    autocast, averaged per layer: the 34 C of Korthikanti et al. 2022 (section 4) for GPT-2's block, read from
+    the model's own Linears (block_linears) so that a forker's MLP width or new Linear counts. The parts, per
+    layer: the input of every block Linear (its weight's gradient needs it) and the output of every one that
+    does not write into the residual stream (attention keeps q, k and v; the activation its input), 2 bytes
+    each; the two norms' inputs, 2 C each; the two dropout masks, C each. GPT-2's block: 14 C + 14 C + 4 C + 2 C.
+    rope and qk_norm each add a second q and k (4 C): attention keeps the transformed ones, and the split's
+    output stays for v (as torch's saved-tensor hooks count them on the CPU, tests/test_memory.py).
+    Assumed, not read from the model: the activation keeps no more than its input and output (GELU, relu2:
+    relu's output is the square's input), and a norm keeps its input (rmsnorm is counted as LayerNorm; eager,
+    its float32 intermediates are kept besides, and qk_norm's too); a forker's gated MLP keeps its product too."""
+    from model import RESIDUAL_PROJECTIONS
+    C, L = model.config.n_embd, model.config.n_layer
+    linears = sum(m.in_features + (m.out_features if kind not in RESIDUAL_PROJECTIONS else 0)
+                  for _, kind, m in model.block_linears())
+    per_layer = 2 * linears / L + 4 * C + 2 * C
+    return per_layer + 4 * C * (model.config.rope + model.config.qk_norm)
+
+
 def estimate(cfg, vocab_size, world=1):
     """Bytes per process of one training step of `cfg` (a resolved Config: attention not 'auto'; 'auto' is
     counted as 'sdpa', the larger of its answers) on a vocabulary of `vocab_size` ids, with `world` processes.
@@ -81,14 +103,14 @@ def estimate(cfg, vocab_size, world=1):
         world > 1 shards all three by world (the gathered block or two is left out: small next to them); DDP
         adds its gradient buckets, a copy of the gradients (gradient_as_bucket_view is off).
     activations of one micro-batch (batch_size x block_size tokens): per layer per token 34 C bytes in 16-bit
-        autocast, plus 5 n_head T bytes for attention='naive''s T x T scores (Korthikanti et al. 2022,
-        "Reducing Activation Recomputation in Large Transformer Models", section 4: sbh(34 + 5as/h) bytes per
-        layer). float32 doubles the 34 C (the scores stay: under autocast the softmax runs in float32 anyway,
-        and the ladder measured about the same peak for float32 as for bf16, BENCHMARKS.md). sdpa and naive
-        with the document mask add one (B, 1, T, T) bool mask. grad_checkpointing='full' keeps each block's
-        input (ibid.: 2sbh per layer in 16-bit; here 4sbh, the residual stream being float32 under autocast)
-        and recomputes one block at a time; 'selective' keeps the matmul and attention outputs: about half
-        (measured: BENCHMARKS.md, Memory).
+        autocast for GPT-2's block (block_bytes_per_token: from the model's Linears), plus 5 n_head T bytes for
+        attention='naive''s T x T scores (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+        Transformer Models", section 4: sbh(34 + 5as/h) bytes per layer). float32 doubles the 34 C (the scores stay:
+        under autocast the softmax runs in float32 anyway, and the ladder measured about the same peak for float32
+        as for bf16, BENCHMARKS.md). sdpa and naive with the document mask add one (B, 1, T, T) bool mask.
+        grad_checkpointing='full' keeps each block's input (ibid.: 2sbh per layer in 16-bit; here 4sbh, the residual
+        stream being float32 under autocast) and recomputes one block at a time; 'selective' keeps the matmul and
+        attention outputs: about half (measured: BENCHMARKS.md, Memory).
         FP8 tensorwise on every block Linear (fp8_layers all, or every kind block_linears has) keeps float8
         inputs: FP8_TENSORWISE_ACTIVATIONS of the 34 C.
     head: without fused_ce the (tokens, padded vocab) logits: uncompiled, in float32 with the log-softmax and
@@ -109,7 +131,7 @@ def estimate(cfg, vocab_size, world=1):
         params, grads, optimizer = params // world, grads // world, optimizer // world
     elif world > 1:
         grads += 4 * n
-    per_layer = 34 * C * (1 if half else 2)                        # bytes per token
+    per_layer = block_bytes_per_token(model) * (1 if half else 2)          # bytes per token
     # the features' keys, read where the config has them: a fork that drops a feature (and its keys) gets the
     # estimate without it, not an AttributeError
     on = lambda key, default=False: getattr(cfg, key, default)    # noqa: E731
@@ -205,8 +227,7 @@ def fits(cfg, vocab_size, device, world=1):
         return f"memory: about {est.describe()}; not checked (the memory of {device} cannot be read)"
     sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
     need = est.total * sharing
-    where = (f"the {have / GB:.1f} GB {device} has available" if device.type == "cpu"
-             else f"the {have / GB:.1f} GB of {device}")
+    where = f"the {size(have)} {device} has available" if device.type == "cpu" else f"the {size(have)} of {device}"
     if need <= MARGIN * have:
         return f"memory: about {est.describe()}" + (f" x {sharing} processes" if sharing > 1 else "") + \
             f"; fits in {where}"
@@ -223,7 +244,7 @@ def fits(cfg, vocab_size, device, world=1):
         ways.append("or --parallelism=fsdp (shards the weights)")
     if cpu_way_out(cfg, device):                # a GPU preset: lowering the batch will not do
         ways = [cpu_way_out(cfg, device), "or " + ways[0]] + ways[1:]
-    processes = f" ({sharing} processes on this machine: {need / GB:.1f} GB)" if sharing > 1 else ""
+    processes = f" ({sharing} processes on this machine: {size(need)})" if sharing > 1 else ""
     raise ValueError(f"this run needs about {est.describe()}{processes}, more than {MARGIN:.0%} of {where}: "
                      f"{', '.join(ways)}; --memory_check=False skips this check")
 
@@ -254,7 +275,8 @@ def check(cfg, proc):
     device, world = proc.device, proc.world
     from speedgpt.distributed import print0
     name = os.path.basename(str(cfg.data_dir).rstrip("/"))
-    has_data = os.path.isdir(cfg.data_dir) and any(n == "meta.json" or n.endswith(".bin") for n in os.listdir(cfg.data_dir))
+    has_data = os.path.isdir(cfg.data_dir) and any(n == "meta.json" or n.endswith(".bin")
+                                                   for n in os.listdir(cfg.data_dir))
     if has_data or name in ("stdlib_byte", "stdlib_gpt2"):
         print0(fits(cfg, vocab_size(cfg.data_dir), device, world))
     return cfg

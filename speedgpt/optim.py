@@ -114,8 +114,8 @@ def describe(optimizer, cfg):
                 if g.get("muon") else \
                 "AdamW (gains, biases)" if not g["weight_decay"] else \
                 "AdamW (matrices)" if cfg.optimizer == "adamw" else "AdamW (the embeddings and head)"
-            parts.append(f"{what} lr {peak_lr(g, cfg):g} weight decay {g['weight_decay']:g}, {len(g['params'])} tensors "
-                         f"{n / 1e6:.2f}M")
+            parts.append(f"{what} lr {peak_lr(g, cfg):g} weight decay {g['weight_decay']:g}, "
+                         f"{len(g['params'])} tensors {n / 1e6:.2f}M")
             if g.get("muon") and getattr(muon, "world", 1) > 1:
                 shares = muon.shares()
                 parts[-1] += f", Newton-Schulz split over {muon.world} processes ({min(shares)}-{max(shares)} " \

@@ -93,8 +93,9 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
     if "optimizer" not in explicit:
         cfg = replace(cfg, optimizer=saved.get("optimizer", "adamw"))
     if saved.get("optimizer", "adamw") != cfg.optimizer:
-        raise ValueError(f"optimizer={cfg.optimizer!r} differs from the checkpoint's {saved.get('optimizer', 'adamw')!r}: "
-                         "its state cannot carry over. Resume with the checkpoint's, or start afresh (another out_dir)")
+        raise ValueError(f"optimizer={cfg.optimizer!r} differs from the checkpoint's "
+                         f"{saved.get('optimizer', 'adamw')!r}: its state cannot carry over. Resume with the "
+                         "checkpoint's, or start afresh (another out_dir)")
     for k in model_keys():
         old = saved.get(k, getattr(defaults, k))
         if k not in RUN_STATE_KEYS and k not in explicit:

@@ -3,7 +3,8 @@ The shard format of speedgpt's data (llm.c / modded-nanogpt): a header of 256 in
 version, token count), then the tokens, uint16 (version 1) or uint32 (version 2); beside each shard
 NAME.bin its index NAME.idx.npz (token count, largest id, offset of each BOS), written at preparation so
 that a loader starts without reading shards; meta.json, written last, lists the shards. data.py writes
-and reads through these functions (and re-exports them: data.read_shard etc.).
+(ShardWriter: a split's documents, into shards as they fill) and reads through these functions (and re-exports
+them: data.read_shard etc.).
 """
 import errno
 import glob
@@ -98,6 +99,45 @@ def write_index(shard, n_tokens, max_id, doc_starts, eot):
     with signals_held(), open(tmp, "wb") as f:   # Ctrl-C inside savez's zip write would leave zipfile's errors instead
         np.savez(f, n_tokens=n_tokens, max_id=max_id, eot=eot, doc_starts=np.asarray(doc_starts, dtype=np.int64))
     os.replace(tmp, index_path(shard))
+
+
+class ShardWriter:
+    """Streams the documents of one split into shards of `shard_tokens` tokens, a document running on
+    into the next shard as in llm.c. A shard's header and index are written when it is full (or at
+    close); data.prepare() writes into a folder of its own until the whole preparation is done."""
+
+    def __init__(self, out_dir, split, shard_tokens, dtype, eot):
+        self.out_dir, self.split, self.shard_tokens, self.dtype, self.eot = out_dir, split, shard_tokens, dtype, eot
+        self.names, self.tokens, self.docs, self.f = [], 0, 0, None
+
+    def add(self, ids):
+        """Append one document: 1-D `ids` of self.dtype, starting with its BOS."""
+        self.docs, self.tokens = self.docs + 1, self.tokens + len(ids)
+        while len(ids):
+            if self.f is None:
+                self.path = os.path.join(self.out_dir, f"{self.split}_{len(self.names):06d}.bin")
+                self.f = open(self.path, "wb")
+                self.f.write(bytes(HEADER_BYTES))          # filled in when the shard is complete
+                self.n, self.max_id, self.starts = 0, -1, []
+            if ids[0] == self.eot:
+                self.starts.append(self.n)
+            part, ids = ids[:self.shard_tokens - self.n], ids[self.shard_tokens - self.n:]
+            self.f.write(part.tobytes())
+            self.n, self.max_id = self.n + len(part), max(self.max_id, int(part.max()))
+            if self.n == self.shard_tokens:
+                self.close()
+
+    def close(self):
+        """Complete the current shard, if any."""
+        if self.f is not None:
+            header = np.zeros(HEADER_INTS, dtype=np.int32)
+            header[:3] = MAGIC, 1 if self.dtype == np.uint16 else 2, self.n
+            self.f.seek(0)
+            self.f.write(header.tobytes())
+            self.f.close()
+            self.f = None
+            write_index(self.path, self.n, self.max_id, self.starts, self.eot)
+            self.names.append(os.path.basename(self.path))
 
 
 HOLD = {"depth": 0, "signum": None}       # signals_held's blocks open, and the signal one of them deferred

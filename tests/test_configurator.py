@@ -330,6 +330,23 @@ def test_a_later_config_file_turning_fp8_off_drops_the_earlier_files_fp8_details
     assert (on_again.fp8, on_again.fp8_recipe) == (True, "tensorwise_delayed")
 
 
+def test_a_norm_or_activation_added_to_model_py_is_a_choice_without_touching_configurator(monkeypatch):
+    """norm and activation take their choices from model.py's NORMS and ACTIVATIONS: a forker's new norm is one
+    entry there, and a value neither holds is refused at parse time, in one line naming the choices. Parsing
+    other keys stays free of torch (the test above)."""
+    import torch.nn as nn
+    import model
+    with pytest.raises(ValueError, match=r"'norm' \(command line\) must be one of \('layernorm', 'rmsnorm'\), "
+                                         r"got 'dyt'"):
+        configurator.load_config(["--norm=dyt"])
+    monkeypatch.setitem(model.NORMS, "dyt", lambda dim, bias: nn.Identity())
+    monkeypatch.setitem(model.ACTIVATIONS, "silu", nn.SiLU)
+    cfg = configurator.load_config(["--norm=dyt", "--activation=silu"])
+    assert (cfg.norm, cfg.activation) == ("dyt", "silu")
+    with pytest.raises(ValueError, match=r"'activation' \(command line\) must be one of \(.*'relu2', 'silu'\)"):
+        configurator.load_config(["--activation=swish"])
+
+
 def test_help_lists_every_key_with_its_whole_comment():
     """--help: one line per Config field, its comment's aligned continuation lines joined (fp8_recipe's values run
     onto a second line in the source), and how several --config files combine."""

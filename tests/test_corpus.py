@@ -2,6 +2,7 @@
 datasets folders, the hub offline) read for what it is, text edge cases, bounded reading, the tokenizers' byte
 tables, and the tokenizer workers ending with the program that started them."""
 import gzip
+import io
 import json
 import os
 import signal
@@ -146,6 +147,44 @@ def test_files_are_read_for_what_they_are(tmp_path):
     assert meta["train_docs"] + meta["val_docs"] == 3 * 3 + 1 + 1 and meta["binary_files_skipped"] == 2
     decoded = [bytes(d).decode() for s in ("train", "val") for d in _split_docs(_stream(tmp_path / "o", s), 256)]
     assert "from the dataset" in decoded and not any("\0" in d for d in decoded)
+
+
+def test_a_table_is_refused_not_read_as_text_and_a_reader_is_one_entry(tmp_path, monkeypatch, capsys):
+    """A .csv (or .tsv, compressed or not) is a table, not text: as the input it is refused in one line naming
+    where a reader goes; in a folder it is skipped and named, the rest read. Text of any other name (.py, .md,
+    none) is still one document. A reader added to READERS is what reads its suffix."""
+    (tmp_path / "t.csv").write_text("id,text\n1,hello\n")
+    (tmp_path / "T.TSV.gz").write_bytes(gzip.compress(b"id\ttext\n1\thello\n"))
+    for name in ("t.csv", "T.TSV.gz"):
+        with pytest.raises(ValueError, match=r"^input .*: \.[ct]sv files are tables of (comma|tab)-separated rows, "
+                                             r"not text, and no reader takes them; add a reader to READERS in "
+                                             r"speedgpt/corpus\.py .*$"):
+            data.prepare(str(tmp_path / name), str(tmp_path / "o"), "byte", workers=1)
+    assert not (tmp_path / "o").exists()
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("a.py", "b.md", "c"):
+        (folder / name).write_text(f"{name} here\n")
+    (folder / "d.csv").write_text("id,text\n2,from the table\n")
+    report = corpus.Report()
+    assert [d.text for d in corpus.iter_texts(str(folder), report=report)] == ["a.py here\n", "b.md here\n", "c here\n"]
+    assert report.unread == [str(folder / "d.csv")]
+    data.prepare(str(folder), str(tmp_path / "o"), "byte", val_frac=0, workers=1)
+    assert f"note: skipped 1 files of a kind no reader takes: {folder / 'd.csv'}; add a reader to READERS" \
+        in capsys.readouterr().out
+    (tmp_path / "only").mkdir()
+    (tmp_path / "only" / "x.csv").write_text("id,text\n")
+    with pytest.raises(ValueError, match=r"holds no document; skipped 1 files of a kind no reader takes"):
+        data.prepare(str(tmp_path / "only"), str(tmp_path / "o2"), "byte", workers=1)
+
+    def rows(path, packed, text_field, report):           # a forker's CSV reader: the text column of each row
+        import csv
+        with corpus._open_stream(path, packed) as f:
+            for i, row in enumerate(csv.DictReader(io.TextIOWrapper(f, encoding="utf-8"))):
+                yield corpus.Document(f"{path} row {i}", row[text_field])
+    monkeypatch.setitem(corpus.READERS, ".csv", rows)
+    assert [d.text for d in corpus.iter_texts(str(tmp_path / "t.csv"))] == ["hello"]
+    assert [d.text for d in corpus.iter_texts(str(folder))][-1] == "from the table"
 
 
 def test_a_dataset_dict_uses_its_own_validation_split(tmp_path, capsys):

@@ -399,7 +399,7 @@ def test_a_disk_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
         data.main()
     monkeypatch.undo()
     monkeypatch.setattr(sys, "argv", ["data.py", "--input", str(tmp_path / "in"), "--out", str(out)])
-    monkeypatch.setattr(data, "write_index", fail(errno.ENOSPC))
+    monkeypatch.setattr(shards, "write_index", fail(errno.ENOSPC))     # ShardWriter's
     with pytest.raises(SystemExit, match=re.escape(f"error: cannot write the output folder {out}: no space left on "
                                                    f"the device; {out} is as it was before; free space there, or "
                                                    "choose another --out")) as e:

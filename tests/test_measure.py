@@ -292,3 +292,21 @@ def test_mfu_fp8_counts_the_flops_that_ran_in_fp8_at_the_fp8_peak():
             fp8.convert(model, cfg)
             blocks = sum(m.weight.numel() for m in model.transformer.h.modules() if isinstance(m, torch.nn.Linear))
             assert fp8.fp8_flops_per_token(model, cfg) == gemms * blocks + 6 * model.lm_head.weight.numel() * head
+
+
+def test_the_eta_ends_where_the_time_budget_does(tmp_path, capsys):
+    """The step line's eta: max_iters' remaining steps at this pace, or under time_budget what is left of the
+    budget on the training clock, whichever ends the run first."""
+    from configurator import Config
+    from speedgpt.measure import MetricsLogger, eta_seconds
+
+    def eta(**settings):
+        logger = MetricsLogger(Config(out_dir=str(tmp_path), **settings), master=True)
+        capsys.readouterr()
+        logger.step(9, 2.5, {"lr": 1e-3}, 1.0, 0.0, timing=(1000.0, 100.0), train_seconds=30.0)   # 100 ms a step
+        logger.close()
+        return capsys.readouterr().out.split(" | eta ")[1].split(" | ")[0]
+    assert eta(max_iters=1000) == "1m39s"                         # 990 steps left at 100 ms
+    assert eta(max_iters=1000, time_budget=1.0) == "30s"          # 60 s of budget, 30 s of it spent
+    assert eta(max_iters=20, time_budget=1.0) == "1s"             # max_iters comes first: 10 steps left
+    assert eta_seconds(Config(time_budget=0.25), 9, 100.0, train_seconds=20.0) == 0.0   # spent: nothing left

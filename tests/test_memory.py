@@ -103,6 +103,59 @@ def test_the_parameters_counted_are_gpt2s_and_each_block_changes_them(flag):
     assert memory.n_params(cfg, GPT2_VOCAB) == (GPT2_124M + BLOCKS[flag], 12 * 12 * 768 ** 2)
 
 
+def widened(model, hidden):
+    """`model` with each block's MLP `hidden` wide (a forker's MLP), on the device of its weights."""
+    device = model.lm_head.weight.device
+    for block in model.transformer.h:
+        C = block.mlp.c_fc.in_features
+        block.mlp.c_fc = torch.nn.Linear(C, hidden, bias=False, device=device)
+        block.mlp.c_proj = torch.nn.Linear(hidden, C, bias=False, device=device)
+    return model
+
+
+def saved_bytes_per_token(model, B, T):
+    """Bytes per token per layer the blocks of `model` save for the backward under bf16 autocast on the CPU, each
+    storage once (torch.autograd.graph.saved_tensors_hooks); the weights' bf16 copies (no token dimension) left
+    out."""
+    seen = {}
+
+    def pack(t):
+        if t.dim() >= 2 and t.shape[0] in (B, B * T):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    x = model.transformer.wte(torch.randint(0, 256, (B, T)))
+    with torch.autocast("cpu", torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for block in model.transformer.h:
+            x = block(x, None, torch.arange(T))
+    return sum(seen.values()) / (B * T * model.config.n_layer)
+
+
+def test_the_activation_bytes_are_read_from_the_models_linears(monkeypatch):
+    """block_bytes_per_token counts what the blocks keep from the model's own Linears: 34 C for GPT-2's block, more
+    for a wider MLP (which the estimate then holds), 4 C more for rope; each near what torch saves for the
+    backward in an eager CPU step (the dropout masks, counted, are absent at dropout=0; the residual stream's
+    norms keep float32 inputs). relu2 keeps what GELU keeps."""
+    from model import GPT, GPTConfig
+    C, B, T = 128, 3, 64                    # B and B * T differ from every weight's first dimension
+
+    def model(hidden=None, **flags):
+        torch.manual_seed(0)
+        m = GPT(GPTConfig(block_size=T, vocab_size=256, n_layer=2, n_head=4, n_embd=C, **flags))
+        return widened(m, hidden) if hidden else m
+    for hidden, flags, counted in ((None, {}, 34), (None, {"activation": "relu2"}, 34), (8 * C, {}, 50),
+                                   (None, {"rope": True}, 38)):
+        m = model(hidden, **flags)
+        assert memory.block_bytes_per_token(m) == counted * C, (hidden, flags)
+        assert 0.9 < saved_bytes_per_token(m, B, T) / (counted * C) < 1.15, (hidden, flags)
+    assert saved_bytes_per_token(model(activation="relu2"), B, T) == saved_bytes_per_token(model(), B, T)
+    cfg = load_config([f"--n_embd={C}", "--dtype=bfloat16"])
+    plain = memory.estimate(cfg, 256)
+    wide = widened(memory.meta_model(cfg, 256), 8 * C)
+    monkeypatch.setattr(memory, "meta_model", lambda cfg, vocab_size: wide)
+    assert memory.estimate(cfg, 256).activations - plain.activations == \
+        cfg.batch_size * cfg.block_size * cfg.n_layer * 16 * C      # the fc's output and mlp_proj's input, 2 x 4 C
+
+
 def reported_run():
     """Issue 37: `python train.py --config config/fast.py --fp8=False --fp8_head=False` on a CPU, flags resolved as
     train.py's check_flags resolves them there (attention='auto' -> sdpa, with the document mask)."""
@@ -119,7 +172,7 @@ def test_the_reported_run_is_refused_on_a_24_gb_cpu_in_one_line(monkeypatch):
     n = r"\d+\.\d"
     assert pytest.approx(float(str(e.value).split()[4]), rel=0.05) == 36.0     # its estimate, in GB
     assert re.fullmatch(
-        rf"this run needs about {n} GB per process \(weights \+ optimizer {n}, activations {n}, head {n}\), "
+        rf"this run needs about {n} GB per process \(weights \+ optimizer {n} GB, activations {n} GB, head {n} GB\), "
         r"more than 90% of the 24\.0 GB cpu has available: on a CPU, the quickstart's size \(python train\.py; these "
         r"steps are 524,288 tokens\), or lower --batch_size \(total_batch_size keeps the "
         r"step's tokens\), or --block_size, or use --grad_checkpointing=full, or a smaller --fused_ce_chunk; "
@@ -157,11 +210,14 @@ def test_the_quickstart_fits_a_small_machine(monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     for free in (24e9, 4e9):
         monkeypatch.setattr(memory, "available", lambda device: free)
-        assert memory.fits(cfg, BYTE_VOCAB, torch.device("cpu"), 1).startswith("memory: about 0.2 GB per process")
+        line = memory.fits(cfg, BYTE_VOCAB, torch.device("cpu"), 1)
+        # a small model's sizes in MB, each part in its own unit: never '0.0 GB'
+        assert re.fullmatch(r"memory: about 1\d\d\.\d MB per process \(weights \+ optimizer \d+\.\d MB, activations "
+                            r"\d+\.\d MB, head \d+\.\d MB\); fits in the \d+\.\d GB cpu has available", line), line
     monkeypatch.setattr(memory, "available", lambda device: 0.5e9)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    with pytest.raises(ValueError, match=r"per process .* \(4 processes on this machine: 0\.\d GB\), more than 90% "
-                                         r"of the 0\.5 GB cpu has available"):
+    with pytest.raises(ValueError, match=r"per process .* \(4 processes on this machine: \d{3}\.\d MB\), more than "
+                                         r"90% of the 500\.0 MB cpu has available"):
         memory.fits(cfg, BYTE_VOCAB, torch.device("cpu"), 4)
 
 

@@ -25,8 +25,9 @@ def apply(model, cfg, proc):
 def checkpoint_blocks(model, mode):
     """Recompute each block of `model` (a GPT) in the backward pass. "full" keeps only the block's input;
     "selective" keeps matmul and attention outputs (every backend's: attention.saved_ops) and recomputes the
-    cheap elementwise ops (PyTorch's selective activation checkpointing). Non-reentrant, so dropout masks are replayed exactly. Patches
-    each block's forward, so state-dict keys are unchanged. Raises ValueError for another mode."""
+    cheap elementwise ops (PyTorch's selective activation checkpointing). Non-reentrant, so dropout masks are
+    replayed exactly. Patches each block's forward, so state-dict keys are unchanged. Raises ValueError for another
+    mode."""
     from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
     if mode not in ("full", "selective"):
         raise ValueError(f"grad_checkpointing={mode!r}: expected 'full' or 'selective'")
