@@ -58,8 +58,13 @@ def tiny_args(data_dir, out_dir, *extra):
             "--log_interval=1", "--timing_warmup=1", "--warmup_iters=2", *extra]
 
 
-def read_metrics(out_dir):
+def read_metrics(out_dir, running=False):
+    """The records of out_dir/metrics.jsonl. running=True for a file another process may be writing now: its
+    last line, half written, is left out (as a resume leaves out a line a crash cut short) instead of failing."""
     import json
+    if running:
+        from speedgpt.measure import read_metrics as read_running
+        return read_running(os.path.join(out_dir, "metrics.jsonl"))[0]
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
 

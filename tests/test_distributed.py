@@ -102,7 +102,7 @@ def test_sigterm_under_torchrun_stops_every_rank_at_one_step(short_data, tmp_pat
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.time() + 300
-    while not (tmp_path / "cut" / "metrics.jsonl").exists() or len(read_metrics(tmp_path / "cut")) < 3:
+    while not (tmp_path / "cut" / "metrics.jsonl").exists() or len(read_metrics(tmp_path / "cut", running=True)) < 3:
         assert time.time() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
@@ -202,7 +202,7 @@ def _signal_and_resume(byte_data, tmp_path, signum, common, cmd):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 120
-    while not (tmp_path / "cut" / "metrics.jsonl").exists() or len(read_metrics(tmp_path / "cut")) < 2:
+    while not (tmp_path / "cut" / "metrics.jsonl").exists() or len(read_metrics(tmp_path / "cut", running=True)) < 2:
         assert time.time() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     time.sleep(random.uniform(0, 1.0))                  # a random moment of the training

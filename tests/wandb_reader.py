@@ -22,6 +22,8 @@ def read_records(path):
         if length == 0 and kind == 0:
             pos += left_in_block
             continue
+        if pos + 7 + length > len(data):          # still being written, or cut by a kill: not a record yet
+            break
         chunks.append(data[pos + 7:pos + 7 + length])
         pos += 7 + length
         if kind in (1, 4):                        # FULL or LAST: a whole record
