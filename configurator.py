@@ -8,9 +8,12 @@ bench.py) the same flag syntax and the same one-line errors.
 
     from configurator import load_config
     cfg = load_config(["--config", "config/fast.py", "--batch_size=32"])   # or "--batch_size", "32"
+    cfg = load_config(["config/fast.py", "--batch_size=32"])                # a FILE.py alone: nanoGPT's form
     python train.py --help                             # every flag: type, default, help (help_text)
 
-Config files (config/*.py) are plain Python assignments of these keys, as in nanoGPT.
+Config files (config/*.py) are plain Python assignments of these keys, as in nanoGPT. nanoGPT's own config
+files and keys load too (dataset, gradient_accumulation_steps, eval_iters, ...): speedgpt/nanogpt.py translates
+them, each with a note.
 """
 import argparse
 import ast
@@ -22,6 +25,8 @@ import types
 import warnings
 from dataclasses import dataclass, fields
 
+from speedgpt import nanogpt
+
 
 @dataclass
 class Config:
@@ -29,6 +34,7 @@ class Config:
     out_dir: str = "out"                   # the run's folder: ckpt.pt, metrics.jsonl, summary.json, config.json
     data_dir: str = "data/stdlib_byte"     # prepared shards (data.py); stdlib_byte, stdlib_gpt2: made on first use
     init_from: str = "scratch"             # scratch | resume (out_dir/ckpt.pt) | gpt2[-medium|-large|-xl] | a HF folder
+                                           # | a checkpoint file to start from (nanoGPT's ckpt.pt, or ours)
     eval_interval: int = 100               # validation (and a checkpoint) every this many steps, and at the end
     eval_tokens: int = 40960               # validation tokens: the val split's first rows, for any launch; 0: none
     hellaswag: str = "off"                 # off | on: HellaSwag at each evaluation, fetched once | auto: on if on disk
@@ -70,6 +76,7 @@ class Config:
     # optimizer and schedule (speedgpt/optim.py): AdamW, linear warmup then cosine decay to min_lr
     optimizer: str = "adamw"               # adamw | muon (the block matrices on Muon, the rest on AdamW)
     lr_schedule: str = "cosine"            # cosine | wsd (warmup, stable, then a linear decay: wsd_decay_frac)
+                                           # | constant (warmup, then learning_rate to the end)
     wsd_decay_frac: float = 0.2            # lr_schedule=wsd: the share of lr_decay_iters spent decaying
     muon_lr: float = 0.02                  # optimizer=muon: peak learning rate of the Muon matrices
     muon_momentum: float = 0.95            # optimizer=muon: Muon's (Nesterov) momentum
@@ -116,14 +123,11 @@ CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backe
                fp8_recipe=("tensorwise", "rowwise", "rowwise_bf16_wgrad", "tensorwise_fused",
                            "tensorwise_delayed"), parallelism=("ddp", "fsdp"),
                hellaswag=("off", "on", "auto"),
-               optimizer=("adamw", "muon"), lr_schedule=("cosine", "wsd"))
-LEGACY_EVAL_ITERS = ("it is replaced by eval_tokens, the validation tokens of each evaluation, the same whatever the "
-                     "batch_size and number of processes (eval_iters x batch_size x block_size x processes before); "
-                     "eval_iters=0 still means no evaluation")
+               optimizer=("adamw", "muon"), lr_schedule=("cosine", "wsd", "constant"))
 DERIVED = "it is derived: set total_batch_size, the tokens per optimizer step for the whole job"
 # data.py's flags, which a newcomer gives train.py: the prepared folder's meta.json holds what they chose
 DATA_PY_FLAGS = ("tokenizer", "input", "val_frac", "text_field", "shard_tokens", "max_tokens", "workers")
-RENAMED = {"eval_iters": LEGACY_EVAL_ITERS, "grad_accum_steps": DERIVED, "gradient_accumulation_steps": DERIVED}
+RENAMED = {"grad_accum_steps": DERIVED}     # nanoGPT's gradient_accumulation_steps: speedgpt/nanogpt.py
 HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: OpenAI's GPT-2 on the Hugging Face hub
 MODEL_CHOICES = {"activation": "ACTIVATIONS", "norm": "NORMS"}   # keys whose choices are model.py's tables, by name
 
@@ -183,8 +187,9 @@ def help_text():
             notes[last[0]] += " " + more.group(1)
         else:
             last = None
-    out = ["train.py's flags (--key=value or --key value; a bare --key of a bool: True; --config FILE applies a "
-           "config file first, several in order, the later winning). Defaults: the CPU quickstart."]
+    out = ["train.py's flags (--key=value or --key value; a bare --key of a bool: True; --config FILE, or FILE.py "
+           "alone, applies a config file first, several in order, the later winning; nanoGPT's config files and keys "
+           "load too: docs/nanogpt.md). Defaults: the CPU quickstart."]
     for f in fields(Config):
         assert f.name in notes, f"Config.{f.name} has no help comment"
         out.append(f"  --{f.name}={f.default}".ljust(32) + f" {f.type.__name__:5}  {notes[f.name]}")
@@ -195,12 +200,6 @@ def non_defaults(cfg):
     """{key: value} of `cfg`'s keys that differ from Config's defaults (what a run prints at start)."""
     defaults = Config()
     return {f.name: getattr(cfg, f.name) for f in fields(Config) if getattr(cfg, f.name) != getattr(defaults, f.name)}
-
-
-def _legacy(key, value, where):
-    """{key: value} for a key older configs and scripts still set, where it still has a meaning
-    (eval_iters=0: eval_tokens=0, no evaluation); None for every other key."""
-    return {"eval_tokens": 0} if key == "eval_iters" and value in (0, "0") else None
 
 
 def did_you_mean(name, known, help_command):
@@ -214,6 +213,8 @@ def did_you_mean(name, known, help_command):
 
 def _unknown(key, where):
     """The one line for a key Config does not have, with the closest one it has (data.py's flags: said so)."""
+    if nanogpt.refusal(key, where):
+        return nanogpt.refusal(key, where)
     if key in DATA_PY_FLAGS:
         return (f"{key!r} ({where}) is a flag of data.py, not of train.py: prepare the data with it (python data.py "
                 f"--{key}=... --input CORPUS --out data/NAME), then train on it with --data_dir=data/NAME")
@@ -226,15 +227,21 @@ def split_flags(argv, takes_value):
     form takes the next argument as the value unless it starts with `--` (another flag, never swallowed as a
     value: `--key=--x` says it is one); then, or at the end, the value is None when takes_value(key) is
     False (a bool: a bare --compile means True) and a ValueError naming both forms when it is True. A word
-    that is no flag is a ValueError too."""
+    that is no flag is a ValueError too, but for a FILE.py, taken as ("config", FILE.py) (nanoGPT's
+    `train.py config/train_gpt2.py`), also after a bool, which then is True."""
     out, args = [], list(argv)
     while args:
         arg = args.pop(0)
+        if arg.endswith(".py") and not arg.startswith("-"):
+            out.append(("config", arg))
+            continue
         if not arg.startswith("--") or arg == "--":
-            raise ValueError(f"cannot parse argument {arg!r}: use --key=value or --key value")
+            raise ValueError(f"cannot parse argument {arg!r}: use --key=value or --key value (a config file: "
+                             "--config FILE or FILE.py)")
         key, eq, value = arg[2:].partition("=")
         if not eq:
-            if args and not args[0].startswith("--"):
+            if args and not args[0].startswith("--") and (key == "config" or takes_value(key)
+                                                          or not args[0].endswith(".py")):
                 value = args.pop(0)
             elif takes_value(key):
                 then = f" ({args[0]!r} is a flag: a value that starts with -- takes the = form)" if args else ""
@@ -329,11 +336,12 @@ def load_config(argv, with_explicit=False):
             if not raw:
                 raise ValueError("--config needs a file path, e.g. --config config/fast.py")
             files.append(raw)
-        elif key not in known and key not in RENAMED:      # before any config file runs
+        elif key not in known and key not in RENAMED and key not in nanogpt.KEYS:      # before any config file runs
             raise ValueError(_unknown(key, "command line"))
         else:
             overrides.append((key, "True" if raw is None else raw))     # a bare bool flag: True
     values, setter = {}, {}          # setter: key -> the source that set it last (files in order, then overrides)
+    theirs, given = None, set()      # the first config file of nanoGPT's; every key set, nanoGPT's too
     for i, path in enumerate(files):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"config file {path!r} "
@@ -349,9 +357,11 @@ def load_config(argv, with_explicit=False):
         keys = [k for k, v in ns.items() if not k.startswith("_") and not isinstance(v, types.ModuleType)]
         if not keys:                  # `import math` is no key; a file that sets none is a mistake
             raise ValueError(f"config file {path!r} sets no key: {how}")
+        theirs = theirs or (path if any(k in nanogpt.KEYS for k in keys) else None)
         for k in keys:
-            update = _legacy(k, ns[k], path) or {k: _typed(k, ns[k], path)}
+            update = nanogpt.translate(k, ns[k], path) if k in nanogpt.KEYS else {k: _typed(k, ns[k], path)}
             values.update(update)
+            given.update([k, *update])
             setter.update(dict.fromkeys(update, i))
     for key, raw in overrides:
         want = {f.name: f.type for f in fields(Config)}.get(key)
@@ -359,8 +369,10 @@ def load_config(argv, with_explicit=False):
             value = raw if want is str else ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             value = raw
-        update = _legacy(key, value, "command line") or {key: _typed(key, value, "command line")}
+        update = nanogpt.translate(key, value, "command line") if key in nanogpt.KEYS else \
+            {key: _typed(key, value, "command line")}
         values.update(update)
+        given.update([key, *update])
         setter.update(dict.fromkeys(update, len(files)))
     # --fp8=False on gpt2-medium.py (or a later --config file setting it): the fp8_recipe set before goes too,
     # else it would be refused as doing nothing; a detail set with or after the feature's False stays (refused)
@@ -369,7 +381,10 @@ def load_config(argv, with_explicit=False):
             for key in details:
                 if setter.get(key, len(files) + 1) < setter[feature]:
                     values.pop(key, None)
-    cfg = Config(**values)
+    explicit, defaults = set(values), {f.name: f.default for f in fields(Config)}
+    if theirs:                       # beneath a config file of nanoGPT's: its defaults, as there
+        values = {**nanogpt.defaults(theirs, given, defaults, values.get("init_from", "scratch")), **values}
+    cfg = Config(**nanogpt.resolve(values, defaults))
     positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval",
                 "fused_ce_chunk", "keep_checkpoints")
     way_out = {"keep_checkpoints": " (to keep none, --save_checkpoints=False)",
@@ -402,10 +417,11 @@ def load_config(argv, with_explicit=False):
     if not cfg.data_dir:
         raise ValueError("config key 'data_dir' must not be empty: give the folder data.py prepared "
                          "(--data_dir=data/NAME)")
-    hf_folder = os.path.isfile(os.path.join(cfg.init_from, "config.json"))
-    if cfg.init_from not in ("scratch", "resume", *HF_GPT2) and not hf_folder:
-        raise ValueError(f"config key 'init_from' must be scratch, resume, {', '.join(HF_GPT2)} or a Hugging Face "
-                         f"GPT-2 folder (with config.json), got {cfg.init_from!r}"
+    weights = os.path.isfile(os.path.join(cfg.init_from, "config.json")) or nanogpt.is_checkpoint(cfg.init_from)
+    if cfg.init_from not in ("scratch", "resume", *HF_GPT2) and not weights:
+        raise ValueError(f"config key 'init_from' must be scratch, resume, {', '.join(HF_GPT2)}, a Hugging Face "
+                         f"GPT-2 folder (with config.json) or a checkpoint file (nanoGPT's ckpt.pt, or ours), got "
+                         f"{cfg.init_from!r}"
                          + (" (a folder without config.json)" if os.path.isdir(cfg.init_from) else ""))
     if cfg.profile and cfg.timing_warmup < 2:
         raise ValueError("profile=True profiles the last warm-up step: it needs timing_warmup >= 2 "
@@ -413,17 +429,18 @@ def load_config(argv, with_explicit=False):
     if cfg.profile and cfg.max_iters < cfg.timing_warmup:
         raise ValueError(f"profile=True profiles step timing_warmup - 1 = {cfg.timing_warmup - 1}: "
                          f"max_iters={cfg.max_iters} ends before it")
-    return (cfg, set(values)) if with_explicit else cfg
+    return (cfg, explicit) if with_explicit else cfg
 
 
 def check_schedule(cfg):
     """Refuse a learning-rate schedule that cannot be meant (ValueError naming the keys); warn about one
     a short run (a benchmark) could mean. lr_decay_iters=0 stands for max_iters."""
-    decay = cfg.lr_decay_iters or cfg.max_iters
-    if cfg.min_lr > cfg.learning_rate:
+    decays = cfg.lr_schedule != "constant"      # a constant rate has no floor and no decay horizon
+    decay = (cfg.lr_decay_iters or cfg.max_iters) if decays else cfg.max_iters
+    if decays and cfg.min_lr > cfg.learning_rate:
         raise ValueError(f"min_lr={cfg.min_lr} is above learning_rate={cfg.learning_rate}: the schedule decays to "
                          "min_lr")
-    if cfg.lr_decay_iters and cfg.lr_decay_iters <= cfg.warmup_iters < cfg.max_iters:
+    if decays and cfg.lr_decay_iters and cfg.lr_decay_iters <= cfg.warmup_iters < cfg.max_iters:
         raise ValueError(f"lr_decay_iters={cfg.lr_decay_iters} must exceed warmup_iters={cfg.warmup_iters}: "
                          "the rate would fall from its peak to min_lr in one step")
     if cfg.max_iters and decay <= cfg.warmup_iters:

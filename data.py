@@ -22,7 +22,7 @@ tokens; beside each shard its index (token count, largest id, offset of each BOS
 preparation so a loader starts without reading shards; meta.json, written last, lists the shards.
 Foreign shards (llm.c's fineweb_train_000001.bin: GPT-2 tokens with EOT before each document, which
 is this convention) load as they are, without meta.json: each is scanned once, on first use, and its
-index saved beside it when the folder is writable.
+index saved beside it when the folder is writable; so do nanoGPT's train.bin / val.bin (and meta.pkl).
 """
 from __future__ import annotations   # torch.Tensor annotations without importing torch
 
@@ -236,6 +236,9 @@ class Loader:
         meta = load_meta(data_dir, verbose=eot is None)
         self.paths = find_shards(data_dir, split)
         self.eot = meta["eot_id"] if eot is None else eot
+        if not packing and self.eot < 0:          # nanoGPT's characters (shards.nanogpt_meta)
+            raise ValueError(f"{data_dir} has no end-of-text token, so no documents to pad one per row: keep "
+                             "packing on")
         import torch      # here, not at the top: data.py prepares a corpus without loading torch
         self.B, self.T, self.device = batch_size, block_size, torch.device(device)
         self.packing, self.document_mask = packing, packing and document_mask

@@ -259,11 +259,12 @@ def export_hf(ckpt_path, to):
     transformers = import_transformers("export")
     model = GPT(c).eval()
     load_weights(model, ckpt, ckpt_path)
+    eot = meta["eot_id"] if meta["eot_id"] >= 0 else None       # nanoGPT's characters have none
     hf_config = transformers.GPT2Config(
         vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
         activation_function=ACTIVATION_TO_HF[c.activation], resid_pdrop=c.dropout, embd_pdrop=c.dropout,
         attn_pdrop=c.dropout, layer_norm_epsilon=1e-5, tie_word_embeddings=True,
-        bos_token_id=meta["eot_id"], eos_token_id=meta["eot_id"])
+        bos_token_id=eot, eos_token_id=eot)
     hf = transformers.GPT2LMHeadModel(hf_config).eval()
     ours, used = model.state_dict(), {"lm_head.weight"}
     conv1d = {f"{name}.weight" for name, _, _ in model.block_linears()}          # HF (in, out)
@@ -303,8 +304,9 @@ def export_hf(ckpt_path, to):
             if os.path.exists(os.path.join(to, name)):
                 os.remove(os.path.join(to, name))
         print0(f"note: {meta['tokenizer']!r} tokens have no Hugging Face tokenizer; "
-                + ("ids 0-255 are UTF-8 bytes, 256 is end-of-text" if meta["tokenizer"] == "byte"
-                   else "encode them as data.py does"))
+                + ("ids 0-255 are UTF-8 bytes, 256 is end-of-text" if meta["tokenizer"] == "byte" else
+                   "id i is the character meta['chars'][i] in speedgpt.json (nanoGPT's meta.pkl)"
+                   if meta["tokenizer"] == "char" else "encode them as data.py does"))
     with open(os.path.join(to, "speedgpt.json"), "w") as f:       # where it came from
         json.dump({"checkpoint": os.path.abspath(ckpt_path), "step": ckpt["step"], "config": cfg, "meta": meta}, f,
                   indent=1)

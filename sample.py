@@ -20,9 +20,9 @@ import sys
 import torch
 
 from configurator import FlagParser
-from data import get_tokenizer
 from model import GPT, GPTConfig
 from speedgpt.checkpoint import load_checkpoint, load_weights
+from speedgpt.corpus import tokenizer_for
 
 
 def load_model(out_dir, device):
@@ -96,7 +96,7 @@ def main(argv=None):
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}")
     try:
-        tok = get_tokenizer(meta["tokenizer"])
+        tok = tokenizer_for(meta)
     except (ValueError, FileNotFoundError) as e:         # offline without the GPT-2 files
         raise SystemExit(f"error: {e}")
     start = args.start
@@ -107,9 +107,17 @@ def main(argv=None):
             raise SystemExit(f"error: prompt file {start[5:]} is not UTF-8 text (byte {e.object[e.start]:#04x} at "
                              f"offset {e.start}): convert it to UTF-8 first")
     # every training document starts with end-of-text (data.py's convention), so the prompt does too:
-    # an empty prompt is that one token. A sample ends where the model ends the document.
-    eot, prompt = meta["eot_id"], tok.encode(start)
-    idx = torch.tensor([[eot] + prompt], device=args.device)
+    # an empty prompt is that one token. A sample ends where the model ends the document. nanoGPT's character
+    # vocabulary has no end-of-text (eot_id -1): the prompt alone, as nanoGPT's sample.py
+    eot = meta["eot_id"]
+    try:
+        prompt = tok.encode(start)
+    except ValueError as e:               # a character the vocabulary lacks
+        raise SystemExit(f"error: the prompt: {e}")
+    if eot < 0 and not prompt:
+        raise SystemExit("error: this model's character vocabulary has no end-of-text to start a sample from: give "
+                         "a prompt (--start, as nanoGPT's \\n)")
+    idx = torch.tensor([[eot] * (eot >= 0) + prompt], device=args.device)
     block_size = model.config.block_size
     if idx.size(1) > block_size:
         print(f"note: the prompt is {idx.size(1):,} tokens (with its end-of-text), longer than block_size="

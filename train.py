@@ -29,7 +29,7 @@ from configurator import MODEL_KEYS, help_text, load_config, non_defaults
 from data import DataError, Loader, load_meta, prepare, sigterm_as_interrupt, token_bytes
 from model import GPT, GPTConfig
 from speedgpt import (Refusals, attention, budget, checkpoint, distributed, evaluation, hellaswag, measure, memory,
-                      optim, resume)
+                      nanogpt, optim, resume)
 from speedgpt.features import activation_checkpointing, compilation, fp8, fused_ce, parallel
 from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, target_reached
 from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, Branch, check_disk, checkpoint_bytes, finish_write,
@@ -119,6 +119,8 @@ def build_model(cfg, meta, proc, ckpt, train_loader):
     model_cfg = GPTConfig.from_dict(asdict(cfg), meta["vocab_size"])
     if cfg.init_from in ("scratch", "resume"):
         raw_model = GPT(model_cfg).to(proc.device)
+    elif nanogpt.is_checkpoint(cfg.init_from):    # a checkpoint file (nanoGPT's, or ours): its shape is cfg's already
+        raw_model = nanogpt.load_model(cfg.init_from, model_cfg).to(proc.device)
     else:
         from hf import load_hf_gpt2
         raw_model = load_hf_gpt2(cfg.init_from, model_cfg).to(proc.device)
@@ -389,8 +391,8 @@ def main(argv=None):
         proc = setup_processes(cfg)
         cfg, ckpt = resume.settle(cfg, explicit, proc, check_flags)   # refuse what cannot work, before any work
         grad_accum_steps = plan_batch(cfg, proc.world)
-    for message in dict.fromkeys(str(w.message) for w in caught):
-        print0(f"warning: {message}")
+    for w in {str(w.message): w for w in caught}.values():       # each once; nanoGPT's keys as read: notes
+        print0(f"{'note' if issubclass(w.category, nanogpt.Note) else 'warning'}: {w.message}")
     if ckpt is not None and ckpt["finished"]:        # nothing to do, nothing written
         print0(f"this run is finished: {resume.resume_path(cfg, explicit)[1]} {ckpt['finished']}")
         leave(proc, True)

@@ -15,7 +15,8 @@ speedgpt's helpers: what train.py, model.py and data.py lean on, one feature or 
   measure.py                   MFU and its peak-FLOPs table, the metrics logger, the profiler
   hellaswag.py                 HellaSwag at each evaluation and in eval.py: the file, its checks, scoring (hellaswag)
   corpus.py                    data.py's input readers, tokenizers and parallel tokenisation
-  shards.py                    the token shard format (llm.c's), its index and meta.json
+  shards.py                    the token shard format (llm.c's), its index and meta.json; nanoGPT's train.bin, meta.pkl
+  nanogpt.py                   nanoGPT's config keys, defaults and checkpoints, read as ours (docs/nanogpt.md)
 
 A feature module holds its flag's check (what GPU, package or shape it needs) and its apply: dropping a
 feature is deleting its module in features/, its entry in train.py's FEATURES and its config keys.

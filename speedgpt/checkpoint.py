@@ -90,6 +90,10 @@ def load_checkpoint(path, required=CKPT_KEYS, missing=""):
                 if others else "")
         raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?{hint}") from e
     missing = [k for k in required if k not in ckpt] if isinstance(ckpt, dict) else list(required)
+    if missing and isinstance(ckpt, dict) and "model_args" in ckpt:      # nanoGPT's: its weights start a run
+        raise ValueError(f"{path} is nanoGPT's checkpoint: start a run from its weights with train.py "
+                         f"--init_from={path} (its optimizer state, grouped otherwise, and its data position do not "
+                         "carry over); that run's own checkpoints then resume, sample and evaluate")
     if missing:
         raise ValueError(f"{path} is not a speedgpt checkpoint: it lacks {', '.join(missing)}")
     for name, state in ckpt.pop("fp8_scaling", {}).items():   # older checkpoints kept the extra state apart

@@ -491,6 +491,39 @@ class GPT2Tokenizer:
         return np.array([len(self.enc.decode_single_token_bytes(i)) for i in range(self.eot)] + [0], dtype=np.int64)
 
 
+class CharTokenizer:
+    """nanoGPT's character vocabulary (data/shakespeare_char's meta.pkl, as shards.nanogpt_meta reads it): id i is
+    the character chars[i]. No end-of-text: eot is -1, never an id."""
+    name, eot = "char", -1
+
+    def __init__(self, chars):
+        self.chars, self.vocab_size = list(chars), len(chars)
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+
+    def encode(self, text):
+        """Raises ValueError naming the first character the vocabulary lacks."""
+        missing = next((c for c in text if c not in self.stoi), None)
+        if missing is not None:
+            raise ValueError(f"{missing!r} is not in the data's {self.vocab_size}-character vocabulary (meta.pkl)")
+        return [self.stoi[c] for c in text]
+
+    def encode_array(self, text):
+        return np.array(self.encode(text), dtype=np.uint16)
+
+    def decode(self, ids):
+        return "".join(self.chars[i] for i in ids if 0 <= i < self.vocab_size)
+
+    def token_bytes(self):
+        """(vocab_size,) int64: each character's UTF-8 bytes (bits per byte's denominator)."""
+        return np.array([len(c.encode("utf-8")) for c in self.chars], dtype=np.int64)
+
+
+def tokenizer_for(meta):
+    """The tokenizer of a data folder's (or a checkpoint's) metadata: get_tokenizer's, or the character vocabulary
+    that a nanoGPT folder's meta carries."""
+    return CharTokenizer(meta["chars"]) if meta["tokenizer"] == "char" else get_tokenizer(meta["tokenizer"])
+
+
 def get_tokenizer(name):
     """Return the tokenizer called `name` ("byte" or "gpt2"). Raises ValueError for other names."""
     if name == "byte":
@@ -721,4 +754,4 @@ def token_bytes(data_dir, meta):
         counts = np.load(path)
         if counts.shape == (meta["vocab_size"],):
             return counts.astype(np.int64)
-    return get_tokenizer(meta["tokenizer"]).token_bytes()
+    return tokenizer_for(meta).token_bytes()

@@ -18,6 +18,8 @@ edit this module and its keys in configurator.py.
   lr_schedule=wsd     warm-up, then the peak held ("stable"), then a linear decay to min_lr over the last
                       wsd_decay_frac of lr_decay_iters (warmup-stable-decay, the "trapezoidal" schedule of
                       Hägele et al. 2024, modded-nanogpt's and nanochat's).
+  lr_schedule=constant  warm-up, then the peak to the end (nanoGPT's decay_lr=False, with warmup_iters=0 there):
+                      for fine-tuning; min_lr and lr_decay_iters do not apply.
   time_budget=M       either shape over M minutes of training time instead of lr_decay_iters steps (lr_at;
                       the clock and the run's end: speedgpt/budget.py); the warm-up stays in steps.
 
@@ -139,6 +141,8 @@ def lr_at(step, cfg, peak=None, seconds=0.0):
     decay_iters = cfg.lr_decay_iters or cfg.max_iters
     if step < cfg.warmup_iters:
         return peak * (step + 1) / (cfg.warmup_iters + 1)
+    if cfg.lr_schedule == "constant":
+        return peak
     if step >= decay_iters:
         return floor
     if cfg.lr_schedule == "wsd":
@@ -152,6 +156,8 @@ def lr_at(step, cfg, peak=None, seconds=0.0):
 def decayed(x, cfg, peak, floor):
     """The rate at the share x (in [0, 1]) of the decay's horizon: cosine from peak to floor, or for WSD the peak
     held, then linear to floor over the last wsd_decay_frac."""
+    if cfg.lr_schedule == "constant":
+        return peak
     if cfg.lr_schedule == "wsd":
         return peak if x <= 1 - cfg.wsd_decay_frac else floor + (peak - floor) * (1 - x) / cfg.wsd_decay_frac
     return floor + 0.5 * (1.0 + math.cos(math.pi * x)) * (peak - floor)

@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 
 import data
 from configurator import Config, check_schedule, model_keys
-from speedgpt import budget, evaluation, optim
+from speedgpt import budget, evaluation, nanogpt, optim
 from speedgpt.checkpoint import checkpoint_step, load_checkpoint, remove_stale_tmp, resolve_resume, saved_steps
 from speedgpt.distributed import print0
 
@@ -37,6 +37,8 @@ def settle(cfg, explicit, proc, check_flags):
     if remove_stale_tmp(latest):
         print0(f"removed the .tmp files in {cfg.out_dir}, left by a run stopped while saving")
     if cfg.init_from != "resume":
+        if nanogpt.is_checkpoint(cfg.init_from):      # a checkpoint file's shape, before the checks (nanoGPT's or ours)
+            cfg = nanogpt.start_config(cfg, explicit)
         cfg = check_flags(cfg, proc)
         if cfg.init_from != "scratch":
             from hf import check_tokens

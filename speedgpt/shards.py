@@ -5,11 +5,17 @@ NAME.bin its index NAME.idx.npz (token count, largest id, offset of each BOS), w
 that a loader starts without reading shards; meta.json, written last, lists the shards. data.py writes
 (ShardWriter: a split's documents, into shards as they fill) and reads through these functions (and re-exports
 them: data.read_shard etc.).
+
+nanoGPT's data folders read as they are (its data/*/prepare.py): train.bin and val.bin, the split's uint16 tokens
+with no header, and for a character vocabulary meta.pkl ({'vocab_size', 'itos', 'stoi'}); without meta.pkl the
+tokens are GPT-2's. No document boundaries are stored there: GPT-2's end-of-text (50256, which nanoGPT's
+openwebtext puts after each document) splits documents for the document mask; a character vocabulary has none.
 """
 import errno
 import glob
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -26,6 +32,8 @@ SHARD_TOKENS = 100_000_000    # tokens per shard, as llm.c
 TOKEN_BYTES = "token_bytes.npy"   # beside meta.json: each token id's UTF-8 bytes (token_bytes)
 FORMAT = 2                    # meta.json "format": 2 = EOT before each document (1 put it after)
 OUR_SHARD = re.compile(r"(train|val)_\d{6}\.bin")
+NANOGPT_SPLIT = re.compile(r"(train|val)\.bin")   # nanoGPT's: the split's uint16 tokens, no header
+NANOGPT_VOCAB = "meta.pkl"                       # nanoGPT's character vocabulary, beside them
 OUR_FILE = re.compile(r"((train|val)_\d{6}\.(bin|idx\.npz)|meta\.json|token_bytes\.npy)(\.\d+)?(\.tmp)?")
 
 # -----------------------------------------------------------------------------
@@ -52,6 +60,10 @@ def read_header(path):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"shard {path} does not exist")
     size = os.path.getsize(path)
+    if headerless(path):
+        if size % 2:
+            raise ValueError(f"{path} has an odd number of bytes ({size}): not nanoGPT's uint16 tokens (truncated?)")
+        return size // 2, np.uint16
     if size < HEADER_BYTES:
         raise ValueError(f"shard {path} is corrupt: {size} bytes, shorter than its 1024-byte header")
     header = np.fromfile(path, dtype=np.int32, count=HEADER_INTS)
@@ -74,7 +86,12 @@ def read_header(path):
 def read_shard(path):
     """Return the tokens of a shard as a read-only memmap (1-D). Drop it when done: see Loader."""
     n, dtype = read_header(path)
-    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(n,))
+    return np.memmap(path, dtype=dtype, mode="r", offset=0 if headerless(path) else HEADER_BYTES, shape=(n,))
+
+
+def headerless(path):
+    """True for nanoGPT's train.bin / val.bin: tokens from the first byte (ours and llm.c's have a header)."""
+    return bool(NANOGPT_SPLIT.fullmatch(os.path.basename(path)))
 
 
 class DataError(ValueError):
@@ -288,6 +305,8 @@ def find_shards(data_dir, split):
         raise FileNotFoundError(f"data folder {data_dir!r} does not exist: prepare it with "
                                 f"`python data.py --input CORPUS --out {data_dir}{tok}`")
     paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*{split}_*.bin")))
+    if not paths and os.path.isfile(os.path.join(data_dir, f"{split}.bin")):       # nanoGPT's folder
+        paths = [os.path.join(data_dir, f"{split}.bin")]
     names = [] if paths else [n for n in os.listdir(data_dir) if not n.startswith(".")]
     if names and not any(n.endswith(".bin") or OUR_FILE.fullmatch(n) for n in names):    # a corpus, not shards
         out = os.path.join("data", os.path.basename(os.path.normpath(data_dir)))
@@ -320,6 +339,8 @@ def load_meta(data_dir, verbose=True):
         if ours:
             raise ValueError(f"{data_dir} holds shards ({ours[0]}, ...) but no meta.json: their preparation "
                              f"did not finish; {again}")
+        if "train.bin" in shards:
+            return nanogpt_meta(data_dir, verbose)
         if verbose:
             print(f"note: {data_dir} has no meta.json; assuming GPT-2 tokens (as llm.c's FineWeb shards)")
         return {"tokenizer": "gpt2", "vocab_size": 50257, "eot_id": 50256, "foreign": True}
@@ -352,3 +373,38 @@ def load_meta(data_dir, verbose=True):
             raise ValueError(f"{path} does not list the shards in the folder "
                              f"({', '.join(odd[:3]) or 'no shard list'}); {again}")
     return meta
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """pickle's reader for data only: dicts, strings and numbers load, no class or function (a pickle that names
+    one could run code)."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"it names {module}.{name}, and nanoGPT's meta.pkl holds plain dicts")
+
+
+def nanogpt_meta(data_dir, verbose=True):
+    """The tokenizer metadata of nanoGPT's folder `data_dir` (train.bin, val.bin): from meta.pkl, a character
+    vocabulary ({"tokenizer": "char", "chars": [each id's character], "eot_id": -1: none}), else GPT-2's (as
+    nanoGPT's openwebtext and shakespeare). Says in one line which, and what it means for document boundaries.
+    Raises ValueError for a meta.pkl that is not nanoGPT's."""
+    path = os.path.join(data_dir, NANOGPT_VOCAB)
+    if not os.path.isfile(path):
+        if verbose:
+            print(f"note: {data_dir} is nanoGPT's (train.bin, val.bin, no meta.pkl): GPT-2 tokens; no document "
+                  "boundaries are stored, so documents are split at end-of-text (50256) for the document mask")
+        return {"tokenizer": "gpt2", "vocab_size": 50257, "eot_id": 50256, "foreign": True}
+    try:
+        with open(path, "rb") as f:
+            vocab = _PlainUnpickler(f).load()
+        size, itos = vocab["vocab_size"], vocab["itos"]
+        chars = [itos[i] for i in range(size)]
+        if not all(type(c) is str for c in chars):
+            raise TypeError("itos maps ids to something else than strings")
+    except Exception as e:       # unreadable, another pickle, a vocabulary with gaps
+        raise ValueError(f"{path} is not nanoGPT's character vocabulary ({{'vocab_size', 'itos', 'stoi'}}: "
+                         f"{type(e).__name__}: {e}): prepare the folder again with its prepare.py") from None
+    if verbose:
+        print(f"note: {data_dir} is nanoGPT's (train.bin, val.bin, meta.pkl: {size} characters): no document "
+              "boundaries are known (no end-of-text token), so each row is one stretch of text")
+    return {"tokenizer": "char", "vocab_size": size, "eot_id": -1, "chars": chars, "foreign": True}

@@ -50,6 +50,18 @@ def test_wsd_warms_up_holds_then_decays_linearly():
     assert optim.lr_at(50, cfg, peak=0.02) == 0.02 and optim.lr_at(100, cfg, peak=0.02) == pytest.approx(0.002)
 
 
+def test_constant_warms_up_then_holds_the_peak_to_the_end():
+    """lr_schedule=constant (nanoGPT's decay_lr=False, there with no warm-up): no floor and no horizon, so a min_lr
+    above learning_rate is no contradiction, in steps or on a time budget."""
+    cfg = configurator.load_config(["--lr_schedule=constant", "--learning_rate=3e-5", "--min_lr=6e-5",
+                                    "--warmup_iters=4", "--lr_decay_iters=10", "--max_iters=50"])
+    assert [optim.lr_at(s, cfg) for s in range(50)] == [3e-5 * (s + 1) / 5 for s in range(4)] + [3e-5] * 46
+    budget = configurator.Config(lr_schedule="constant", learning_rate=1e-3, warmup_iters=0, time_budget=1.0)
+    assert optim.lr_at(9, budget, seconds=59.0) == optim.lr_at(9, budget, seconds=90.0) == 1e-3
+    with pytest.raises(ValueError, match="min_lr=6e-05 is above learning_rate=3e-05"):
+        configurator.load_config(["--learning_rate=3e-5", "--min_lr=6e-5"])      # cosine decays to it
+
+
 def test_a_time_budget_decays_on_the_seconds_trained_and_warms_up_in_steps():
     """time_budget=1 (60 s): the decay's share is seconds / 60, whatever the step; the warm-up's ramp (steps) caps it;
     past the budget, the floor. Without a budget the seconds change nothing."""

@@ -1,0 +1,287 @@
+"""karpathy/nanoGPT's files in speedgpt, on the CPU (speedgpt/nanogpt.py, speedgpt/shards.py): its config files given
+as the positional argument, each of its keys translated with its note, a key of its other scripts refused with the
+way out; a data folder as its data/shakespeare_char/prepare.py writes one (train.bin, val.bin, meta.pkl) trained on
+with a config like its train_shakespeare_char.py, and sampled from in characters; its ckpt.pt (written here in its
+format) starting a run with the same logits, a resume from it refused. The files are stand-ins written here; with
+NANOGPT_DIR set to a nanoGPT checkout, its own config files are read too and its model.py gives the same logits."""
+import importlib.util
+import os
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import configurator
+import sample
+import train
+from conftest import ROOT, read_metrics
+from model import GPT, GPTConfig
+from speedgpt import nanogpt
+
+NANOGPT_DIR = os.environ.get("NANOGPT_DIR", "")
+needs_nanogpt = pytest.mark.skipif(not NANOGPT_DIR or not os.path.isfile(os.path.join(NANOGPT_DIR, "model.py")),
+                                   reason="set NANOGPT_DIR to a karpathy/nanoGPT checkout to test against its files")
+
+# config/train_shakespeare_char.py's keys and values, as nanoGPT ships it
+SHAKESPEARE_CHAR = """
+out_dir = 'out-shakespeare-char'
+eval_interval = 250
+eval_iters = 200
+log_interval = 10
+always_save_checkpoint = False
+wandb_log = False
+wandb_project = 'shakespeare-char'
+wandb_run_name = 'mini-gpt'
+dataset = 'shakespeare_char'
+gradient_accumulation_steps = 1
+batch_size = 64
+block_size = 256
+n_layer = 6
+n_head = 6
+n_embd = 384
+dropout = 0.2
+learning_rate = 1e-3
+max_iters = 5000
+lr_decay_iters = 5000
+min_lr = 1e-4
+beta2 = 0.99
+warmup_iters = 100
+"""
+# a small model on the CPU, as nanoGPT's comment says for a laptop (device, compile) and smaller
+TINY = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32",
+        "--batch_size=4", "--eval_iters=4", "--eval_interval=10", "--log_interval=5", "--warmup_iters=2",
+        "--learning_rate=1e-2", "--max_iters=20", "--lr_decay_iters=20", "--dropout=0.0"]
+
+
+def write_char_folder(folder):
+    """A data folder as nanoGPT's data/shakespeare_char/prepare.py writes one: the sorted characters of a text as the
+    vocabulary, its first 90% as train.bin and the rest as val.bin (uint16, no header), meta.pkl beside them."""
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read() * 2
+    chars = sorted(set(text))
+    stoi, itos = {c: i for i, c in enumerate(chars)}, dict(enumerate(chars))
+    os.makedirs(folder, exist_ok=True)
+    cut = int(len(text) * 0.9)
+    for name, part in (("train.bin", text[:cut]), ("val.bin", text[cut:])):
+        np.array([stoi[c] for c in part], dtype=np.uint16).tofile(os.path.join(folder, name))
+    with open(os.path.join(folder, "meta.pkl"), "wb") as f:
+        pickle.dump({"vocab_size": len(chars), "itos": itos, "stoi": stoi}, f)
+    return chars
+
+
+def notes(argv):
+    """(config, [each note's text]) of load_config(argv)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = configurator.load_config(argv)
+    return cfg, [str(w.message) for w in caught if issubclass(w.category, nanogpt.Note)]
+
+
+def test_the_shakespeare_char_folder_trains_with_its_config_and_samples_in_characters(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)              # dataset='shakespeare_char' is data/shakespeare_char, as in nanoGPT
+    chars = write_char_folder("data/shakespeare_char")
+    (tmp_path / "train_shakespeare_char.py").write_text(SHAKESPEARE_CHAR)
+    summary = train.main(["train_shakespeare_char.py", *TINY])
+    out = capsys.readouterr().out
+    assert "no document boundaries are known" in out and f"meta.pkl: {len(chars)} characters" in out
+    assert "note: nanoGPT's dataset='shakespeare_char' -> data_dir='data/shakespeare_char'" in out
+    assert summary["steps"] == 20
+    evals = [r["val_loss"] for r in read_metrics("out-shakespeare-char") if "val_loss" in r]
+    assert len(evals) == 3 and evals[-1] < evals[0] - 0.5, evals      # it learns the characters
+    ckpt = torch.load("out-shakespeare-char/ckpt.pt", weights_only=True)
+    assert ckpt["meta"]["vocab_size"] == len(chars) and ckpt["meta"]["chars"] == chars
+    assert (ckpt["config"]["eval_tokens"], ckpt["config"]["total_batch_size"]) == (4 * 4 * 32, 4 * 32)
+    assert (ckpt["config"]["beta2"], ckpt["config"]["lr_schedule"]) == (0.99, "cosine")
+    sample.main(["--out_dir=out-shakespeare-char", "--device=cpu", "--start=The ", "--num_samples=1",
+                 "--max_new_tokens=40"])
+    text = capsys.readouterr().out.split("\n" + "-" * 60)[0]
+    assert text.startswith("The ") and len(text) == 44 and set(text) <= set(chars), text
+    with pytest.raises(SystemExit, match="no end-of-text to start a sample from: give a prompt"):
+        sample.main(["--out_dir=out-shakespeare-char", "--device=cpu", "--start="])
+
+
+def test_the_character_folder_refuses_one_document_per_row(tmp_path):
+    write_char_folder(tmp_path / "chars")
+    args = [f"--data_dir={tmp_path / 'chars'}", f"--out_dir={tmp_path / 'out'}", *TINY, "--packing=False"]
+    with pytest.raises(ValueError, match="has no end-of-text token, so no documents to pad one per row: keep packing"):
+        train.main(args)
+
+
+def test_a_gpt2_token_folder_splits_documents_at_end_of_text(tmp_path):
+    """nanoGPT's openwebtext: GPT-2 tokens with end-of-text after each document and no meta.pkl."""
+    from data import Loader
+    from speedgpt.shards import load_meta
+    docs = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    stream = np.array([t for d in docs for t in d + [50256]], dtype=np.uint16)
+    stream.tofile(tmp_path / "train.bin")
+    stream.tofile(tmp_path / "val.bin")
+    meta = load_meta(str(tmp_path))
+    assert (meta["tokenizer"], meta["vocab_size"], meta["eot_id"]) == ("gpt2", 50257, 50256)
+    batch = next(Loader(str(tmp_path), "train", batch_size=1, block_size=12, seed=0, vocab_size=50257))
+    assert batch.x[0].tolist() == stream[:12].tolist()
+    assert batch.doc_ids[0].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 3]   # a document starts at each 50256
+
+
+def test_the_config_file_may_stand_alone_as_in_nanogpt(tmp_path):
+    path = tmp_path / "c.py"
+    path.write_text("n_layer = 3\nlearning_rate = 1e-3\n")
+    flag = configurator.load_config(["--config", str(path), "--n_embd=64"])
+    assert configurator.load_config([str(path), "--n_embd=64"]) == flag
+    assert configurator.load_config(["--n_embd", "64", str(path)]) == flag      # an override wins wherever it stands
+    bare = configurator.load_config(["--compile", str(path)])                    # a bare bool before it: True
+    assert (bare.compile, bare.n_layer) == (True, 3)
+    with pytest.raises(ValueError, match=r"^cannot parse argument 'n_layer=2': use --key=value or --key value "
+                                         r"\(a config file: --config FILE or FILE.py\)$"):
+        configurator.load_config(["n_layer=2"])
+    with pytest.raises(FileNotFoundError, match="config file 'none.py' not found"):
+        configurator.load_config(["none.py"])
+
+
+@pytest.mark.parametrize("flag, ours, said", [
+    ("--dataset=shakespeare_char", {"data_dir": "data/shakespeare_char"}, "dataset='shakespeare_char' -> data_dir"),
+    ("--gradient_accumulation_steps=5", {"total_batch_size": 5 * 4 * 32},
+     "gradient_accumulation_steps=5 -> total_batch_size=640 (5 x batch_size 4 x block_size 32"),
+    ("--eval_iters=3", {"eval_tokens": 3 * 4 * 32},
+     "eval_iters=3 -> eval_tokens=384 (3 x batch_size 4 x block_size 32"),
+    ("--eval_iters=0", {"eval_tokens": 0}, "eval_iters=0 -> eval_tokens=0"),
+    ("--eval_only=True", {"max_iters": 0, "save_checkpoints": False}, "eval_only=True -> max_iters=0"),
+    ("--eval_only=False", {"max_iters": 500}, "eval_only=False: the run trains"),
+    ("--always_save_checkpoint=False", {"save_checkpoints": True}, "keeps the best apart (ckpt_best.pt"),
+    ("--decay_lr=False", {"lr_schedule": "constant", "warmup_iters": 0}, "decay_lr=False -> lr_schedule='constant'"),
+    ("--decay_lr=True", {"lr_schedule": "cosine"}, "decay_lr=True: lr_schedule=cosine"),
+    ("--backend=gloo", {}, "backend='gloo': the process group's backend follows the device"),
+])
+def test_each_key_of_nanogpts_is_read_with_one_note(flag, ours, said):
+    cfg, said_here = notes(["--batch_size=4", "--block_size=32", flag])   # a command line: no file, no defaults
+    assert {k: getattr(cfg, k) for k in ours} == ours
+    assert len(said_here) == 1 and said_here[0].startswith("nanoGPT's ") and said in said_here[0], said_here
+
+
+def test_a_config_file_of_nanogpts_takes_its_defaults_but_not_the_machines(tmp_path):
+    """As train_gpt2.py, which leaves the model's shape and the schedule to nanoGPT's train.py."""
+    (tmp_path / "gpt2.py").write_text("batch_size = 12\nblock_size = 1024\ngradient_accumulation_steps = 5 * 8\n")
+    cfg, said = notes([str(tmp_path / "gpt2.py"), "--warmup_iters=100"])
+    assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.learning_rate, cfg.min_lr) == (12, 12, 768, 6e-4, 6e-5)
+    assert (cfg.warmup_iters, cfg.data_dir, cfg.total_batch_size, cfg.eval_tokens) == (100, "data/openwebtext",
+                                                                                       491520, 200 * 12 * 1024)
+    assert (cfg.device, cfg.dtype, cfg.compile) == ("auto", "float32", False)
+    defaults = [s for s in said if s.startswith(f"{tmp_path / 'gpt2.py'} is nanoGPT's")]
+    assert len(defaults) == 1 and "n_layer=12" in defaults[0] and "warmup_iters" not in defaults[0]
+    # a config file of speedgpt's keys alone is ours: our defaults
+    (tmp_path / "ours.py").write_text("batch_size = 12\n")
+    assert notes([str(tmp_path / "ours.py")]) == (configurator.Config(batch_size=12), [])
+
+
+@pytest.mark.parametrize("argv, error, message", [
+    (["--max_new_tokens=100"], ValueError, "'max_new_tokens' (command line) is a flag of sample.py (as in nanoGPT), "
+                                           "not of train.py: python sample.py --max_new_tokens=..."),
+    (["--real_data=False"], ValueError, "'real_data' (command line) is a flag of bench.py"),
+    (["--decay_lr=maybe"], TypeError, "nanoGPT's config key 'decay_lr' (command line) must be bool, got 'maybe'"),
+    (["--gradient_accumulation_steps=0"], TypeError, "'gradient_accumulation_steps' (command line) must be int >= 1"),
+    (["--grad_accum_steps=4"], ValueError, "it is derived: set total_batch_size"),
+])
+def test_a_key_without_an_equivalent_is_refused_with_the_way_out(argv, error, message):
+    with pytest.raises(error) as e:
+        configurator.load_config(argv)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def nanogpt_checkpoint(model, path, **model_args):
+    """Save `model` (ours) as nanoGPT's train.py saves its checkpoint: the compiled module's state dict
+    (`_orig_mod.` prefixes), the vocabulary unpadded, a causal-mask buffer per layer (a torch without SDPA),
+    model_args, iter_num, best_val_loss (a tensor), config and the optimizer's state."""
+    c = model.config
+    state = {}
+    for name, t in model.state_dict().items():
+        if name in ("transformer.wte.weight", "lm_head.weight"):
+            t = t[:c.vocab_size]
+        state[f"_orig_mod.{name}"] = t.clone()
+    for i in range(c.n_layer):
+        state[f"_orig_mod.transformer.h.{i}.attn.bias"] = torch.ones(c.block_size, c.block_size).tril().view(
+            1, 1, c.block_size, c.block_size)
+    args = dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, block_size=c.block_size, bias=c.bias,
+                vocab_size=c.vocab_size, dropout=0.0, **model_args)
+    optimizer = torch.optim.AdamW(model.parameters())
+    torch.save({"model": state, "optimizer": optimizer.state_dict(), "model_args": args, "iter_num": 250,
+                "best_val_loss": torch.tensor(1.5), "config": {"dataset": "shakespeare_char", "batch_size": 64}}, path)
+
+
+def test_a_nanogpt_checkpoint_starts_a_run_with_the_same_logits(tmp_path):
+    chars = write_char_folder(tmp_path / "chars")
+    torch.manual_seed(0)
+    mine = GPT(GPTConfig(block_size=32, vocab_size=len(chars), n_layer=2, n_head=2, n_embd=32, bias=True)).eval()
+    nanogpt_checkpoint(mine, tmp_path / "ckpt.pt")
+    idx = torch.randint(0, len(chars), (2, 32))
+    # learning_rate=0: the run's checkpoint holds the weights it started from
+    args = [f"--data_dir={tmp_path / 'chars'}", f"--out_dir={tmp_path / 'out'}", *TINY, "--max_iters=2",
+            "--learning_rate=0", "--min_lr=0", f"--init_from={tmp_path / 'ckpt.pt'}"]
+    args.remove("--n_layer=2")                  # the shape comes from the checkpoint: bias=True, two layers
+    train.main(args)
+    model, _ = sample.load_model(str(tmp_path / "out"), "cpu")
+    assert (model.config.n_layer, model.config.bias) == (2, True)
+    torch.testing.assert_close(model(idx)[0], mine(idx)[0], rtol=0, atol=0)
+    # our own checkpoint file starts a run the same way (weights and shape only)
+    again = [a.replace(str(tmp_path / "out"), str(tmp_path / "again")) for a in args if not a.startswith("--init_from")]
+    train.main([*again, f"--init_from={tmp_path / 'out' / 'ckpt.pt'}"])
+    again_model, _ = sample.load_model(str(tmp_path / "again"), "cpu")
+    torch.testing.assert_close(again_model(idx)[0], mine(idx)[0], rtol=0, atol=0)
+    # a shorter block_size crops the positions; a different shape is refused in one line
+    cfg = nanogpt.start_config(configurator.Config(init_from=str(tmp_path / "ckpt.pt"), block_size=16), {"block_size"})
+    short = nanogpt.load_model(cfg.init_from, GPTConfig.from_dict(vars(cfg), len(chars))).eval()
+    torch.testing.assert_close(short(idx[:, :16])[0], mine(idx[:, :16])[0], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"^n_layer=3 differs from the checkpoint's 2 .*: leave n_layer out"):
+        train.main([*args, "--n_layer=3"])
+
+
+def test_a_resume_from_a_nanogpt_checkpoint_is_refused_with_the_way_out(tmp_path):
+    chars = write_char_folder(tmp_path / "chars")
+    os.makedirs(tmp_path / "out")
+    nanogpt_checkpoint(GPT(GPTConfig(block_size=32, vocab_size=len(chars), n_layer=2, n_head=2, n_embd=32)),
+                       tmp_path / "out" / "ckpt.pt")
+    args = [f"--data_dir={tmp_path / 'chars'}", f"--out_dir={tmp_path / 'out'}", *TINY, "--init_from=resume"]
+    with pytest.raises(ValueError) as e:
+        train.main(args)
+    assert str(e.value).startswith(f"{tmp_path / 'out' / 'ckpt.pt'} is nanoGPT's checkpoint: start a run from its "
+                                   f"weights with train.py --init_from={tmp_path / 'out' / 'ckpt.pt'} (its optimizer")
+
+
+@needs_nanogpt
+def test_nanogpts_own_config_files_load():
+    """Parsed and translated only: they are sized for GPUs (train_gpt2.py: 8 of them)."""
+    config = os.path.join(NANOGPT_DIR, "config")
+    got = {name: notes([os.path.join(config, name)]) for name in sorted(os.listdir(config)) if name.endswith(".py")}
+    assert set(got) >= {"train_shakespeare_char.py", "train_gpt2.py", "finetune_shakespeare.py", "eval_gpt2.py"}
+    for name, (cfg, said) in got.items():
+        assert any(s.startswith(f"{os.path.join(config, name)} is nanoGPT's") for s in said), name
+    gpt2 = got["train_gpt2.py"][0]
+    assert (gpt2.n_layer, gpt2.total_batch_size, gpt2.eval_tokens, gpt2.wandb_log) == (12, 491520, 2457600, True)
+    char = got["train_shakespeare_char.py"][0]
+    assert (char.data_dir, char.n_layer, char.dropout, char.beta2) == ("data/shakespeare_char", 6, 0.2, 0.99)
+    tune = got["finetune_shakespeare.py"][0]
+    assert (tune.init_from, tune.lr_schedule, tune.total_batch_size) == ("gpt2-xl", "constant", 32768)
+    assert (got["eval_gpt2.py"][0].max_iters, got["eval_gpt2.py"][0].init_from) == (0, "gpt2")
+
+
+@needs_nanogpt
+def test_nanogpts_model_py_and_ours_give_the_same_logits(tmp_path):
+    """A checkpoint of nanoGPT's own model (its model.py, its checkpoint's keys) loads into ours with its logits."""
+    spec = importlib.util.spec_from_file_location("nanogpt_model", os.path.join(NANOGPT_DIR, "model.py"))
+    theirs_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(theirs_py)
+    args = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, bias=True, vocab_size=65, dropout=0.0)
+    torch.manual_seed(0)
+    theirs = theirs_py.GPT(theirs_py.GPTConfig(**args)).eval()
+    with torch.no_grad():           # weights far from GPT-2's small init, so a difference of activation would show
+        for p in theirs.parameters():
+            p.normal_(0.0, 0.5)
+    torch.save({"model": theirs.state_dict(), "model_args": args, "iter_num": 10, "best_val_loss": torch.tensor(2.0),
+                "config": {}, "optimizer": theirs.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu").state_dict()},
+               tmp_path / "ckpt.pt")
+    cfg = nanogpt.start_config(configurator.Config(init_from=str(tmp_path / "ckpt.pt")), set())
+    ours = nanogpt.load_model(cfg.init_from, GPTConfig.from_dict(vars(cfg), 65)).eval()
+    idx = torch.randint(0, 65, (2, 32))
+    want, want_loss = theirs(idx, idx)
+    got, loss = ours(idx, idx)
+    torch.testing.assert_close(got[..., :65], want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-5)
