@@ -12,7 +12,7 @@ benchmarks/results/) and of a CPU step's; with MARGIN it refuses only what clear
 """
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -29,6 +29,10 @@ GPT2_VOCAB = 50257       # shards.load_meta's assumption for a folder of foreign
 # activations were about this share of bf16's; fp8.py's tensorwise_fused and tensorwise_delayed keep them in
 # float8 too (the same peaks measured). The rowwise recipes keep bf16 inputs for the backward.
 FP8_TENSORWISE_ACTIVATIONS = 0.63
+# OpenAI's GPT-2 (init_from names, configurator.HF_GPT2): (n_layer, n_head, n_embd), as their config.json on the
+# Hugging Face hub. Their weights replace the config's shape only once read (hf.py), after this check
+GPT2_SHAPES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
+               "gpt2-xl": (48, 25, 1600)}
 
 
 @dataclass(frozen=True)
@@ -250,6 +254,9 @@ def fits(cfg, vocab_size, device, world=1):
         ways.append("or --parallelism=fsdp (shards the weights)")
     if cpu_way_out(cfg, device):                # a GPU preset: lowering the batch will not do
         ways = [cpu_way_out(cfg, device), "or " + ways[0]] + ways[1:]
+    if est.weights * sharing > MARGIN * have:   # no micro-batch helps (init_from=gpt2-xl on a small machine)
+        ways = [f"the weights, gradients and optimizer state alone ({size(est.weights)}) do not fit: a smaller "
+                "model (a smaller init_from, or --n_layer, --n_embd)"] + [w for w in ways if "fsdp" in w]
     processes = f" ({sharing} processes on this machine: {size(need)})" if sharing > 1 else ""
     raise ValueError(f"this run needs about {est.describe()}{processes}, more than {MARGIN:.0%} of {where}: "
                      f"{', '.join(ways)}; --memory_check=False skips this check")
@@ -274,6 +281,22 @@ def out_of_memory_line(e):
             "naive with the document mask build a batch_size x block_size^2 mask")
 
 
+def weights_shape(cfg):
+    """`cfg` with the shape its init_from's GPT-2 weights will bring (n_layer, n_head, n_embd; bias): OpenAI's
+    (GPT2_SHAPES) or a Hugging Face folder's config.json. Otherwise `cfg`: scratch and resume are cfg's shape, and
+    a checkpoint file's is cfg's already (nanogpt.start_config)."""
+    hf_config = os.path.join(str(cfg.init_from), "config.json")
+    if cfg.init_from in GPT2_SHAPES:
+        n_layer, n_head, n_embd = GPT2_SHAPES[cfg.init_from]
+    elif os.path.isfile(hf_config):
+        with open(hf_config) as f:
+            c = json.load(f)
+        n_layer, n_head, n_embd = c.get("n_layer", 12), c.get("n_head", 12), c.get("n_embd", 768)   # GPT2Config's
+    else:
+        return cfg
+    return replace(cfg, n_layer=n_layer, n_head=n_head, n_embd=n_embd, bias=True)
+
+
 def check(cfg, proc):
     """train.py's check: fits() on the vocabulary of cfg.data_dir, its line printed on rank 0. Skipped when
     data_dir holds no data (missing, or without meta.json and shards) and is not a corpus prepared on first use:
@@ -284,5 +307,5 @@ def check(cfg, proc):
     has_data = os.path.isdir(cfg.data_dir) and any(n == "meta.json" or n.endswith(".bin")
                                                    for n in os.listdir(cfg.data_dir))
     if has_data or name in ("stdlib_byte", "stdlib_gpt2"):
-        print0(fits(cfg, vocab_size(cfg.data_dir), device, world))
+        print0(fits(weights_shape(cfg), vocab_size(cfg.data_dir), device, world))
     return cfg

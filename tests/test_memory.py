@@ -267,6 +267,25 @@ def test_mps_memory_is_metals_recommended_working_set(monkeypatch):
     assert memory.available(torch.device("mps")) == 12 * 2**30
 
 
+def test_gpt2_weights_to_start_from_are_estimated_at_their_shape(tmp_path, monkeypatch):
+    """init_from=gpt2-xl (nanoGPT's finetune_shakespeare.py) is 1.5B parameters before its weights are read: on a
+    24 GB CPU its weights and AdamW's state alone do not fit, which no micro-batch changes."""
+    from configurator import HF_GPT2
+    assert tuple(memory.GPT2_SHAPES) == HF_GPT2
+    cfg = replace(Config(), init_from="gpt2-xl", batch_size=1, block_size=64)
+    n, _ = memory.n_params(memory.weights_shape(cfg), GPT2_VOCAB)
+    assert 1.55e9 < n < 1.57e9 and memory.estimate(memory.weights_shape(cfg), GPT2_VOCAB).weights == 16 * n
+    monkeypatch.setattr(memory, "available", lambda device: 24e9)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match=r"the weights, gradients and optimizer state alone \(2\d\.\d GB\) do not fit: "
+                                         r"a smaller model \(a smaller init_from, or --n_layer, --n_embd\); --memory"):
+        memory.fits(memory.weights_shape(cfg), GPT2_VOCAB, torch.device("cpu"))
+    (tmp_path / "config.json").write_text(json.dumps({"n_layer": 3, "n_head": 4, "n_embd": 128}))   # a HF folder
+    mine = memory.weights_shape(replace(cfg, init_from=str(tmp_path)))
+    assert (mine.n_layer, mine.n_head, mine.n_embd, mine.bias) == (3, 4, 128, True)
+    assert memory.weights_shape(Config()) == Config()                           # scratch: the config's own
+
+
 def test_the_vocabulary_is_known_before_the_data_is_prepared(tmp_path):
     prepared = tmp_path / "mine"
     prepared.mkdir()
