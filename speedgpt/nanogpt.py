@@ -95,8 +95,8 @@ DEFAULTS = dict(out_dir="out", eval_interval=2000, log_interval=1, eval_iters=20
                 gradient_accumulation_steps=40, batch_size=12, block_size=1024, n_layer=12, n_head=12, n_embd=768,
                 dropout=0.0, bias=False, learning_rate=6e-4, max_iters=600000, weight_decay=0.1, beta1=0.9,
                 beta2=0.95, grad_clip=1.0, warmup_iters=2000, lr_decay_iters=600000, min_lr=6e-5)
-MACHINE = "device, dtype and compile keep speedgpt's defaults (auto, float32, False; on a GPU nanoGPT's are " \
-          "--dtype=bfloat16 --compile=True)"
+# the machine's keys, which keep speedgpt's defaults beneath a config file of nanoGPT's: nanoGPT's value on a GPU
+MACHINE = {"device": None, "dtype": "bfloat16", "compile": True}
 
 
 def translate(key, value, where):
@@ -129,8 +129,14 @@ def defaults(path, given, ours, init_from):
         out.update(update)
         if key in KEYS or ours.get(key) != value:
             differ.append(f"{key}={value}")
+    same = "each the same as speedgpt's"
+    kept = [k for k in MACHINE if k not in given]          # a machine key given on the command line is no default
+    gpu = [f"--{k}={MACHINE[k]}" for k in kept if MACHINE[k] is not None]
+    names = ", ".join(kept[:-1]) + " and " + kept[-1] if len(kept) > 1 else "".join(kept)
+    machine = "" if not kept else f"; {names} keep{'s' * (len(kept) == 1)} speedgpt's default{'s' * (len(kept) > 1)} " \
+        f"({', '.join(str(ours[k]) for k in kept)}" + (f"; on a GPU nanoGPT's: {' '.join(gpu)}" if gpu else "") + ")"
     note(f"{path} is nanoGPT's: the keys it leaves out take nanoGPT's defaults "
-         f"({', '.join(differ) or 'the same as speedgpt'}); {MACHINE}")
+         f"({', '.join(differ) or same}){machine}")
     return out
 
 
@@ -185,12 +191,16 @@ def start_config(cfg, explicit):
     dropout and attention (no weights of theirs). Raises ValueError in one line."""
     from dataclasses import replace
     shape, _ = shape_of(read(cfg.init_from))
-    for key, value in shape.items():
-        mine = getattr(cfg, key)
-        if key in explicit and mine != value and not (key == "block_size" and mine < value):
-            raise ValueError(f"{key}={mine!r} differs from the checkpoint's {value!r} (init_from={cfg.init_from}): "
-                             f"leave {key} out to take the checkpoint's" + (", or give a smaller block_size"
-                                                                            if key == "block_size" else ""))
+    clash = {k: v for k, v in shape.items()
+             if k in explicit and getattr(cfg, k) != v and not (k == "block_size" and getattr(cfg, k) < v)}
+    if clash:                     # all at once: a config file of nanoGPT's sets the whole shape
+        one = len(clash) == 1
+        raise ValueError(f"{', '.join(f'{k}={getattr(cfg, k)!r}' for k in clash)} differ{'s' * one} from the "
+                         f"checkpoint's {', '.join(repr(v) for v in clash.values())} (init_from={cfg.init_from}): "
+                         f"leave {', '.join(clash)} out to take the checkpoint's"
+                         + (", or give a smaller block_size" if "block_size" in clash else "")
+                         + f"; where a config file sets {'it' if one else 'them'}, add "
+                         f"{' '.join(f'--{k}={v}' for k, v in clash.items())} (the command line beats a config file)")
     return replace(cfg, **{k: v for k, v in shape.items() if not (k == "block_size" and k in explicit)})
 
 

@@ -282,6 +282,21 @@ def prepared_folder(out_dir):
         shutil.rmtree(old, ignore_errors=True)
 
 
+# nanoGPT's data/<dataset> folders, each written by its data/<dataset>/prepare.py: their tokens
+NANOGPT_DATASETS = {"shakespeare_char": "characters", "shakespeare": "gpt2", "openwebtext": "gpt2"}
+
+
+def nanogpt_folder_hint(data_dir):
+    """(where nanoGPT makes it, data.py's --tokenizer for it) for a missing data/<dataset> of nanoGPT's
+    (NANOGPT_DATASETS, as its dataset key names them), for the error's line; ('', '') for another folder."""
+    name = os.path.basename(os.path.normpath(data_dir))
+    if name not in NANOGPT_DATASETS or os.path.normpath(data_dir) != os.path.join("data", name):
+        return "", ""
+    return f"nanoGPT's dataset={name!r} is the folder its data/{name}/prepare.py writes: run that in nanoGPT and " \
+           f"copy it here (cp -r ../nanoGPT/data/{name} data/); or ", \
+        " --tokenizer gpt2" if NANOGPT_DATASETS[name] == "gpt2" else ""
+
+
 def tokenizer_flag(data_dir):
     """The --tokenizer a preparation hint for `data_dir` needs: the presets' folders say it in their names
     (data/stdlib_gpt2, data/shakespeare_gpt2)."""
@@ -302,8 +317,9 @@ def find_shards(data_dir, split):
         raise FileNotFoundError(f"data folder {data_dir!r} is a file, not a folder: {hint}")
     tok = tokenizer_flag(data_dir)
     if not os.path.isdir(data_dir):
-        raise FileNotFoundError(f"data folder {data_dir!r} does not exist: prepare it with "
-                                f"`python data.py --input CORPUS --out {data_dir}{tok}`")
+        theirs, their_tok = nanogpt_folder_hint(data_dir)      # nanoGPT's data/<dataset>
+        raise FileNotFoundError(f"data folder {data_dir!r} does not exist: {theirs}prepare it with "
+                                f"`python data.py --input CORPUS --out {data_dir}{their_tok or tok}`")
     paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*{split}_*.bin")))
     if not paths and os.path.isfile(os.path.join(data_dir, f"{split}.bin")):       # nanoGPT's folder
         paths = [os.path.join(data_dir, f"{split}.bin")]

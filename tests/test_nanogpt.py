@@ -168,6 +168,14 @@ def test_a_config_file_of_nanogpts_takes_its_defaults_but_not_the_machines(tmp_p
     assert (cfg.device, cfg.dtype, cfg.compile) == ("auto", "float32", False)
     defaults = [s for s in said if s.startswith(f"{tmp_path / 'gpt2.py'} is nanoGPT's")]
     assert len(defaults) == 1 and "n_layer=12" in defaults[0] and "warmup_iters" not in defaults[0]
+    assert defaults[0].endswith("; device, dtype and compile keep speedgpt's defaults (auto, float32, False; on a GPU "
+                                "nanoGPT's: --dtype=bfloat16 --compile=True)"), defaults[0]
+    # nanoGPT's README's CPU line gives device and compile: the note names only the machine key left to ours
+    _, said = notes([str(tmp_path / "gpt2.py"), "--device=cpu", "--compile=False"])
+    defaults = [s for s in said if s.startswith(f"{tmp_path / 'gpt2.py'} is nanoGPT's")]
+    assert defaults[0].endswith("; dtype keeps speedgpt's default (float32; on a GPU nanoGPT's: --dtype=bfloat16)")
+    _, said = notes([str(tmp_path / "gpt2.py"), "--device=cpu", "--compile=False", "--dtype=float32"])
+    assert [s for s in said if " is nanoGPT's" in s][0].endswith("min_lr=6e-05)")
     # a config file of speedgpt's keys alone is ours: our defaults
     (tmp_path / "ours.py").write_text("batch_size = 12\n")
     assert notes([str(tmp_path / "ours.py")]) == (configurator.Config(batch_size=12), [])
@@ -230,8 +238,46 @@ def test_a_nanogpt_checkpoint_starts_a_run_with_the_same_logits(tmp_path):
     cfg = nanogpt.start_config(configurator.Config(init_from=str(tmp_path / "ckpt.pt"), block_size=16), {"block_size"})
     short = nanogpt.load_model(cfg.init_from, GPTConfig.from_dict(vars(cfg), len(chars))).eval()
     torch.testing.assert_close(short(idx[:, :16])[0], mine(idx[:, :16])[0], rtol=0, atol=0)
-    with pytest.raises(ValueError, match=r"^n_layer=3 differs from the checkpoint's 2 .*: leave n_layer out"):
+    with pytest.raises(ValueError, match=r"^n_layer=3 differs from the checkpoint's 2 .*: leave n_layer out to take "
+                                         r"the checkpoint's; where a config file sets it, add --n_layer=2 \("):
         train.main([*args, "--n_layer=3"])
+
+
+def test_its_config_files_shape_against_its_checkpoint_is_refused_at_once_with_the_flags_that_win(tmp_path,
+                                                                                                   monkeypatch):
+    """train_shakespeare_char.py sets the whole shape (6 layers, 384 wide, block_size 256): starting from a smaller
+    ckpt.pt under it names every key that differs in one line, and the command-line flags that take the
+    checkpoint's; with them the run starts."""
+    monkeypatch.chdir(tmp_path)
+    chars = write_char_folder("data/shakespeare_char")
+    (tmp_path / "train_shakespeare_char.py").write_text(SHAKESPEARE_CHAR)
+    nanogpt_checkpoint(GPT(GPTConfig(block_size=32, vocab_size=len(chars), n_layer=2, n_head=2, n_embd=32)),
+                       tmp_path / "ckpt.pt")
+    tiny = [a for a in TINY if a.split("=")[0] not in ("--n_layer", "--n_head", "--n_embd", "--block_size")]
+    args = ["train_shakespeare_char.py", *tiny, "--init_from=ckpt.pt", "--max_iters=1"]
+    with pytest.raises(ValueError) as e:
+        train.main(args)
+    assert str(e.value) == ("n_layer=6, n_head=6, n_embd=384, block_size=256 differ from the checkpoint's 2, 2, 32, "
+                            "32 (init_from=ckpt.pt): leave n_layer, n_head, n_embd, block_size out to take the "
+                            "checkpoint's, or give a smaller block_size; where a config file sets them, add "
+                            "--n_layer=2 --n_head=2 --n_embd=32 --block_size=32 (the command line beats a config file)")
+    assert train.main([*args, "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32"])["steps"] == 1
+
+
+def test_a_missing_nanogpt_dataset_folder_names_its_prepare_py(tmp_path, monkeypatch):
+    """dataset='shakespeare' is data/shakespeare: where nanoGPT makes it, or data.py with its GPT-2 tokens."""
+    from speedgpt.shards import find_shards
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as e:
+        find_shards("data/shakespeare", "train")
+    assert str(e.value) == ("data folder 'data/shakespeare' does not exist: nanoGPT's dataset='shakespeare' is the "
+                            "folder its data/shakespeare/prepare.py writes: run that in nanoGPT and copy it here (cp -r "
+                            "../nanoGPT/data/shakespeare data/); or prepare it with `python data.py --input CORPUS "
+                            "--out data/shakespeare --tokenizer gpt2`")
+    with pytest.raises(FileNotFoundError, match=r"data/shakespeare_char/prepare\.py .* --out data/shakespeare_char`$"):
+        find_shards("data/shakespeare_char", "train")        # characters: data.py's default tokenizer, bytes
+    with pytest.raises(FileNotFoundError, match=r"does not exist: prepare it with .* --out elsewhere/openwebtext`$"):
+        find_shards("elsewhere/openwebtext", "train")         # not nanoGPT's data/<dataset>
 
 
 def test_a_resume_from_a_nanogpt_checkpoint_is_refused_with_the_way_out(tmp_path):
