@@ -386,14 +386,14 @@ def load_config(argv, with_explicit=False):
         values = {**nanogpt.defaults(theirs, given, defaults, values.get("init_from", "scratch")), **values}
     cfg = Config(**nanogpt.resolve(values, defaults))
     positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval",
-                "fused_ce_chunk", "keep_checkpoints")
+                "keep_checkpoints")                    # a feature's own keys: its check (speedgpt/features/)
     way_out = {"keep_checkpoints": " (to keep none, --save_checkpoints=False)",
                "eval_interval": " (to turn evaluation off, --eval_tokens=0)"}
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}"
                              + way_out.get(key, ""))
-    for key in ("max_iters", "eval_tokens", "timing_warmup", "warmup_iters", "lr_decay_iters", "fp8_min_dim",
+    for key in ("max_iters", "eval_tokens", "timing_warmup", "warmup_iters", "lr_decay_iters",
                 "total_batch_size", "max_skipped_steps", "hellaswag_examples"):
         if getattr(cfg, key) < 0:
             raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")

@@ -248,7 +248,7 @@ def fits(cfg, vocab_size, device, world=1):
         ways.append("or --attention=sdpa (no T x T scores)")
     if 4 * est.head > est.total and getattr(cfg, "fused_ce", False):
         ways.append("or a smaller --fused_ce_chunk")
-    elif 4 * est.head > est.total and cfg.dtype != "float16":       # fused_ce refuses float16
+    elif 4 * est.head > est.total and hasattr(cfg, "fused_ce") and cfg.dtype != "float16":   # it refuses float16
         ways.append("or --fused_ce=True (no logits kept)")
     if world > 1 and cfg.parallelism == "ddp" and est.weights > est.activations:
         ways.append("or --parallelism=fsdp (shards the weights)")

@@ -5,10 +5,11 @@ for step as the plain head does. The GPU checks are in tests/test_gpu.py."""
 import pytest
 import torch
 
+import configurator
 import train
 from conftest import assert_same_outputs, outputs_and_grads, read_metrics, tiny_args
 from conftest import tiny_gpt as tiny
-from speedgpt.features import fp8
+from speedgpt.features import fp8, fused_ce
 from speedgpt.features.fused_ce import FusedHeadLoss, LinearCrossEntropy
 
 
@@ -87,3 +88,28 @@ def test_fused_ce_chunk_is_used_and_gives_the_plain_losses(byte_data, tmp_path, 
     assert len(a) == len(b) == 4
     for step, (x, y) in enumerate(zip(a, b)):
         assert abs(x - y) < 1e-5, f"step {step}: plain {x} vs fused_ce {y}"
+
+
+def test_a_change_to_the_logits_the_fused_head_does_not_make_is_refused(monkeypatch):
+    """A fork's soft cap on the logits in GPT.head: the fused head makes its logits itself and would train without
+    it, silently; fused_ce.apply compares the two heads' losses first and refuses in one line. Unchanged, it
+    installs."""
+    import model
+    from model import GPT, GPTConfig
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=100))
+    cfg = configurator.Config(fused_ce=True)
+    assert fused_ce.apply(m, cfg) and isinstance(m.head_loss, fused_ce.FusedHeadLoss)
+    head = model.GPT.head
+
+    def capped(self, x, targets=None):
+        if self.head_loss is not None and targets is not None:
+            return head(self, x, targets)
+        logits = 30 * torch.tanh(self.lm_head(self.transformer.ln_f(x)) / 30)
+        return logits, torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    monkeypatch.setattr(model.GPT, "head", capped)
+    m.head_loss = None
+    with pytest.raises(ValueError, match=r"another loss .* model.py's GPT.head\?\): make it in "
+                                         r"speedgpt/features/fused_ce.py too, or add --fused_ce=False"):
+        fused_ce.apply(m, cfg)
+    assert m.head_loss is None

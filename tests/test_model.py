@@ -18,9 +18,7 @@ from conftest import (assert_same_outputs, outputs_and_grads, read_metrics, rota
                       tiny_args)
 from model import GPT, GPTConfig, KVCache
 from speedgpt import memory, optim
-from speedgpt.features import fp8
 from speedgpt.checkpoint import load_checkpoint
-from speedgpt.features.fused_ce import FusedHeadLoss
 
 
 def tiny(attention="sdpa", **kw):
@@ -255,6 +253,7 @@ def test_a_block_linear_of_no_kind_is_refused_when_the_model_is_built(monkeypatc
 def test_a_forkers_linear_declared_with_a_kind_reaches_muon_fp8_and_the_estimate(monkeypatch):
     """SwiGLU's w_gate, declared in its LINEARS only: Muon takes it, FP8's default (fp8_layers=all) converts it and
     fp8_layers can name its kind, the memory estimate counts it among the block matrices; the model trains."""
+    from speedgpt.features import fp8            # a feature: imported where used, so a fork can delete it
     monkeypatch.setattr(model, "MLP", SwiGLU)
     m = tiny()
     gates = {f"transformer.h.{i}.mlp.w_gate" for i in range(2)}
@@ -408,6 +407,7 @@ def test_every_block_compiles_as_one_graph_with_the_eager_results():
 def test_the_fused_head_takes_the_untied_head_with_every_block():
     """fused_ce's head loss is given lm_head.weight: with an untied head (and every other block) it gives the
     plain head's loss and gradients, wte's included."""
+    from speedgpt.features.fused_ce import FusedHeadLoss
     idx, tgt, doc_ids = batch()
     plain = outputs_and_grads(tiny(**ALL_BLOCKS), idx, tgt, doc_ids)
     m = tiny(**ALL_BLOCKS)
@@ -420,6 +420,7 @@ def test_the_fused_head_takes_the_untied_head_with_every_block():
 def test_fp8_converts_the_block_linears_with_every_block():
     """FP8 finds the block Linears through block_linears with every block on (never the untied head), and the
     converted model trains a step under bf16 autocast (float8 emulated on the CPU)."""
+    from speedgpt.features import fp8
     m = tiny(**ALL_BLOCKS).float()
     names = fp8.convert(m, configurator.Config(fp8=True, fp8_recipe="tensorwise_fused", fp8_min_dim=32))
     assert names == [name for name, _, _ in m.block_linears()] and len(names) == 8

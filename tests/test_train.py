@@ -79,6 +79,7 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--fp8_head=True", "--fused_ce=True", "--fused_ce_chunk=1000"], ValueError,
      r"and fused_ce_chunk \(1000\) to be multiples of 16"),
     (["--fused_ce_chunk=0"], ValueError, "'fused_ce_chunk' must be positive"),
+    (["--fp8_min_dim=-1"], ValueError, "'fp8_min_dim' must be >= 0, got -1"),
     (["--fused_ce_chunk=4096"], ValueError, "fused_ce_chunk=4096 would do nothing: .* Add --fused_ce=True"),
     (["--attention=varlen"], ValueError, "attention='varlen' .* takes bfloat16 or float16"),
     (["--attention=varlen", "--dtype=bfloat16", "--device=cpu"], ValueError, "varlen kernels do not run on the CPU"),

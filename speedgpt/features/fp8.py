@@ -78,6 +78,8 @@ def check(cfg, proc):
     its own (softmax_pass.check). Called again on resume, where the shape may come from the checkpoint.
     Returns cfg."""
     device = proc.device
+    if cfg.fp8_min_dim < 0:
+        raise ValueError(f"config key 'fp8_min_dim' must be >= 0, got {cfg.fp8_min_dim}")
     if cfg.fp8_layers != ALL_KINDS:
         layer_kinds(cfg, [kind for _, kind, _ in meta_model(cfg).block_linears()])
         if not cfg.fp8:

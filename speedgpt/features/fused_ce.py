@@ -22,7 +22,9 @@ DETAILS = {"fused_ce": ("fused_ce_chunk",)}      # what means nothing without th
 def check(cfg, proc):
     """Raise ValueError for fused_ce=True with dtype='float16': the head's gradients are made in the
     forward, outside the GradScaler's loss scaling (validated in bfloat16 and float32 only); and for a
-    fused_ce_chunk other than the default without fused_ce, where it would do nothing. Returns cfg."""
+    fused_ce_chunk other than the default without fused_ce, where it would do nothing, or below 1. Returns cfg."""
+    if cfg.fused_ce_chunk <= 0:
+        raise ValueError(f"config key 'fused_ce_chunk' must be positive, got {cfg.fused_ce_chunk}")
     if not cfg.fused_ce:
         refuse_unused(cfg, DETAILS["fused_ce"], "the chunk of the fused head and loss", "--fused_ce=True")
     if cfg.fused_ce and cfg.dtype == "float16":
@@ -55,10 +57,36 @@ def apply(model, cfg, proc=None):
     kernel = cfg.fp8_head and cfg.fp8_head_kernel
     if kernel:
         import speedgpt.features.softmax_pass  # noqa: F401  (registers torch.ops.speedgpt.softmax_grad_fp8)
+    check_same_loss(model)
     model.head_loss = FusedHeadLoss(cfg.fused_ce_chunk, cfg.fp8_head, kernel)
     return f"fused_ce: head + cross-entropy in chunks of {cfg.fused_ce_chunk:,} tokens, matmuls in " + \
         ("float8 (tensorwise)" if cfg.fp8_head else cfg.dtype) + \
         (", softmax pass in Triton (speedgpt/features/softmax_pass.py)" if kernel else "")
+
+
+def check_same_loss(model, tokens=8):
+    """Raise ValueError unless `model`'s own head (GPT.head without a head_loss: lm_head, then cross-entropy) gives
+    the loss this module computes, on `tokens` random hidden states, eager, in the weights' dtype. The fused head
+    makes the logits itself, so a fork's change to them in model.py (a soft cap, a temperature) would otherwise be
+    trained without, silently."""
+    w = model.lm_head.weight
+    gen = torch.Generator(w.device).manual_seed(0)                  # not the run's RNG
+    x = torch.randn(1, tokens, w.size(1), device=w.device, dtype=w.dtype, generator=gen)
+    y = torch.randint(0, model.config.vocab_size, (1, tokens), device=w.device, generator=gen)
+    before = model.head_loss
+    try:
+        model.head_loss = None
+        plain = model.head(x, y)[1]
+        model.head_loss = FusedHeadLoss(tokens)
+        with torch.enable_grad():
+            fused = model.head(x, y)[1]
+    finally:
+        model.head_loss = before
+    tol = 1e-4 if w.dtype in (torch.float32, torch.float64) else 2e-2
+    if not torch.allclose(plain.float(), fused.float(), rtol=tol, atol=tol):
+        raise ValueError(f"fused_ce=True computes the head as lm_head and cross-entropy, but this model's head gives "
+                         f"another loss ({plain.item():.4f}, fused {fused.item():.4f}; a change to the logits in "
+                         "model.py's GPT.head?): make it in speedgpt/features/fused_ce.py too, or add --fused_ce=False")
 
 
 def head_ce_chunk(h, w, y, vocab_size, fp8=False, w8=None, kernel=False):
