@@ -70,8 +70,10 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
         raise ValueError(f"val_frac must be in [0, 1), got {val_frac}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
-    if shard_tokens < 1 or (max_tokens is not None and max_tokens < 1):
-        raise ValueError(f"shard_tokens and max_tokens must be positive, got {shard_tokens} and {max_tokens}")
+    if shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens} (leave it out for the whole input)")
     input_path, out_dir, workers = (None if input_path is None else str(input_path), str(out_dir),
                                     workers or os.cpu_count())
     source = input_path or f"python stdlib ({corpus.stdlib_path()})"
@@ -114,7 +116,9 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
             raise ValueError(f"input {source} holds only empty documents")
         if held is not None:
             if val_frac > 0 and writers["train"].docs + writers["val"].docs == 0:
-                raise ValueError(f"input {source} has 1 document: a train/val split needs at least 2")
+                raise ValueError(f"input {source} has 1 document: a train/val split needs at least 2 (a document is "
+                                 "a file of a folder, a line of .jsonl): split it into files in a folder, or prepare "
+                                 "it without validation, --val_frac=0")
             is_val = rng.random() < val_frac         # the last document: each split gets one at least
             if val_frac > 0 and writers["val"].docs == 0:
                 is_val = True

@@ -49,6 +49,10 @@ def check_source(args):
         path = os.path.join(args.out_dir, "ckpt.pt")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no checkpoint at {path}: train first (python train.py --out_dir={args.out_dir})")
+    elif where not in HF_GPT2 and os.path.isfile(where):      # a checkpoint file: say which flag takes it, not "no such folder"
+        raise FileNotFoundError(f"--init_from {where!r} is a file, not a Hugging Face folder: score a speedgpt run "
+                                f"with --out_dir {os.path.dirname(where) or '.'} (its ckpt.pt); a nanoGPT ckpt.pt "
+                                f"first starts a run (python train.py --init_from={where})")
     elif where not in HF_GPT2 and not os.path.isfile(os.path.join(where, "config.json")):
         raise FileNotFoundError(
             f"--init_from {where!r}: " + ("a speedgpt run folder: score its checkpoint with --out_dir " + where
@@ -74,8 +78,10 @@ def load(args, device):
 
 def check_args(args):
     """Raise ValueError naming the flag for a setting that cannot be run, before any work."""
-    if args.examples < 0 or args.batch_size < 1:
-        raise ValueError(f"--examples must be >= 0 and --batch_size >= 1, got {args.examples} and {args.batch_size}")
+    if args.examples < 0:
+        raise ValueError(f"--examples must be >= 0 (0: all), got {args.examples}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch_size must be >= 1 (examples per forward), got {args.batch_size}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", args.device):
         raise ValueError(f"--device must be auto, cpu, cuda, cuda:N or mps, got {args.device!r}")
 

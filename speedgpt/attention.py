@@ -46,17 +46,19 @@ def check(cfg, proc):
         if cfg.attention != "sdpa":
             raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} applies to attention='sdpa' only, "
                              f"not {cfg.attention!r}")
+        if device.type != "cuda":       # first: off a GPU, the dtype and mask changes below would not help
+            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: "
+                             "use sdpa_backend='auto' on the CPU")
         if cfg.dtype == "float32":
             raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} kernels take bfloat16 or float16: set dtype, or "
                              "sdpa_backend='auto'")
         if cfg.sdpa_backend == "flash" and cfg.document_mask:
             raise ValueError("sdpa_backend='flash' takes no attention mask: use it with packing=False or "
                              "document_mask=False")
-        if device.type != "cuda":
-            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: "
-                             "use sdpa_backend='auto' on the CPU")
     if cfg.check_mask and not cfg.document_mask:
         raise ValueError("check_mask=True checks the document mask: it needs packing=True and document_mask=True")
+    if cfg.attention == "varlen":         # the device first: on a CPU, setting dtype would not help
+        varlen_kernel(device)             # FA3 or FA2, chosen once; a one-line error where neither runs
     if cfg.attention == "varlen" and cfg.dtype == "float32":
         raise ValueError("attention='varlen' (FlashAttention) takes bfloat16 or float16: set dtype, or "
                          "use attention='sdpa'")
@@ -65,8 +67,6 @@ def check(cfg, proc):
     if cfg.attention == "flex" and device.type != "cuda":
         raise ValueError("attention='flex' needs a CUDA GPU: FlexAttention has no backward pass on the CPU. "
                          "Use attention='sdpa' (a boolean document mask) or 'naive' on the CPU")
-    if cfg.attention == "varlen":
-        varlen_kernel(device)             # FA3 or FA2, chosen once; a one-line error where neither runs
     if cfg.packing and not cfg.document_mask:
         warnings.warn("packing=True with document_mask=False: tokens attend across document boundaries")
     return cfg

@@ -160,6 +160,9 @@ def iter_texts(path, text_field="text", report=None):
         return _hf_dataset(path[3:], text_field, report)
     if not os.path.exists(path):
         raise FileNotFoundError(f"input {path} does not exist")
+    if os.path.isdir(path) and (_prepared(path) or os.path.isfile(os.path.join(path, "train.bin"))):
+        raise ValueError(f"input {path} is prepared data already (token shards, ours or nanoGPT's train.bin), not a "
+                         f"corpus: train on it as it is, python train.py --data_dir={path}")
     if os.path.isdir(path) and _is_saved_dataset(path):
         return _hf_dataset(path, text_field, report)
     if os.path.isdir(path):

@@ -495,3 +495,17 @@ def test_a_program_preparing_in_process_takes_its_workers_with_it(tmp_path, big_
         assert proc.returncode == 128 + signum, log.read_text()[-2000:]
         assert log.read_text().strip().splitlines()[-1] == "SIGTERM: stopped before training, without saving"
         assert not (tmp_path / f".{out.name}.preparing").exists()
+
+
+def test_a_prepared_folder_given_as_input_is_named_as_such(tmp_path):
+    """data.py --input on a folder already prepared (ours: meta.json and shards; nanoGPT's: train.bin) says to train on
+    it as it is, instead of reading its meta.json as a document or skipping its shards as binary files."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("one document")
+    data.prepare(str(tmp_path / "in"), str(tmp_path / "ours"), "byte", val_frac=0, workers=1)
+    (tmp_path / "theirs").mkdir()
+    np.arange(10, dtype=np.uint16).tofile(tmp_path / "theirs" / "train.bin")
+    for folder in ("ours", "theirs"):
+        with pytest.raises(ValueError, match=f"^input {tmp_path / folder} is prepared data already .*: train on it as "
+                                             f"it is, python train.py --data_dir={tmp_path / folder}$"):
+            corpus.iter_texts(str(tmp_path / folder))

@@ -455,3 +455,21 @@ def test_encoding_flag(tmp_path, capsys):
     with pytest.raises(SystemExit, match=r"^error: --encoding='utf8:ignore': .*optionally with :replace$"):
         data.main(["--input", str(tmp_path / "in"), "--out", str(tmp_path / "x"), "--encoding=utf8:ignore"])
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--shard_tokens=0"], "error: shard_tokens must be positive, got 0\n"),
+    (["--max_tokens=-1"], "error: max_tokens must be positive, got -1 (leave it out for the whole input)\n"),
+    (["--val_frac=0.1"], "error: input {inp} has 1 document: a train/val split needs at least 2 (a document is a file "
+                         "of a folder, a line of .jsonl): split it into files in a folder, or prepare it without "
+                         "validation, --val_frac=0\n"),
+])
+def test_a_bad_value_is_named_alone_with_the_way_out(tmp_path, capsys, argv, says):
+    """Each bad value of data.py is named alone (not beside a good one), a single-file corpus with its way out; the
+    output folder is not made."""
+    (tmp_path / "one.txt").write_text("a single text file, nanoGPT's input.txt")
+    with pytest.raises(SystemExit) as e:
+        data.main(["--input", str(tmp_path / "one.txt"), "--out", str(tmp_path / "o"), "--workers=1", *argv])
+    assert str(e.value) + "\n" == says.format(inp=tmp_path / "one.txt") and not (tmp_path / "o").exists()
+    data.main(["--input", str(tmp_path / "one.txt"), "--out", str(tmp_path / "o"), "--workers=1", "--val_frac=0"])
+    assert json.load(open(tmp_path / "o" / "meta.json"))["val_docs"] == 0

@@ -20,11 +20,14 @@ from speedgpt.corpus import get_tokenizer
 @pytest.mark.parametrize("args, error", [
     (["--out_dir={tmp}/nothing"], "error: no checkpoint at {tmp}/nothing/ckpt.pt: train first"),
     (["--init_from={hf}", "--hellaswag_path={tmp}/no.jsonl"], "error: hellaswag_path='{tmp}/no.jsonl': no such file"),
-    (["--init_from={hf}", "--examples=-1"], "error: --examples must be >= 0"),
+    (["--init_from={hf}", "--examples=-1"], "error: --examples must be >= 0 (0: all), got -1\n"),
+    (["--init_from={hf}", "--batch_size=0"], "error: --batch_size must be >= 1 (examples per forward), got 0\n"),
     (["--init_from={tmp}/none", f"--hellaswag_path={FIXTURE}"], "error: --init_from '{tmp}/none': no such folder "
      "(--init_from takes gpt2, gpt2-medium, gpt2-large, gpt2-xl or a Hugging Face GPT-2 folder)"),
     (["--init_from={tmp}", f"--hellaswag_path={FIXTURE}"], "error: --init_from '{tmp}': a speedgpt run folder: score "
      "its checkpoint with --out_dir {tmp}"),
+    (["--init_from={tmp}/ckpt.pt", f"--hellaswag_path={FIXTURE}"], "error: --init_from '{tmp}/ckpt.pt' is a file, "
+     "not a Hugging Face folder: score a speedgpt run with --out_dir {tmp} (its ckpt.pt)"),
 ])
 def test_eval_bad_input_is_one_line(hf_gpt2_dir, tmp_path, capsys, args, error):
     fill = dict(tmp=tmp_path, hf=hf_gpt2_dir)
