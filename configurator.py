@@ -381,6 +381,11 @@ def load_config(argv, with_explicit=False):
             for key in details:
                 if setter.get(key, len(files) + 1) < setter[feature]:
                     values.pop(key, None)
+    if values.get("packing") is False and values.get("document_mask") is True:    # each row is one document then
+        if setter["document_mask"] >= setter["packing"]:
+            raise ValueError("document_mask=True masks the documents packing puts in one row; with packing=False "
+                             "each row holds one document: leave document_mask out, or packing=False")
+        values.pop("document_mask")                                      # a preset's, before packing=False
     explicit, defaults = set(values), {f.name: f.default for f in fields(Config)}
     if theirs:                       # beneath a config file of nanoGPT's: its defaults, as there
         values = {**nanogpt.defaults(theirs, given, defaults, values.get("init_from", "scratch")), **values}

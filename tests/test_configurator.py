@@ -375,3 +375,16 @@ def test_a_resume_that_leaves_wsd_drops_its_decay_share():
     optim.check(left, on("cpu"))
     stayed, _ = resume_config(Config(max_iters=200), {"max_iters"}, saved)
     assert (stayed.lr_schedule, stayed.wsd_decay_frac) == ("wsd", 0.3)
+
+
+def test_document_mask_without_packing_is_refused_unless_packing_came_later(tmp_path):
+    """document_mask=True with packing=False would do nothing (each row is one document): refused when set with or
+    after packing=False; a config file's document_mask=True is dropped by a later --packing=False."""
+    with pytest.raises(ValueError, match=r"^document_mask=True masks the documents packing puts in one row; .* "
+                                         r"leave document_mask out, or packing=False$"):
+        configurator.load_config(["--packing=False", "--document_mask=True"])
+    preset = tmp_path / "masked.py"
+    preset.write_text("document_mask = True\n")
+    cfg = configurator.load_config(["--config", str(preset), "--packing=False"])
+    assert (cfg.packing, cfg.document_mask) == (False, True)      # the default; the run makes it False (attention)
+    assert configurator.load_config(["--document_mask=False", "--packing=False"]).document_mask is False
