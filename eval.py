@@ -49,7 +49,7 @@ def check_source(args):
         path = os.path.join(args.out_dir, "ckpt.pt")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no checkpoint at {path}: train first (python train.py --out_dir={args.out_dir})")
-    elif where not in HF_GPT2 and os.path.isfile(where):      # a checkpoint file: say which flag takes it, not "no such folder"
+    elif where not in HF_GPT2 and os.path.isfile(where):      # a checkpoint file: the flag that takes it
         raise FileNotFoundError(f"--init_from {where!r} is a file, not a Hugging Face folder: score a speedgpt run "
                                 f"with --out_dir {os.path.dirname(where) or '.'} (its ckpt.pt); a nanoGPT ckpt.pt "
                                 f"first starts a run (python train.py --init_from={where})")
