@@ -44,7 +44,7 @@ LADDER = [
 # leave-one-out from all-on: what each change is undone to
 UNDO = {"bf16 autocast": dict(dtype="float32", tf32=False), "torch.compile": dict(compile=False),
         "attention kernel": dict(attention="naive"), "fused AdamW": dict(fused_adamw=False),
-        "packing": dict(packing=False, attention="sdpa"),
+        "packing": dict(packing=False, document_mask=False, attention="sdpa"),    # the mask is packing's
         "fused cross-entropy": dict(fused_ce=False, fp8_head=False),     # the FP8 head is the fused head's
         "FP8 head": dict(fp8_head=False), "FP8 blocks": dict(fp8=False)}
 

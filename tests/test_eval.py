@@ -13,7 +13,7 @@ import torch
 
 import eval as eval_script
 from conftest import HELLASWAG_FIXTURE as FIXTURE
-from conftest import ROOT
+from conftest import ROOT, gpt2_tokenizer
 from speedgpt.corpus import get_tokenizer
 
 
@@ -42,6 +42,8 @@ def test_eval_bad_input_is_one_line(hf_gpt2_dir, tmp_path, capsys, args, error):
 def test_two_ranks_score_as_one(hf_gpt2_dir):
     """eval.py under torchrun with 2 CPU processes (gloo), the fixture's examples split between them,
     prints the single process's score (acc_norm, acc, n)."""
+    gpt2_tokenizer()                            # skips offline without tiktoken's files: eval.py encodes with them
+
     def score(*launch):
         cmd = [sys.executable, *launch, "eval.py", f"--init_from={hf_gpt2_dir}", f"--hellaswag_path={FIXTURE}",
                "--device=cpu", "--batch_size=3"]
