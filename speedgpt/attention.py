@@ -34,6 +34,9 @@ BACKENDS = ("naive", "sdpa", "flex", "varlen")
 # the flags: checked and resolved once, before any work
 
 
+DEVICE_NAMES = {"cpu": "the CPU", "mps": "Apple's MPS"}      # for messages
+
+
 def check(cfg, proc):
     """`cfg` with attention='auto' resolved (printed by the caller) and document_mask made False
     without packing (it masks packed rows only). Raises ValueError naming the keys for what cannot run
@@ -47,8 +50,8 @@ def check(cfg, proc):
             raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} applies to attention='sdpa' only, "
                              f"not {cfg.attention!r}")
         if device.type != "cuda":       # first: off a GPU, the dtype and mask changes below would not help
-            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a GPU kernel: "
-                             "use sdpa_backend='auto' on the CPU")
+            raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a CUDA kernel: "
+                             f"use sdpa_backend='auto' on {DEVICE_NAMES.get(device.type, device.type)}")
         if cfg.dtype == "float32":
             raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} kernels take bfloat16 or float16: set dtype, or "
                              "sdpa_backend='auto'")
@@ -65,8 +68,9 @@ def check(cfg, proc):
     if cfg.attention == "auto":
         cfg = replace(cfg, attention=resolve_attention("auto", device, cfg.document_mask, cfg.dtype))
     if cfg.attention == "flex" and device.type != "cuda":
-        raise ValueError("attention='flex' needs a CUDA GPU: FlexAttention has no backward pass on the CPU. "
-                         "Use attention='sdpa' (a boolean document mask) or 'naive' on the CPU")
+        on = DEVICE_NAMES.get(device.type, device.type)
+        raise ValueError(f"attention='flex' needs a CUDA GPU: FlexAttention has no backward pass on {on}. "
+                         f"Use attention='sdpa' (a boolean document mask) or 'naive' on {on}")
     if cfg.packing and not cfg.document_mask:
         warnings.warn("packing=True with document_mask=False: tokens attend across document boundaries")
     return cfg

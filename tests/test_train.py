@@ -168,7 +168,7 @@ def test_a_gpu_preset_on_the_cpu_is_refused_once_naming_every_change(tmp_path, m
                                         r"Apple's GPU \(MPS\)"),
     (["--compile=True", "--compile_tuning=True"], r"^compile_tuning=True tunes the Triton kernels compiled for a GPU; "
                                                   r"on mps it would do nothing"),
-    (["--sdpa_backend=flash", "--dtype=bfloat16", "--packing=False"], r"^sdpa_backend='flash' picks a GPU kernel"),
+    (["--sdpa_backend=flash", "--dtype=bfloat16", "--packing=False"], r"^sdpa_backend='flash' picks a CUDA kernel"),
 ])
 def test_what_needs_cuda_is_refused_on_mps_in_one_line(tmp_path, monkeypatch, flags, why):
     """Apple's MPS (patched in: no Mac here): each CUDA-only path refused by its feature's check, before any work;
