@@ -4,6 +4,7 @@ that cannot be written), W&B offline (and one that cannot start), and the profil
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 
@@ -222,15 +223,21 @@ def test_wandb_gets_again_what_a_killed_run_logged_but_never_saved(byte_data, tm
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"})   # its own service
     try:
+        # killed once it has logged steps past its checkpoint, seen with the run stopped (SIGSTOP): a run left going
+        # between the look and the kill can save again and leave nothing logged past its checkpoint
         deadline = time.time() + 300                  # a loaded machine: the start (torch, W&B) can take minutes
-        while not any(r["step"] >= 14 for r in read_metrics(out, running=True)):
+        while True:
             assert killed.poll() is None and time.time() < deadline, "the resumed run ended before it was killed"
+            if any(r["step"] >= 14 for r in read_metrics(out, running=True)):
+                killed.send_signal(signal.SIGSTOP)
+                start = checkpoint.step_of(str(out / "ckpt.pt"))
+                if start >= 8 and any(r["step"] > start for r in read_metrics(out, running=True)):
+                    break
+                killed.send_signal(signal.SIGCONT)
             time.sleep(0.05)
     finally:
         killed.kill()
         killed.wait()
-    start = checkpoint.step_of(str(out / "ckpt.pt"))
-    assert start >= 8 and any(r["step"] > start for r in read_metrics(out, running=True))   # a kill can cut a line
     train.main(tiny_args(byte_data, out, *args, f"--max_iters={start + 4}", "--init_from=resume"))
     rows = read_metrics(out)
     assert [r["step"] for r in rows if "loss" in r] == list(range(start + 4))
