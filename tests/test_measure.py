@@ -203,6 +203,25 @@ def test_metrics_and_wandb_continue_across_a_resume(byte_data, tmp_path, monkeyp
 
 
 @pytest.mark.slow
+def wait_stopped(pid, timeout=60):
+    """Return once every thread of process `pid` is stopped (SIGSTOP takes effect when each thread leaves the kernel);
+    where /proc is missing (macOS), after a pause."""
+    tasks = f"/proc/{pid}/task"
+    if not os.path.isdir(tasks):
+        time.sleep(1)
+        return
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            states = [open(f"{tasks}/{t}/stat").read().rsplit(")", 1)[1].split()[0] for t in os.listdir(tasks)]
+        except OSError:                                # a thread ended while listed
+            continue
+        if all(state in "tTZX" for state in states):          # stopped, or a thread that ended
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop within {timeout} s")
+
+
 def test_wandb_gets_again_what_a_killed_run_logged_but_never_saved(byte_data, tmp_path, monkeypatch):
     """A run that ends W&B cleanly at step 4; a resume killed by SIGKILL (the OOM killer) some steps past its
     checkpoint, its W&B service dying with it and losing what it buffered; the next resume sends W&B every record
@@ -230,6 +249,7 @@ def test_wandb_gets_again_what_a_killed_run_logged_but_never_saved(byte_data, tm
             assert killed.poll() is None and time.time() < deadline, "the resumed run ended before it was killed"
             if any(r["step"] >= 14 for r in read_metrics(out, running=True)):
                 killed.send_signal(signal.SIGSTOP)
+                wait_stopped(killed.pid)              # a system call under way (the checkpoint's rename) ends first
                 start = checkpoint.step_of(str(out / "ckpt.pt"))
                 if start >= 8 and any(r["step"] > start for r in read_metrics(out, running=True)):
                     break
@@ -248,9 +268,10 @@ def test_wandb_gets_again_what_a_killed_run_logged_but_never_saved(byte_data, tm
         if len(found) == 3 and sum(1 for r in found[-1][1] if "loss" in r) >= start:
             break
         time.sleep(0.5)
-    assert len({run_id for run_id, _ in found}) == 1, [r for r, _ in found]
+    seen = [(run_id, len(h), [r.get("_step") for r in h][:3], [r.get("_step") for r in h][-3:]) for run_id, h in found]
+    assert len({run_id for run_id, _ in found}) == 1, seen
     resumed = found[-1][1]
-    assert [r["_step"] for r in resumed if "loss" in r] == list(range(4, start + 4)), resumed
+    assert [r["_step"] for r in resumed if "loss" in r] == list(range(4, start + 4)), (start, seen)
     assert [r["_step"] for r in resumed if "val_loss" in r] == list(range(8, start + 5, 4)), resumed
     every = [r for _, h in found for r in h]
     assert {r["_step"] for r in every if "loss" in r} == set(range(start + 4))
