@@ -90,26 +90,36 @@ def test_fused_ce_chunk_is_used_and_gives_the_plain_losses(byte_data, tmp_path, 
         assert abs(x - y) < 1e-5, f"step {step}: plain {x} vs fused_ce {y}"
 
 
-def test_a_change_to_the_logits_the_fused_head_does_not_make_is_refused(monkeypatch):
-    """A fork's soft cap on the logits in GPT.head: the fused head makes its logits itself and would train without
-    it, silently; fused_ce.apply compares the two heads' losses first and refuses in one line. Unchanged, it
-    installs."""
+@pytest.mark.parametrize("cap", [None, 30.0])
+def test_a_change_to_the_logits_the_fused_head_does_not_make_is_refused(monkeypatch, cap):
+    """A fork's soft cap on the logits in GPT.head (model.py's head with the one line a fork adds): the fused head
+    makes its logits itself and would train without it, silently; fused_ce.apply compares the two heads' losses
+    first and refuses in one line. The same head without the cap installs, and the weights come back bit for bit."""
+    import torch.nn.functional as F
     import model
     from model import GPT, GPTConfig
-    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=100))
-    cfg = configurator.Config(fused_ce=True)
-    assert fused_ce.apply(m, cfg) and isinstance(m.head_loss, fused_ce.FusedHeadLoss)
     head = model.GPT.head
 
-    def capped(self, x, targets=None):
-        if self.head_loss is not None and targets is not None:
+    def forked(self, x, targets=None):
+        if targets is not None and self.head_loss is not None and torch.is_grad_enabled():
             return head(self, x, targets)
-        logits = 30 * torch.tanh(self.lm_head(self.transformer.ln_f(x)) / 30)
-        return logits, torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        logits = self.lm_head(self.transformer.ln_f(x))
+        if cap:
+            logits = cap * torch.tanh(logits / cap)                     # the fork's line
+        logits[..., self.config.vocab_size:] = float("-inf")
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1, reduction="sum")
+        return logits, loss / (targets != -1).sum().clamp(min=1)
 
-    monkeypatch.setattr(model.GPT, "head", capped)
-    m.head_loss = None
-    with pytest.raises(ValueError, match=r"another loss .* model.py's GPT.head\?\): make it in "
-                                         r"speedgpt/features/fused_ce.py too, or add --fused_ce=False"):
-        fused_ce.apply(m, cfg)
-    assert m.head_loss is None
+    monkeypatch.setattr(model.GPT, "head", forked)
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=100))
+    weights = {k: v.clone() for k, v in m.state_dict().items()}
+    cfg = configurator.Config(fused_ce=True)
+    if cap is None:
+        assert fused_ce.apply(m, cfg) and isinstance(m.head_loss, fused_ce.FusedHeadLoss)
+    else:
+        with pytest.raises(ValueError, match=r"another loss .* model.py's GPT.head\?\): make it in "
+                                             r"speedgpt/features/fused_ce.py too, or add --fused_ce=False"):
+            fused_ce.apply(m, cfg)
+        assert m.head_loss is None
+    assert all(torch.equal(v, weights[k]) for k, v in m.state_dict().items())

@@ -168,17 +168,22 @@ def test_wandb_offline_records_metrics(byte_data, tmp_path, monkeypatch):
     assert any("val_loss" in r for r in rows)
 
 
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    """(out_dir, train.py flags) of a run that logs to W&B offline, its files under tmp_path; skipped without W&B."""
+    pytest.importorskip("wandb", reason="W&B is in requirements.txt; this machine lacks it")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    return tmp_path / "out", ["--wandb_log=True", "--eval_interval=4"]
+
+
 @pytest.mark.slow
-def test_metrics_and_wandb_continue_across_a_resume(byte_data, tmp_path, monkeypatch):
+def test_metrics_and_wandb_continue_across_a_resume(byte_data, tmp_path, offline_wandb):
     """Killed after step 6 with a checkpoint at step 4, then resumed: each step once in metrics.jsonl,
     one W&B run id, each step's training row and each evaluation sent to W&B exactly once (the resumed
     step's training row too, though W&B already holds that step's evaluation)."""
-    pytest.importorskip("wandb", reason="W&B is in requirements.txt; this machine lacks it")
     from wandb_reader import runs
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    out = tmp_path / "out"
-    args = ["--wandb_log=True", "--eval_interval=4"]
+    out, args = offline_wandb
     train.main(tiny_args(byte_data, out, *args, "--max_iters=4"))
     shutil.copy(out / "ckpt.pt", tmp_path / "step4.pt")
     train.main(tiny_args(byte_data, out, *args, "--max_iters=7", "--init_from=resume"))     # logs 4, 5, 6
@@ -222,20 +227,16 @@ def wait_stopped(pid, timeout=60):
     raise AssertionError(f"process {pid} did not stop within {timeout} s")
 
 
-def test_wandb_gets_again_what_a_killed_run_logged_but_never_saved(byte_data, tmp_path, monkeypatch):
+def test_wandb_gets_again_what_a_killed_run_logged_but_never_saved(byte_data, tmp_path, offline_wandb):
     """A run that ends W&B cleanly at step 4; a resume killed by SIGKILL (the OOM killer) some steps past its
     checkpoint, its W&B service dying with it and losing what it buffered; the next resume sends W&B every record
     of metrics.jsonl after step 4's evaluation (offline, W&B cannot say which of them it saved): the resumed W&B
     run starts at step 4's training row, and the three together hold every step and evaluation."""
     import subprocess
-    pytest.importorskip("wandb", reason="W&B is in requirements.txt; this machine lacks it")
     from conftest import ROOT
     from speedgpt import checkpoint
     from wandb_reader import runs
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    out = tmp_path / "out"
-    args = ["--wandb_log=True", "--eval_interval=4"]
+    out, args = offline_wandb
     train.main(tiny_args(byte_data, out, *args, "--max_iters=4"))
     killed = subprocess.Popen([sys.executable, "train.py", *tiny_args(byte_data, out, *args, "--max_iters=100000",
                                                                       "--init_from=resume")],

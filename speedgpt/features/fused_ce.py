@@ -64,29 +64,36 @@ def apply(model, cfg, proc=None):
         (", softmax pass in Triton (speedgpt/features/softmax_pass.py)" if kernel else "")
 
 
-def check_same_loss(model, tokens=8):
+def check_same_loss(model, tokens=8, scale=256):
     """Raise ValueError unless `model`'s own head (GPT.head without a head_loss: lm_head, then cross-entropy) gives
     the loss this module computes, on `tokens` random hidden states, eager, in the weights' dtype. The fused head
     makes the logits itself, so a fork's change to them in model.py (a soft cap, a temperature) would otherwise be
-    trained without, silently."""
+    trained without, silently. The head's weight is multiplied by `scale` (a power of 2: undone exactly) for the
+    check: at init the logits are near 0, where a soft cap is the identity; TF32 is off, so the two agree."""
     w = model.lm_head.weight
     gen = torch.Generator(w.device).manual_seed(0)                  # not the run's RNG
     x = torch.randn(1, tokens, w.size(1), device=w.device, dtype=w.dtype, generator=gen)
     y = torch.randint(0, model.config.vocab_size, (1, tokens), device=w.device, generator=gen)
-    before = model.head_loss
+    before, tf32 = model.head_loss, torch.backends.cuda.matmul.allow_tf32
     try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        with torch.no_grad():
+            w.mul_(scale)
         model.head_loss = None
         plain = model.head(x, y)[1]
         model.head_loss = FusedHeadLoss(tokens)
         with torch.enable_grad():
             fused = model.head(x, y)[1]
     finally:
-        model.head_loss = before
+        model.head_loss, torch.backends.cuda.matmul.allow_tf32 = before, tf32
+        with torch.no_grad():
+            w.div_(scale)
     tol = 1e-4 if w.dtype in (torch.float32, torch.float64) else 2e-2
     if not torch.allclose(plain.float(), fused.float(), rtol=tol, atol=tol):
         raise ValueError(f"fused_ce=True computes the head as lm_head and cross-entropy, but this model's head gives "
-                         f"another loss ({plain.item():.4f}, fused {fused.item():.4f}; a change to the logits in "
-                         "model.py's GPT.head?): make it in speedgpt/features/fused_ce.py too, or add --fused_ce=False")
+                         f"another loss ({plain.item():.4f}, fused {fused.item():.4f}, its weight x {scale}; a change "
+                         "to the logits in model.py's GPT.head?): make it in speedgpt/features/fused_ce.py too, or "
+                         "add --fused_ce=False")
 
 
 def head_ce_chunk(h, w, y, vocab_size, fp8=False, w8=None, kernel=False):
