@@ -11,7 +11,10 @@ then the same command with the same folders.
 A mode is a way to compile: whole (the preset's compile=True as shipped), regional (--compile_regional=True) or eager
 (--compile=False, the baseline without compilation). "Recompiles" counts torch's `Recompiling` log lines
 (TORCH_LOGS=recompiles): one per graph beyond the first of a function, the evaluation's graph included (another grad
-mode). first_step_s and the median tokens/s are summary.json's (speedgpt/measure.py). Markdown table last.
+mode). first_step_s and the median tokens/s are summary.json's (speedgpt/measure.py). Where a compiled launch's time
+goes is torch's own account (torch._dynamo.utils.compile_times, written at exit): Dynamo's tracing, the forward's and
+the backward's Inductor compile, and of those the wait for Triton's compiler; the first step's rest is our own
+kernels' autotuning and self-tests, the data and the step itself. Markdown table last.
 """
 import argparse
 import json
@@ -24,15 +27,31 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = "config/fast.py,config/gpt2-medium.py,config/gpt2-large.py,config/gpt2-xl.py"
 MODES = {"whole": [], "regional": ["--compile_regional=True"], "eager": ["--compile=False"]}
+# train.py run as __main__, torch's compile account written at exit to $FIRST_STEP_TIMES (nothing when nothing compiled)
+WRAPPER = """import atexit, json, os, runpy, sys
+def dump():
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is not None:
+        keys, values = utils.compile_times(repr="csv")
+        with open(os.environ["FIRST_STEP_TIMES"], "w") as f:
+            json.dump({k: sum(float(x) for x in v.split(",")) for k, v in zip(keys, values)}, f)
+atexit.register(dump)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+# (column, compile_times key): seconds summed over every graph compiled
+PHASES = [("trace", "bytecode_tracing"), ("inductor fwd", "compile_fx.<locals>.fw_compiler_base"),
+          ("inductor bwd", "compile_fx.<locals>.bw_compiler"), ("triton wait", "async_compile.wait")]
 
 
 def launch(preset, mode, caches, out_dir, steps, extra):
     """One train.py process of `preset` (a config file, or '' for the defaults) compiled as `mode`, its caches in
     `caches`: a dict of wall_s, first_step_s, tokens_per_sec, mem_gb, recompiles, or error (the last line it
     printed) when it failed."""
+    times = out_dir + "_compile_times.json"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
-           "TRITON_CACHE_DIR": os.path.join(caches, "triton"), "TORCH_LOGS": "recompiles"}
-    cmd = [sys.executable, os.path.join(ROOT, "train.py"), *([f"--config={preset}"] if preset else []),
+           "TRITON_CACHE_DIR": os.path.join(caches, "triton"), "TORCH_LOGS": "recompiles", "FIRST_STEP_TIMES": times}
+    cmd = [sys.executable, "-c", WRAPPER, os.path.join(ROOT, "train.py"), *([f"--config={preset}"] if preset else []),
            f"--max_iters={steps}", f"--out_dir={out_dir}", "--save_checkpoints=False", "--wandb_log=False",
            *MODES[mode], *extra]
     start = time.perf_counter()
@@ -43,24 +62,37 @@ def launch(preset, mode, caches, out_dir, steps, extra):
         return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
     with open(os.path.join(out_dir, "summary.json")) as f:
         summary = json.load(f)
+    compile_s = {}
+    if os.path.isfile(times):
+        with open(times) as f:
+            account = json.load(f)
+        compile_s = {name: account.get(key, 0.0) for name, key in PHASES}
     return {"wall_s": wall, "first_step_s": summary["first_step_s"], "tokens_per_sec": summary["median_tokens_per_sec"],
-            "mem_gb": summary["mem_gb"], "recompiles": (proc.stdout + proc.stderr).count("Recompiling")}
+            "mem_gb": summary["mem_gb"], "recompiles": (proc.stdout + proc.stderr).count("Recompiling"),
+            "compile_s": compile_s}
+
+
+def phases(compile_s):
+    """'trace / fwd / bwd / wait' seconds of one launch, or that it compiled nothing."""
+    return " / ".join(f"{compile_s.get(name, 0.0):.1f}" for name, _ in PHASES) if compile_s else "nothing compiled"
 
 
 def table(rows):
-    """Markdown: one line per preset and mode, cold beside warm."""
+    """Markdown: one line per preset and mode, cold beside warm, and where the cold launch's compile time went."""
     fmt = lambda v, spec: "" if v is None else format(v, spec)
     out = ["| preset | compile | first step cold (s) | warm (s) | launch to the end, cold (s) | recompiles cold / warm "
-           "| tok/s cold / warm | GB |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+           f"| tok/s cold / warm | GB | cold: {' / '.join(name for name, _ in PHASES)} (s) |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for preset, mode, cold, warm in rows:
         if "error" in cold or "error" in warm:
             out.append(f"| {preset or 'defaults'} | {mode} | failed: {(cold.get('error') or warm['error'])[:100]} "
-                       "| | | | | |")
+                       "| | | | | | |")
             continue
         out.append(f"| {preset or 'defaults'} | {mode} | {cold['first_step_s']:.1f} | {warm['first_step_s']:.1f} "
                    f"| {cold['wall_s']:.1f} | {cold['recompiles']} / {warm['recompiles']} "
                    f"| {fmt(cold['tokens_per_sec'], ',.0f')} / {fmt(warm['tokens_per_sec'], ',.0f')} "
-                   f"| {fmt(cold['mem_gb'], '.1f')} |")
+                   f"| {fmt(cold['mem_gb'], '.1f')} "
+                   f"| {phases(cold['compile_s'])} |")
     return "\n".join(out)
 
 

@@ -20,6 +20,7 @@ def test_a_cold_and_a_warm_launch_give_one_row(byte_data, tmp_path, capsys):
     for run in (cold, warm):
         assert run["first_step_s"] > 0 and run["wall_s"] > run["first_step_s"] and run["recompiles"] == 0
         assert run["tokens_per_sec"] > 0 and run["mem_gb"] is None
+        assert all(v == 0 for v in run["compile_s"].values())        # eager: torch's compile account is empty
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1].startswith("| defaults | eager | ")
     rows = first_step.main(["--presets", "", "--modes", "eager", "--steps", "1", "--", *extra, "--n_head=3"])
