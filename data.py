@@ -50,6 +50,10 @@ from speedgpt.shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, SHARD_TOK
 # -----------------------------------------------------------------------------
 # preparation
 
+ONE_DOCUMENT = ("input {source} has 1 document: a train/val split needs at least 2 (a document is a file of a folder, "
+                "a line of .jsonl): split it into files in a folder, or prepare it without validation, --val_frac=0")
+
+
 def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, workers=None,
             shard_tokens=SHARD_TOKENS, text_field="text", max_tokens=None, encoding="utf-8"):
     """Tokenise the documents of `input_path` (corpus.iter_texts: a folder, a text, JSON lines, JSON or
@@ -89,6 +93,10 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
         raise ValueError(f"input {source} holds no document" + (f" ({len(report.binary)} binary files skipped)"
                                                                   if report.binary else "")
                          + "".join(f"; {note}" for note in report.all_notes()))
+    second = next(docs, None)        # a one-document input cannot be split: say so before tokenizing it
+    if second is None and val_frac > 0 and first.split is None and first.text:
+        raise ValueError(ONE_DOCUMENT.format(source=source))
+    docs = itertools.chain([second] if second is not None else [], docs)
     dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
     rng, held, total, empty = random.Random(seed), None, 0, 0
     with prepared_folder(out_dir) as tmp, corpus.TokenizerPool(tokenizer, dtype, workers) as pool:
@@ -116,9 +124,7 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
             raise ValueError(f"input {source} holds only empty documents")
         if held is not None:
             if val_frac > 0 and writers["train"].docs + writers["val"].docs == 0:
-                raise ValueError(f"input {source} has 1 document: a train/val split needs at least 2 (a document is "
-                                 "a file of a folder, a line of .jsonl): split it into files in a folder, or prepare "
-                                 "it without validation, --val_frac=0")
+                raise ValueError(ONE_DOCUMENT.format(source=source))
             is_val = rng.random() < val_frac         # the last document: each split gets one at least
             if val_frac > 0 and writers["val"].docs == 0:
                 is_val = True

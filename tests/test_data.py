@@ -471,5 +471,6 @@ def test_a_bad_value_is_named_alone_with_the_way_out(tmp_path, capsys, argv, say
     with pytest.raises(SystemExit) as e:
         data.main(["--input", str(tmp_path / "one.txt"), "--out", str(tmp_path / "o"), "--workers=1", *argv])
     assert str(e.value) + "\n" == says.format(inp=tmp_path / "one.txt") and not (tmp_path / "o").exists()
+    assert "tokenizing" not in capsys.readouterr().err           # refused before any work, not after tokenizing
     data.main(["--input", str(tmp_path / "one.txt"), "--out", str(tmp_path / "o"), "--workers=1", "--val_frac=0"])
     assert json.load(open(tmp_path / "o" / "meta.json"))["val_docs"] == 0
