@@ -12,8 +12,11 @@ they start with dashes) added to the preset; every run also gets --total_batch_s
 a warm-up of a tenth of the steps, a cosine decay to --steps, one evaluation at the end on --eval_tokens tokens,
 and no checkpoints. Prints one row per run (val loss, median tokens/s) and the verdict; the first run that fails
 stops it, in one line with that run's error. Logs and run folders go to --out (each run's folder made afresh).
+--parallel N runs N at a time on the same device (a GPU with room for N: each run's compile and evaluation then
+overlap the others' training); the losses are the same as one at a time, tokens/s are not reported (shared).
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -25,6 +28,9 @@ sys.path.insert(0, ROOT)
 from speedgpt.measure import error_line  # noqa: E402
 
 
+RUNNING = set()          # the train.py processes under way: stopped when another run fails (--parallel)
+
+
 def train(config, flags, seed, args, out_dir):
     """(val loss, median tokens/s) of one run in a fresh out_dir; exits in one line if it failed (its log:
     out_dir + '.log')."""
@@ -34,10 +40,15 @@ def train(config, flags, seed, args, out_dir):
            f"--lr_decay_iters={args.steps}", f"--eval_interval={args.steps}", f"--eval_tokens={args.eval_tokens}",
            "--save_checkpoints=False", "--hellaswag=off", f"--seed={seed}", f"--out_dir={out_dir}", *flags.split()]
     with open(out_dir + ".log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        RUNNING.add(proc)
         try:
-            rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
+            rc = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
+            proc.kill()
             sys.exit(f"error: run {os.path.basename(out_dir)} took over --timeout {args.timeout} s (log: {out_dir}.log)")
+        finally:
+            RUNNING.discard(proc)
     summary = os.path.join(out_dir, "summary.json")
     if rc != 0 or not os.path.isfile(summary):
         sys.exit(f"error: run {os.path.basename(out_dir)} failed: {error_line(out_dir + '.log').removeprefix('error: ')} "
@@ -71,6 +82,7 @@ def main(argv=None):
     p.add_argument("--eval_tokens", type=int, default=1048576)
     p.add_argument("--timeout", type=int, default=1800, help="seconds each run may take")
     p.add_argument("--out", default="bench_out/loss_check")
+    p.add_argument("--parallel", type=int, default=1, help="runs at a time on the device (tokens/s then not reported)")
     args = p.parse_args(argv)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -78,8 +90,8 @@ def main(argv=None):
         sys.exit(f"error: --seeds {args.seeds!r}: comma-separated integers, e.g. --seeds 1337,1338")
     if len(set(seeds)) < 2 or len(set(seeds)) != len(seeds):
         sys.exit("error: --seeds needs two or more different seeds (the spread is between seeds), e.g. --seeds 1337,1338")
-    if min(args.steps, args.batch_size, args.eval_tokens, args.timeout) < 1:
-        sys.exit("error: --steps, --batch_size, --eval_tokens and --timeout must be positive")
+    if min(args.steps, args.batch_size, args.eval_tokens, args.timeout, args.parallel) < 1:
+        sys.exit("error: --steps, --batch_size, --eval_tokens, --timeout and --parallel must be positive")
     if args.base.split() == args.candidate.split():
         sys.exit("error: --base and --candidate are the same flags: nothing to compare")
     try:
@@ -88,13 +100,30 @@ def main(argv=None):
         sys.exit(f"error: cannot create --out {args.out}: {e.strerror}; choose another --out")
     rows = ["| recipe | flags | seed | val loss | tok/s |", "|---|---|---:|---:|---:|"]
     losses = {"base": [], "candidate": []}
-    for seed in seeds:                     # alternated, so a slow stretch of the machine hits both alike
-        for name, flags in (("base", args.base), ("candidate", args.candidate)):
-            loss, tps = train(args.config, flags, seed, args, os.path.join(os.path.abspath(args.out), f"{name}_{seed}"))
-            speed = f"{tps:,.0f}" if tps else "– (no timed steps)"
-            rows.append(f"| {name} | `{flags or '(the preset)'}` | {seed} | {loss:.4f} | {speed} |")
-            losses[name].append(loss)
-            print(rows[-1], flush=True)
+    # alternated, so a slow stretch of the machine hits both alike
+    runs = [(name, flags, seed) for seed in seeds for name, flags in (("base", args.base), ("candidate", args.candidate))]
+
+    def row(run, result):
+        (name, flags, seed), (loss, tps) = run, result
+        speed = "– (shared device)" if args.parallel > 1 else f"{tps:,.0f}" if tps else "– (no timed steps)"
+        return f"| {name} | `{flags or '(the preset)'}` | {seed} | {loss:.4f} | {speed} |"
+
+    with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+        futures = {pool.submit(train, args.config, flags, seed, args,
+                               os.path.join(os.path.abspath(args.out), f"{name}_{seed}")): (name, flags, seed)
+                   for name, flags, seed in runs}
+        try:
+            for done in concurrent.futures.as_completed(futures):
+                print(row(futures[done], done.result()), flush=True)        # a failed run exits here, in one line
+        except BaseException:
+            for f in futures:
+                f.cancel()                          # runs not started yet
+            for proc in list(RUNNING):              # and the ones under way
+                proc.kill()
+            raise
+    for future, run in futures.items():             # the table in the order of the runs
+        rows.append(row(run, future.result()))
+        losses[run[0]].append(future.result()[0])
     print("\n".join(rows))
     if args.steps < 100:
         print(f"note: {args.steps} steps, a warm-up of {max(1, args.steps // 10)}: too few for the losses to mean much "

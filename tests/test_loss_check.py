@@ -32,6 +32,26 @@ def test_two_recipes_two_seeds_end_to_end(byte_data, tmp_path, capsys):
     assert all(re.search(r"\| [1-9][\d,]* \|$", r) for r in runs), runs      # the 4th step is timed (warm-up 3)
 
 
+def test_parallel_runs_give_the_losses_of_one_at_a_time(byte_data, tmp_path, capsys):
+    """--parallel 2: the same val losses as the runs one at a time (each its own process and seed), the table in
+    the runs' order, no tokens/s (the device was shared); a failing run still stops it in one line."""
+    tiny = f"--data_dir={byte_data} --n_layer=1 --n_head=2 --n_embd=32 --block_size=64"
+    args = ["--config", "", f"--base={tiny}", f"--candidate={tiny} --optimizer=muon", "--steps", "2", "--batch_size",
+            "4", "--eval_tokens", "512", "--seeds", "1,2"]
+    tables = {}
+    for parallel in ("1", "2"):
+        loss_check.main([*args, "--parallel", parallel, "--out", str(tmp_path / parallel)])
+        out = capsys.readouterr().out.splitlines()
+        table = out[out.index("| recipe | flags | seed | val loss | tok/s |") + 2:][:4]
+        tables[parallel] = [r.split(" | ")[:4] for r in table]
+        assert [r[0] + r[2] for r in tables[parallel]] == ["| base1", "| candidate1", "| base2", "| candidate2"]
+    assert tables["1"] == tables["2"]
+    with pytest.raises(SystemExit, match=r"^error: run candidate_\d failed: unknown config key 'optimizr'"):
+        loss_check.main([*args[:3], f"--candidate={tiny} --optimizr=muon", *args[4:], "--parallel", "2",
+                         "--out", str(tmp_path / "bad")])
+    assert not loss_check.RUNNING                                             # nothing left running
+
+
 def test_a_run_too_short_to_time_says_so_instead_of_zero(byte_data, tmp_path, capsys):
     tiny = f"--data_dir={byte_data} --n_layer=1 --n_head=2 --n_embd=32 --block_size=64"
     loss_check.main(["--config", "", f"--base={tiny}", f"--candidate={tiny} --lr_schedule=wsd", "--steps", "2", "--batch_size", "4",
@@ -56,6 +76,7 @@ def test_a_failed_run_stops_it_in_one_line_and_no_earlier_result_is_reused(byte_
     (["--seeds", "1,1"], "--seeds needs two or more different seeds"),
     (["--seeds", "abc"], "--seeds 'abc': comma-separated integers"),
     (["--timeout", "0"], "must be positive"),
+    (["--parallel", "0"], "must be positive"),
     (["--out", "/proc/x/y"], "cannot create --out /proc/x/y"),
     (["--steps", "0"], "must be positive"),
     (["--base=--fp8=False", "--candidate=--fp8=False"], "the same flags: nothing to compare"),
