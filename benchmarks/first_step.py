@@ -6,15 +6,19 @@ then the same command with the same folders.
 
     python benchmarks/first_step.py                                  # the presets below, whole model and regional
     python benchmarks/first_step.py --presets config/fast.py --modes whole -- --max_iters=8
-    python benchmarks/first_step.py --presets "" --modes eager --steps 2 -- --device=cpu ...   # tests/test_bench.py
+    python benchmarks/first_step.py --presets "" --modes eager --steps 2 -- --device=cpu ...   # tests/test_first_step.py
+
+train.py's own flags go after `--`.
 
 A mode is a way to compile: whole (the preset's compile=True as shipped), regional (--compile_regional=True) or eager
 (--compile=False, the baseline without compilation). "Recompiles" counts torch's `Recompiling` log lines
 (TORCH_LOGS=recompiles): one per graph beyond the first of a function, the evaluation's graph included (another grad
 mode). first_step_s and the median tokens/s are summary.json's (speedgpt/measure.py). Where a compiled launch's time
-goes is torch's own account (torch._dynamo.utils.compile_times, written at exit): Dynamo's tracing, the forward's and
-the backward's Inductor compile, and of those the wait for Triton's compiler; the first step's rest is our own
-kernels' autotuning and self-tests, the data and the step itself. Markdown table last.
+goes is torch's own account (torch._dynamo.utils.compile_times, written at exit) over every graph of the launch, the
+evaluation's too: Dynamo's tracing, the forward's and the backward's Inductor compile, and of those the wait for the
+kernels' compiler (Triton's on a GPU, the C++ compiler on a CPU); the first step's rest is our own kernels'
+autotuning and self-tests, the data and the step itself. Markdown table last; the exit status is 1 when a launch
+failed (its row says why; a failed cold launch is not repeated warm).
 """
 import argparse
 import json
@@ -41,7 +45,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 # (column, compile_times key): seconds summed over every graph compiled
 PHASES = [("trace", "bytecode_tracing"), ("inductor fwd", "compile_fx.<locals>.fw_compiler_base"),
-          ("inductor bwd", "compile_fx.<locals>.bw_compiler"), ("triton wait", "async_compile.wait")]
+          ("inductor bwd", "compile_fx.<locals>.bw_compiler"), ("compiler wait", "async_compile.wait")]
 
 
 def launch(preset, mode, caches, out_dir, steps, extra):
@@ -74,21 +78,24 @@ def launch(preset, mode, caches, out_dir, steps, extra):
 
 def phases(compile_s):
     """'trace / fwd / bwd / wait' seconds of one launch, or that it compiled nothing."""
-    return " / ".join(f"{compile_s.get(name, 0.0):.1f}" for name, _ in PHASES) if compile_s else "nothing compiled"
+    if not any(compile_s.values()):
+        return "nothing compiled"
+    return " / ".join(f"{compile_s.get(name, 0.0):.1f}" for name, _ in PHASES)
 
 
 def table(rows):
     """Markdown: one line per preset and mode, cold beside warm, and where the cold launch's compile time went."""
     fmt = lambda v, spec: "" if v is None else format(v, spec)
     out = ["| preset | compile | first step cold (s) | warm (s) | launch to the end, cold (s) | recompiles cold / warm "
-           f"| tok/s cold / warm | GB | cold: {' / '.join(name for name, _ in PHASES)} (s) |",
+           f"| tok/s cold / warm | GB | cold launch, every graph: {' / '.join(name for name, _ in PHASES)} (s) |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for preset, mode, cold, warm in rows:
         if "error" in cold or "error" in warm:
             out.append(f"| {preset or 'defaults'} | {mode} | failed: {(cold.get('error') or warm['error'])[:100]} "
                        "| | | | | | |")
             continue
-        out.append(f"| {preset or 'defaults'} | {mode} | {cold['first_step_s']:.1f} | {warm['first_step_s']:.1f} "
+        out.append(f"| {preset or 'defaults'} | {mode} | {fmt(cold['first_step_s'], '.1f')} "
+                   f"| {fmt(warm['first_step_s'], '.1f')} "
                    f"| {cold['wall_s']:.1f} | {cold['recompiles']} / {warm['recompiles']} "
                    f"| {fmt(cold['tokens_per_sec'], ',.0f')} / {fmt(warm['tokens_per_sec'], ',.0f')} "
                    f"| {fmt(cold['mem_gb'], '.1f')} "
@@ -99,7 +106,8 @@ def table(rows):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
+    head, rest = __doc__.strip().split("\n\n", 1)
+    p = argparse.ArgumentParser(description=head, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--presets", default=PRESETS, help="config files, comma-separated ('' : train.py's defaults)")
     p.add_argument("--modes", default="whole,regional", help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--steps", type=int, default=8, help="optimizer steps per launch (tokens/s needs a few past "
@@ -107,14 +115,22 @@ def main(argv=None):
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     modes = [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        p.error(f"--modes: unknown {', '.join(unknown)}; the modes are {', '.join(MODES)}")
+    if unknown or not modes:
+        p.error(f"--modes: {'unknown ' + ', '.join(unknown) if unknown else 'none given'}; the modes are "
+                f"{', '.join(MODES)}")
+    if args.steps < 1:
+        p.error(f"--steps {args.steps}: a launch needs at least one optimizer step (8 by default)")
+    presets = args.presets.split(",")
+    missing = [x for x in presets if x and not os.path.isfile(os.path.join(ROOT, x))]
+    if missing:
+        p.error(f"--presets: {', '.join(missing)} not found (config files, relative to {ROOT})")
     rows = []
-    for preset in args.presets.split(","):
+    for preset in presets:
         for mode in modes:
             with tempfile.TemporaryDirectory(prefix="first_step_") as tmp:
                 cold = launch(preset, mode, tmp, os.path.join(tmp, "cold"), args.steps, extra)
-                warm = launch(preset, mode, tmp, os.path.join(tmp, "warm"), args.steps, extra)
+                warm = cold if "error" in cold else launch(preset, mode, tmp, os.path.join(tmp, "warm"), args.steps,
+                                                           extra)
             rows.append((preset, mode, cold, warm))
             print(json.dumps({"preset": preset, "mode": mode, "cold": cold, "warm": warm}), flush=True)
     print(table(rows))
@@ -122,4 +138,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if any("error" in cold or "error" in warm for _, _, cold, warm in main()) else 0)

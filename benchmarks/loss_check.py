@@ -11,7 +11,8 @@ spread (the largest difference between two seeds of one recipe).
 they start with dashes) added to the preset; every run also gets --total_batch_size=0, this script's --batch_size,
 a warm-up of a tenth of the steps, a cosine decay to --steps, one evaluation at the end on --eval_tokens tokens,
 and no checkpoints. Prints one row per run (val loss, median tokens/s) and the verdict; the first run that fails
-stops it, in one line with that run's error. Logs and run folders go to --out (each run's folder made afresh).
+stops it, in one line with that run's error, and no run starts after it (the ones under way are stopped, as on
+Ctrl-C or SIGTERM). Logs and run folders go to --out (each run's folder made afresh).
 --parallel N runs N at a time on the same device (a GPU with room for N: each run's compile and evaluation then
 overlap the others' training); the losses are the same as one at a time, tokens/s are not reported (shared).
 """
@@ -20,37 +21,61 @@ import concurrent.futures
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from speedgpt.measure import error_line  # noqa: E402
 
 
-RUNNING = set()          # the train.py processes under way: stopped when another run fails (--parallel)
+RUNNING = set()          # the train.py processes under way
+LOCK = threading.Lock()  # held while a process starts or all are stopped
+STOPPED = threading.Event()   # set by the first run that fails (and by a signal): no run starts after it
+
+
+class Stopped(Exception):
+    """A run not started because another failed first."""
+
+
+def stop_all():
+    """Stop every train.py process under way, and start no other."""
+    with LOCK:
+        STOPPED.set()
+        for proc in RUNNING:
+            proc.kill()
 
 
 def train(config, flags, seed, args, out_dir):
     """(val loss, median tokens/s) of one run in a fresh out_dir; exits in one line if it failed (its log:
-    out_dir + '.log')."""
-    shutil.rmtree(out_dir, ignore_errors=True)          # never a summary left by an earlier invocation
+    out_dir + '.log'), having stopped the runs under way; raises Stopped if another run failed first."""
     cmd = [sys.executable, "train.py", *([f"--config={config}"] if config else []), "--total_batch_size=0",
            f"--batch_size={args.batch_size}", f"--max_iters={args.steps}", f"--warmup_iters={max(1, args.steps // 10)}",
            f"--lr_decay_iters={args.steps}", f"--eval_interval={args.steps}", f"--eval_tokens={args.eval_tokens}",
            "--save_checkpoints=False", "--hellaswag=off", f"--seed={seed}", f"--out_dir={out_dir}", *flags.split()]
-    with open(out_dir + ".log", "w") as log:
+    with LOCK:
+        if STOPPED.is_set():
+            raise Stopped(out_dir)
+        shutil.rmtree(out_dir, ignore_errors=True)          # never a summary left by an earlier invocation
+        log = open(out_dir + ".log", "w")
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         RUNNING.add(proc)
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            sys.exit(f"error: run {os.path.basename(out_dir)} took over --timeout {args.timeout} s (log: {out_dir}.log)")
-        finally:
+    try:
+        rc = proc.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        stop_all()
+        sys.exit(f"error: run {os.path.basename(out_dir)} took over --timeout {args.timeout} s (log: {out_dir}.log)")
+    finally:
+        with LOCK:
             RUNNING.discard(proc)
+        log.close()
+    if STOPPED.is_set():                                # killed because another run failed
+        raise Stopped(out_dir)
     summary = os.path.join(out_dir, "summary.json")
     if rc != 0 or not os.path.isfile(summary):
+        stop_all()
         sys.exit(f"error: run {os.path.basename(out_dir)} failed: {error_line(out_dir + '.log').removeprefix('error: ')} "
                  f"(log: {out_dir}.log; a flag it names goes in --base and --candidate, or choose another --config)")
     with open(summary) as f:
@@ -108,19 +133,31 @@ def main(argv=None):
         speed = "– (shared device)" if args.parallel > 1 else f"{tps:,.0f}" if tps else "– (no timed steps)"
         return f"| {name} | `{flags or '(the preset)'}` | {seed} | {loss:.4f} | {speed} |"
 
-    with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
-        futures = {pool.submit(train, args.config, flags, seed, args,
-                               os.path.join(os.path.abspath(args.out), f"{name}_{seed}")): (name, flags, seed)
-                   for name, flags, seed in runs}
-        try:
-            for done in concurrent.futures.as_completed(futures):
-                print(row(futures[done], done.result()), flush=True)        # a failed run exits here, in one line
-        except BaseException:
-            for f in futures:
-                f.cancel()                          # runs not started yet
-            for proc in list(RUNNING):              # and the ones under way
-                proc.kill()
-            raise
+    def on_term(signum, frame):                     # raised in this thread: the except below stops the runs
+        print("stopped (SIGTERM): the runs under way were stopped; their folders are incomplete", file=sys.stderr)
+        sys.exit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, on_term)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+            futures = {pool.submit(train, args.config, flags, seed, args,
+                                   os.path.join(os.path.abspath(args.out), f"{name}_{seed}")): (name, flags, seed)
+                       for name, flags, seed in runs}
+            try:
+                for done in concurrent.futures.as_completed(futures):
+                    if isinstance(done.exception(), Stopped):
+                        continue                    # the failing run's own error comes through its future
+                    print(row(futures[done], done.result()), flush=True)    # a failed run exits here, in one line
+            except BaseException:
+                stop_all()                          # nothing more starts; the runs under way are killed
+                for f in futures:
+                    f.cancel()
+                raise
+    except KeyboardInterrupt:
+        sys.exit("stopped (Ctrl-C): the runs under way were stopped; their folders are incomplete")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        STOPPED.clear()                             # main() called again in one process (tests) starts afresh
     for future, run in futures.items():             # the table in the order of the runs
         rows.append(row(run, future.result()))
         losses[run[0]].append(future.result()[0])

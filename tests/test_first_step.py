@@ -23,11 +23,18 @@ def test_a_cold_and_a_warm_launch_give_one_row(byte_data, tmp_path, capsys):
         assert all(v == 0 for v in run["compile_s"].values())        # eager: torch's compile account is empty
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1].startswith("| defaults | eager | ")
+    assert out.rstrip().endswith("| nothing compiled |")
     rows = first_step.main(["--presets", "", "--modes", "eager", "--steps", "1", "--", *extra, "--n_head=3"])
     assert "failed: " in capsys.readouterr().out.splitlines()[-1] and "error" in rows[0][2]
 
 
-def test_an_unknown_mode_is_one_line(capsys):
+@pytest.mark.parametrize("argv, says", [
+    (["--modes", "nested"], "--modes: unknown nested; the modes are whole, regional, eager"),
+    (["--modes", ","], "--modes: none given; the modes are whole, regional, eager"),
+    (["--steps", "0"], "--steps 0: a launch needs at least one optimizer step"),
+    (["--presets", "config/fast.py,config/nope.py"], "--presets: config/nope.py not found"),
+])
+def test_bad_input_is_one_line_before_any_launch(capsys, argv, says):
     with pytest.raises(SystemExit):
-        first_step.main(["--modes", "nested"])
-    assert "--modes: unknown nested; the modes are whole, regional, eager" in capsys.readouterr().err
+        first_step.main(argv)
+    assert says in capsys.readouterr().err

@@ -46,10 +46,17 @@ def test_parallel_runs_give_the_losses_of_one_at_a_time(byte_data, tmp_path, cap
         tables[parallel] = [r.split(" | ")[:4] for r in table]
         assert [r[0] + r[2] for r in tables[parallel]] == ["| base1", "| candidate1", "| base2", "| candidate2"]
     assert tables["1"] == tables["2"]
-    with pytest.raises(SystemExit, match=r"^error: run candidate_\d failed: unknown config key 'optimizr'"):
-        loss_check.main([*args[:3], f"--candidate={tiny} --optimizr=muon", *args[4:], "--parallel", "2",
-                         "--out", str(tmp_path / "bad")])
-    assert not loss_check.RUNNING                                             # nothing left running
+    # one at a time, a failed run is the last to start; two at a time, it stops the one under way beside it
+    # (100,000 steps: it would run for minutes) and no later run starts
+    with pytest.raises(SystemExit, match=r"^error: run base_1 failed: unknown config key 'optimizr'"):
+        loss_check.main([*args[:2], f"--base={tiny} --optimizr=muon", *args[3:], "--out", str(tmp_path / "bad1")])
+    assert not (tmp_path / "bad1" / "candidate_1.log").exists()
+    long = [*args[:2], f"--base={tiny}", f"--candidate={tiny} --optimizr=muon", "--steps", "100000", *args[6:]]
+    with pytest.raises(SystemExit, match=r"^error: run candidate_1 failed: unknown config key 'optimizr'"):
+        loss_check.main([*long, "--parallel", "2", "--out", str(tmp_path / "bad2")])
+    bad = tmp_path / "bad2"
+    assert not loss_check.RUNNING and not (bad / "base_1" / "summary.json").exists()
+    assert not (bad / "base_2.log").exists() and not (bad / "candidate_2.log").exists(), sorted(os.listdir(bad))
 
 
 def test_a_run_too_short_to_time_says_so_instead_of_zero(byte_data, tmp_path, capsys):
