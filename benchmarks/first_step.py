@@ -10,7 +10,8 @@ then the same command with the same folders.
 
 train.py's own flags go after `--`.
 
-A mode is a way to compile: whole (the preset's compile=True as shipped), regional (--compile_regional=True) or eager
+A mode is a way to compile: whole (the model as one graph, --compile_regional=False: config/fast.py as shipped),
+regional (--compile_regional=True: each block compiled once and reused, the larger presets as shipped) or eager
 (--compile=False, the baseline without compilation). "Recompiles" counts torch's `Recompiling` log lines
 (TORCH_LOGS=recompiles): one per graph beyond the first of a function, the evaluation's graph included (another grad
 mode). first_step_s and the median tokens/s are summary.json's (speedgpt/measure.py). Where a compiled launch's time
@@ -30,7 +31,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = "config/fast.py,config/gpt2-medium.py,config/gpt2-large.py,config/gpt2-xl.py"
-MODES = {"whole": [], "regional": ["--compile_regional=True"], "eager": ["--compile=False"]}
+MODES = {"whole": ["--compile_regional=False"], "regional": ["--compile_regional=True"], "eager": ["--compile=False"]}
 # train.py run as __main__, torch's compile account written at exit to $FIRST_STEP_TIMES (nothing when nothing compiled)
 WRAPPER = """import atexit, json, os, runpy, sys
 def dump():

@@ -43,6 +43,7 @@ LLMC_MAGIC, LLMC_VERSION = 20240520, 1     # llmc/dataloader.h: GPT-2 shards, ui
 # one line per step, from train_gpt2.cu's printf0("step %4d/%d | loss %7.6f (%+.2fz)| norm %6.4f (%+.2fz)| lr %.2e |
 # %.2f ms | %.1f%% bf16 MFU | %.0f tok/s\n"); its MFU is negative on a GPU missing from its table (the H200)
 STEP = re.compile(r"^step\s+(\d+)/\d+ \| loss .*\| ([0-9.]+) ms \| \S+% bf16 MFU \| [0-9.]+ tok/s\s*$", re.MULTILINE)
+HOW = ".how"                     # beside the binary: how --build_only built it (cuDNN or not), for --no_build
 LINKED = ("cublas", "cublasLt", "cudnn", "nvidia-ml", "nvrtc")   # what llm.c's Makefile links, and nvrtc (below)
 HEADERS = ("cublas_v2.h", "cudnn.h")
 # llm.c (to its last commit) passes cudaMemAdvise a device ordinal, which CUDA 13 replaced by a cudaMemLocation: this
@@ -199,6 +200,10 @@ def main(argv=None):
     p.add_argument("--ours_args", default="", help="extra train.py flags for our run (space-separated)")
     p.add_argument("--out", default="bench_out/vs_llmc", help="folder for the logs and our run folder")
     p.add_argument("--timeout", type=int, default=900, help="seconds each process (the build too) may take")
+    p.add_argument("--build_only", action="store_true", help="build llm.c in --llmc and stop (no runs, no GPU "
+                   "needed): a later --no_build run times it, and a failed build shows before that run")
+    p.add_argument("--no_build", action="store_true", help="time the train_gpt2cu an earlier --build_only left in "
+                   "--llmc instead of building it again")
     args = p.parse_args(argv)
     if not args.llmc or not os.path.isfile(os.path.join(args.llmc, "train_gpt2.cu")):
         sys.exit(f"error: no train_gpt2.cu in {args.llmc!r}: give --llmc PATH, a clone of "
@@ -216,6 +221,12 @@ def main(argv=None):
     if frontend and not os.path.isfile(os.path.join(frontend, "include", "cudnn_frontend.h")):
         sys.exit(f"error: no include/cudnn_frontend.h in {frontend}: give --cudnn_frontend PATH, a clone of "
                  "https://github.com/NVIDIA/cudnn-frontend")
+    if args.build_only and args.no_build:
+        sys.exit("error: --build_only and --no_build together: build with the first, time with the second")
+    built = os.path.join(args.llmc, "train_gpt2cu")
+    if args.no_build and not (os.path.isfile(built) and os.path.isfile(built + HOW)):
+        sys.exit(f"error: --no_build, but no train_gpt2cu and {os.path.basename(built) + HOW} in {args.llmc}: "
+                 "build it there first with --build_only")
     os.makedirs(args.out, exist_ok=True)
     out = os.path.abspath(args.out)
     data_dir = os.path.join(ROOT, args.data_dir)
@@ -225,7 +236,17 @@ def main(argv=None):
     data = {b: llmc_data(data_dir, b) for b in batches}
     with tempfile.TemporaryDirectory() as tmp:
         env = build_env(tmp)
-        binary, how = build(args.llmc, frontend, env, out, args.timeout)
+        if args.no_build:
+            binary, how = os.path.abspath(built), open(built + HOW).read().strip()
+        else:
+            binary, how = build(args.llmc, frontend, env, out, args.timeout)
+            with open(built + HOW, "w") as f:      # what --no_build's table says of this binary
+                f.write(how + "\n")
+        if args.build_only:
+            print(f"llm.c: {'built, ' + how if binary else 'build failed (' + out + '/build*.log)'}")
+            if not binary:
+                sys.exit(1)
+            return []
         rows = [("nanoGPT bench.py", args.batch, peer(args.nanogpt, "124m", args.batch,
                                                        os.path.join(out, "nanogpt.log"), args.timeout), "nanogpt.log")]
         print(f"nanoGPT bench.py batch {args.batch}: {rows[0][2]:,} tok/s", flush=True)

@@ -229,3 +229,23 @@ def test_one_run_builds_llmc_runs_all_three_sides_and_prints_one_table(fake_llmc
     printed = capsys.readouterr().out
     assert f"| {how} | 2 | {round(2048 / 8.5e-3):,} | {round(2048 / 8.5e-3) / round(ours):.3f}x |" in printed
     assert printed.rstrip().endswith(f"| ours: config/fast.py --total_batch_size=0 | 1 | {round(ours):,} | 1.000x |")
+
+
+@needs_make
+def test_build_only_builds_and_a_no_build_run_times_that_binary(fake_llmc, fake_nanogpt, byte_data, tmp_path,
+                                                                 capsys):
+    llmc, frontend = fake_llmc
+    base = ["--llmc", str(llmc), "--cudnn_frontend", str(frontend), "--nanogpt", str(fake_nanogpt),
+            "--out", str(tmp_path / "out"), "--data_dir", str(byte_data), "--timeout", "300"]
+    with pytest.raises(SystemExit, match="--no_build, but no train_gpt2cu and train_gpt2cu.how in .*--build_only"):
+        vs_llmc.main(base + ["--no_build"])
+    with pytest.raises(SystemExit, match="--build_only and --no_build together"):
+        vs_llmc.main(base + ["--build_only", "--no_build"])
+    assert vs_llmc.main(base + ["--build_only"]) == []
+    assert "llm.c: built, cuDNN" in capsys.readouterr().out
+    assert not (tmp_path / "out" / "nanogpt.log").exists()           # nothing ran
+    (llmc / "Makefile").write_text("train_gpt2cu:\n\texit 1\n")       # a build now would fail: it must not happen
+    tiny = "--n_layer=1 --n_head=2 --n_embd=32 --compile=False --fp8=False --fp8_head=False --dtype=float32"
+    rows = vs_llmc.main(base + ["--no_build", "--batch", "1", "--llmc_batches", "1", "--iters", "7",
+                                "--ours_args", tiny])
+    assert rows[1] == ("llm.c train_gpt2cu, cuDNN", 1, round(1024 / 4.5e-3), "llmc_b1.log")
