@@ -147,7 +147,8 @@ def main(argv=None):
                 for done in concurrent.futures.as_completed(futures):
                     if isinstance(done.exception(), Stopped):
                         continue                    # the failing run's own error comes through its future
-                    print(row(futures[done], done.result()), flush=True)    # a failed run exits here, in one line
+                    name, _, seed = futures[done]           # progress; a failed run exits here, in one line
+                    print(f"finished: {name}, seed {seed}, val loss {done.result()[0]:.4f}", flush=True)
             except BaseException:
                 stop_all()                          # nothing more starts; the runs under way are killed
                 for f in futures:

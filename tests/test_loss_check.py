@@ -26,7 +26,8 @@ def test_two_recipes_two_seeds_end_to_end(byte_data, tmp_path, capsys):
                      "--batch_size", "4", "--eval_tokens", "512", "--seeds", "1,2", "--out", str(tmp_path)])
     out = capsys.readouterr().out.splitlines()
     runs = [line for line in out if line.startswith("| base |") or line.startswith("| candidate |")]
-    assert len(runs) == 8 and "failed" not in "".join(runs)                 # each row printed as it ends, then the table
+    assert len(runs) == 4 and "failed" not in "".join(runs)                 # the table, once
+    assert sum(line.startswith("finished: ") for line in out) == 4          # a line per run as it ends
     assert out[-1].startswith("candidate - base: ") and "seed-to-seed spread" in out[-1]
     assert out[-2] == "note: 4 steps, a warm-up of 1: too few for the losses to mean much (the protocol is 300)"
     assert all(re.search(r"\| [1-9][\d,]* \|$", r) for r in runs), runs      # the 4th step is timed (warm-up 3)
