@@ -93,10 +93,16 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
         raise ValueError(f"input {source} holds no document" + (f" ({len(report.binary)} binary files skipped)"
                                                                   if report.binary else "")
                          + "".join(f"; {note}" for note in report.all_notes()))
-    second = next(docs, None)        # a one-document input cannot be split: say so before tokenizing it
-    if second is None and val_frac > 0 and first.split is None and first.text:
+    peeked = [first]                 # up to the second non-empty document: a one-document input cannot be
+    while sum(bool(d.text) for d in peeked) < 2:    # split, and says so before tokenizing (empties skipped)
+        doc = next(docs, None)
+        if doc is None:
+            break
+        peeked.append(doc)
+    texts = [d for d in peeked if d.text]
+    if len(texts) == 1 and val_frac > 0 and texts[0].split is None:
         raise ValueError(ONE_DOCUMENT.format(source=source))
-    docs = itertools.chain([second] if second is not None else [], docs)
+    docs = itertools.chain(peeked[1:], docs)
     dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
     rng, held, total, empty = random.Random(seed), None, 0, 0
     with prepared_folder(out_dir) as tmp, corpus.TokenizerPool(tokenizer, dtype, workers) as pool:

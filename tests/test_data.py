@@ -418,6 +418,18 @@ def test_an_out_that_cannot_be_created_is_one_line(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["afile", "in"]
 
 
+def test_one_document_among_empty_ones_is_refused_before_tokenizing(tmp_path, capsys):
+    """A .jsonl of one real line and empty ones is one document: refused before any tokenizing, as one line is."""
+    lines = [json.dumps({"text": t}) for t in ("", "the one real document", "", "")]
+    (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(SystemExit, match=r"^error: input .*c.jsonl has 1 document: a train/val split needs at least 2"):
+        data.main(["--input", str(tmp_path / "c.jsonl"), "--out", str(tmp_path / "o"), "--workers=1"])
+    assert "tokenizing" not in capsys.readouterr().err and not (tmp_path / "o").exists()
+    data.main(["--input", str(tmp_path / "c.jsonl"), "--out", str(tmp_path / "o"), "--workers=1", "--val_frac=0"])
+    meta = json.load(open(tmp_path / "o" / "meta.json"))
+    assert (meta["train_docs"], meta["val_docs"], meta["empty_docs_skipped"]) == (1, 0, 3)
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--max_token=10"], "unknown flag '--max_token': did you mean --max_tokens?"),     # a misspelling
     (["--val", "0.5"], "unknown flag '--val': did you mean --val_frac?"),               # an abbreviation
