@@ -39,8 +39,13 @@ def dump():
     utils = sys.modules.get("torch._dynamo.utils")
     if utils is not None:
         keys, values = utils.compile_times(repr="csv")
+        account = {k: sum(float(x) for x in v.split(",")) for k, v in zip(keys, values)}
+        for group in ("aot_autograd", "inductor"):     # the caches' hits, misses and bypasses, as counts
+            for k, v in utils.counters[group].items():
+                if "cache" in k:
+                    account[f"{group}.{k}"] = v
         with open(os.environ["FIRST_STEP_TIMES"], "w") as f:
-            json.dump({k: sum(float(x) for x in v.split(",")) for k, v in zip(keys, values)}, f)
+            json.dump(account, f)
 atexit.register(dump)
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
@@ -74,14 +79,15 @@ def launch(preset, mode, caches, out_dir, steps, extra):
         return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
     with open(os.path.join(out_dir, "summary.json")) as f:
         summary = json.load(f)
-    compile_s = {}
+    compile_s, cache_counts = {}, {}
     if os.path.isfile(times):
         with open(times) as f:
             account = json.load(f)
         compile_s = {name: part(account) for name, part in PHASES}
+        cache_counts = {k: v for k, v in account.items() if k.startswith(("aot_autograd.", "inductor."))}
     return {"wall_s": wall, "first_step_s": summary["first_step_s"], "tokens_per_sec": summary["median_tokens_per_sec"],
             "mem_gb": summary["mem_gb"], "recompiles": (proc.stdout + proc.stderr).count("Recompiling"),
-            "compile_s": compile_s}
+            "compile_s": compile_s, "cache_counts": cache_counts}
 
 
 def phases(compile_s):
@@ -91,23 +97,33 @@ def phases(compile_s):
     return " / ".join(f"{compile_s.get(name, 0.0):.1f}" for name, _ in PHASES)
 
 
+def warm_compile(launch):
+    """The warm launch's compile seconds and what AOTAutograd's cache did ('hit / miss / bypass' graphs): a
+    bypassed or missed graph is traced and partitioned again on every launch, however warm the caches."""
+    if not any(launch["compile_s"].values()):
+        return "nothing compiled"
+    counts = [launch["cache_counts"].get(f"aot_autograd.autograd_cache_{k}", 0) for k in ("hit", "miss", "bypass")]
+    return f"{launch['compile_s']['all']:.1f}; {' / '.join(map(str, counts))}"
+
+
 def table(rows):
     """Markdown: one line per preset and mode, cold beside warm, and where the cold launch's compile time went."""
     fmt = lambda v, spec: "" if v is None else format(v, spec)
     out = ["| preset | compile | first step cold (s) | warm (s) | launch to the end, cold (s) | recompiles cold / warm "
-           f"| tok/s cold / warm | GB | cold launch, every graph: {' / '.join(name for name, _ in PHASES)} (s) |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+           f"| tok/s cold / warm | GB | cold launch, every graph: {' / '.join(name for name, _ in PHASES)} (s) "
+           "| warm launch: compile (s); AOTAutograd cache hit / miss / bypass |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for preset, mode, cold, warm in rows:
         if "error" in cold or "error" in warm:
             out.append(f"| {preset or 'defaults'} | {mode} | failed: {(cold.get('error') or warm['error'])[:100]} "
-                       "| | | | | | |")
+                       "| | | | | | | |")
             continue
         out.append(f"| {preset or 'defaults'} | {mode} | {fmt(cold['first_step_s'], '.1f')} "
                    f"| {fmt(warm['first_step_s'], '.1f')} "
                    f"| {cold['wall_s']:.1f} | {cold['recompiles']} / {warm['recompiles']} "
                    f"| {fmt(cold['tokens_per_sec'], ',.0f')} / {fmt(warm['tokens_per_sec'], ',.0f')} "
                    f"| {fmt(cold['mem_gb'], '.1f')} "
-                   f"| {phases(cold['compile_s'])} |")
+                   f"| {phases(cold['compile_s'])} | {warm_compile(warm)} |")
     return "\n".join(out)
 
 

@@ -38,3 +38,19 @@ def test_bad_input_is_one_line_before_any_launch(capsys, argv, says):
     with pytest.raises(SystemExit):
         first_step.main(argv)
     assert says in capsys.readouterr().err
+
+
+def test_a_compiled_launch_accounts_for_its_compile_and_the_warm_one_hits_the_caches(byte_data, tmp_path, capsys):
+    """Whole-model compile on the CPU: the cold launch's account has every phase and its total holds them; the warm
+    launch finds its graphs in AOTAutograd's cache (no tracing of the joint graph again) and says so in its cell."""
+    extra = [a for a in tiny_args(byte_data, tmp_path) if not a.startswith(("--out_dir", "--max_iters"))]
+    (_, _, cold, warm), = first_step.main(["--presets", "", "--modes", "whole", "--steps", "1", "--", *extra,
+                                           "--device=cpu", "--compile=True", "--eval_tokens=0"])
+    c = cold["compile_s"]
+    assert min(c["trace"], c["AOTAutograd"], c["inductor fwd"], c["inductor bwd"]) > 0, c
+    assert c["all"] >= c["trace"] + c["AOTAutograd"] + c["inductor fwd"] + c["inductor bwd"] - 0.1, c
+    assert cold["cache_counts"].get("aot_autograd.autograd_cache_miss", 0) >= 1
+    assert warm["cache_counts"].get("aot_autograd.autograd_cache_hit", 0) >= 1, warm["cache_counts"]
+    assert warm["compile_s"]["AOTAutograd"] == 0 and warm["compile_s"]["all"] < c["all"]
+    hits = warm["cache_counts"]["aot_autograd.autograd_cache_hit"]
+    assert capsys.readouterr().out.rstrip().endswith(f"| {warm['compile_s']['all']:.1f}; {hits} / 0 / 0 |")
