@@ -45,9 +45,21 @@ def compile_model(model, regional=False, tuning=False):
     if tuning:
         import torch._inductor.config as inductor_config
         inductor_config.coordinate_descent_tuning = True
+    allow_autograd_functions_in_cache()
     if not regional:
         model.compile()
         return
     for block in model.transformer.h:
         block.compile()
     model.head = torch.compile(model.head)     # an instance attribute: the state dict is unchanged
+
+
+def allow_autograd_functions_in_cache():
+    """Let AOTAutograd's cache keep graphs that hold an autograd.Function (the fused head's, FP8's, FlashAttention-3's
+    interface). torch passes such graphs by, out of caution (autograd_cache_allow_custom_autograd_functions), so a
+    warm launch, a resume above all, traced and partitioned the whole model's forward and backward again. The
+    function's forward and backward are traced into the graph the cache key is computed from: a change to either
+    misses the cache (tests/test_first_step.py)."""
+    import torch._functorch.config as functorch_config
+    if hasattr(functorch_config, "autograd_cache_allow_custom_autograd_functions"):
+        functorch_config.autograd_cache_allow_custom_autograd_functions = True
