@@ -93,13 +93,15 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
         raise ValueError(f"input {source} holds no document" + (f" ({len(report.binary)} binary files skipped)"
                                                                   if report.binary else "")
                          + "".join(f"; {note}" for note in report.all_notes()))
-    peeked = [first]                 # up to the second non-empty document: a one-document input cannot be
-    while sum(bool(d.text) for d in peeked) < 2:    # split, and says so before tokenizing (empties skipped)
+    peeked, texts = [first], [first] if first.text else []     # up to the second non-empty document, so that
+    while len(texts) < 2:            # an input of one (or none) says so before tokenizing; empties are skipped
         doc = next(docs, None)
         if doc is None:
             break
         peeked.append(doc)
-    texts = [d for d in peeked if d.text]
+        texts += [doc] if doc.text else []
+    if not texts:
+        raise ValueError(f"input {source} holds only empty documents: nothing to tokenize; point --input at text")
     if len(texts) == 1 and val_frac > 0 and texts[0].split is None:
         raise ValueError(ONE_DOCUMENT.format(source=source))
     docs = itertools.chain(peeked[1:], docs)
@@ -127,10 +129,11 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
                 if max_tokens is not None and total >= max_tokens:
                     break
         if held is None and writers["train"].docs == 0:
-            raise ValueError(f"input {source} holds only empty documents")
+            raise ValueError(f"input {source} holds only empty documents: nothing to tokenize; point --input at text")
         if held is not None:
-            if val_frac > 0 and writers["train"].docs + writers["val"].docs == 0:
-                raise ValueError(ONE_DOCUMENT.format(source=source))
+            if val_frac > 0 and writers["train"].docs + writers["val"].docs == 0:   # max_tokens cut the second
+                raise ValueError(f"--max_tokens {max_tokens} ends input {source} inside its first document: a "
+                                 "train/val split needs 2; raise --max_tokens, or prepare it with --val_frac=0")
             is_val = rng.random() < val_frac         # the last document: each split gets one at least
             if val_frac > 0 and writers["val"].docs == 0:
                 is_val = True

@@ -10,9 +10,10 @@ then the same command with the same folders.
 
 train.py's own flags go after `--`.
 
-A mode is a way to compile: whole (the model as one graph, --compile_regional=False: config/fast.py as shipped),
-regional (--compile_regional=True: each block compiled once and reused, the larger presets as shipped) or eager
-(--compile=False, the baseline without compilation). "Recompiles" counts torch's `Recompiling` log lines
+A mode is a way to compile: whole (the model as one graph, --compile=True --compile_regional=False: config/fast.py
+as shipped), regional (--compile=True --compile_regional=True: each block compiled once and reused, the larger
+presets as shipped) or eager (--compile=False, the baseline without compilation). The mode and --steps are this
+script's: --compile, --compile_regional, --max_iters and --out_dir after `--` are refused. "Recompiles" counts torch's `Recompiling` log lines
 (TORCH_LOGS=recompiles): one per graph beyond the first of a function, the evaluation's graph included (another grad
 mode). first_step_s and the median tokens/s are summary.json's (speedgpt/measure.py). Where a compiled launch's time
 goes is torch's own account (torch._dynamo.utils.compile_times, written at exit) over every graph of the launch, the
@@ -32,7 +33,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = "config/fast.py,config/gpt2-medium.py,config/gpt2-large.py,config/gpt2-xl.py"
-MODES = {"whole": ["--compile_regional=False"], "regional": ["--compile_regional=True"], "eager": ["--compile=False"]}
+MODES = {"whole": ["--compile=True", "--compile_regional=False"], "regional": ["--compile=True", "--compile_regional=True"],
+         "eager": ["--compile=False"]}
+# train.py settings this script makes itself, and how to change them here instead
+OWN = {"max_iters": "--steps", "out_dir": "each launch writes to a folder of its own",
+       "compile": "--modes", "compile_regional": "--modes"}
 # train.py run as __main__, torch's compile account written at exit to $FIRST_STEP_TIMES (nothing when nothing compiled)
 WRAPPER = """import atexit, json, os, runpy, sys
 def dump():
@@ -69,8 +74,8 @@ def launch(preset, mode, caches, out_dir, steps, extra):
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
            "TRITON_CACHE_DIR": os.path.join(caches, "triton"), "TORCH_LOGS": "recompiles", "FIRST_STEP_TIMES": times}
     cmd = [sys.executable, "-c", WRAPPER, os.path.join(ROOT, "train.py"), *([f"--config={preset}"] if preset else []),
-           f"--max_iters={steps}", f"--out_dir={out_dir}", "--save_checkpoints=False", "--wandb_log=False",
-           *MODES[mode], *extra]
+           "--save_checkpoints=False", "--wandb_log=False", *extra, f"--max_iters={steps}", f"--out_dir={out_dir}",
+           *MODES[mode]]                   # last: the mode and the steps are this script's (OWN refuses them in extra)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -91,7 +96,7 @@ def launch(preset, mode, caches, out_dir, steps, extra):
 
 
 def phases(compile_s):
-    """'trace / fwd / bwd / wait' seconds of one launch, or that it compiled nothing."""
+    """The PHASES' seconds of one launch ('all / trace / AOTAutograd / ...'), or that it compiled nothing."""
     if not any(compile_s.values()):
         return "nothing compiled"
     return " / ".join(f"{compile_s.get(name, 0.0):.1f}" for name, _ in PHASES)
@@ -109,19 +114,20 @@ def warm_compile(launch):
 def table(rows):
     """Markdown: one line per preset and mode, cold beside warm, and where the cold launch's compile time went."""
     fmt = lambda v, spec: "" if v is None else format(v, spec)
+    speed = lambda launch: "n/a" if launch["tokens_per_sec"] is None else f"{launch['tokens_per_sec']:,.0f}"
     out = ["| preset | compile | first step cold (s) | warm (s) | launch to the end, cold (s) | recompiles cold / warm "
            f"| tok/s cold / warm | GB | cold launch, every graph: {' / '.join(name for name, _ in PHASES)} (s) "
            "| warm launch: compile (s); AOTAutograd cache hit / miss / bypass |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for preset, mode, cold, warm in rows:
         if "error" in cold or "error" in warm:
-            out.append(f"| {preset or 'defaults'} | {mode} | failed: {(cold.get('error') or warm['error'])[:100]} "
+            out.append(f"| {preset or 'defaults'} | {mode} | failed: {cold.get('error') or warm['error']} "
                        "| | | | | | | |")
             continue
         out.append(f"| {preset or 'defaults'} | {mode} | {fmt(cold['first_step_s'], '.1f')} "
                    f"| {fmt(warm['first_step_s'], '.1f')} "
                    f"| {cold['wall_s']:.1f} | {cold['recompiles']} / {warm['recompiles']} "
-                   f"| {fmt(cold['tokens_per_sec'], ',.0f')} / {fmt(warm['tokens_per_sec'], ',.0f')} "
+                   f"| {speed(cold)} / {speed(warm)} "
                    f"| {fmt(cold['mem_gb'], '.1f')} "
                    f"| {phases(cold['compile_s'])} | {warm_compile(warm)} |")
     return "\n".join(out)
@@ -137,14 +143,17 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=8, help="optimizer steps per launch (tokens/s needs a few past "
                    "timing_warmup)")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    modes = [m for m in args.modes.split(",") if m]
+    modes = list(dict.fromkeys(m for m in args.modes.split(",") if m))
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         p.error(f"--modes: {'unknown ' + ', '.join(unknown) if unknown else 'none given'}; the modes are "
                 f"{', '.join(MODES)}")
     if args.steps < 1:
         p.error(f"--steps {args.steps}: a launch needs at least one optimizer step (8 by default)")
-    presets = args.presets.split(",")
+    presets = list(dict.fromkeys(x for x in args.presets.split(",") if x)) or [""]
+    own = [a[2:].split("=")[0] for a in extra if a.startswith("--") and a[2:].split("=")[0] in OWN]
+    if own:
+        p.error(f"--{own[0]} after --: first_step.py sets it itself ({OWN[own[0]]}); leave it out")
     missing = [x for x in presets if x and not os.path.isfile(os.path.join(ROOT, x))]
     if missing:
         p.error(f"--presets: {', '.join(missing)} not found (config files, relative to {ROOT})")

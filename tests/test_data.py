@@ -428,6 +428,21 @@ def test_one_document_among_empty_ones_is_refused_before_tokenizing(tmp_path, ca
     data.main(["--input", str(tmp_path / "c.jsonl"), "--out", str(tmp_path / "o"), "--workers=1", "--val_frac=0"])
     meta = json.load(open(tmp_path / "o" / "meta.json"))
     assert (meta["train_docs"], meta["val_docs"], meta["empty_docs_skipped"]) == (1, 0, 3)
+    (tmp_path / "e.jsonl").write_text("\n".join([json.dumps({"text": ""})] * 3) + "\n")
+    capsys.readouterr()
+    with pytest.raises(SystemExit, match=r"^error: input .*e.jsonl holds only empty documents: nothing to tokenize"):
+        data.main(["--input", str(tmp_path / "e.jsonl"), "--out", str(tmp_path / "e"), "--workers=1"])
+    assert "tokenizing" not in capsys.readouterr().err and not (tmp_path / "e").exists()
+
+
+def test_max_tokens_that_ends_inside_the_first_document_says_so(tmp_path):
+    """Two documents, --max_tokens reached inside the first: not 'one document', but the flag that cut the second."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("x" * 5000)
+    (tmp_path / "in" / "b.txt").write_text("y" * 50)
+    with pytest.raises(SystemExit, match=r"^error: --max_tokens 1000 ends input .* inside its first document: a "
+                                         r"train/val split needs 2; raise --max_tokens, or .*--val_frac=0$"):
+        data.main(["--input", str(tmp_path / "in"), "--out", str(tmp_path / "o"), "--workers=1", "--max_tokens=1000"])
 
 
 @pytest.mark.parametrize("argv, says", [

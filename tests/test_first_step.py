@@ -35,6 +35,9 @@ def test_a_cold_and_a_warm_launch_give_one_row(byte_data, tmp_path, capsys):
     (["--modes", ","], "--modes: none given; the modes are whole, regional, eager"),
     (["--steps", "0"], "--steps 0: a launch needs at least one optimizer step"),
     (["--presets", "config/fast.py,config/nope.py"], "--presets: config/nope.py not found"),
+    (["--modes", "eager", "--", "--compile=True"], "--compile after --: first_step.py sets it itself (--modes)"),
+    (["--", "--out_dir=/tmp/x"], "--out_dir after --: first_step.py sets it itself (each launch writes to a folder"),
+    (["--", "--max_iters=0"], "--max_iters after --: first_step.py sets it itself (--steps)"),
 ])
 def test_bad_input_is_one_line_before_any_launch(capsys, argv, says):
     with pytest.raises(SystemExit):
@@ -47,7 +50,7 @@ def test_a_compiled_launch_accounts_for_its_compile_and_the_warm_one_hits_the_ca
     has every phase and its total holds them; the warm launch finds its graph in AOTAutograd's cache (no tracing
     of the joint graph again), says so in its cell, and trains exactly as the cold one did."""
     extra = [a for a in tiny_args(byte_data, tmp_path) if not a.startswith(("--out_dir", "--max_iters"))]
-    extra += ["--device=cpu", "--compile=True", "--fused_ce=True", "--eval_tokens=0"]
+    extra += ["--device=cpu", "--fused_ce=True", "--eval_tokens=0"]
     cold, warm = (first_step.launch("", "whole", str(tmp_path / "caches"), str(tmp_path / name), 2, extra)
                   for name in ("cold", "warm"))
     c = cold["compile_s"]
