@@ -13,15 +13,16 @@ train.py's own flags go after `--`.
 A mode is a way to compile: whole (the model as one graph, --compile=True --compile_regional=False: config/fast.py
 as shipped), regional (--compile=True --compile_regional=True: each block compiled once and reused, the larger
 presets as shipped) or eager (--compile=False, the baseline without compilation). The mode and --steps are this
-script's: --compile, --compile_regional, --max_iters and --out_dir after `--` are refused. "Recompiles" counts torch's `Recompiling` log lines
-(TORCH_LOGS=recompiles): one per graph beyond the first of a function, the evaluation's graph included (another grad
-mode). first_step_s and the median tokens/s are summary.json's (speedgpt/measure.py). Where a compiled launch's time
-goes is torch's own account (torch._dynamo.utils.compile_times, written at exit) over every graph of the launch, the
-evaluation's too: all of it, and of that Dynamo's tracing, AOTAutograd (the joint graph and its partition into
-forward and backward), the forward's and the backward's Inductor compile, and of those two the wait for the kernels'
-compiler (Triton's on a GPU, the C++ compiler on a CPU); the first step's rest is our own kernels' autotuning, the
-data and the step itself (the evaluation's graph is compiled before the first step, at step 0's evaluation). Markdown table last; the exit status is 1 when a launch
-failed (its row says why; a failed cold launch is not repeated warm).
+script's: --compile, --compile_regional, --max_iters and --out_dir after `--` are refused. "Recompiles" counts
+torch's `Recompiling` log lines (TORCH_LOGS=recompiles): one per graph beyond the first of a function, the
+evaluation's graph included (another grad mode). first_step_s and the median tokens/s are summary.json's
+(speedgpt/measure.py). Where a compiled launch's time goes is torch's own account
+(torch._dynamo.utils.compile_times, written at exit) over every graph of the launch, the evaluation's too: all of
+it, and of that Dynamo's tracing, AOTAutograd (the joint graph and its partition into forward and backward), the
+forward's and the backward's Inductor compile, and of those two the wait for the kernels' compiler (Triton's on a
+GPU, the C++ compiler on a CPU); the first step's rest is our own kernels' autotuning, the data and the step itself
+(the evaluation's graph is compiled before the first step, at step 0's evaluation). Markdown table last; the exit
+status is 1 when a launch failed (its row says why; a failed cold launch is not repeated warm).
 """
 import argparse
 import json
@@ -33,8 +34,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = "config/fast.py,config/gpt2-medium.py,config/gpt2-large.py,config/gpt2-xl.py"
-MODES = {"whole": ["--compile=True", "--compile_regional=False"], "regional": ["--compile=True", "--compile_regional=True"],
-         "eager": ["--compile=False"]}
+MODES = {"whole": ["--compile=True", "--compile_regional=False"],
+         "regional": ["--compile=True", "--compile_regional=True"], "eager": ["--compile=False"]}
 # train.py settings this script makes itself, and how to change them here instead
 OWN = {"max_iters": "--steps", "out_dir": "each launch writes to a folder of its own",
        "compile": "--modes", "compile_regional": "--modes"}

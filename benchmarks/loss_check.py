@@ -7,12 +7,12 @@ spread (the largest difference between two seeds of one recipe).
     python benchmarks/loss_check.py --config config/gpt2-medium.py --base=--fp8=False --candidate=
     python benchmarks/loss_check.py --config config/fast.py --base=--fp8_head=False --candidate= --steps 300
 
---base and --candidate are train.py flags (space-separated; written --base="--a=1 --b=2", with the "=", since
-they start with dashes) added to the preset; every run also gets --total_batch_size=0, this script's --batch_size,
-a warm-up of a tenth of the steps, a cosine decay to --steps, one evaluation at the end on --eval_tokens tokens,
-and no checkpoints. Prints one row per run (val loss, median tokens/s) and the verdict; the first run that fails
-stops it, in one line with that run's error, and no run starts after it (the ones under way are stopped, as on
-Ctrl-C or SIGTERM). Logs and run folders go to --out (each run's folder made afresh).
+--base and --candidate are train.py flags (space-separated; written --base="--a=1 --b=2", with the "=", since they
+start with dashes) added to the preset; every run also gets --total_batch_size=0, this script's --batch_size, a
+warm-up of a tenth of the steps, a cosine decay to --steps, one evaluation at the end on --eval_tokens tokens, and
+no checkpoints. Prints a line as each run finishes, then one row per run (val loss, median tokens/s) and the
+verdict; the first run that fails stops it, in one line with that run's error, and no run starts after it (the ones
+under way are stopped, as on Ctrl-C or SIGTERM). Logs and run folders go to --out (each run's folder made afresh).
 --parallel N runs N at a time on the same device (a GPU with room for N: each run's compile and evaluation then
 overlap the others' training); the losses are the same as one at a time, tokens/s are not reported (shared).
 """

@@ -7,17 +7,18 @@ speedgpt side by side with karpathy/llm.c's CUDA trainer and nanoGPT's bench.py:
     python benchmarks/vs_llmc.py --llmc ../llm.c --nanogpt ../nanoGPT [--llmc_batches 16,32,64]
 
 In this order, each in its own process: llm.c's build (`make train_gpt2cu USE_CUDNN=1 CUDNN_FRONTEND_PATH=...
-NO_MULTI_GPU=1`; if that fails, once more without cuDNN, and the table says so), nanoGPT's bench.py at --batch
-(benchmarks/vs_nanogpt.py's peer), llm.c at each of --llmc_batches, then ours (config/fast.py with
---total_batch_size=0) at --batch. Every side takes one optimizer step per micro-batch of B x 1024 tokens (llm.c:
--d B*T).
+NO_MULTI_GPU=1`; if that fails, once more without cuDNN, and the table says so; `--build_only` stops after it, no
+GPU, data or nanoGPT needed, and a later `--no_build` run times that binary instead of building again), nanoGPT's
+bench.py at --batch (benchmarks/vs_nanogpt.py's peer), llm.c at each of --llmc_batches, then ours (config/fast.py
+with --total_batch_size=0) at --batch. Every side takes one optimizer step per micro-batch of B x 1024 tokens
+(llm.c: -d B*T).
 
 llm.c trains GPT-2 124M from scratch (-e d12: bf16, its own kernels; GPT-2's biases kept; causal attention over
-whole rows, no document mask, as nanoGPT's bench.py) on our data/stdlib_gpt2 (prepared here if missing): our shards are
-llm.c's format already (speedgpt/shards.py writes GPT-2 tokens as version 1, uint16), so no copies are made; each is
-checked by llm.c's own loader rules first, and one it would refuse stops the script before any run. Its tokens/s:
-B*T over the median of its per-step milliseconds after the first WARMUP steps (not its printed tok/s: an EMA over
-every step but the first). nanoGPT's from its own "time per iteration"; ours the median of summary.json.
+whole rows, no document mask, as nanoGPT's bench.py) on our data/stdlib_gpt2 (prepared here if missing): our shards
+are llm.c's format already (speedgpt/shards.py writes GPT-2 tokens as version 1, uint16), so no copies are made;
+each is checked by llm.c's own loader rules first, and one it would refuse stops the script before any run. Its
+tokens/s: B*T over the median of its per-step milliseconds after the first WARMUP steps (not its printed tok/s: an
+EMA over every step but the first). nanoGPT's from its own "time per iteration"; ours the median of summary.json.
 
 Prints one Markdown table: side, micro-batch, tok/s, ratio to ours (the side's tok/s over ours). Logs go to --out.
 Needs a CUDA GPU, nvcc and cuDNN: the system's, or NVIDIA's Python wheels that torch's CUDA build brings
@@ -35,7 +36,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vs_nanogpt import ROOT, ours, peer, run  # noqa: E402
+from vs_nanogpt import ROOT, ours, peer, run, run_status  # noqa: E402
 
 T = 1024
 WARMUP = 5                       # steps left out of llm.c's median, as vs_nanogpt.ours' --timing_warmup=5
@@ -150,10 +151,12 @@ def build(llmc, frontend, env, out, timeout):
     for flags, how, make_env in attempts:
         cmd = ["make", "train_gpt2cu", *flags, "NO_MULTI_GPU=1"]
         print(f"llm.c: {' '.join(cmd)}", flush=True)
-        if os.path.exists(binary):
-            os.remove(binary)               # a binary left from before must not pass for this build
-        run(cmd, llmc, os.path.join(out, "build_cudnn.log" if flags else "build.log"), timeout, make_env)
-        if os.path.isfile(binary):
+        for stale in (binary, binary + HOW):
+            if os.path.exists(stale):
+                os.remove(stale)            # a binary left from before must not pass for this build
+        _, code = run_status(cmd, llmc, os.path.join(out, "build_cudnn.log" if flags else "build.log"), timeout,
+                             make_env)
+        if code == 0 and os.path.isfile(binary):   # make's status too: a failed link can leave a file behind
             return binary, how
     return None, attempts[-1][1]
 
@@ -208,13 +211,17 @@ def main(argv=None):
     if not args.llmc or not os.path.isfile(os.path.join(args.llmc, "train_gpt2.cu")):
         sys.exit(f"error: no train_gpt2.cu in {args.llmc!r}: give --llmc PATH, a clone of "
                  "https://github.com/karpathy/llm.c")
-    if not args.nanogpt or not os.path.isfile(os.path.join(args.nanogpt, "bench.py")):
+    if not args.build_only and (not args.nanogpt or not os.path.isfile(os.path.join(args.nanogpt, "bench.py"))):
         sys.exit(f"error: no nanoGPT bench.py in {args.nanogpt!r}: give --nanogpt PATH, a clone of "
                  "https://github.com/karpathy/nanoGPT")
-    batches = [int(b) for b in args.llmc_batches.split(",") if b.strip().isdigit()]
-    if len(batches) != len(args.llmc_batches.split(",")) or min(batches + [args.batch]) < 1:
-        sys.exit(f"error: --llmc_batches {args.llmc_batches!r} and --batch {args.batch}: positive integers, "
-                 "e.g. --llmc_batches 16,32,64")
+    try:
+        batches = [int(b) for b in args.llmc_batches.split(",")]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        sys.exit(f"error: --llmc_batches {args.llmc_batches!r}: positive integers, comma-separated, e.g. 16,32,64")
+    if args.batch < 1:
+        sys.exit(f"error: --batch {args.batch}: a positive micro-batch, e.g. 64 (config/fast.py's)")
     near = [os.path.join(args.llmc, "cudnn-frontend"), os.path.join(args.llmc, "..", "cudnn-frontend"),
             os.path.expanduser("~/cudnn-frontend")]                 # llm.c's Makefile looks in the first and last
     frontend = args.cudnn_frontend or next((d for d in near if os.path.isdir(d)), None)
@@ -229,10 +236,27 @@ def main(argv=None):
                  "build it there first with --build_only")
     os.makedirs(args.out, exist_ok=True)
     out = os.path.abspath(args.out)
+    if args.build_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            binary, how = build(args.llmc, frontend, build_env(tmp), out, args.timeout)
+        if not binary:
+            logs = [p for p in (os.path.join(out, n) for n in ("build_cudnn.log", "build.log")) if os.path.isfile(p)]
+            lines = [line for line in open(logs[-1]).read().splitlines() if line.strip()] if logs else []
+            lines = [line for line in lines if not line.startswith("make")] or lines     # the compiler's, not make's
+            sys.exit(f"error: llm.c did not build: {lines[-1].strip() if lines else 'no output'} (the make output: "
+                     f"{', '.join(logs)}); it needs nvcc and CUDA's cuBLAS, see llm.c's README")
+        with open(built + HOW, "w") as f:          # what --no_build's table says of this binary
+            f.write(how + "\n")
+        print(f"llm.c: built, {how}: {built}; time it with --no_build")
+        return []
     data_dir = os.path.join(ROOT, args.data_dir)
     if not os.path.isfile(os.path.join(data_dir, "meta.json")) and args.data_dir == "data/stdlib_gpt2":
         print(f"preparing {args.data_dir} (the stdlib sources, GPT-2 tokens)", flush=True)
-        run([sys.executable, "data.py", "--tokenizer", "gpt2"], ROOT, os.path.join(out, "prep.log"), args.timeout)
+        prep = os.path.join(out, "prep.log")
+        text, code = run_status([sys.executable, "data.py", "--tokenizer", "gpt2"], ROOT, prep, args.timeout)
+        if code != 0:
+            lines = [line for line in text.splitlines() if line.strip()]
+            sys.exit(f"error: preparing {args.data_dir} failed: {lines[-1] if lines else 'no output'} ({prep})")
     data = {b: llmc_data(data_dir, b) for b in batches}
     with tempfile.TemporaryDirectory() as tmp:
         env = build_env(tmp)
@@ -240,13 +264,9 @@ def main(argv=None):
             binary, how = os.path.abspath(built), open(built + HOW).read().strip()
         else:
             binary, how = build(args.llmc, frontend, env, out, args.timeout)
-            with open(built + HOW, "w") as f:      # what --no_build's table says of this binary
-                f.write(how + "\n")
-        if args.build_only:
-            print(f"llm.c: {'built, ' + how if binary else 'build failed (' + out + '/build*.log)'}")
-            if not binary:
-                sys.exit(1)
-            return []
+            if binary:
+                with open(built + HOW, "w") as f:
+                    f.write(how + "\n")
         rows = [("nanoGPT bench.py", args.batch, peer(args.nanogpt, "124m", args.batch,
                                                        os.path.join(out, "nanogpt.log"), args.timeout), "nanogpt.log")]
         print(f"nanoGPT bench.py batch {args.batch}: {rows[0][2]:,} tok/s", flush=True)

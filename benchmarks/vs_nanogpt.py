@@ -87,16 +87,22 @@ def ours(size, batch, iters, extra, out_dir, log, timeout):
 def run(cmd, cwd, log, timeout, env=None):
     """Run cmd in cwd (in the environment `env`, default ours), its output to the file `log`; returns the output
     (also on failure or timeout)."""
+    return run_status(cmd, cwd, log, timeout, env)[0]
+
+
+def run_status(cmd, cwd, log, timeout, env=None):
+    """run(), and the exit status: (output, returncode), returncode None when it timed out or could not start."""
+    code = None
     try:
         p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
-        out = p.stdout + p.stderr
+        out, code = p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode(errors="replace") + f"\n(killed after {timeout} s)"
     except OSError as e:                      # no such program (make, nvcc, a binary that was not built)
         out = f"could not start {cmd[0]}: {e}"
     with open(log, "w") as f:
         f.write(out)
-    return out
+    return out, code
 
 
 def main(argv=None):

@@ -199,8 +199,11 @@ def test_bad_input_is_refused_in_one_line(argv, message):
 def test_bad_batches_and_frontends_are_refused_in_one_line(fake_llmc, fake_nanogpt, tmp_path):
     llmc, _ = fake_llmc
     base = ["--llmc", str(llmc), "--nanogpt", str(fake_nanogpt), "--out", str(tmp_path / "out")]
-    with pytest.raises(SystemExit, match="--llmc_batches '16,x' and --batch 64: positive integers"):
-        vs_llmc.main(base + ["--llmc_batches", "16,x"])
+    for bad in ("16,x", "16,,32", "²", "0"):
+        with pytest.raises(SystemExit, match=f"--llmc_batches '{bad}': positive integers, comma-separated"):
+            vs_llmc.main(base + ["--llmc_batches", bad])
+    with pytest.raises(SystemExit, match="--batch 0: a positive micro-batch"):
+        vs_llmc.main(base + ["--batch", "0"])
     with pytest.raises(SystemExit, match=f"no include/cudnn_frontend.h in {tmp_path}: give --cudnn_frontend PATH"):
         vs_llmc.main(base + ["--cudnn_frontend", str(tmp_path)])
 
@@ -234,18 +237,34 @@ def test_one_run_builds_llmc_runs_all_three_sides_and_prints_one_table(fake_llmc
 @needs_make
 def test_build_only_builds_and_a_no_build_run_times_that_binary(fake_llmc, fake_nanogpt, byte_data, tmp_path,
                                                                  capsys):
+    """--build_only needs no nanoGPT and no data; a --no_build run then times that binary without building."""
     llmc, frontend = fake_llmc
-    base = ["--llmc", str(llmc), "--cudnn_frontend", str(frontend), "--nanogpt", str(fake_nanogpt),
-            "--out", str(tmp_path / "out"), "--data_dir", str(byte_data), "--timeout", "300"]
+    base = ["--llmc", str(llmc), "--cudnn_frontend", str(frontend), "--out", str(tmp_path / "out"),
+            "--timeout", "300"]
+    run_args = base + ["--nanogpt", str(fake_nanogpt), "--data_dir", str(byte_data)]
     with pytest.raises(SystemExit, match="--no_build, but no train_gpt2cu and train_gpt2cu.how in .*--build_only"):
-        vs_llmc.main(base + ["--no_build"])
+        vs_llmc.main(run_args + ["--no_build"])
     with pytest.raises(SystemExit, match="--build_only and --no_build together"):
         vs_llmc.main(base + ["--build_only", "--no_build"])
-    assert vs_llmc.main(base + ["--build_only"]) == []
-    assert "llm.c: built, cuDNN" in capsys.readouterr().out
-    assert not (tmp_path / "out" / "nanogpt.log").exists()           # nothing ran
+    assert vs_llmc.main(base + ["--build_only", "--data_dir", str(tmp_path / "none")]) == []
+    assert "llm.c: built, cuDNN: " in capsys.readouterr().out
+    assert not (tmp_path / "out" / "nanogpt.log").exists() and not (tmp_path / "out" / "prep.log").exists()
     (llmc / "Makefile").write_text("train_gpt2cu:\n\texit 1\n")       # a build now would fail: it must not happen
     tiny = "--n_layer=1 --n_head=2 --n_embd=32 --compile=False --fp8=False --fp8_head=False --dtype=float32"
-    rows = vs_llmc.main(base + ["--no_build", "--batch", "1", "--llmc_batches", "1", "--iters", "7",
-                                "--ours_args", tiny])
+    rows = vs_llmc.main(run_args + ["--no_build", "--batch", "1", "--llmc_batches", "1", "--iters", "7",
+                                    "--ours_args", tiny])
     assert rows[1] == ("llm.c train_gpt2cu, cuDNN", 1, round(1024 / 4.5e-3), "llmc_b1.log")
+
+
+@needs_make
+def test_a_make_that_fails_is_a_failed_build_though_it_left_a_file(fake_llmc, tmp_path):
+    """make's exit status decides: a link that fails after writing train_gpt2cu is no build, no .how is written,
+    and --build_only says so in one line with make's last line and where its output is."""
+    llmc, frontend = fake_llmc
+    (llmc / "Makefile").write_text("train_gpt2cu:\n\t@touch train_gpt2cu\n\t@echo 'nvcc: link error'\n\t@exit 1\n")
+    with pytest.raises(SystemExit, match=r"^error: llm.c did not build: nvcc: link error \(the make output: "
+                                         r".*build_cudnn.log, .*build.log\); it needs nvcc"):
+        vs_llmc.main(["--llmc", str(llmc), "--cudnn_frontend", str(frontend), "--out", str(tmp_path / "out"),
+                      "--build_only"])
+    assert "nvcc: link error" in (tmp_path / "out" / "build.log").read_text()
+    assert not (llmc / "train_gpt2cu").exists() or not (llmc / "train_gpt2cu.how").exists()
