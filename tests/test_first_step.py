@@ -45,6 +45,7 @@ def test_bad_input_is_one_line_before_any_launch(capsys, argv, says):
     assert says in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_compiled_launch_accounts_for_its_compile_and_the_warm_one_hits_the_caches(byte_data, tmp_path, capsys):
     """Whole-model compile on the CPU, the fused head (an autograd.Function) in the graph: the cold launch's account
     has every phase and its total holds them; the warm launch finds its graph in AOTAutograd's cache (no tracing
@@ -67,6 +68,7 @@ def test_a_compiled_launch_accounts_for_its_compile_and_the_warm_one_hits_the_ca
     assert capsys.readouterr().out.rstrip().endswith(f"| {warm['compile_s']['all']:.1f}; {hits} / 0 / 0 |")
 
 
+@pytest.mark.slow
 def test_a_changed_autograd_function_misses_the_cache(tmp_path):
     """AOTAutograd's cache with autograd.Functions allowed (allow_autograd_functions_in_cache): the same function
     hits, and a function whose backward changed misses, whatever its name, so a cached graph never runs old code."""
