@@ -50,6 +50,7 @@ from speedgpt.shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, SHARD_TOK
 # -----------------------------------------------------------------------------
 # preparation
 
+ONLY_EMPTY = "input {source} holds only empty documents: nothing to tokenize; point --input at text"
 ONE_DOCUMENT = ("input {source} has 1 document: a train/val split needs at least 2 (a document is a file of a folder, "
                 "a line of .jsonl): split it into files in a folder, or prepare it without validation, --val_frac=0")
 
@@ -101,7 +102,7 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
         peeked.append(doc)
         texts += [doc] if doc.text else []
     if not texts:
-        raise ValueError(f"input {source} holds only empty documents: nothing to tokenize; point --input at text")
+        raise ValueError(ONLY_EMPTY.format(source=source))
     if len(texts) == 1 and val_frac > 0 and texts[0].split is None:
         raise ValueError(ONE_DOCUMENT.format(source=source))
     docs = itertools.chain(peeked[1:], docs)
@@ -129,7 +130,7 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
                 if max_tokens is not None and total >= max_tokens:
                     break
         if held is None and writers["train"].docs == 0:
-            raise ValueError(f"input {source} holds only empty documents: nothing to tokenize; point --input at text")
+            raise ValueError(ONLY_EMPTY.format(source=source))
         if held is not None:
             if val_frac > 0 and writers["train"].docs + writers["val"].docs == 0:   # max_tokens cut the second
                 raise ValueError(f"--max_tokens {max_tokens} ends input {source} inside its first document: a "
