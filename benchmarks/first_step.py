@@ -152,7 +152,7 @@ def main(argv=None):
     if args.steps < 1:
         p.error(f"--steps {args.steps}: a launch needs at least one optimizer step (8 by default)")
     presets = list(dict.fromkeys(x for x in args.presets.split(",") if x)) or [""]
-    own = [a[2:].split("=")[0] for a in extra if a.startswith("--") and a[2:].split("=")[0] in OWN]
+    own = [key for key in (a[2:].split("=")[0] for a in extra if a.startswith("--")) if key in OWN]
     if own:
         p.error(f"--{own[0]} after --: first_step.py sets it itself ({OWN[own[0]]}); leave it out")
     missing = [x for x in presets if x and not os.path.isfile(os.path.join(ROOT, x))]

@@ -138,7 +138,8 @@ def build_env(tmp, site_dirs=None, lib_dirs=None):
 
 def build(llmc, frontend, env, out, timeout):
     """Build llm.c's train_gpt2cu in its checkout `llmc`: with cuDNN's attention when `frontend` (a cudnn-frontend
-    checkout) is given, and without cuDNN when it is not or that build fails. Returns (binary or None, how)."""
+    checkout) is given, and without cuDNN when it is not or that build fails. Returns (binary or None, how); `how`
+    is also written beside a built binary (HOW), for --no_build."""
     attempts = [([], "no cuDNN (no cudnn-frontend: --cudnn_frontend)", env)]
     if frontend:
         os.symlink(os.path.abspath(frontend), os.path.join(env["HOME"], "cudnn-frontend"))
@@ -157,6 +158,8 @@ def build(llmc, frontend, env, out, timeout):
         _, code = run_status(cmd, llmc, os.path.join(out, "build_cudnn.log" if flags else "build.log"), timeout,
                              make_env)
         if code == 0 and os.path.isfile(binary):   # make's status too: a failed link can leave a file behind
+            with open(binary + HOW, "w") as f:      # what a later --no_build run's table says of this binary
+                f.write(how + "\n")
             return binary, how
     return None, attempts[-1][1]
 
@@ -245,8 +248,6 @@ def main(argv=None):
             lines = [line for line in lines if not line.startswith("make")] or lines     # the compiler's, not make's
             sys.exit(f"error: llm.c did not build: {lines[-1].strip() if lines else 'no output'} (the make output: "
                      f"{', '.join(logs)}); it needs nvcc and CUDA's cuBLAS, see llm.c's README")
-        with open(built + HOW, "w") as f:          # what --no_build's table says of this binary
-            f.write(how + "\n")
         print(f"llm.c: built, {how}: {built}; time it with --no_build")
         return []
     data_dir = os.path.join(ROOT, args.data_dir)
@@ -264,9 +265,6 @@ def main(argv=None):
             binary, how = os.path.abspath(built), open(built + HOW).read().strip()
         else:
             binary, how = build(args.llmc, frontend, env, out, args.timeout)
-            if binary:
-                with open(built + HOW, "w") as f:
-                    f.write(how + "\n")
         rows = [("nanoGPT bench.py", args.batch, peer(args.nanogpt, "124m", args.batch,
                                                        os.path.join(out, "nanogpt.log"), args.timeout), "nanogpt.log")]
         print(f"nanoGPT bench.py batch {args.batch}: {rows[0][2]:,} tok/s", flush=True)
