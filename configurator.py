@@ -111,6 +111,7 @@ class Config:
                                            # tensorwise_delayed (speedgpt/features/fp8.py's)
     fp8_min_dim: int = 1024                # skip Linear layers narrower than this (FP8 loses there)
     fp8_layers: str = "all"                # which block Linears fp8 converts: all, or kinds (qkv,attn_proj,fc,mlp_proj)
+    fp8_precast: bool = False              # tensorwise_delayed: float8 weights and scales once per step, off the graph
     fp8_head: bool = False                 # the fused head's matmuls in float8 (needs fused_ce; Ada/Hopper, torchao)
     fp8_head_kernel: bool = False          # the FP8 head's softmax pass in Triton (speedgpt/features/softmax_pass.py)
     fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward

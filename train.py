@@ -405,7 +405,7 @@ def main(argv=None):
     run = Run(cfg, proc, meta, raw_model, model, grad_sync, optimizer, ctx, scaler, train_loader, val_loader,
               logger, grad_accum_steps, start_step, best_val, step=start_step, token_bytes=token_bytes,
               hellaswag=hellaswag_eval, after_step=[h for f in FEATURES if hasattr(f, "step_hooks")
-                                                     for h in f.step_hooks(raw_model)],
+                                                     for h in f.step_hooks(raw_model, cfg)],
               branch=start_branch(cfg.out_dir, ckpt, proc.master),
               **{k: ckpt[k] for k in ("train_seconds", "tokens") if ckpt and k in ckpt})   # a resume continues them
     del ckpt                           # its memory is not needed for training

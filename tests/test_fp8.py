@@ -3,6 +3,8 @@ torch._scaled_mm does on the GPU: tests/test_gpu.py compares the two), its conve
 conversion of exactly the eligible layers (torchao's recipes, fp8_layers) and the checks (a preset on the CPU,
 a resume's shapes); fp8_mm against torchao's Float8Linear, bit for bit (the CPU build of torch runs float8
 matmuls). The fused head in float8 (fp8_head) is in tests/test_fused_ce.py."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -69,14 +71,14 @@ def test_tensorwise_fused_linear_is_close_to_bf16_with_one_scale_per_tensor():
     assert all(1e-3 < r < 0.08 for r in against_bf16(fp8.TensorwiseFloat8Linear))   # float8, not bf16
 
 
-def delayed_linear(n_in=64, n_out=96):
+def delayed_linear(n_in=64, n_out=96, **settings):
     torch.manual_seed(0)
     lin = torch.nn.Linear(n_in, n_out, bias=False)
     m = torch.nn.Module()
     m.mlp = torch.nn.Module()
     m.mlp.c_fc = lin
     m.block_linears = lambda: [("mlp.c_fc", "fc", lin)]                # what a GPT answers (model.py)
-    cfg = configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_min_dim=32, fp8_layers="fc")
+    cfg = configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_min_dim=32, fp8_layers="fc", **settings)
     assert fp8.convert(m, cfg) == ["mlp.c_fc"]
     return m, lin
 
@@ -91,7 +93,7 @@ def test_delayed_scales_come_from_the_history_each_step_rolls():
     ref = torch.nn.Linear(64, 96, bias=False)
     ref.load_state_dict(lin.state_dict(), strict=False)
     ref.__class__ = fp8.TensorwiseFloat8Linear
-    [hook] = fp8.step_hooks(m)
+    [hook] = fp8.step_hooks(m, configurator.Config())
     xs = [torch.randn(32, 64) * s for s in (1.0, 3.0)]
     gy = torch.randn(32, 96)
     for i, x in enumerate(xs):                                        # two micro-batches of step 0
@@ -132,7 +134,7 @@ def test_a_non_finite_or_zero_amax_never_enters_the_history():
     scale as if the bad step had never been; a checkpoint's non-finite history is not taken (the layer is left
     to calibrate() again), and a good one is."""
     m, lin = delayed_linear()
-    [hook] = fp8.step_hooks(m)
+    [hook] = fp8.step_hooks(m, configurator.Config())
     lin.fp8_amax[:, 1] = torch.tensor([2.0, 0.5])
     lin.fp8_scaled = True
     good = lin.fp8_amax.clone()
@@ -210,6 +212,83 @@ def test_delayed_scales_compile_and_are_refused_with_float16_loss_scaling():
     assert lin.fp8_amax[0, 0] == x.abs().max() and lin.fp8_amax[1, 0] == 1.0
     with pytest.raises(ValueError, match="tensorwise_delayed' with dtype=float16: .* --dtype=bfloat16"):
         fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", dtype="float16"), on("cpu"))
+
+
+def precast_pair():
+    """Two delayed layers of the same weights and history, the second with fp8_precast, both calibrated."""
+    m, lin = delayed_linear()
+    m2, lin2 = delayed_linear(fp8_precast=True)
+    cfg = configurator.Config(fp8_precast=True)
+    assert torch.equal(lin.weight, lin2.weight)
+    assert lin.fp8_precast is None and [t.shape for t in lin2.fp8_precast] == [(2, 3), (96, 64), (64, 96)]
+    for layer in (lin, lin2):
+        layer.fp8_amax[:, 1] = torch.tensor([2.5, 0.75])
+        layer.fp8_scaled = True
+    return (m, lin), (m2, lin2), cfg
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_precast_weights_and_scales_give_exactly_the_casts_made_in_the_step(compiled):
+    """fp8_precast=True: the float8 weight, its transposed copy and the scales, made once per step by the step hook
+    (cast_weight), give the layer's output and both gradients bit for bit as the casts made inside every
+    micro-batch do, step after step as the weights change; stale copies (no hook after a change) would not: the
+    layer does read them. Compiled: both layers and the hook's cast_weight (Inductor's float8 cast on the CPU
+    rounds a few values unlike eager's, the same in both), equal to float32 rounding."""
+    (m, lin), (m2, lin2), cfg = precast_pair()
+    [hook] = fp8.step_hooks(m, cfg)
+    [hook2] = fp8.step_hooks(m2, replace(cfg, compile=compiled))
+    hook(True), hook2(True)                                     # the first entry: both histories roll alike
+    run = [torch.compile(layer) if compiled else layer for layer in (lin, lin2)]
+    for step in range(3):
+        x = torch.randn(32, 64) * (step + 1)
+        gy = torch.randn(32, 96)
+        outs = []
+        for layer in run:
+            x1 = x.clone().requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = layer(x1)
+            (y.float() * gy).sum().backward()
+            outs.append((y, x1.grad, layer.weight.grad))
+        for a, b in zip(*outs):
+            if compiled:        # the CPU's float32 emulation of the float8 matmul may round otherwise when compiled
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * a.abs().max().item())
+            else:
+                assert torch.equal(a, b), step
+        for layer in (lin, lin2):
+            with torch.no_grad():
+                layer.weight -= 0.05 * layer.weight.grad.sign()   # an optimizer step
+            layer.weight.grad = None
+        hook(True), hook2(True)
+        assert torch.equal(lin.fp8_amax, lin2.fp8_amax)
+    with torch.no_grad():
+        lin.weight.mul_(3), lin2.weight.mul_(3)                 # changed, and no hook for lin2: its copies are stale
+    x = torch.randn(32, 64)
+    assert not torch.equal(run[0](x), run[1](x))
+
+
+def test_a_run_with_precast_weights_trains_and_resumes_exactly_as_without(byte_data, tmp_path, monkeypatch):
+    """train.py with tensorwise_delayed (float8 emulated on the CPU), two micro-batches per step: fp8_precast=True
+    gives the losses of fp8_precast=False step for step, and its resume continues them exactly."""
+    monkeypatch.setattr(fp8, "check", lambda cfg, device: None)
+    common = ["--max_iters=6", "--lr_decay_iters=6", "--eval_interval=3", "--fp8=True", "--fp8_min_dim=32",
+              "--fp8_recipe=tensorwise_delayed", "--total_batch_size=512", "--dtype=bfloat16"]
+    train.main(tiny_args(byte_data, tmp_path / "off", *common))
+    train.main(tiny_args(byte_data, tmp_path / "on", *common, "--fp8_precast=True"))
+    train.main(tiny_args(byte_data, tmp_path / "part", *common, "--fp8_precast=True", "--max_iters=3"))
+    train.main(tiny_args(byte_data, tmp_path / "part", *common, "--fp8_precast=True", "--init_from=resume"))
+    losses = lambda d: [r["loss"] for r in read_metrics(tmp_path / d) if "loss" in r]
+    assert len(losses("off")) == 6 and losses("on") == losses("off") == losses("part")
+
+
+def test_precast_is_refused_where_it_would_do_nothing_or_could_not_work():
+    gpu = torch.device("cuda")
+    with pytest.raises(ValueError, match="fp8_precast=True would do nothing with fp8_recipe='tensorwise_fused'"):
+        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_fused", fp8_precast=True), on(gpu))
+    with pytest.raises(ValueError, match="where FSDP holds only a shard of it: use --parallelism=ddp"):
+        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_precast=True,
+                                      parallelism="fsdp"), on(gpu, world=2))
+    with pytest.raises(ValueError, match="fp8_precast=True would do nothing: .* Add --fp8=True, or leave fp8_precast"):
+        fp8.check(configurator.Config(fp8_precast=True), on(gpu))
 
 
 def test_a_delayed_run_resumes_exactly_with_its_amax_history(byte_data, tmp_path, monkeypatch, capsys):

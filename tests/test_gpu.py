@@ -383,8 +383,9 @@ def test_softmax_pass_at_the_shipped_chunk_over_many_launches():
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
                     reason="needs a GPU of compute capability 8.9+ (float8 matmuls)")
-@pytest.mark.parametrize("regional", [False, True], ids=["whole", "regional"])
-def test_the_fp8_presets_path_never_recompiles(short_data, tmp_path, regional):
+@pytest.mark.parametrize("regional, precast", [(False, False), (True, False), (False, True)],
+                         ids=["whole", "regional", "precast"])
+def test_the_fp8_presets_path_never_recompiles(short_data, tmp_path, regional, precast):
     """The presets' path (compiled, the document mask through the fastest varlen or flex kernel, FP8 blocks with
     delayed scales, the FP8 fused head and its Triton softmax pass) over 10 steps and an evaluation: any
     recompilation is an error (torch._dynamo's error_on_recompile). cu_seqlens changes length every batch, and
@@ -393,6 +394,8 @@ def test_the_fp8_presets_path_never_recompiles(short_data, tmp_path, regional):
             "--fp8_min_dim=128", "--fused_ce=True", "--fp8_head=True", "--fp8_head_kernel=True", "--max_iters=10"]
     if regional:
         args.append("--compile_regional=True")
+    if precast:
+        args.append("--fp8_precast=True")
     with torch._dynamo.config.patch(error_on_recompile=True):
         losses = _gpu_run(short_data, tmp_path, *args)
     assert len(losses) == 10 and losses[-1] < losses[0]
@@ -558,6 +561,61 @@ def test_tensorwise_fused_linear_gives_torchaos_tensorwise_results(compiled):
     for name, got, ao, bf16 in zip(("output", "input grad", "weight grad"), *out):
         assert rel(got, ao) < 2e-3, (name, rel(got, ao), rel(got, bf16), rel(ao, bf16))
         assert 1e-3 < rel(got, bf16) < 0.08, (name, rel(got, bf16))           # float8, not bf16
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="needs a GPU of compute capability 8.9+ (float8 matmuls)")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_precast_float8_weights_give_the_delayed_layers_results(compiled):
+    """fp8_precast=True with real float8 matmuls at a GPT-2 124M MLP shape: the float8 weight, its transposed copy
+    and the scales that the step hook makes once per step (cast_weight, compiled where the layer is) give the
+    layer's output and both gradients as the casts made inside the step do (eager: bit for bit), over steps whose
+    weights change; after a weight change without the hook the copies are stale and the output differs."""
+    from dataclasses import replace
+    import configurator
+    from speedgpt.features import fp8
+    cfg = configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_layers="fc", fp8_min_dim=16)
+    layers, hooks = [], []
+    for precast in (False, True):
+        torch.manual_seed(0)
+        m = torch.nn.Module()
+        m.fc = torch.nn.Linear(768, 3072, bias=False, device="cuda")
+        m.block_linears = lambda m=m: [("fc", "fc", m.fc)]
+        fp8.convert(m, replace(cfg, fp8_precast=precast))
+        m.fc.fp8_amax[:, 1] = torch.tensor([4.0, 1e-3])
+        m.fc.fp8_scaled = True
+        [hook] = fp8.step_hooks(m, replace(cfg, fp8_precast=precast, compile=compiled))
+        hook(True)
+        layers.append(m.fc)
+        hooks.append(hook)
+    run = [torch.compile(layer) if compiled else layer for layer in layers]
+    for step in range(3):
+        x = torch.randn(8, 1024, 768, device="cuda") * (step + 1)
+        gy = torch.randn(8, 1024, 3072, device="cuda") * 1e-4
+        outs = []
+        for layer, f in zip(layers, run):
+            xi = x.clone().requires_grad_()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = f(xi)
+            y.backward(gy)
+            outs.append((y, xi.grad, layer.weight.grad))
+        for name, a, b in zip(("output", "input grad", "weight grad"), *outs):
+            if compiled:
+                torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3 * a.abs().max().item(), msg=name)
+            else:
+                assert torch.equal(a, b), (step, name)
+        for layer in layers:
+            with torch.no_grad():
+                layer.weight -= 1e-3 * layer.weight.grad.sign()
+            layer.weight.grad = None
+        for hook in hooks:
+            hook(True)
+    with torch.no_grad():
+        for layer in layers:
+            layer.weight.mul_(3)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        assert not torch.allclose(run[0](x), run[1](x), rtol=1e-2)
+    torch._dynamo.reset()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),

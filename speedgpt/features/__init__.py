@@ -9,7 +9,7 @@ its stages loop over that list:
   apply(model, cfg, proc) -> line  transform the raw GPT in place when the flag is on; a line to print, or None
   prepare(model, batch, cfg)       optional: once, before the first step, after a checkpoint's state is loaded,
                                    eagerly even where the model is compiled (FP8's first amax history)
-  step_hooks(model) -> [hook]      optional: hook(applied) after every optimizer step, applied or skipped
+  step_hooks(model, cfg) -> [hook] optional: hook(applied) after every optimizer step, applied or skipped
   fp8_flops_per_token(model, cfg)  optional: the FLOPs per token that run in FP8 (measure.py's mfu_fp8)
   DETAILS                          optional: {flag: keys that mean nothing without it} (configurator refuses them)
 

@@ -17,6 +17,7 @@ FP8 training, one feature in one module (torchtitan's float8 converter: check, t
 check() refuses what cannot work, before any work: a CPU or a GPU below compute capability 8.9, no
 torchao for torchao's recipes, shapes torch._scaled_mm cannot take, combinations that would do nothing.
 """
+import functools
 import importlib.util
 
 import torch
@@ -65,8 +66,8 @@ def none_eligible(cfg):
             "lower fp8_min_dim to convert them anyway, or add --fp8=False")
 
 
-DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim"), "fp8_head": ("fp8_head_kernel",)}   # mean nothing
-                                                                                              # without the flag
+# the keys that mean nothing without the flag
+DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast"), "fp8_head": ("fp8_head_kernel",)}
 
 
 def check(cfg, proc):
@@ -86,11 +87,18 @@ def check(cfg, proc):
             raise ValueError(f"fp8_layers={cfg.fp8_layers!r} would do nothing: it picks the block Linears fp8=True "
                              "converts. Add --fp8=True, or leave fp8_layers out")
     if not cfg.fp8:                   # fp8_recipe with fp8_head alone: refused below, worded for the head
-        refuse_unused(cfg, ("fp8_min_dim",) if cfg.fp8_head else ("fp8_recipe", "fp8_min_dim"),
-                      "a setting of the block Linears' FP8", "--fp8=True")
+        blocks_only = (() if cfg.fp8_head else ("fp8_recipe",)) + ("fp8_min_dim", "fp8_precast")
+        refuse_unused(cfg, blocks_only, "a setting of the block Linears' FP8", "--fp8=True")
     if not (cfg.fp8 or cfg.fp8_head):
         softmax_pass.check(cfg, device)          # refuses fp8_head_kernel without fp8_head
         return cfg
+    if cfg.fp8_precast and cfg.fp8_recipe != "tensorwise_delayed":
+        raise ValueError(f"fp8_precast=True would do nothing with fp8_recipe={cfg.fp8_recipe!r}: it makes the delayed "
+                         "recipe's scales and float8 weights once per step. Add --fp8_recipe=tensorwise_delayed, or "
+                         "leave fp8_precast out")
+    if cfg.fp8_precast and proc.world > 1 and cfg.parallelism == "fsdp":
+        raise ValueError("fp8_precast=True casts each whole weight after the optimizer step, where FSDP holds only "
+                         "a shard of it: use --parallelism=ddp, or leave fp8_precast out")
     if cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and cfg.dtype == "float16":
         raise ValueError("fp8_recipe='tensorwise_delayed' with dtype=float16: the loss scale moves the gradients' "
                          "amax from step to step, which scales from earlier steps cannot follow; use "
@@ -137,11 +145,16 @@ def apply(model, cfg, proc):
 def prepare(model, batch, cfg):
     """Before the first step, once the checkpoint's state is loaded: the first amax history of the delayed
     layers that have none (calibrate), eagerly even where the model is already compiled, under cfg.dtype's
-    autocast. Returns the line to print, or None."""
+    autocast; then, with fp8_precast, their first float8 weights and scales (precast, compiled here where the model
+    is, so that no step waits for it). Returns the line to print, or None."""
     from contextlib import nullcontext
     ctx = nullcontext() if cfg.dtype == "float32" else torch.autocast(batch.x.device.type, getattr(torch, cfg.dtype))
     with torch.compiler.set_stance("force_eager"):
-        return calibrate(model, batch, ctx)
+        said = calibrate(model, batch, ctx)
+    mods = [m for _, m in delayed_linears(model) if m.fp8_precast is not None]
+    if mods:
+        precast(mods, precaster(cfg.compile))
+    return said
 
 
 def convert(model, cfg):
@@ -158,8 +171,14 @@ def convert(model, cfg):
         for module in chosen.values():
             module.__class__ = OWN_RECIPES[cfg.fp8_recipe]
             if module.__class__ is DelayedFloat8Linear:
-                module.fp8_amax = torch.zeros(2, 1 + AMAX_HISTORY, device=module.weight.device)
+                device = module.weight.device
+                module.fp8_amax = torch.zeros(2, 1 + AMAX_HISTORY, device=device)
                 module.fp8_scaled = module.fp8_bad_history = False
+                if cfg.fp8_precast:
+                    n, k = module.weight.shape
+                    module.fp8_precast = (torch.ones(2, 3, device=device),
+                                          torch.zeros(n, k, dtype=torch.float8_e4m3fn, device=device),
+                                          torch.zeros(k, n, dtype=torch.float8_e4m3fn, device=device))
     else:
         try:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -312,10 +331,12 @@ class _TensorwiseLinear(torch.autograd.Function):
         return tensorwise_grads(dy8, dys, x8, xs, w8, ws, dy.dtype)
 
 
-def tensorwise_grads(dy8, dys, x8, xs, w8, ws, dtype):
+def tensorwise_grads(dy8, dys, x8, xs, w8, ws, dtype, w8_col=None):
     """(dx, dw) of y = x @ w.T from the float8 operands and their inverse scales, both GEMMs in float8 without
-    fast accumulation (torchao's choice for the gradients): dx = dy @ w, dw = dy.T @ x."""
-    dx = scaled_mm(dy8, dys, w8.t().contiguous().t(), ws, dtype, fast_accum=False)            # w8 column-major
+    fast accumulation (torchao's choice for the gradients): dx = dy @ w, dw = dy.T @ x. w8_col: w8 already laid
+    out column-major (fp8_precast's copy), else made here."""
+    w8_col = w8.t().contiguous().t() if w8_col is None else w8_col
+    dx = scaled_mm(dy8, dys, w8_col, ws, dtype, fast_accum=False)
     dw = scaled_mm(dy8.t().contiguous(), dys, x8.t().contiguous().t(), xs, dtype, fast_accum=False)
     return dx, dw
 
@@ -363,37 +384,53 @@ AMAX_HISTORY = 16        # optimizer steps of amax kept: a spike raises the scal
 class _DelayedLinear(torch.autograd.Function):
     """_TensorwiseLinear with delayed scales. amax (2, 1 + AMAX_HISTORY) float32, rows x and dy: column 0 this
     step's running max, the rest the history, newest first. scaled=False (calibrate() only): dynamic scales;
-    track=False (evaluation): nothing recorded."""
+    track=False (evaluation): nothing recorded. With fp8_precast, scales, w8 and w8_t are precast()'s, made once
+    per optimizer step: scales (2, 3) float32, row 0 the scales and row 1 their inverses, columns x, dy and the
+    weight; w8 (N, K) the weight in e4m3 and w8_t (K, N) its transposed copy (the input gradient's operand);
+    without it (None) the scales and the weight's cast are made here, in every micro-batch's graph."""
 
     @staticmethod
-    def forward(ctx, x, w, amax, scaled, track):
-        x8, xs = tensorwise_cast(x, amax=amax[0, 1:].amax() if scaled else None)
+    def forward(ctx, x, w, amax, scaled, track, scales, w8, w8_t):
+        if scales is None:
+            x8, xs = tensorwise_cast(x, amax=amax[0, 1:].amax() if scaled else None)
+            w8, ws = tensorwise_cast(w)
+        else:
+            x8, xs, ws = saturate(x, scales[0, 0]), scales[1, 0], scales[1, 2]
         if track:
             amax[0, 0] = torch.maximum(amax[0, 0], x.abs().amax(dim=-1).amax().float())
-        w8, ws = tensorwise_cast(w)
-        ctx.save_for_backward(x8, xs, w8, ws)
+        ctx.save_for_backward(x8, xs, w8 if scales is None else w8_t, ws, scales)
         ctx.amax, ctx.scaled, ctx.track = amax, scaled, track
         return scaled_mm(x8, xs, w8.t(), ws, x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
-        x8, xs, w8, ws = ctx.saved_tensors
+        x8, xs, w8, ws, scales = ctx.saved_tensors
         amax = ctx.amax
-        dy8, dys = tensorwise_cast(dy, torch.float8_e5m2, amax=amax[1, 1:].amax() if ctx.scaled else None)
+        if scales is None:
+            dy8, dys = tensorwise_cast(dy, torch.float8_e5m2, amax=amax[1, 1:].amax() if ctx.scaled else None)
+        else:
+            dy8, dys = saturate(dy, scales[0, 1], torch.float8_e5m2), scales[1, 1]
         if ctx.track:
             amax[1, 0] = torch.maximum(amax[1, 0], dy.abs().amax(dim=-1).amax().float())
-        return (*tensorwise_grads(dy8, dys, x8, xs, w8, ws, dy.dtype), None, None, None)
+        w8_col = None if scales is None else w8.t()                 # w8_t (K, N) seen as (N, K) column-major
+        return (*tensorwise_grads(dy8, dys, x8, xs, w8, ws, dy.dtype, w8_col), *[None] * 6)
 
 
 class DelayedFloat8Linear(RowwiseFloat8Linear):
     """The same swap, with _DelayedLinear (fp8_recipe='tensorwise_delayed'). convert() gives it fp8_amax (a plain
     tensor attribute, not a buffer: DDP would broadcast rank 0's running max over the others'; it travels in the
     state dict as the layer's extra state) and fp8_scaled (whether the history holds a good step: False only until
-    calibrate() or a checkpoint's history sets it, before the model is compiled)."""
+    calibrate() or a checkpoint's history sets it, before the model is compiled). With fp8_precast it also has
+    fp8_precast, (scales, w8, w8_t) as _DelayedLinear takes them, which precast() fills in place (the compiled
+    graph reads these very tensors) after each optimizer step; until the history holds a good step they are not
+    used. Without it, fp8_precast is None."""
     matmul = _DelayedLinear
+    fp8_precast = None
 
     def mm(self, x, w):
-        return self.matmul.apply(x, w, self.fp8_amax, self.fp8_scaled, self.training and torch.is_grad_enabled())
+        cast = self.fp8_precast if self.fp8_precast is not None and self.fp8_scaled else (None, None, None)
+        return self.matmul.apply(x, w, self.fp8_amax, self.fp8_scaled, self.training and torch.is_grad_enabled(),
+                                 *cast)
 
     def get_extra_state(self):
         return self.fp8_amax.detach().clone()
@@ -435,11 +472,57 @@ def end_step(mods, applied):
     torch._foreach_copy_([m.fp8_amax for m in mods], list(rolled.unbind(0)))
 
 
-def step_hooks(model):
+def step_hooks(model, cfg):
     """[hook(applied)] for train.py to call after each optimizer step: end_step over model's DelayedFloat8Linear
-    layers; [] without them."""
+    layers, then with fp8_precast their new float8 weights and scales (precast, compiled where the model is);
+    [] without them."""
     mods = [m for _, m in delayed_linears(model)]
-    return [lambda applied: end_step(mods, applied)] if mods else []
+    if not mods:
+        return []
+    cast = precaster(cfg.compile) if mods[0].fp8_precast is not None else None
+
+    def hook(applied):
+        end_step(mods, applied)
+        if cast is not None:
+            precast(mods, cast)
+    return [hook]
+
+
+# fp8_precast: the float8 copies of each delayed layer's weight and its scales, made once per optimizer step, outside
+# the step's graph. The weights change only at the optimizer step, yet every micro-batch's graph cast each again (an
+# amax pass, the cast and, in the backward, the transposed copy), and every micro-batch derived the same scales from
+# the same history: Transformer Engine, too, computes its scales once, where the history changes. The step's graph
+# is the smaller for it (less to compile), and with several micro-batches per step the cast runs once instead of
+# once each. Off by default until it measures faster on the GPU (BENCHMARKS.md, "A long run").
+FP8_MAXES = (448.0, 57344.0, 448.0)          # the scaled ranges of x (e4m3), dy (e5m2) and the weight (e4m3)
+
+
+def cast_weight(w, history, scales, w8, w8_t):
+    """Fill one layer's precast tensors in place from its weight and amax history: scales (2, 3), row 0 fp8_max /
+    amax and row 1 its inverse, for x and dy from the history's largest amax and for the weight from its own (the
+    weight in bf16, as the layer's forward casts it: the recipe refuses float16), w8 the weight in e4m3 and w8_t
+    its transposed copy: exactly what _DelayedLinear computes without them (tests/test_fp8.py)."""
+    wb = w.to(torch.bfloat16)
+    amax = torch.cat([history[:, 1:].amax(dim=1), wb.abs().amax(dim=-1).amax().float()[None]])
+    scale = (amax.new_tensor(FP8_MAXES).double() / amax.double().clamp(min=1e-12)).float()
+    scales.copy_(torch.stack([scale, scale.reciprocal()]))
+    w8.copy_(saturate(wb, scale[2]))
+    w8_t.copy_(w8.t())
+
+
+@functools.cache
+def precaster(compiled):
+    """cast_weight, compiled or not. Compiled with dynamic shapes: one graph serves every weight shape (a graph of
+    all the layers at once, or one per shape, took several times longer to compile)."""
+    return torch.compile(cast_weight, dynamic=True) if compiled else cast_weight
+
+
+def precast(mods, cast=cast_weight):
+    """Refresh the precast tensors of the DelayedFloat8Linear layers `mods` from their weights and histories, with
+    `cast` (cast_weight or precaster()'s compiled copy of it), without autograd."""
+    with torch.no_grad():
+        for m in mods:
+            cast(m.weight, m.fp8_amax, *m.fp8_precast)
 
 
 def calibrate(model, batch, ctx, tokens=8192):
