@@ -1,6 +1,7 @@
 """
 torch.compile (compile=True), two ways:
-  whole model  the forward, loss included, as one graph (the default on one process)
+  whole model  the forward, loss included, as one graph (the default on one process); evaluation (no gradients)
+               goes through the regional graphs below, which compile in a fraction of the time
   regional     each transformer block on its own, plus the head and loss (GPT.head): the blocks share
                their code, so one block is compiled and its code reused by every other, and the compile
                time does not grow with depth (PyTorch's regional compilation; torchtitan compiles per
@@ -46,12 +47,20 @@ def compile_model(model, regional=False, tuning=False):
         import torch._inductor.config as inductor_config
         inductor_config.coordinate_descent_tuning = True
     allow_autograd_functions_in_cache()
-    if not regional:
-        model.compile()
-        return
     for block in model.transformer.h:
         block.compile()
     model.head = torch.compile(model.head)     # an instance attribute: the state dict is unchanged
+    if not regional:
+        model.compile()
+        whole = model._compiled_call_impl      # what nn.Module.compile() installs for __call__
+
+        def call(*args, **kwargs):
+            """With gradients, the whole model's graph (the blocks' and the head's own compilations are inlined
+            into it); without (evaluation), the regional graphs: one block's, reused by every block, and the
+            head's. Evaluation is another graph either way (no gradients); compiling it whole took a second full
+            compile of the model at launch, before the first step, for a few evaluations' worth of speed."""
+            return (whole if torch.is_grad_enabled() else model._call_impl)(*args, **kwargs)
+        model._compiled_call_impl = call
 
 
 def allow_autograd_functions_in_cache():
