@@ -42,7 +42,8 @@ def apply(model, cfg, proc):
 def compile_model(model, regional=False, tuning=False):
     """torch.compile `model` (a GPT) in place (nn.Module.compile), so the state dict keeps its names (no
     _orig_mod.). regional: each transformer block, and the head with its loss, compiled on their own;
-    otherwise the whole model is one graph. tuning: Inductor's coordinate-descent tuner for this process."""
+    otherwise the whole model is one graph where gradients are on, and evaluation runs the regional graphs.
+    tuning: Inductor's coordinate-descent tuner for this process."""
     if tuning:
         import torch._inductor.config as inductor_config
         inductor_config.coordinate_descent_tuning = True
