@@ -264,6 +264,11 @@ def test_precast_weights_and_scales_give_exactly_the_casts_made_in_the_step(comp
         lin.weight.mul_(3), lin2.weight.mul_(3)                 # changed, and no hook for lin2: its copies are stale
     x = torch.randn(32, 64)
     assert not torch.equal(run[0](x), run[1](x))
+    if compiled:                # one graph for every weight shape: a Parameter's shape would be static (a recompile)
+        m3, lin3 = delayed_linear(32, 48, fp8_precast=True)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            fp8.precast([lin3], fp8.precaster(True))
+    torch._dynamo.reset()
 
 
 def test_a_run_with_precast_weights_trains_and_resumes_exactly_as_without(byte_data, tmp_path, monkeypatch):
@@ -289,6 +294,9 @@ def test_precast_is_refused_where_it_would_do_nothing_or_could_not_work():
                                       parallelism="fsdp"), on(gpu, world=2))
     with pytest.raises(ValueError, match="fp8_precast=True would do nothing: .* Add --fp8=True, or leave fp8_precast"):
         fp8.check(configurator.Config(fp8_precast=True), on(gpu))
+    with pytest.raises(ValueError, match="dtype=float16: .* use --dtype=bfloat16$"):     # not into the refusal above
+        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_precast=True, dtype="float16"),
+                  on(gpu))
 
 
 def test_a_delayed_run_resumes_exactly_with_its_amax_history(byte_data, tmp_path, monkeypatch, capsys):

@@ -101,8 +101,8 @@ def check(cfg, proc):
                          "a shard of it: use --parallelism=ddp, or leave fp8_precast out")
     if cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and cfg.dtype == "float16":
         raise ValueError("fp8_recipe='tensorwise_delayed' with dtype=float16: the loss scale moves the gradients' "
-                         "amax from step to step, which scales from earlier steps cannot follow; use "
-                         "--dtype=bfloat16, or --fp8_recipe=tensorwise_fused")
+                         "amax from step to step, which scales from earlier steps cannot follow; use --dtype=bfloat16"
+                         + ("" if cfg.fp8_precast else ", or --fp8_recipe=tensorwise_fused"))
     if cfg.fp8_head and not cfg.fused_ce:
         raise ValueError("fp8_head=True runs the fused head's matmuls in float8: it needs fused_ce=True "
                          "(config/fast.py sets both), or add --fp8_head=False")
@@ -190,9 +190,14 @@ def convert(model, cfg):
 
 
 def tensor_scale(t, dtype=torch.float8_e4m3fn):
-    """torchao's tensorwise scale of t (float8_utils.tensor_to_scale): fp8_max / amax, the amax clamped to 1e-12 and
-    the division in float64, returned as a 0-dim float32 tensor."""
-    return (torch.finfo(dtype).max / t.abs().amax().double().clamp(min=1e-12)).float()
+    """torchao's tensorwise scale of t (float8_utils.tensor_to_scale): scale_for its amax."""
+    return scale_for(t.abs().amax(), dtype)
+
+
+def scale_for(amax, dtype=torch.float8_e4m3fn):
+    """torchao's tensorwise scale for `amax` (a 0-dim tensor): fp8_max / amax, the amax clamped to 1e-12 and the
+    division in float64, returned as a 0-dim float32 tensor."""
+    return (torch.finfo(dtype).max / amax.double().clamp(min=1e-12)).float()
 
 
 def saturate(t, scale, dtype=torch.float8_e4m3fn):
@@ -307,9 +312,7 @@ def tensorwise_cast(t, dtype=torch.float8_e4m3fn, amax=None):
     """t (M, K) -> (t8 (M, K) in dtype, inv_scale 0-dim float32) with t ~= t8 * inv_scale: torchao's
     tensorwise scale (fp8_max / amax, the amax clamped to 1e-12, computed in float64), saturating cast.
     amax: the amax to scale by (a 0-dim tensor: tensorwise_delayed's, from earlier steps), else t's own."""
-    if amax is None:
-        amax = t.abs().amax(dim=-1).amax()
-    scale = (torch.finfo(dtype).max / amax.double().clamp(min=1e-12)).float()
+    scale = scale_for(t.abs().amax(dim=-1).amax() if amax is None else amax, dtype)
     return saturate(t, scale, dtype), scale.reciprocal()
 
 
@@ -493,8 +496,8 @@ def step_hooks(model, cfg):
 # amax pass, the cast and, in the backward, the transposed copy), and every micro-batch derived the same scales from
 # the same history: Transformer Engine, too, computes its scales once, where the history changes. The step's graph
 # is the smaller for it (less to compile), and with several micro-batches per step the cast runs once instead of
-# once each. Off by default until it measures faster on the GPU (BENCHMARKS.md, "A long run").
-FP8_MAXES = (448.0, 57344.0, 448.0)          # the scaled ranges of x (e4m3), dy (e5m2) and the weight (e4m3)
+# once each. Off by default until it measures faster on the GPU (BENCHMARKS.md, "A long run"). The copies cost 2 bytes
+# per converted weight, which speedgpt/memory.py's estimate does not count.
 
 
 def cast_weight(w, history, scales, w8, w8_t):
@@ -503,8 +506,9 @@ def cast_weight(w, history, scales, w8, w8_t):
     weight in bf16, as the layer's forward casts it: the recipe refuses float16), w8 the weight in e4m3 and w8_t
     its transposed copy: exactly what _DelayedLinear computes without them (tests/test_fp8.py)."""
     wb = w.to(torch.bfloat16)
-    amax = torch.cat([history[:, 1:].amax(dim=1), wb.abs().amax(dim=-1).amax().float()[None]])
-    scale = (amax.new_tensor(FP8_MAXES).double() / amax.double().clamp(min=1e-12)).float()
+    x_amax, dy_amax = history[:, 1:].amax(dim=1)
+    scale = torch.stack([scale_for(x_amax), scale_for(dy_amax, torch.float8_e5m2),
+                         scale_for(wb.abs().amax(dim=-1).amax())])                 # tensorwise_cast's, in one
     scales.copy_(torch.stack([scale, scale.reciprocal()]))
     w8.copy_(saturate(wb, scale[2]))
     w8_t.copy_(w8.t())
@@ -513,7 +517,8 @@ def cast_weight(w, history, scales, w8, w8_t):
 @functools.cache
 def precaster(compiled):
     """cast_weight, compiled or not. Compiled with dynamic shapes: one graph serves every weight shape (a graph of
-    all the layers at once, or one per shape, took several times longer to compile)."""
+    all the layers at once, or one per shape, took several times longer to compile). precast() passes it the weights
+    detached: Dynamo keeps a Parameter's shape static, which would compile it once per shape."""
     return torch.compile(cast_weight, dynamic=True) if compiled else cast_weight
 
 
@@ -522,7 +527,7 @@ def precast(mods, cast=cast_weight):
     `cast` (cast_weight or precaster()'s compiled copy of it), without autograd."""
     with torch.no_grad():
         for m in mods:
-            cast(m.weight, m.fp8_amax, *m.fp8_precast)
+            cast(m.weight.detach(), m.fp8_amax, *m.fp8_precast)
 
 
 def calibrate(model, batch, ctx, tokens=8192):
