@@ -265,7 +265,7 @@ def test_precast_weights_and_scales_give_exactly_the_casts_made_in_the_step(comp
     x = torch.randn(32, 64)
     assert not torch.equal(run[0](x), run[1](x))
     if compiled:                # one graph for every weight shape: a Parameter's shape would be static (a recompile)
-        m3, lin3 = delayed_linear(32, 48, fp8_precast=True)
+        _, lin3 = delayed_linear(32, 48, fp8_precast=True)
         with torch._dynamo.config.patch(error_on_recompile=True):
             fp8.precast([lin3], fp8.precaster(True))
     torch._dynamo.reset()
