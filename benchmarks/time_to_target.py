@@ -26,7 +26,9 @@ the runs, over several seeds. One command, one table.
 Seconds are train.py's training clock (speedgpt/budget.py): evaluations and checkpoints apart, and the first step's
 compile too (counted at the second step's time), so a cold compile cache robs no run; the compile is a column of
 its own. Prints the sweep, then the table, last; writes both tables' rows and every run's evaluations to
---out/time_to_target.json. --nanogpt adds karpathy/nanoGPT's own train.py on the same tokens (its AdamW + cosine at
+--out/time_to_target.json. Every finished run is also appended to --out/runs.jsonl; --resume takes each run found
+there with the same flags, training code and device instead of training it again, so a sweep longer than one sitting
+(28 runs by default) continues where it stopped. --nanogpt adds karpathy/nanoGPT's own train.py on the same tokens (its AdamW + cosine at
 config/fast.py's step and learning rate, one run: its seed is fixed in its file), each evaluation's copy of its
 weights scored by our evaluator on our val tokens (without the document mask, as it was trained); its file is run
 unedited, a launcher times its loop around its evaluations (LAUNCHER below), its seconds include its compile.
@@ -285,6 +287,71 @@ def train_run(args, recipe, setting, seed, data_dir):
     return result(recipe, setting, seed, curve, args.target, summary.get("compile_s"))
 
 
+# what a run's result depends on besides its flags: the training code (a changed file makes every stored run stale)
+CODE = ("train.py", "model.py", "data.py", "configurator.py", "speedgpt", "config")
+
+
+def code_hash(root=ROOT):
+    """sha256 of the training code's files (CODE under root: their paths and contents)."""
+    h = hashlib.sha256()
+    for entry in CODE:
+        top = os.path.join(root, entry)
+        paths = [top] if os.path.isfile(top) else sorted(
+            os.path.join(d, f) for d, _, fs in os.walk(top) for f in fs if f.endswith(".py"))
+        for path in paths:
+            with open(path, "rb") as f:
+                h.update(os.path.relpath(path, root).encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()
+
+
+def device_name():
+    import torch
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def run_key(args, recipe, setting, seed, data_dir, code, device):
+    """What identifies a run for --resume: its train.py flags (the data folder by its meta.json's counts and
+    settings, the run folder left out: neither path moves the result), the training code's hash and the device; a
+    hex digest."""
+    with open(os.path.join(data_dir, "meta.json")) as f:      # its counts, without where it was read from
+        meta = {k: v for k, v in json.load(f).items() if k != "input"}
+    data = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+    argv = [a for a in train_argv(args, recipe, setting, seed, data_dir, "") if not a.startswith("--out_dir=")]
+    argv = [f"--data_dir=sha256:{data}" if a.startswith("--data_dir=") else a for a in argv]
+    return hashlib.sha256(json.dumps([argv, code, device]).encode()).hexdigest()
+
+
+class Store:
+    """--out/runs.jsonl: every finished run of ours, one line each (its key and its row), appended as it ends. With
+    resume, a run whose key is there is taken from it instead of trained again: a sweep stopped midway (a timeout,
+    a lost machine) continues where it stopped, and any change to the flags, the code or the device trains anew."""
+
+    def __init__(self, path, resume):
+        self.path, self.rows = path, {}
+        if resume and os.path.isfile(path):
+            with open(path) as f:
+                for line in f:
+                    try:
+                        entry = json.loads(line)
+                        row = entry["row"]
+                        row["evals"] = [tuple(e) for e in row["evals"]]
+                        row["hit"] = tuple(row["hit"]) if row["hit"] else None
+                        self.rows[entry["key"]] = row
+                    except (ValueError, KeyError, TypeError):
+                        continue            # a line cut by the stop that --resume recovers from
+        self.reused = 0
+
+    def run(self, key, train):
+        """The stored row of `key`, or train() stored first."""
+        if key in self.rows:
+            self.reused += 1
+            return self.rows[key]
+        row = train()
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"key": key, "row": row}) + "\n")
+        return row
+
+
 def result(recipe, setting, seed, curve, target, compile_s):
     """A run's row (train_run's) from its evaluations."""
     return {"recipe": recipe, **setting, "seed": seed, "evals": curve, "hit": first_at_or_below(curve, target),
@@ -438,6 +505,8 @@ def main(argv=None):
     p.add_argument("--nanogpt_args", action="append", default=[], help="more flags for nanoGPT's train.py, "
                    "space-separated: --nanogpt_args=\"--device=cpu --compile=False --n_layer=2\" (with the =)")
     p.add_argument("--out", default="bench_out/time_to_target", help="the corpus, the runs' folders and logs")
+    p.add_argument("--resume", action="store_true", help="take each run already in --out/runs.jsonl with the same "
+                   "flags, training code and device instead of training it again (a stopped sweep continues)")
     args = p.parse_args(argv)
     if args.target is None or not math.isfinite(args.target) or args.target <= 0:
         sys.exit(f"error: --target {args.target}: give the val loss to reach, a positive number fixed before the runs "
@@ -484,11 +553,16 @@ def main(argv=None):
         sys.exit(f"error: cannot create --out {args.out}: {e.strerror}; choose another --out")
     sweeps = preflight(args, recipes, args.data_dir or os.path.join(args.out, "data"))
     data_dir = args.data_dir or prepare_corpus(args.out)
+    store, code, device = Store(os.path.join(args.out, "runs.jsonl"), args.resume), code_hash(), device_name()
+
+    def run(recipe, setting, seed):
+        key = run_key(args, recipe, setting, seed, data_dir, code, device)
+        return store.run(key, lambda: train_run(args, recipe, setting, seed, data_dir))
     swept, chosen, seeded = [], {}, {}
     for recipe in recipes:                  # the sweep, at the first seed
         rows = []
         for setting in sweeps[recipe]:
-            r = train_run(args, recipe, setting, args.seeds[0], data_dir)
+            r = run(recipe, setting, args.seeds[0])
             rows.append(r)
             print(f"sweep: {recipe}, {setting['batch_tokens']:,} tokens per step, {lr_text(setting)}: final val "
                   f"{r['final']:.4f}" + (f", the target at {r['hit'][3]:.1f} s" if r["hit"] else ""), flush=True)
@@ -496,7 +570,7 @@ def main(argv=None):
         chosen[recipe] = best(rows, by_time=not args.minutes)
     for recipe, top in chosen.items():      # the best setting at every seed
         setting = {k: top[k] for k in ("batch_tokens", "lr_scale", "lr")}
-        seeded[recipe] = [top] + [train_run(args, recipe, setting, seed, data_dir) for seed in args.seeds[1:]]
+        seeded[recipe] = [top] + [run(recipe, setting, seed) for seed in args.seeds[1:]]
         print(f"seeds: {recipe} done", flush=True)
     nanogpt = None
     if args.nanogpt:
@@ -508,8 +582,10 @@ def main(argv=None):
     rows = final_rows(seeded, nanogpt)
     length = f"{args.minutes:g} minutes of training" if args.minutes else f"{args.tokens:,} tokens"
     pick = "the lowest final val loss" if args.minutes else "the fewest seconds to the target"
+    reused = [f"{store.reused} of the runs taken from {store.path} (--resume: the same flags, code and device)", ""] \
+        if store.reused else []
     lines = [f"The sweep at seed {args.seeds[0]}: every run {length}, evaluated every {args.eval_every:,} tokens on "
-             f"the whole val split of {data_dir}", "", *sweep_table(swept), "", *edges(args, chosen),
+             f"the whole val split of {data_dir}", "", *sweep_table(swept), "", *edges(args, chosen), *reused,
              f"Target val loss {args.target:.4f}, fixed before the runs; each recipe at its best setting of the sweep "
              f"({pick}), seeds {', '.join(map(str, args.seeds))}; every run {length}; seconds of training (compile "
              "apart, its own column); mean ± sd", "", *table(rows)]

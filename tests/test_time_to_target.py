@@ -235,3 +235,57 @@ def test_a_nanogpt_snapshot_is_scored_by_our_evaluator_on_our_val_tokens(byte_da
                     vocab_size=257)
     want = estimate_loss(model, loader, loader.n_rows, __import__("contextlib").nullcontext(), torch.ones(257))[0]
     assert abs(ttt.score(str(tmp_path / "iter000010.pt"), str(byte_data)) - want) < 1e-6
+
+
+def test_resume_takes_the_finished_runs_and_trains_only_the_rest(byte_data, tmp_path, monkeypatch, capsys):
+    """A sweep stopped midway (here: the third run fails) and run again with --resume trains only the runs it had
+    not finished, and gives the table a whole run would; without --resume, or with other flags or another training
+    code, every run trains again."""
+    calls, fail_at = [], [3]
+
+    def fake(args, recipe, setting, seed, data_dir):
+        calls.append((recipe, setting["batch_tokens"], seed))
+        if len(calls) == fail_at[0]:
+            sys.exit("error: run failed")
+        hit = 1.0 + setting["batch_tokens"] / 256 + seed
+        return ttt.result(recipe, setting, seed, [(0, 5.0, 0, 0.0), (4, 2.0, 1024, hit)], args.target, 1.5)
+    monkeypatch.setattr(ttt, "train_run", fake)
+    argv = ["--target", "2.5", "--config", "", "--data_dir", str(byte_data), "--recipes", "adamw", "--batch_tokens",
+            "256,512", "--lr_scales", "1", "--seeds", "1,2", "--tokens", "2048", "--eval_every", "1024",
+            "--train_args", "--n_layer=1 --n_head=2 --n_embd=32 --block_size=64 --batch_size=4", "--out",
+            str(tmp_path)]
+    with pytest.raises(SystemExit):
+        ttt.main(argv + ["--resume"])
+    assert calls == [("adamw", 256, 1), ("adamw", 512, 1), ("adamw", 256, 2)]
+    with open(tmp_path / "runs.jsonl", "a") as f:
+        f.write('{"key": "cut')                          # a line the stop cut short is passed over
+    calls.clear()
+    fail_at[0] = 0
+    ttt.main(argv + ["--resume"])
+    assert calls == [("adamw", 256, 2)]                  # only the run that failed
+    out = capsys.readouterr().out
+    assert "2 of the runs taken from" in out
+    resumed = json.loads((tmp_path / "time_to_target.json").read_text())
+    calls.clear()
+    ttt.main(argv)                                       # without --resume: all of it again, the same table
+    assert len(calls) == 3 and json.loads((tmp_path / "time_to_target.json").read_text()) == resumed
+    calls.clear()
+    ttt.main(argv[:-2] + ["--out", str(tmp_path), "--resume", "--warmup_frac", "0.1"])   # other flags
+    assert len(calls) == 3
+    calls.clear()
+    monkeypatch.setattr(ttt, "code_hash", lambda: "another")                              # other training code
+    ttt.main(argv + ["--resume"])
+    assert len(calls) == 3
+
+
+def test_the_code_hash_follows_the_training_code(tmp_path):
+    for name in ("train.py", "model.py", "data.py", "configurator.py"):
+        (tmp_path / name).write_text("x = 1\n")
+    for folder in ("speedgpt", "config"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.py").write_text("y = 2\n")
+    before = ttt.code_hash(str(tmp_path))
+    (tmp_path / "README.md").write_text("docs\n")
+    assert ttt.code_hash(str(tmp_path)) == before        # not training code
+    (tmp_path / "speedgpt" / "a.py").write_text("y = 3\n")
+    assert ttt.code_hash(str(tmp_path)) != before
