@@ -220,11 +220,35 @@ def precast_pair():
     m2, lin2 = delayed_linear(fp8_precast=True)
     cfg = configurator.Config(fp8_precast=True)
     assert torch.equal(lin.weight, lin2.weight)
-    assert lin.fp8_precast is None and [t.shape for t in lin2.fp8_precast] == [(2, 3), (96, 64), (64, 96)]
+    assert lin.fp8_precast is None and [t.shape for t in lin2.fp8_precast] == [(3,), (96, 64), (64, 96)]
     for layer in (lin, lin2):
         layer.fp8_amax[:, 1] = torch.tensor([2.5, 0.75])
         layer.fp8_scaled = True
     return (m, lin), (m2, lin2), cfg
+
+
+@pytest.mark.parametrize("precast", [False, True])
+def test_every_scale_handed_to_scaled_mm_is_a_tensor_of_its_own(precast, monkeypatch):
+    """cuBLAS's float8 matmul (CUBLAS_STATUS_NOT_SUPPORTED) and Inductor's lowering of torch._scaled_mm refuse a
+    scale that is a view at an offset into another tensor, as fp8_precast's inverse scales once were: every scale
+    of the three GEMMs, forward and backward, starts its own storage of one float32."""
+    seen = []
+    real = fp8.scaled_mm
+
+    def record(a8, a_scale, b8, b_scale, *args, **kwargs):
+        seen.extend([a_scale, b_scale])
+        return real(a8, a_scale, b8, b_scale, *args, **kwargs)
+    monkeypatch.setattr(fp8, "scaled_mm", record)
+    (m, lin), (m2, lin2), cfg = precast_pair()
+    layer, model = (lin2, m2) if precast else (lin, m)
+    [hook] = fp8.step_hooks(model, cfg)
+    hook(True)
+    x = torch.randn(32, 64, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(x).float().sum().backward()
+    assert len(seen) == 6
+    assert all(s.dim() == 0 and s.storage_offset() == 0 and s.untyped_storage().nbytes() == 4 for s in seen), \
+        [(s.storage_offset(), s.untyped_storage().nbytes()) for s in seen]
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])

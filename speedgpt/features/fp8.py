@@ -176,7 +176,7 @@ def convert(model, cfg):
                 module.fp8_scaled = module.fp8_bad_history = False
                 if cfg.fp8_precast:
                     n, k = module.weight.shape
-                    module.fp8_precast = (torch.ones(2, 3, device=device),
+                    module.fp8_precast = (torch.ones(3, device=device),
                                           torch.zeros(n, k, dtype=torch.float8_e4m3fn, device=device),
                                           torch.zeros(k, n, dtype=torch.float8_e4m3fn, device=device))
     else:
@@ -388,9 +388,11 @@ class _DelayedLinear(torch.autograd.Function):
     """_TensorwiseLinear with delayed scales. amax (2, 1 + AMAX_HISTORY) float32, rows x and dy: column 0 this
     step's running max, the rest the history, newest first. scaled=False (calibrate() only): dynamic scales;
     track=False (evaluation): nothing recorded. With fp8_precast, scales, w8 and w8_t are precast()'s, made once
-    per optimizer step: scales (2, 3) float32, row 0 the scales and row 1 their inverses, columns x, dy and the
-    weight; w8 (N, K) the weight in e4m3 and w8_t (K, N) its transposed copy (the input gradient's operand);
-    without it (None) the scales and the weight's cast are made here, in every micro-batch's graph."""
+    per optimizer step: scales (3,) float32, the scales of x, dy and the weight; w8 (N, K) the weight in e4m3 and
+    w8_t (K, N) its transposed copy (the input gradient's operand); without it (None) the scales and the weight's
+    cast are made here, in every micro-batch's graph. The inverse scales torch._scaled_mm takes are computed here
+    either way: a view into `scales` (an offset into another tensor) is refused by cuBLAS (NOT_SUPPORTED) and by
+    Inductor's lowering of _scaled_mm, which on the GPU want each scale a tensor of its own."""
 
     @staticmethod
     def forward(ctx, x, w, amax, scaled, track, scales, w8, w8_t):
@@ -398,7 +400,7 @@ class _DelayedLinear(torch.autograd.Function):
             x8, xs = tensorwise_cast(x, amax=amax[0, 1:].amax() if scaled else None)
             w8, ws = tensorwise_cast(w)
         else:
-            x8, xs, ws = saturate(x, scales[0, 0]), scales[1, 0], scales[1, 2]
+            x8, xs, ws = saturate(x, scales[0]), scales[0].reciprocal(), scales[2].reciprocal()
         if track:
             amax[0, 0] = torch.maximum(amax[0, 0], x.abs().amax(dim=-1).amax().float())
         ctx.save_for_backward(x8, xs, w8 if scales is None else w8_t, ws, scales)
@@ -412,7 +414,7 @@ class _DelayedLinear(torch.autograd.Function):
         if scales is None:
             dy8, dys = tensorwise_cast(dy, torch.float8_e5m2, amax=amax[1, 1:].amax() if ctx.scaled else None)
         else:
-            dy8, dys = saturate(dy, scales[0, 1], torch.float8_e5m2), scales[1, 1]
+            dy8, dys = saturate(dy, scales[1], torch.float8_e5m2), scales[1].reciprocal()
         if ctx.track:
             amax[1, 0] = torch.maximum(amax[1, 0], dy.abs().amax(dim=-1).amax().float())
         w8_col = None if scales is None else w8.t()                 # w8_t (K, N) seen as (N, K) column-major
@@ -501,15 +503,15 @@ def step_hooks(model, cfg):
 
 
 def cast_weight(w, history, scales, w8, w8_t):
-    """Fill one layer's precast tensors in place from its weight and amax history: scales (2, 3), row 0 fp8_max /
-    amax and row 1 its inverse, for x and dy from the history's largest amax and for the weight from its own (the
-    weight in bf16, as the layer's forward casts it: the recipe refuses float16), w8 the weight in e4m3 and w8_t
-    its transposed copy: exactly what _DelayedLinear computes without them (tests/test_fp8.py)."""
+    """Fill one layer's precast tensors in place from its weight and amax history: scales (3,), fp8_max / amax for
+    x and dy from the history's largest amax and for the weight from its own (the weight in bf16, as the layer's
+    forward casts it: the recipe refuses float16), w8 the weight in e4m3 and w8_t its transposed copy: exactly what
+    _DelayedLinear computes without them (tests/test_fp8.py)."""
     wb = w.to(torch.bfloat16)
     x_amax, dy_amax = history[:, 1:].amax(dim=1)
     scale = torch.stack([scale_for(x_amax), scale_for(dy_amax, torch.float8_e5m2),
                          scale_for(wb.abs().amax(dim=-1).amax())])                 # tensorwise_cast's, in one
-    scales.copy_(torch.stack([scale, scale.reciprocal()]))
+    scales.copy_(scale)
     w8.copy_(saturate(wb, scale[2]))
     w8_t.copy_(w8.t())
 
