@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from speedgpt.measure import error_line
+from speedgpt.measure import append_record, error_line, read_records
 
 # each rung: (name, overrides added to the rung before); the baseline sets every speed flag off
 LADDER = [
@@ -83,8 +83,10 @@ def finished_rungs(args, extra):
     path = os.path.join(args.out, "rows.jsonl")
     if not args.resume or not os.path.exists(path):
         return {}
-    rows = [json.loads(line) for line in open(path) if line.strip()]
-    return {r["rung"]: r for r in rows if r.get("ok") and r.get("settings") == settings(args, extra)}
+    rows, bad = read_records(path)
+    if bad:
+        print(f"note: {path}: line(s) {', '.join(map(str, bad))} are not a row (cut by a stop?): passed over")
+    return {r["rung"]: r for r in rows if r.get("ok") and "rung" in r and r.get("settings") == settings(args, extra)}
 
 
 def run_rung(name, overrides, args, extra, done=None):
@@ -115,8 +117,7 @@ def run_rung(name, overrides, args, extra, done=None):
                mfu=summary["median_mfu"], mem_gb=summary["mem_gb"],
                pad_frac=sum(s["pad_frac"] for s in steps) / len(steps), timed_steps=len(steps))
     print(f"{row['tokens_per_sec']:,.0f} tok/s", flush=True)
-    with open(os.path.join(args.out, "rows.jsonl"), "a") as f:     # survives an interrupted bench
-        f.write(json.dumps(row) + "\n")
+    append_record(os.path.join(args.out, "rows.jsonl"), row)        # survives an interrupted bench
     return row
 
 

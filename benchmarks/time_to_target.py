@@ -49,7 +49,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from speedgpt.measure import error_line  # noqa: E402
+from speedgpt.measure import append_record, error_line, read_records  # noqa: E402
 # each recipe: the config laid over --config, and the peak learning rate its sweep scales
 RECIPES = {"adamw": ([], "learning_rate"), "muon": ([f"--config={os.path.join(ROOT, 'config', 'muon.py')}"], "muon_lr")}
 NANOGPT_STEP = 64 * 1024 * 8                # tokens per step of nanoGPT's GPT-2 124M config: config/fast.py's
@@ -309,46 +309,73 @@ def device_name():
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
-def run_key(args, recipe, setting, seed, data_dir, code, device):
-    """What identifies a run for --resume: its train.py flags (the data folder by its meta.json's counts and
-    settings, the run folder left out: neither path moves the result), the training code's hash and the device; a
-    hex digest."""
-    with open(os.path.join(data_dir, "meta.json")) as f:      # its counts, without where it was read from
+def data_hash(data_dir):
+    """sha256 of a prepared folder: its meta.json's counts and settings (not where it was read from) and every
+    shard's bytes, so that other tokens under the same counts are another data set."""
+    from speedgpt.shards import find_shards
+    with open(os.path.join(data_dir, "meta.json")) as f:
         meta = {k: v for k, v in json.load(f).items() if k != "input"}
-    data = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
-    argv = [a for a in train_argv(args, recipe, setting, seed, data_dir, "") if not a.startswith("--out_dir=")]
-    argv = [f"--data_dir=sha256:{data}" if a.startswith("--data_dir=") else a for a in argv]
-    return hashlib.sha256(json.dumps([argv, code, device]).encode()).hexdigest()
+    h = hashlib.sha256(json.dumps(meta, sort_keys=True).encode())
+    for split in ("train", "val"):
+        try:
+            paths = find_shards(data_dir, split)
+        except FileNotFoundError:       # train.py's own check says what is missing, in the run's one line
+            paths = []
+        for path in paths:
+            with open(path, "rb") as f:
+                h.update(hashlib.file_digest(f, "sha256").digest())
+    return h.hexdigest()
+
+
+def run_key(args, recipe, setting, seed, data, code, device):
+    """What identifies a run for --resume: its train.py flags (the data folder by data_hash, `data`; each --config
+    file by its contents as well as its path; the run folder left out), the training code's hash and the device;
+    a hex digest. The target is not in it: a run's evaluations are kept, and the target is checked anew."""
+    argv = [a for a in train_argv(args, recipe, setting, seed, "", "") if not a.startswith(("--out_dir=", "--data_dir="))]
+    configs = []
+    for a in argv:
+        if a.startswith("--config=") and a != "--config=":
+            with open(os.path.join(ROOT, a.split("=", 1)[1]), "rb") as f:      # train.py runs in ROOT
+                configs.append(hashlib.sha256(f.read()).hexdigest())
+    return hashlib.sha256(json.dumps([argv, configs, data, code, device]).encode()).hexdigest()
 
 
 class Store:
     """--out/runs.jsonl: every finished run of ours, one line each (its key and its row), appended as it ends. With
     resume, a run whose key is there is taken from it instead of trained again: a sweep stopped midway (a timeout,
-    a lost machine) continues where it stopped, and any change to the flags, the code or the device trains anew."""
+    a lost machine) continues where it stopped, and any change to the flags, the data, the code or the device
+    trains anew. A taken run's evaluations are checked against this invocation's target."""
+
+    ROW = ("recipe", "batch_tokens", "lr_scale", "lr", "seed", "evals", "compile_s")
 
     def __init__(self, path, resume):
-        self.path, self.rows = path, {}
-        if resume and os.path.isfile(path):
-            with open(path) as f:
-                for line in f:
-                    try:
-                        entry = json.loads(line)
-                        row = entry["row"]
-                        row["evals"] = [tuple(e) for e in row["evals"]]
-                        row["hit"] = tuple(row["hit"]) if row["hit"] else None
-                        self.rows[entry["key"]] = row
-                    except (ValueError, KeyError, TypeError):
-                        continue            # a line cut by the stop that --resume recovers from
-        self.reused = 0
+        self.path, self.rows, self.reused = path, {}, 0
+        if not (resume and os.path.isfile(path)):
+            return
+        entries, cut = read_records(path)
+        bad = len(cut)
+        for entry in entries:
+            row = entry.get("row")
+            try:
+                assert isinstance(entry.get("key"), str) and all(k in row for k in self.ROW)
+                row["evals"] = [tuple(e) for e in row["evals"]]
+                assert all(len(e) == 4 for e in row["evals"])
+            except (AssertionError, TypeError):
+                bad += 1
+                continue
+            self.rows[entry["key"]] = row
+        print(f"--resume: {len(self.rows)} finished run(s) in {path}" +
+              (f"; {bad} line(s) that are not a run passed over (cut by a stop?)" if bad else ""), flush=True)
 
-    def run(self, key, train):
-        """The stored row of `key`, or train() stored first."""
+    def run(self, key, train, target):
+        """The stored row of `key` (its evaluations checked against `target`), or train() stored first."""
         if key in self.rows:
             self.reused += 1
-            return self.rows[key]
+            r = self.rows[key]
+            return result(r["recipe"], {k: r[k] for k in ("batch_tokens", "lr_scale", "lr")}, r["seed"], r["evals"],
+                          target, r["compile_s"])
         row = train()
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"key": key, "row": row}) + "\n")
+        append_record(self.path, {"key": key, "row": row})
         return row
 
 
@@ -553,11 +580,12 @@ def main(argv=None):
         sys.exit(f"error: cannot create --out {args.out}: {e.strerror}; choose another --out")
     sweeps = preflight(args, recipes, args.data_dir or os.path.join(args.out, "data"))
     data_dir = args.data_dir or prepare_corpus(args.out)
-    store, code, device = Store(os.path.join(args.out, "runs.jsonl"), args.resume), code_hash(), device_name()
+    store = Store(os.path.join(args.out, "runs.jsonl"), args.resume)
+    identity = (data_hash(data_dir), code_hash(), device_name())
 
     def run(recipe, setting, seed):
-        key = run_key(args, recipe, setting, seed, data_dir, code, device)
-        return store.run(key, lambda: train_run(args, recipe, setting, seed, data_dir))
+        key = run_key(args, recipe, setting, seed, *identity)
+        return store.run(key, lambda: train_run(args, recipe, setting, seed, data_dir), args.target)
     swept, chosen, seeded = [], {}, {}
     for recipe in recipes:                  # the sweep, at the first seed
         rows = []
@@ -601,4 +629,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit("stopped: every run that finished is in --out's runs.jsonl; the same command with --resume takes "
+                 "them and trains the rest")

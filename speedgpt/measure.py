@@ -245,11 +245,39 @@ def strict(record):
     return None if isinstance(record, float) and not math.isfinite(record) else record
 
 
+def append_record(path, record):
+    """Append `record` to the JSON-lines file `path` as one line, after a newline if its last line was cut short (a
+    stop while writing), so the new line is never glued to the fragment (which read_metrics then drops)."""
+    with open(path, "a+b") as f:
+        cut = f.tell() > 0 and (f.seek(-1, os.SEEK_END) or f.read(1) != b"\n")
+        f.write((("\n" if cut else "") + json.dumps(record) + "\n").encode())
+
+
+def read_records(path):
+    """The records of a JSON-lines file of results that runs append to as they finish (bench.py's rows.jsonl,
+    time_to_target.py's runs.jsonl), passing over lines that are not a JSON object (cut by a stop, or not UTF-8):
+    (records, the numbers of the lines passed over)."""
+    records, bad = [], []
+    with open(path, errors="replace") as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                bad.append(i)
+    return records, bad
+
+
 def read_metrics(path):
-    """The records of a metrics.jsonl, and a note (or None): a last line cut short by a crash or a full disk
-    (no newline, not JSON) is dropped and named. Raises ValueError naming the file and line for a broken
-    line elsewhere."""
-    with open(path) as f:
+    """The records of a metrics.jsonl (or any JSON-lines file), and a note (or None): a last line cut short by a
+    crash or a full disk (no newline, not JSON) is dropped and named. Raises ValueError naming the file and line
+    for a broken line elsewhere (bytes that are not UTF-8 included)."""
+    with open(path, errors="replace") as f:
         lines = f.read().split("\n")
     records, note = [], None
     for i, line in enumerate(lines):

@@ -264,7 +264,11 @@ def test_resume_takes_the_finished_runs_and_trains_only_the_rest(byte_data, tmp_
     ttt.main(argv + ["--resume"])
     assert calls == [("adamw", 256, 2)]                  # only the run that failed
     out = capsys.readouterr().out
+    assert "2 finished run(s) in" in out and "1 line(s) that are not a run passed over" in out
     assert "2 of the runs taken from" in out
+    calls.clear()
+    ttt.main(argv + ["--resume"])                        # the run trained after the cut line was not glued to it
+    assert calls == [] and "3 finished run(s) in" in capsys.readouterr().out
     resumed = json.loads((tmp_path / "time_to_target.json").read_text())
     calls.clear()
     ttt.main(argv)                                       # without --resume: all of it again, the same table
@@ -276,6 +280,59 @@ def test_resume_takes_the_finished_runs_and_trains_only_the_rest(byte_data, tmp_
     monkeypatch.setattr(ttt, "code_hash", lambda: "another")                              # other training code
     ttt.main(argv + ["--resume"])
     assert len(calls) == 3
+    calls.clear()
+    capsys.readouterr()
+    lower = argv[:1] + ["1.0"] + argv[2:] + ["--resume"]                                  # another target: the runs
+    ttt.main(lower)                                                                       # are taken, the target
+    assert calls == [] and "| adamw | 256 |" in capsys.readouterr().out                  # checked anew: none reach it
+    assert json.loads((tmp_path / "time_to_target.json").read_text())["table"][0]["reached"] == 0
+
+
+def test_resume_tells_other_data_and_other_config_files_apart(byte_data, tmp_path, monkeypatch):
+    """The same counts in meta.json over other tokens are other data, and a --config file outside config/ that
+    changed is another run: neither is taken from runs.jsonl."""
+    import shutil
+    calls = []
+
+    def fake(args, recipe, setting, seed, data_dir):
+        calls.append(data_dir)
+        return ttt.result(recipe, setting, seed, [(0, 5.0, 0, 0.0), (4, 2.0, 1024, 1.0)], args.target, 1.5)
+    monkeypatch.setattr(ttt, "train_run", fake)
+    other = tmp_path / "other"
+    shutil.copytree(byte_data, other)
+    shard = sorted(other.glob("train_*.bin"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1                                        # one token's byte: the counts stay the same
+    shard.write_bytes(bytes(data))
+    config = tmp_path / "mine.py"
+    config.write_text("n_layer = 1\n")
+    argv = ["--target", "2.5", "--config", str(config), "--recipes", "adamw", "--batch_tokens", "256",
+            "--lr_scales", "1", "--seeds", "1", "--tokens", "2048", "--eval_every", "1024", "--train_args",
+            "--n_head=2 --n_embd=32 --block_size=64 --batch_size=4", "--out", str(tmp_path / "out"), "--resume"]
+    for data_dir in (byte_data, byte_data, other):
+        ttt.main(argv + ["--data_dir", str(data_dir)])
+    assert calls == [str(byte_data), str(other)]
+    config.write_text("n_layer = 2\n")
+    ttt.main(argv + ["--data_dir", str(byte_data)])
+    assert len(calls) == 3
+
+
+def test_a_stored_row_that_lacks_what_the_table_needs_is_passed_over(byte_data, tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def fake(args, recipe, setting, seed, data_dir):
+        calls.append(seed)
+        return ttt.result(recipe, setting, seed, [(0, 5.0, 0, 0.0), (4, 2.0, 1024, 1.0)], args.target, 1.5)
+    monkeypatch.setattr(ttt, "train_run", fake)
+    argv = ["--target", "2.5", "--config", "", "--data_dir", str(byte_data), "--recipes", "adamw", "--batch_tokens",
+            "256", "--lr_scales", "1", "--seeds", "1", "--tokens", "2048", "--eval_every", "1024", "--train_args",
+            "--n_layer=1 --n_head=2 --n_embd=32 --block_size=64 --batch_size=4", "--out", str(tmp_path), "--resume"]
+    ttt.main(argv)
+    [entry] = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    del entry["row"]["compile_s"]
+    (tmp_path / "runs.jsonl").write_bytes(json.dumps(entry).encode() + b"\n\xff\xfe not json\n")
+    ttt.main(argv)
+    assert calls == [1, 1] and "2 line(s) that are not a run passed over" in capsys.readouterr().out
 
 
 def test_the_code_hash_follows_the_training_code(tmp_path):
