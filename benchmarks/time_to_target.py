@@ -27,8 +27,9 @@ Seconds are train.py's training clock (speedgpt/budget.py): evaluations and chec
 compile too (counted at the second step's time), so a cold compile cache robs no run; the compile is a column of
 its own. Prints the sweep, then the table, last; writes both tables' rows and every run's evaluations to
 --out/time_to_target.json. Every finished run is also appended to --out/runs.jsonl; --resume takes each run found
-there with the same flags, training code and device instead of training it again, so a sweep longer than one sitting
-(28 runs by default) continues where it stopped. --nanogpt adds karpathy/nanoGPT's own train.py on the same tokens (its AdamW + cosine at
+there with the same flags, data, training code and device (its evaluations checked against this --target) instead
+of training it again, so a sweep longer than one sitting (28 runs by default) continues where it stopped. --nanogpt
+adds karpathy/nanoGPT's own train.py on the same tokens (its AdamW + cosine at
 config/fast.py's step and learning rate, one run: its seed is fixed in its file), each evaluation's copy of its
 weights scored by our evaluator on our val tokens (without the document mask, as it was trained); its file is run
 unedited, a launcher times its loop around its evaluations (LAUNCHER below), its seconds include its compile.
@@ -533,7 +534,7 @@ def main(argv=None):
                    "space-separated: --nanogpt_args=\"--device=cpu --compile=False --n_layer=2\" (with the =)")
     p.add_argument("--out", default="bench_out/time_to_target", help="the corpus, the runs' folders and logs")
     p.add_argument("--resume", action="store_true", help="take each run already in --out/runs.jsonl with the same "
-                   "flags, training code and device instead of training it again (a stopped sweep continues)")
+                   "flags, data, training code and device instead of training it again (a stopped sweep continues)")
     args = p.parse_args(argv)
     if args.target is None or not math.isfinite(args.target) or args.target <= 0:
         sys.exit(f"error: --target {args.target}: give the val loss to reach, a positive number fixed before the runs "
