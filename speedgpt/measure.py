@@ -247,9 +247,12 @@ def strict(record):
 
 def append_record(path, record):
     """Append `record` to the JSON-lines file `path` as one line, after a newline if its last line was cut short (a
-    stop while writing), so the new line is never glued to the fragment (which read_metrics then drops)."""
+    stop while writing), so the new line is never glued to the fragment (which read_records passes over)."""
     with open(path, "a+b") as f:
-        cut = f.tell() > 0 and (f.seek(-1, os.SEEK_END) or f.read(1) != b"\n")
+        cut = False
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            cut = f.read(1) != b"\n"
         f.write((("\n" if cut else "") + json.dumps(record) + "\n").encode())
 
 

@@ -339,3 +339,15 @@ def test_the_eta_ends_where_the_time_budget_does(tmp_path, capsys):
     assert eta(max_iters=1000, time_budget=1.0) == "30s"          # 60 s of budget, 30 s of it spent
     assert eta(max_iters=20, time_budget=1.0) == "1s"             # max_iters comes first: 10 steps left
     assert eta_seconds(Config(time_budget=0.25), 9, 100.0, train_seconds=20.0) == 0.0   # spent: nothing left
+
+
+def test_append_record_starts_a_new_line_only_after_a_cut_one(tmp_path):
+    from speedgpt.measure import append_record, read_records
+    path = tmp_path / "rows.jsonl"
+    append_record(path, {"a": 1})
+    append_record(path, {"a": 2})
+    assert path.read_text() == '{"a": 1}\n{"a": 2}\n'                 # no blank lines between whole records
+    with open(path, "a") as f:
+        f.write('{"a": 3')                                            # cut by a stop
+    append_record(path, {"a": 4})
+    assert read_records(path) == ([{"a": 1}, {"a": 2}, {"a": 4}], [3])
