@@ -357,13 +357,12 @@ class Store:
         bad = len(cut)
         for entry in entries:
             row = entry.get("row")
-            try:
-                assert isinstance(entry.get("key"), str) and all(k in row for k in self.ROW)
-                row["evals"] = [tuple(e) for e in row["evals"]]
-                assert all(len(e) == 4 for e in row["evals"])
-            except (AssertionError, TypeError):
-                bad += 1
+            if not (isinstance(entry.get("key"), str) and isinstance(row, dict) and all(k in row for k in self.ROW)
+                    and isinstance(row["evals"], list)
+                    and all(isinstance(e, list) and len(e) == 4 for e in row["evals"])):
+                bad += 1                    # not a row this script wrote whole
                 continue
+            row["evals"] = [tuple(e) for e in row["evals"]]
             self.rows[entry["key"]] = row
         print(f"--resume: {len(self.rows)} finished run(s) in {path}" +
               (f"; {bad} line(s) that are not a run passed over (cut by a stop?)" if bad else ""), flush=True)
@@ -611,7 +610,7 @@ def main(argv=None):
     rows = final_rows(seeded, nanogpt)
     length = f"{args.minutes:g} minutes of training" if args.minutes else f"{args.tokens:,} tokens"
     pick = "the lowest final val loss" if args.minutes else "the fewest seconds to the target"
-    reused = [f"{store.reused} of the runs taken from {store.path} (--resume: the same flags, code and device)", ""] \
+    reused = [f"{store.reused} of the runs taken from {store.path} (--resume: the same flags, data, code and device)", ""] \
         if store.reused else []
     lines = [f"The sweep at seed {args.seeds[0]}: every run {length}, evaluated every {args.eval_every:,} tokens on "
              f"the whole val split of {data_dir}", "", *sweep_table(swept), "", *edges(args, chosen), *reused,
