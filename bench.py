@@ -35,7 +35,8 @@ LADDER = [
     ("+ FlashAttention (sdpa)", dict(attention="sdpa")),
     ("+ fused AdamW", dict(fused_adamw=True)),
     ("+ packing, document mask", dict(packing=True, document_mask=True, attention="MASKED")),
-    ("+ fused head + cross-entropy", dict(fused_ce=True)),
+    ("+ fused head + cross-entropy", dict(fused_ce=True, head_kernel="KERNEL")),   # its softmax pass in Triton
+                                                                                  # where Triton and a GPU are
     ("+ FP8 head", dict(fp8_head=True)),               # the fused head's matmuls in float8
     # every block Linear in float8, with the config's recipe and fp8_min_dim (config/fast.py: delayed scales, 768
     # wide); skipped for a config that keeps its blocks in bf16
@@ -45,7 +46,7 @@ LADDER = [
 UNDO = {"bf16 autocast": dict(dtype="float32", tf32=False), "torch.compile": dict(compile=False),
         "attention kernel": dict(attention="naive"), "fused AdamW": dict(fused_adamw=False),
         "packing": dict(packing=False, document_mask=False, attention="sdpa"),    # the mask is packing's
-        "fused cross-entropy": dict(fused_ce=False, fp8_head=False),     # the FP8 head is the fused head's
+        "fused cross-entropy": dict(fused_ce=False, fp8_head=False, head_kernel=False),   # the FP8 head is the fused head's
         "FP8 head": dict(fp8_head=False), "FP8 blocks": dict(fp8=False)}
 
 
@@ -160,12 +161,14 @@ def bench(args, extra, fp8_blocks_skip=None):
     # (FlexAttention has no backward there)
     from speedgpt.attention import resolve_attention
     masked = resolve_attention("auto", "cuda" if cuda else "cpu", document_mask=True)
+    import importlib.util
+    placeholders = {"MASKED": masked, "KERNEL": cuda and importlib.util.find_spec("triton") is not None}
     done = finished_rungs(args, extra)
     if not args.resume and os.path.exists(os.path.join(args.out, "rows.jsonl")):
         os.remove(os.path.join(args.out, "rows.jsonl"))             # a new bench starts its rows afresh
     rungs, config = [], {}
     for i, (name, change) in enumerate(LADDER, start=1):
-        config = {**config, **{k: (masked if v == "MASKED" else v) for k, v in change.items()}}
+        config = {**config, **{k: placeholders.get(v, v) if isinstance(v, str) else v for k, v in change.items()}}
         if i < args.start:
             continue
         skip = fp8_blocks_skip if name == "+ FP8 blocks" else \

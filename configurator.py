@@ -113,7 +113,7 @@ class Config:
     fp8_layers: str = "all"                # which block Linears fp8 converts: all, or kinds (qkv,attn_proj,fc,mlp_proj)
     fp8_precast: bool = False              # tensorwise_delayed: float8 weights and scales once per step, off the graph
     fp8_head: bool = False                 # the fused head's matmuls in float8 (needs fused_ce; Ada/Hopper, torchao)
-    fp8_head_kernel: bool = False          # the FP8 head's softmax pass in Triton (speedgpt/features/softmax_pass.py)
+    head_kernel: bool = False              # the fused head's softmax pass in Triton (speedgpt/features/softmax_pass.py)
     fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward
     fused_ce_chunk: int = 16384            # tokens per chunk of fused_ce (memory against speed: docs/flags.md)
     parallelism: str = "ddp"               # ddp | fsdp, under torchrun
@@ -128,7 +128,11 @@ CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backe
 DERIVED = "it is derived: set total_batch_size, the tokens per optimizer step for the whole job"
 # data.py's flags, which a newcomer gives train.py: the prepared folder's meta.json holds what they chose
 DATA_PY_FLAGS = ("tokenizer", "input", "val_frac", "text_field", "shard_tokens", "max_tokens", "workers")
-RENAMED = {"grad_accum_steps": DERIVED}     # nanoGPT's gradient_accumulation_steps: speedgpt/nanogpt.py
+RENAMED = {"grad_accum_steps": DERIVED,     # nanoGPT's gradient_accumulation_steps: speedgpt/nanogpt.py
+           "fp8_head_kernel": "it is head_kernel now (the fused head's softmax pass in Triton, FP8 or bf16)"}
+ALIASES = {"lr": "learning_rate", "wd": "weight_decay", "bs": "batch_size", "micro_batch_size": "batch_size",
+           "seq_len": "block_size", "sequence_length": "block_size", "context_length": "block_size",
+           "num_iterations": "max_iters", "steps": "max_iters", "warmup_steps": "warmup_iters"}
 HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: OpenAI's GPT-2 on the Hugging Face hub
 MODEL_CHOICES = {"activation": "ACTIVATIONS", "norm": "NORMS"}   # keys whose choices are model.py's tables, by name
 
@@ -219,6 +223,9 @@ def _unknown(key, where):
     if key in DATA_PY_FLAGS:
         return (f"{key!r} ({where}) is a flag of data.py, not of train.py: prepare the data with it (python data.py "
                 f"--{key}=... --input CORPUS --out data/NAME), then train on it with --data_dir=data/NAME")
+    if key in ALIASES:                          # the short names other trainers use, which difflib cannot match
+        return (f"unknown config key {key!r} ({where}): did you mean {ALIASES[key]}? (python train.py --help lists "
+                "every key)")
     return f"unknown config key {key!r} ({where}): " + did_you_mean(key, [f.name for f in fields(Config)],
                                                                     "python train.py --help lists every key")
 

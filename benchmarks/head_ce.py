@@ -12,7 +12,7 @@ Variants (each checked against the compiled baseline: loss and both gradients, r
                      forward, N tokens at a time (Liger-Kernel's fused linear cross-entropy does this), each chunk's
                      logits -> softmax - one-hot -> two GEMMs; the backward only scales the stored gradients
   fused_ce in FP8    the same with its three matmuls in float8 (fp8_head + fused_ce: fused_ce.fp8_mm, torchao's
-                     tensorwise scaling, torch._scaled_mm); with fp8_head_kernel, its softmax pass in Triton
+                     tensorwise scaling, torch._scaled_mm); with head_kernel, its softmax pass in Triton
   FP8 head           torchao Float8Linear (tensorwise / rowwise) for the head, then the compiled cross-entropy;
                      tensorwise also with the cross-entropy's gradient made in its forward (CrossEntropyGradInForward)
 Timing: CUDA events, median of --iters calls after 5 warm-up calls, gradients set to None before each call
@@ -39,7 +39,7 @@ def loss_baseline(h, w, y):
 
 def fused_loss(chunk, vocab_size, fp8=False, kernel=False):
     """train.py's fused_ce path: LinearCrossEntropy, `chunk` tokens at a time (fp8: fp8_head's float8 matmuls;
-    kernel: their softmax pass in speedgpt/features/softmax_pass.py's Triton kernels, fp8_head_kernel)."""
+    kernel: their softmax pass in speedgpt/features/softmax_pass.py's Triton kernels, head_kernel)."""
     return lambda h, w, y: (LinearCrossEntropy.apply(h, w, y, vocab_size, chunk, fp8, kernel)
                             / (y != -1).sum().clamp(min=1))
 
@@ -112,7 +112,7 @@ def main():
                              torch.compile(fused_loss(chunk, V, fp8=True))))
             if importlib.util.find_spec("triton") is not None:
                 import speedgpt.features.softmax_pass  # noqa: F401  (registers the kernels' op)
-                variants.append((f"fused_ce in FP8, chunk {chunk}, softmax pass in Triton (fp8_head_kernel)", None,
+                variants.append((f"fused_ce in FP8, chunk {chunk}, softmax pass in Triton (head_kernel)", None,
                                  torch.compile(fused_loss(chunk, V, fp8=True, kernel=True))))
         from torchao.float8.float8_linear import Float8Linear
         for recipe in ("tensorwise", "rowwise"):

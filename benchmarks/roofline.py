@@ -38,7 +38,7 @@ It sums the kernels by class:
   Triton          each other kernel Inductor generated (the name without its number), tagged: the head's
                   softmax pass (a logsumexp), fused elementwise (LayerNorm, GELU, residual adds, ...); floor =
                   its bytes (Inductor's count) at the bandwidth of a device-to-device copy measured here. With
-                  fp8_head_kernel the softmax pass is our two kernels instead, one row (floor: 4 bytes per logit)
+                  head_kernel the softmax pass is our two kernels instead, one row (floor: 4 bytes per logit)
   optimizer       the fused AdamW kernels; floor = parameters, gradients and both moments read once, and all but the
                   gradients written once, at the copy bandwidth
   other           the rest (copies, memsets, ATen's elementwise kernels); floor = the bytes of their operation's
@@ -62,7 +62,7 @@ GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm")
 ATTENTION = re.compile(r"flash|fmha|flex_attention|FlashAttn|attention", re.IGNORECASE)
 BACKWARD = re.compile(r"bwd|backward|Bwd", re.IGNORECASE)
 OPTIMIZER = re.compile(r"adam|multi_tensor", re.IGNORECASE)
-# the FP8 head's softmax pass in speedgpt/features/softmax_pass.py's kernels (fp8_head_kernel): its floor reads each bf16
+# the FP8 head's softmax pass in speedgpt/features/softmax_pass.py's kernels (head_kernel): its floor reads each bf16
 # logit once and writes both float8 copies, 4 bytes per logit (the row statistics' own read is above the floor)
 SOFTMAX_PASS_OP = "speedgpt::softmax_grad_fp8"
 SOFTMAX_PASS = "the head's softmax pass (speedgpt/features/softmax_pass.py: row_stats + grad_fp8)"

@@ -1,5 +1,5 @@
 """
-The FP8 head's softmax pass alone: speedgpt/features/softmax_pass.py's Triton kernels (fp8_head_kernel=True), each
+The FP8 head's softmax pass alone: speedgpt/features/softmax_pass.py's Triton kernels (head_kernel=True), each
 tile shape of a sweep, against the same math in PyTorch ops compiled by torch.compile (what the head runs
 without the flag), and the floor: the pass's bytes at the bandwidth of a plain device-to-device copy
 measured in the same process.
@@ -72,10 +72,10 @@ def main():
         for t in out:                                                  # NaN first: an unwritten value shows
             t.view(torch.uint8).fill_(0xFF)
         out = softmax_pass.run(logits, y, vocab, E5M2_MAX, out=out)
-        stats, grad = softmax_pass.kernels()
+        stats, grad, _ = softmax_pass.kernels()
         best = f"stats {stats.best_config.kwargs} w{stats.best_config.num_warps}, " \
                f"grad {grad.best_config.kwargs} w{grad.best_config.num_warps}"
-        rows_out.append((n, "Triton kernels (fp8_head_kernel), autotuned", ms, floor(b4), best))
+        rows_out.append((n, "Triton kernels (head_kernel), autotuned", ms, floor(b4), best))
         print(f"  kernels {ms:.3f} ms ({best}); {compare(out)}", flush=True)
         if args.sweep:
             lse = torch.empty(n, device="cuda")

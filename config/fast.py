@@ -31,7 +31,7 @@ attention = "auto"                  # the document mask's fastest kernel install
 fused_adamw = True
 fused_ce = True                     # the head + cross-entropy as one function: no (tokens, vocab) logits kept
 fp8_head = True                     # ... with its three matmuls in float8 (tensorwise scales)
-fp8_head_kernel = True              # ... and its softmax pass in our Triton kernels (speedgpt/features/softmax_pass.py)
+head_kernel = True                  # ... and its softmax pass in our Triton kernels (speedgpt/features/softmax_pass.py)
 fp8 = True                          # every block Linear in float8 ...
 fp8_recipe = "tensorwise_delayed"   # ... delayed scales from the last steps' amax, speedgpt/features/fp8.py
                                     # (BENCHMARKS.md, FP8)

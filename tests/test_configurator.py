@@ -60,6 +60,8 @@ def test_a_value_that_starts_with_dashes_is_never_swallowed():
     (["--max_iter=5"], f"unknown config key 'max_iter' (command line): did you mean max_iters? {HELP}"),
     (["--max_iter", "5"], f"unknown config key 'max_iter' (command line): did you mean max_iters? {HELP}"),
     (["--compil"], f"unknown config key 'compil' (command line): did you mean compile? {HELP}"),
+    (["--lr=1e-3"], f"unknown config key 'lr' (command line): did you mean learning_rate? {HELP}"),
+    (["--seq_len=512"], f"unknown config key 'seq_len' (command line): did you mean block_size? {HELP}"),
     (["--xyzzy=1"], "unknown config key 'xyzzy' (command line): python train.py --help lists every key"),
 ])
 def test_an_unknown_key_names_the_closest(argv, message):
@@ -322,8 +324,8 @@ def test_a_later_config_file_turning_fp8_off_drops_the_earlier_files_fp8_details
     off = tmp_path / "no_fp8.py"
     off.write_text("fp8 = False\nfp8_head = False\n")
     cfg = load_config(["--config", "config/fast.py", "--config", str(off)])
-    assert (cfg.fp8, cfg.fp8_recipe, cfg.fp8_min_dim, cfg.fp8_head, cfg.fp8_head_kernel) == \
-        (False, "tensorwise", 1024, False, False)
+    assert (cfg.fp8, cfg.fp8_recipe, cfg.fp8_min_dim, cfg.fp8_head, cfg.head_kernel) == \
+        (False, "tensorwise", 1024, False, True)          # head_kernel is the fused head's, bf16 or FP8
     both = tmp_path / "both.py"
     both.write_text("fp8 = False\nfp8_min_dim = 512\n")
     assert load_config(["--config", "config/fast.py", "--config", str(both)]).fp8_min_dim == 512

@@ -441,7 +441,6 @@ def test_a_shape_fp8_would_convert_nothing_in_is_refused_by_check(argv, monkeypa
     and the model, not later by convert; bench.py's FP8 blocks rung asks block_width_ok the same."""
     import importlib.util
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(fp8.softmax_pass, "check", lambda cfg, device: None)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     cfg = load_config(["--config", "config/fast.py", *argv])
     assert not fp8.block_width_ok(cfg)

@@ -270,15 +270,21 @@ def test_fused_ce_trains_like_the_plain_head(short_data, tmp_path):
             assert abs(a - b) < 3e-2 * a, f"step {step}: fused_ce {a} vs fused_ce in FP8 {b}"
         if importlib.util.find_spec("triton") is not None:       # the softmax pass in Triton: the same run
             kern = _gpu_run(short_data, tmp_path / "kern", "--compile=True", "--fused_ce=True", "--fp8_head=True",
-                            "--fp8_head_kernel=True")
+                            "--head_kernel=True")
             assert kern[-1] < kern[0]
             for step, (a, b) in enumerate(zip(fp8, kern)):
                 assert abs(a - b) < 1e-2 * a, f"step {step}: FP8 head {a} vs its Triton softmax pass {b}"
+    if importlib.util.find_spec("triton") is not None:           # the bf16 head's softmax pass in Triton
+        kern = _gpu_run(short_data, tmp_path / "kern16", "--compile=True", "--fused_ce=True", "--head_kernel=True")
+        assert kern[-1] < kern[0]
+        for step, (a, b) in enumerate(zip(fused, kern)):
+            assert abs(a - b) < 1e-2 * a, f"step {step}: fused_ce {a} vs its Triton softmax pass {b}"
 
 
-def _fp8_kernels_or_skip():
-    if torch.cuda.get_device_capability() < (8, 9) or importlib.util.find_spec("triton") is None:
-        pytest.skip("the FP8 head's Triton kernels need Triton and a GPU of compute capability 8.9+")
+def _fp8_kernels_or_skip(fp8=True):
+    if (fp8 and torch.cuda.get_device_capability() < (8, 9)) or importlib.util.find_spec("triton") is None:
+        pytest.skip("the FP8 head's Triton kernels need Triton and a GPU of compute capability 8.9+" if fp8 else
+                    "the head's Triton kernels need Triton")
     from speedgpt.features import softmax_pass
     return softmax_pass
 
@@ -315,8 +321,30 @@ def test_softmax_pass_kernels_give_the_pytorch_math(n, stats, grad):
     assert (a[y == -1] == 0).all() and (a[:, vocab:] == 0).all()
 
 
+@pytest.mark.parametrize("n", [1002, 16384])
+@pytest.mark.parametrize("grad", [(8, 512, 4, 1), (16, 256, 4, 1), (4, 1024, 8, 1)], ids=lambda c: "x".join(map(str, c)))
+def test_bf16_softmax_pass_kernels_give_the_pytorch_math(n, grad):
+    """The bf16 head's pass (grad_rows: the grad kernel storing softmax - one-hot once, row-major, in bfloat16), each
+    tile shape it may pick: losses and gradient within one bfloat16 step of the PyTorch ops, every value written
+    (NaN first), ignored rows and padded columns zero."""
+    sp = _fp8_kernels_or_skip(fp8=False)
+    assert grad in sp.ROWS_CONFIGS
+    torch.manual_seed(0)
+    V, vocab = 50304, 50257
+    logits = (4 * torch.randn(n, V, device="cuda")).bfloat16()
+    y = torch.randint(0, vocab, (n,), device="cuda")
+    y[::7] = -1
+    y[1] = vocab - 1
+    ref_loss, ref_g, _ = sp.reference(logits, y, vocab, 1.0, torch.bfloat16)
+    out = (torch.full((n,), float("nan"), device="cuda"), torch.full_like(logits, float("nan")))
+    loss, g = sp.run(logits, y, vocab, 1.0, sp.kernels(rows_configs=(grad,)), out, fp8=False)
+    problem = sp.compare((loss, g), (ref_loss, ref_g))
+    assert problem is None, problem
+    assert (g[y == -1] == 0).all() and (g[:, vocab:] == 0).all()
+
+
 def test_verify_finds_every_tile_shape_right_on_this_gpu():
-    """check()'s self-test of fp8_head_kernel (softmax_pass.verify) on this GPU: no shape differs from the
+    """check()'s self-test of head_kernel (softmax_pass.verify) on this GPU: no shape differs from the
     PyTorch math, and the RNG of the run is untouched."""
     sp = _fp8_kernels_or_skip()
     sp._verified.clear()
@@ -325,10 +353,11 @@ def test_verify_finds_every_tile_shape_right_on_this_gpu():
     assert torch.equal(torch.cuda.get_rng_state(), rng)
 
 
-def test_fp8_head_kernel_gives_the_fp8_heads_loss_and_gradients():
-    """fused_ce in FP8 with fp8_head_kernel, compiled fullgraph (the kernels' op is one opaque call): the
-    loss and both gradients of the same head without the kernels, to float8's rounding."""
-    _fp8_kernels_or_skip()
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+def test_head_kernel_gives_the_heads_loss_and_gradients(fp8):
+    """fused_ce (in FP8, and in bf16) with head_kernel, compiled fullgraph (the kernels' op is one opaque call): the
+    loss and both gradients of the same head without the kernels, to float8's (bfloat16's) rounding."""
+    _fp8_kernels_or_skip(fp8)
     from speedgpt.features.fused_ce import LinearCrossEntropy
     torch.manual_seed(0)
     N, C, V = 2048, 256, 50304
@@ -339,7 +368,7 @@ def test_fp8_head_kernel_gives_the_fp8_heads_loss_and_gradients():
     out = []
     for kernel in (False, True):
         torch._dynamo.reset()
-        f = torch.compile(lambda h, w, y: LinearCrossEntropy.apply(h, w, y, 50257, 1024, True, kernel), fullgraph=True)
+        f = torch.compile(lambda h, w, y: LinearCrossEntropy.apply(h, w, y, 50257, 1024, fp8, kernel), fullgraph=True)
         h.grad = w.grad = None
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = f(h, w, y)
@@ -391,7 +420,7 @@ def test_the_fp8_presets_path_never_recompiles(short_data, tmp_path, regional, p
     recompilation is an error (torch._dynamo's error_on_recompile). cu_seqlens changes length every batch, and
     the amax history appears after the first step: both once cost a full recompile."""
     args = ["--compile=True", "--attention=auto", "--fp8=True", "--fp8_recipe=tensorwise_delayed",
-            "--fp8_min_dim=128", "--fused_ce=True", "--fp8_head=True", "--fp8_head_kernel=True", "--max_iters=10"]
+            "--fp8_min_dim=128", "--fused_ce=True", "--fp8_head=True", "--head_kernel=True", "--max_iters=10"]
     if regional:
         args.append("--compile_regional=True")
     if precast:
@@ -410,7 +439,7 @@ def test_every_block_on_the_presets_path_trains_without_recompiling(short_data, 
     scales found through block_linears, the FP8 fused head and its Triton softmax pass): 10 steps, no
     recompilation, the loss falls."""
     args = ["--compile=True", "--attention=auto", "--fp8=True", "--fp8_recipe=tensorwise_delayed",
-            "--fp8_min_dim=128", "--fused_ce=True", "--fp8_head=True", "--fp8_head_kernel=True", "--max_iters=10",
+            "--fp8_min_dim=128", "--fused_ce=True", "--fp8_head=True", "--head_kernel=True", "--max_iters=10",
             "--norm=rmsnorm", "--rope=True", "--qk_norm=True", "--activation=relu2", "--tie_embeddings=False"]
     with torch._dynamo.config.patch(error_on_recompile=True):
         losses = _gpu_run(short_data, tmp_path, *args)

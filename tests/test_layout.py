@@ -51,7 +51,7 @@ def test_every_feature_answers_the_protocol_and_train_lists_it_once():
     for name in FEATURES:
         tree = ast.parse(open(os.path.join(ROOT, "speedgpt", "features", f"{name}.py")).read())
         defined = {n.name: [a.arg for a in n.args.args] for n in tree.body if isinstance(n, ast.FunctionDef)}
-        if name == "softmax_pass":                       # the FP8 head's kernels: fp8.check checks their flag
+        if name == "softmax_pass":                       # the fused head's kernels: fused_ce.check checks their flag
             continue
         assert defined.get("check", [])[:2] == ["cfg", "proc"], f"features/{name}.py: check(cfg, proc)"
         transform = "wrap" if name == "parallel" else "apply"

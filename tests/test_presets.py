@@ -27,11 +27,13 @@ def test_preset_is_gpt2s_shape_and_size(path):
     assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.bias) == (L, H, C, 1024, False)
     assert model.num_params(non_embedding=False) == hf_params - (11 * L + 1) * C + 47 * C
     assert cfg.total_batch_size == 524288 and cfg.dtype == "bfloat16" and cfg.compile and cfg.fused_ce
-    # the FP8 head with its softmax pass in our Triton kernels (measured faster at 124M, BENCHMARKS.md); one
-    # --fp8_head=False (a GPU without FP8, the CPU) drops both
-    assert cfg.fp8_head and cfg.fp8_head_kernel
+    # the FP8 head with its softmax pass in our Triton kernels (measured faster at 124M, BENCHMARKS.md);
+    # --fp8_head=False (a GPU without FP8) keeps the kernels for the bf16 head, --fused_ce=False drops both
+    assert cfg.fp8_head and cfg.head_kernel
     off = configurator.load_config(["--config", path, "--fp8_head=False"])
-    assert not off.fp8_head and not off.fp8_head_kernel
+    assert not off.fp8_head and off.head_kernel
+    off = configurator.load_config(["--config", path, "--fused_ce=False"])
+    assert not off.fused_ce and not off.head_kernel and off.fused_ce_chunk == 16384
     eager = configurator.load_config(["--config", path, "--compile=False"])    # drops compile_regional too
     assert not eager.compile and not eager.compile_regional
     compilation.check(eager, on("cpu"))

@@ -117,7 +117,7 @@ def test_kernels_are_classed_by_the_operation_that_launched_them():
     assert classes["block GEMM 64x32 @ 32x48 float32"]["flops"] == 2 * 64 * 32 * 48
     assert classes["optimizer (AdamW)"]["bytes"] == (2 + 1) * (32 * 48 + 48) * 4   # params read + written, grads read
     assert classes["other: Memset (Device)"]["bytes"] == 4096
-    softmax = classes[roofline.SOFTMAX_PASS]             # fp8_head_kernel: both kernels, 4 bytes per logit once
+    softmax = classes[roofline.SOFTMAX_PASS]             # head_kernel: both kernels, 4 bytes per logit once
     assert softmax["calls"] == 2 and softmax["ms"] == pytest.approx(0.05) and softmax["bytes"] == 4 * 64 * 128
 
 

@@ -11,27 +11,34 @@ import torch
 
 import configurator
 from conftest import ROOT, on
-from speedgpt.features import fp8, softmax_pass
+from speedgpt.features import fp8, fused_ce, softmax_pass
 
 
 def test_the_kernel_flag_is_refused_where_it_cannot_run():
     cpu = torch.device("cpu")
-    with pytest.raises(ValueError, match=r"fp8_head_kernel=True would do nothing: .* Add --fp8_head=True"):
-        fp8.check(configurator.Config(fp8_head_kernel=True), on(cpu))
-    with pytest.raises(ValueError, match=r"fp8_head_kernel=True needs Triton on a CUDA GPU .* --fp8_head_kernel=False"):
-        softmax_pass.check(configurator.Config(fp8_head=True, fused_ce=True, fp8_head_kernel=True), cpu)
-    # fp8_head's own refusal comes first on the CPU, and names both flags' way out through fp8_head
+    with pytest.raises(ValueError, match=r"head_kernel=True would do nothing: it is the fused head's softmax pass. "
+                                         r"Add --fused_ce=True, or leave head_kernel out"):
+        fused_ce.check(configurator.Config(head_kernel=True), on(cpu))
+    # in FP8 and in bf16 alike, it needs Triton on a CUDA GPU
+    for fp8_head in (True, False):
+        with pytest.raises(ValueError, match=r"head_kernel=True needs Triton on a CUDA GPU .* --head_kernel=False"):
+            fused_ce.check(configurator.Config(fp8_head=fp8_head, fused_ce=True, head_kernel=True), on(cpu))
+    # fp8_head's own refusal names the way out through fp8_head
     with pytest.raises(ValueError, match=r"fp8_head=True needs a GPU of compute capability 8.9"):
-        fp8.check(configurator.Config(fp8_head=True, fused_ce=True, fp8_head_kernel=True), on(cpu))
+        fp8.check(configurator.Config(fp8_head=True, fused_ce=True, head_kernel=True), on(cpu))
 
 
 def test_train_refuses_the_kernel_flag_in_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "train.py", "--fp8_head_kernel=True", f"--out_dir={tmp_path / 'o'}"],
+    out = subprocess.run([sys.executable, "train.py", "--head_kernel=True", f"--out_dir={tmp_path / 'o'}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert out.stderr.strip().splitlines() == ["error: fp8_head_kernel=True would do nothing: it is the FP8 head's "
-                                               "softmax pass. Add --fp8_head=True (and fused_ce=True), or leave "
-                                               "fp8_head_kernel out"]
+    assert out.stderr.strip().splitlines() == ["error: head_kernel=True would do nothing: it is the fused head's "
+                                               "softmax pass. Add --fused_ce=True, or leave head_kernel out"]
+    # the flag's old name: one line naming the new one
+    out = subprocess.run([sys.executable, "train.py", "--fp8_head_kernel=True", f"--out_dir={tmp_path / 'o'}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "it is head_kernel now" in out.stderr.strip().splitlines()[-1]
 
 
 def test_a_gpu_whose_triton_miscompiles_the_kernels_is_refused_in_one_line(monkeypatch):
@@ -40,11 +47,11 @@ def test_a_gpu_whose_triton_miscompiles_the_kernels_is_refused_in_one_line(monke
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     monkeypatch.setattr(softmax_pass, "verify", lambda device: "Triton 9.9 compiled ... (tile shapes ...: 37% of "
                                                                "the bytes of g8t differ)")
-    cfg = configurator.Config(fp8_head=True, fused_ce=True, fp8_head_kernel=True)
+    cfg = configurator.Config(fp8_head=True, fused_ce=True, head_kernel=True)
     with pytest.raises(ValueError) as e:
         softmax_pass.check(cfg, torch.device("cuda"))
-    assert str(e.value) == ("fp8_head_kernel=True: Triton 9.9 compiled ... (tile shapes ...: 37% of the bytes of g8t "
-                            "differ); add --fp8_head_kernel=False")
+    assert str(e.value) == ("head_kernel=True: Triton 9.9 compiled ... (tile shapes ...: 37% of the bytes of g8t "
+                            "differ); add --head_kernel=False")
     monkeypatch.setattr(softmax_pass, "verify", lambda device: None)
     softmax_pass.check(cfg, torch.device("cuda"))
 
@@ -85,6 +92,17 @@ def test_compare_accepts_float8_rounding_and_names_anything_else():
     out = [t.clone() for t in ref]
     out[0][0] += 0.01
     assert softmax_pass.compare(out, ref) == "1 row losses differ"
+    # the bf16 pass's (loss, g): one bfloat16 step apart passes; two steps, or an unwritten (NaN) value, do not
+    loss, g, _ = softmax_pass.reference(logits, y, vocab, 1.0, torch.bfloat16)
+    assert softmax_pass.compare((loss, g), (loss, g)) is None
+    i = tuple((g.float().abs() > 0.01).nonzero()[0].tolist())
+    for codes, problem in ((1, None), (2, "1 values of g more than one step off")):
+        bumped = g.clone()
+        bumped.view(torch.int16)[i] += codes
+        assert softmax_pass.compare((loss, bumped), (loss, g)) == problem
+    g_nan = g.clone()
+    g_nan[0, 0] = float("nan")
+    assert softmax_pass.compare((loss, g_nan), (loss, g)) == "1 values of g more than one step off"
 
 
 def in_interpreter(call):
@@ -104,7 +122,8 @@ def in_interpreter(call):
 def test_the_kernels_layout_and_masks_in_the_interpreter(n, V, vocab):
     """Both row_stats variants and both grad_fp8 orders, in tiles that do not divide the rows or the
     vocabulary: each row's loss, g8t exactly g8 transposed, zero rows for ignored targets and zero padded
-    columns, and each value within the interpreter's float8 rounding of the reference."""
+    columns, and each value within the interpreter's float8 rounding of the reference; and the bf16 pass
+    (grad_rows) within one bfloat16 step of the reference, every value written."""
     in_interpreter(f"t.layout_and_masks({n}, {V}, {vocab})")
 
 
@@ -116,18 +135,30 @@ def layout_and_masks(n, V, vocab):
     ref_loss, ref8, _ = softmax_pass.reference(logits, y, vocab, 57344.0)
     for stats in ((4, 64, 4, 0), (4, 64, 4, 1), (2, 32, 4, 1)):
         for grad in ((16, 64, 4, 1), (16, 64, 4, 0), (32, 32, 4, 1)):
-            loss, g8, g8t = softmax_pass.run(logits, y, vocab, 57344.0, softmax_pass.kernels((stats,), (grad,)))
+            loss, g8, g8t = softmax_pass.run(logits, y, vocab, 57344.0,
+                                             softmax_pass.kernels((stats,), (grad,), (grad,)))
             torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
             assert torch.equal(g8t.view(torch.uint8), g8.view(torch.uint8).t()), (stats, grad)
             a, b = g8.float(), ref8.float()
             assert (a[y == -1] == 0).all() and (a[:, vocab:] == 0).all()
             tiny = (b.abs() < 2 ** -14) * b.abs()          # below e5m2's normal range, the interpreter may give 0
             assert ((a * b) >= 0).all() and ((a - b).abs() <= 0.5 * torch.maximum(a.abs(), b.abs()) + tiny).all()
+    # the bf16 head's pass (the same grad kernel, FP8=False): one row-major copy in the logits' dtype
+    ref_loss, ref_g, _ = softmax_pass.reference(logits, y, vocab, 1.0, torch.bfloat16)
+    for grad in ((16, 64, 4, 1), (16, 64, 4, 0), (8, 128, 4, 1)):
+        out = (torch.full((n,), float("nan")), torch.full_like(logits, float("nan")))
+        loss, g = softmax_pass.run(logits, y, vocab, 1.0, softmax_pass.kernels((stats,), (grad,), (grad,)), out,
+                                   fp8=False)
+        assert g.dtype == torch.bfloat16 and g.shape == logits.shape
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+        assert softmax_pass.compare((loss, g), (ref_loss, ref_g)) is None, grad
+        assert (g[y == -1] == 0).all() and (g[:, vocab:] == 0).all()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (for its interpreter)")
 def test_verify_runs_every_tile_shape_once_and_leaves_the_rng_alone():
-    """verify()'s launches in Triton's interpreter: one comparison per (row_stats, grad_fp8) shape, on outputs
+    """verify()'s launches in Triton's interpreter: one comparison per (row_stats, grad_fp8) shape and per
+    grad_rows shape, on outputs
     the kernels wrote in full (the interpreter's float8 rounding is not the GPU's, so the bytes are judged
     here only by what it gets right: the losses and the transposed copy), the answer kept per device, and the
     global RNG as it was."""
@@ -138,16 +169,18 @@ def verify_in_interpreter():
     seen = []
 
     def judge(out, ref):
-        seen.append(1)
+        seen.append(len(ref))
         torch.testing.assert_close(out[0], ref[0], rtol=1e-5, atol=1e-5)
-        assert torch.equal(out[2].view(torch.uint8), out[1].view(torch.uint8).t())
+        if len(ref) == 3:
+            assert torch.equal(out[2].view(torch.uint8), out[1].view(torch.uint8).t())
         assert not out[1].float().isnan().any()
         return None
     softmax_pass.compare = judge
     rng = torch.get_rng_state()
     cpu = torch.device("cpu")
     assert softmax_pass.verify(cpu, n=32, V=320, vocab=300) is None
-    assert len(seen) == len(softmax_pass.STATS_CONFIGS) * len(softmax_pass.GRAD_CONFIGS)
+    assert seen == [3] * len(softmax_pass.STATS_CONFIGS) * len(softmax_pass.GRAD_CONFIGS) + \
+        [2] * len(softmax_pass.ROWS_CONFIGS)
     assert torch.equal(torch.get_rng_state(), rng)
     softmax_pass.compare = lambda out, ref: "2% of the bytes of g8t differ"
     assert softmax_pass.verify(cpu, n=32, V=320, vocab=300) is None          # once per process and device

@@ -65,9 +65,10 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--check_mask=True", "--packing=False"], ValueError,
      "check_mask=True checks the document mask: it needs packing"),
     (["--config", "config/fast.py", "--device=cpu"], ValueError,
-     r"^fp8=True and fp8_head=True need a GPU .* this run is on the CPU: add --fp8=False --fp8_head=False "
+     r"\[1\] fp8=True and fp8_head=True need a GPU .* this run is on the CPU: add --fp8=False --fp8_head=False "
      r"\(config/fast.py and config/gpt2-\*.py set fp8=True and fp8_head=True\); "
-     r"or, on a CPU, the quickstart's size \(python train.py; these steps are 524,288 tokens\)$"),
+     r"or, on a CPU, the quickstart's size \(python train.py; these steps are 524,288 tokens\); "
+     r"\[2\] head_kernel=True needs Triton on a CUDA GPU \(pip install triton\); add --head_kernel=False;"),
     (["--config", "config/fast.py", "--fp8=False", "--device=cpu"], ValueError,
      r"this run is on the CPU: add --fp8_head=False \(config/fast.py and config/gpt2-\*.py set fp8_head=True\); "
      r"or, on a CPU, the quickstart's size"),
@@ -140,8 +141,9 @@ def test_setup_errors_come_before_any_work(byte_data, tmp_path):
 
 
 def test_a_gpu_preset_on_the_cpu_is_refused_once_naming_every_change(tmp_path, monkeypatch):
-    """config/fast.py on a CPU, offline: FP8, memory, the GPT-2 tokenizer files and the time of a step, in one
-    line, before any work, instead of one refusal per try; a GPU-sized run with nothing to refuse goes on."""
+    """config/fast.py on a CPU, offline: FP8, the head's Triton kernels, memory, the GPT-2 tokenizer files and the time
+    of a step, in one line, before any work, instead of one refusal per try; a GPU-sized run with nothing to refuse
+    goes on."""
     monkeypatch.setattr(train.memory, "available", lambda device: 16e9)          # any laptop's
     monkeypatch.setattr(data, "get_tokenizer", lambda name: (_ for _ in ()).throw(
         FileNotFoundError("could not load tiktoken's GPT-2 files (offline). Offline, point TIKTOKEN_CACHE_DIR ...")))
@@ -152,8 +154,8 @@ def test_a_gpu_preset_on_the_cpu_is_refused_once_naming_every_change(tmp_path, m
     line = str(e.value)
     assert "\n" not in line and line.startswith("a GPU-sized run (steps of 524,288 tokens) on the CPU: every change it "
                                                 "needs, at once: [1] fp8=True and fp8_head=True need a GPU"), line
-    assert re.search(r"\[2\] this run needs about [\d.]+ GB per process .*; \[3\] could not load tiktoken's GPT-2 "
-                     r"files .*; \[4\] on a CPU, steps and evaluations of 524,288 and 524,288 tokens are slow: add "
+    assert re.search(r"\[2\] head_kernel=True needs Triton on a CUDA GPU .*; \[3\] this run needs about [\d.]+ GB "
+                     r"per process .*; \[4\] could not load tiktoken's GPT-2 files .*; \[5\] on a CPU, steps and evaluations of 524,288 and 524,288 tokens are slow: add "
                      r"--total_batch_size=0 .*; or train on a CPU at the quickstart's size \(python train.py\)$",
                      line), line
     assert not unprepared.exists() and not (tmp_path / "out" / "config.json").exists()

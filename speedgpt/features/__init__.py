@@ -14,7 +14,7 @@ its stages loop over that list:
   DETAILS                          optional: {flag: keys that mean nothing without it} (configurator refuses them)
 
   fp8.py                        FP8 training: block Linears (fp8) and the fused head's matmuls (fp8_head)
-  softmax_pass.py               the FP8 head's softmax pass in Triton (fp8_head_kernel; checked by fp8.check)
+  softmax_pass.py               the fused head's softmax pass in Triton (head_kernel; checked by fused_ce.check)
   fused_ce.py                   the output head and cross-entropy as one function (fused_ce)
   activation_checkpointing.py   recompute blocks in the backward (grad_checkpointing)
   compilation.py                torch.compile, whole model or per block (compile, compile_regional, compile_tuning)

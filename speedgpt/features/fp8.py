@@ -23,7 +23,6 @@ import importlib.util
 import torch
 
 from speedgpt import refuse_unused
-from speedgpt.features import softmax_pass
 from speedgpt.memory import cpu_way_out, meta_model
 
 ALL_KINDS = "all"        # fp8_layers' default: every kind of block Linear the model has
@@ -67,7 +66,7 @@ def none_eligible(cfg):
 
 
 # the keys that mean nothing without the flag
-DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast"), "fp8_head": ("fp8_head_kernel",)}
+DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast")}
 
 
 def check(cfg, proc):
@@ -75,8 +74,7 @@ def check(cfg, proc):
     proc.device: fp8_head needs fused_ce; fp8_recipe='rowwise' needs fp8 (the head is
     tensorwise only); the head's matmul shapes (n_embd, batch_size * block_size, fused_ce_chunk) must be
     multiples of 16; FP8 needs a GPU of compute capability 8.9+ (Ada, Hopper), and torchao for its recipes
-    (tensorwise, rowwise); fp8_head_kernel
-    its own (softmax_pass.check). Called again on resume, where the shape may come from the checkpoint.
+    (tensorwise, rowwise). Called again on resume, where the shape may come from the checkpoint.
     Returns cfg."""
     device = proc.device
     if cfg.fp8_min_dim < 0:
@@ -90,7 +88,6 @@ def check(cfg, proc):
         blocks_only = (() if cfg.fp8_head else ("fp8_recipe",)) + ("fp8_min_dim", "fp8_precast")
         refuse_unused(cfg, blocks_only, "a setting of the block Linears' FP8", "--fp8=True")
     if not (cfg.fp8 or cfg.fp8_head):
-        softmax_pass.check(cfg, device)          # refuses fp8_head_kernel without fp8_head
         return cfg
     if cfg.fp8_precast and cfg.fp8_recipe != "tensorwise_delayed":
         raise ValueError(f"fp8_precast=True would do nothing with fp8_recipe={cfg.fp8_recipe!r}: it makes the delayed "
@@ -131,7 +128,6 @@ def check(cfg, proc):
                          f"project's recipes ({', '.join(OWN_RECIPES)}: --fp8_recipe=tensorwise_delayed)")
     if cfg.fp8 and not block_width_ok(cfg):
         raise ValueError(none_eligible(cfg))
-    softmax_pass.check(cfg, device)
     return cfg
 
 

@@ -5,7 +5,8 @@ gradients made in the forward. The plain path (model.py: logits = lm_head(x), th
 softmax - one-hot in the backward; here each chunk of tokens is turned into logits, loss and both
 gradients at once, and the backward only scales what the forward stored (its speed and memory:
 BENCHMARKS.md). With fp8_head the three matmuls run in float8 (speedgpt/features/fp8.py's fp8_mm), and with
-fp8_head_kernel the softmax pass between them runs as speedgpt/features/softmax_pass.py's Triton kernels.
+head_kernel the softmax pass between them runs as speedgpt/features/softmax_pass.py's Triton kernels (in FP8 or
+bf16).
 
 The trainer installs it on the model (install(): model.head_loss), so it runs inside the model's forward,
 where FSDP has gathered the head's weight and compilation sees it, and the model's config and checkpoints
@@ -14,23 +15,27 @@ never know of it.
 import torch
 
 from speedgpt import refuse_unused
+from speedgpt.features import softmax_pass
 
 
-DETAILS = {"fused_ce": ("fused_ce_chunk",)}      # what means nothing without the flag
+DETAILS = {"fused_ce": ("fused_ce_chunk", "head_kernel")}      # what means nothing without the flag
 
 
 def check(cfg, proc):
     """Raise ValueError for fused_ce=True with dtype='float16': the head's gradients are made in the
-    forward, outside the GradScaler's loss scaling (validated in bfloat16 and float32 only); and for a
-    fused_ce_chunk other than the default without fused_ce, where it would do nothing, or below 1. Returns cfg."""
+    forward, outside the GradScaler's loss scaling (validated in bfloat16 and float32 only); for a
+    fused_ce_chunk or head_kernel without fused_ce, where they would do nothing, or a chunk below 1; and for
+    head_kernel where its kernels cannot run (softmax_pass.check). Returns cfg."""
     if cfg.fused_ce_chunk <= 0:
         raise ValueError(f"config key 'fused_ce_chunk' must be positive, got {cfg.fused_ce_chunk}")
     if not cfg.fused_ce:
-        refuse_unused(cfg, DETAILS["fused_ce"], "the chunk of the fused head and loss", "--fused_ce=True")
+        refuse_unused(cfg, ("fused_ce_chunk",), "the chunk of the fused head and loss", "--fused_ce=True")
+        refuse_unused(cfg, ("head_kernel",), "the fused head's softmax pass", "--fused_ce=True")
     if cfg.fused_ce and cfg.dtype == "float16":
         raise ValueError("fused_ce=True with dtype='float16' is not supported: it makes the head's gradients in the "
                          "forward, outside the GradScaler's loss scaling, and was validated in bfloat16 and "
                          "float32 only (config/fast.py sets fused_ce=True: add --fused_ce=False for float16)")
+    softmax_pass.check(cfg, proc.device)
     return cfg
 
 
@@ -54,14 +59,11 @@ def apply(model, cfg, proc=None):
     cfg.fused_ce_chunk, cfg.fp8_head). Returns a line saying what was installed, or None."""
     if not cfg.fused_ce:
         return None
-    kernel = cfg.fp8_head and cfg.fp8_head_kernel
-    if kernel:
-        import speedgpt.features.softmax_pass  # noqa: F401  (registers torch.ops.speedgpt.softmax_grad_fp8)
     check_same_loss(model)
-    model.head_loss = FusedHeadLoss(cfg.fused_ce_chunk, cfg.fp8_head, kernel)
+    model.head_loss = FusedHeadLoss(cfg.fused_ce_chunk, cfg.fp8_head, cfg.head_kernel)
     return f"fused_ce: head + cross-entropy in chunks of {cfg.fused_ce_chunk:,} tokens, matmuls in " + \
         ("float8 (tensorwise)" if cfg.fp8_head else cfg.dtype) + \
-        (", softmax pass in Triton (speedgpt/features/softmax_pass.py)" if kernel else "")
+        (", softmax pass in Triton (speedgpt/features/softmax_pass.py)" if cfg.head_kernel else "")
 
 
 def check_same_loss(model, tokens=8, scale=256):
@@ -103,8 +105,8 @@ def head_ce_chunk(h, w, y, vocab_size, fp8=False, w8=None, kernel=False):
     tokens). The gradient of the logits is softmax - one-hot (zero rows for ignored targets).
     fp8=True: the three matmuls in float8 (speedgpt.features.fp8.fp8_mm; h and w in e4m3, the logits' gradient in e5m2);
     w8 = (cast_rhs(w.t()), cast_rhs(w)): the weight already cast, as LinearCrossEntropy does once for all chunks.
-    kernel=True (with fp8, on a CUDA GPU): the softmax pass runs as speedgpt/features/softmax_pass.py's Triton kernels,
-    which write the float8 gradient in both layouts at once.
+    kernel=True (on a CUDA GPU): the softmax pass runs as speedgpt/features/softmax_pass.py's Triton kernels, which
+    write the float8 gradient in both layouts at once (fp8), or the gradient once in the logits' dtype.
     Returns (loss: 0-dim, grad_h (n, C) in h's dtype, grad_w (V, C)), the gradients of the sum
     itself; loss and grad_w in float32 (float64)."""
     acc = torch.promote_types(h.dtype, torch.float32)
@@ -119,7 +121,11 @@ def head_ce_chunk(h, w, y, vocab_size, fp8=False, w8=None, kernel=False):
                     fp8_mm((g8t, scale), h, out_dtype=acc))
         logits = logits.to(acc)
     else:
-        logits = (h @ w.t()).to(acc)                                               # (n, V)
+        logits = h @ w.t()                                                         # (n, V)
+        if kernel:
+            loss, g = torch.ops.speedgpt.softmax_grad(logits, y, vocab_size)
+            return loss.to(acc).sum(), g @ w, (g.t() @ h).to(acc)
+        logits = logits.to(acc)
     col = torch.arange(w.size(0), device=h.device)
     logits = logits.masked_fill(col >= vocab_size, float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)
