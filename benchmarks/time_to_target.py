@@ -329,16 +329,18 @@ def data_hash(data_dir):
 
 
 def run_key(args, recipe, setting, seed, data, code, device):
-    """What identifies a run for --resume: its train.py flags (the data folder by data_hash, `data`; each --config
-    file by its contents as well as its path; the run folder left out), the training code's hash and the device;
-    a hex digest. The target is not in it: a run's evaluations are kept, and the target is checked anew."""
-    argv = [a for a in train_argv(args, recipe, setting, seed, "", "") if not a.startswith(("--out_dir=", "--data_dir="))]
-    configs = []
-    for a in argv:
-        if a.startswith("--config=") and a != "--config=":
-            with open(os.path.join(ROOT, a.split("=", 1)[1]), "rb") as f:      # train.py runs in ROOT
-                configs.append(hashlib.sha256(f.read()).hexdigest())
-    return hashlib.sha256(json.dumps([argv, configs, data, code, device]).encode()).hexdigest()
+    """What identifies a run for --resume: the settings its train.py flags resolve to (configurator's Config, so the
+    order and the form of --train_args do not matter, and each --config file counts by what it sets; the run and data
+    folders left out: the data count by data_hash, `data`), the training code's hash and the device; a hex digest.
+    The target is not in it: a run's evaluations are kept, and the target is checked anew."""
+    import contextlib
+    import dataclasses
+    import io
+    from configurator import load_config
+    with contextlib.redirect_stdout(io.StringIO()):
+        cfg = dataclasses.asdict(load_config(train_argv(args, recipe, setting, seed, "", "")))
+    settings = {k: v for k, v in sorted(cfg.items()) if k not in ("out_dir", "data_dir")}
+    return hashlib.sha256(json.dumps([settings, data, code, device], default=str).encode()).hexdigest()
 
 
 class Store:

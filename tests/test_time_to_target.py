@@ -214,7 +214,7 @@ def test_a_preset_this_machine_cannot_run_is_refused_before_the_corpus(tmp_path,
     from speedgpt import memory
     monkeypatch.setattr(memory, "available", lambda device: 24e9)
     with pytest.raises(SystemExit, match=r"the adamw runs: this run needs about \d+\.\d GB per process .* 24\.0 GB"):
-        ttt.main(["--target", "3", "--out", str(tmp_path / "out"), "--train_args=--fp8=False --fp8_head=False"])
+        ttt.main(["--target", "3", "--out", str(tmp_path / "out"), "--train_args=--fp8=False --fp8_head=False --head_kernel=False"])
     assert not (tmp_path / "out" / "data").exists()
 
 
@@ -269,6 +269,10 @@ def test_resume_takes_the_finished_runs_and_trains_only_the_rest(byte_data, tmp_
     calls.clear()
     ttt.main(argv + ["--resume"])                        # the run trained after the cut line was not glued to it
     assert calls == [] and "3 finished run(s) in" in capsys.readouterr().out
+    shuffled = argv[:-4] + ["--train_args", "--batch_size=4 --block_size 64", "--train_args",
+                            "--n_embd=32 --n_head=2 --n_layer=1", "--out", str(tmp_path)]
+    ttt.main(shuffled + ["--resume"])                    # the same settings, given in another order and form
+    assert calls == []
     resumed = json.loads((tmp_path / "time_to_target.json").read_text())
     calls.clear()
     ttt.main(argv)                                       # without --resume: all of it again, the same table
