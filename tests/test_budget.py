@@ -171,7 +171,8 @@ def test_a_resume_given_a_budget_leaves_its_step_horizon(byte_data, tmp_path):
     assert done > 0                                 # a run without a budget keeps the clock too
     summary = train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=100000",
                                    f"--time_budget={(done + 0.6) / 60}", "--eval_interval=100000"))
-    assert 4 < summary["steps"] < 100000 and summary["train_seconds"] >= done + 0.6
+    # summary.json keeps train_seconds to the millisecond: the budget's end may round down below it by up to 0.5 ms
+    assert 4 < summary["steps"] < 100000 and summary["train_seconds"] >= done + 0.6 - 5e-4
 
 
 def test_help_shows_the_flag():
