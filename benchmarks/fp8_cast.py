@@ -16,11 +16,18 @@ Producers (what makes the tensor cast): `layernorm` (LayerNorm of a bf16 residua
   delayed + amax        the scale given (the previous step's amax), the cast and this step's amax in one call
   delayed + row amax    the same, the amax kept per row (a vector out; its max taken later)
   delayed, no amax      the cast alone at a given scale: the floor of any delayed recipe
+  delayed, amax of the float8 (two graphs)
+                        the cast at a given scale, then this step's amax from the float8 bytes (1 byte per element
+                        read, the value known to e4m3's precision; a saturated cast says only "at least")
+  delayed + amax, Triton (ours)
+                        the producer, the cast and the amax in one kernel of our own (amax_cast_kernel: 2-D tiles,
+                        each tile's max folded in with one atomic max), for gelu and plain; needs Triton on a GPU
 
 Each row: milliseconds per call (median, CUDA events), and the producer's bytes (its input read, one byte per
 element written) over that time as a share of a plain copy's rate measured here. A Markdown table.
 """
 import argparse
+import importlib.util
 import os
 import sys
 
@@ -72,6 +79,49 @@ def ways(make):
             "delayed, no amax": lambda x, s: cast(make(x), s)}
 
 
+def amax_of_float8(y8, scale):
+    """The amax of the tensor y8 = cast(y, scale) was cast from, read from y8's bytes: e4m3's magnitude orders as its
+    low 7 bits do, so the largest byte is the largest |y8|; divided by scale (to e4m3's precision; a saturated
+    y8 says only that the amax is at least FP8_MAX / scale)."""
+    top = (y8.view(torch.uint8) & 0x7F).amax()
+    return top.view(E4M3).float() / scale
+
+
+_amax_cast = {}
+
+
+def amax_cast_kernel(producer):
+    """A Triton kernel: out = cast(producer(x), scale) and amax = max(amax, max |producer(x)|) in one pass over
+    2-D tiles of x (rows, columns), each tile's max folded into `amax` (a float32 scalar, >= 0) with one atomic max.
+    producer: 'gelu' (exact, erf) or 'plain'. Returns run(x, scale, amax) -> out; Triton imported here."""
+    if producer in _amax_cast:
+        return _amax_cast[producer]
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(x, out, scale, amax, n, w, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GELU: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        mask = (rows < n) & (cols < w)
+        y = tl.load(x + rows.to(tl.int64) * w + cols, mask=mask, other=0.0).to(tl.float32)
+        if GELU:
+            y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
+        tl.atomic_max(amax, tl.max(tl.max(tl.abs(y), 1), 0))          # |y| >= 0: a float max is an int max
+        s = tl.load(scale)
+        y8 = tl.clamp(y * s, -448.0, 448.0).to(tl.float8e4nv)
+        tl.store(out + rows.to(tl.int64) * w + cols, y8, mask=mask)
+
+    def run(x, scale, amax, block_m=32, block_n=128):
+        n, w = x.shape
+        out = torch.empty(x.shape, dtype=E4M3, device=x.device)
+        kernel[(triton.cdiv(n, block_m), triton.cdiv(w, block_n))](x, out, scale, amax, n, w, BLOCK_M=block_m,
+                                                                    BLOCK_N=block_n, GELU=producer == "gelu")
+        return out
+    _amax_cast[producer] = run
+    return run
+
+
 def measure(tokens, width, device, iters, compiled=True, names=None):
     """Rows (dicts): producer, way, ms, share of the copy rate; for the producers `names` (default all)."""
     torch.manual_seed(0)
@@ -88,6 +138,11 @@ def measure(tokens, width, device, iters, compiled=True, names=None):
         row_amax = compile_(lambda x: make(x).abs().amax(dim=-1))
         cast_rows = compile_(lambda x, r: cast(make(x), FP8_MAX / r.amax().float().clamp(min=1e-12)))
         fns["dynamic, two graphs"] = lambda x, s: cast_rows(x, row_amax(x))
+        cast_only, of_float8 = compile_(lambda x, s: cast(make(x), s)), compile_(amax_of_float8)
+        fns["delayed, amax of the float8 (two graphs)"] = lambda x, s: of_float8(cast_only(x, s), s)
+        if pname in ("gelu", "plain") and device.type == "cuda" and importlib.util.find_spec("triton"):
+            run, amax = amax_cast_kernel(pname), torch.zeros((), device=device)
+            fns["delayed + amax, Triton (ours)"] = lambda x, s: run(x, s, amax)
         for name, f in fns.items():
             ms = cuda_time_ms(lambda: f(x, scale), 3, iters, device)
             written = 2 if name == "bf16 out" else 1

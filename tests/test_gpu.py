@@ -1,8 +1,10 @@
-"""Checks that need a CUDA GPU (run on the lent H200; skipped in CI).
+"""Checks that need a CUDA GPU (run on a GPU machine; skipped on a CPU).
 
 The varlen tests use FA3 (speedgpt/attention.py's op) where flash_attn_interface imports
 (attention.varlen_kernel), else PyTorch's FA2 varlen_attn."""
 import importlib.util
+import os
+import sys
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ import torch
 import data
 from speedgpt import attention as attn
 import train
-from conftest import packed_b_logits_and_grad, poison_step, read_metrics, set_qk_blocks, tiny_args
+from conftest import ROOT, packed_b_logits_and_grad, poison_step, read_metrics, set_qk_blocks, tiny_args
 from speedgpt.mask_check import check_attention_mask
 from model import GPT, GPTConfig
 from speedgpt.features.fused_ce import FusedHeadLoss
@@ -717,3 +719,25 @@ def test_batched_muon_gives_torchs_muon_update_on_the_gpu():
     for ref, got, s in zip(*runs, start):
         step = (ref - s).abs().max().item()
         assert step > 1e-3 and (ref - got).abs().max().item() < 0.05 * step
+
+
+@pytest.mark.parametrize("producer", ["gelu", "plain"])
+def test_the_one_pass_amax_cast_kernel_gives_the_pytorch_cast(producer):
+    """benchmarks/fp8_cast.py's amax_cast_kernel (the producer, the e4m3 cast at a given scale and the amax in one
+    Triton kernel): the amax of the producer's float32 output exactly, and the float8 bytes of the PyTorch cast of
+    the same float32 values (saturating), on a shape its tiles do not divide."""
+    if torch.cuda.get_device_capability() < (8, 9) or importlib.util.find_spec("triton") is None:
+        pytest.skip("float8 e4m3 in Triton needs a GPU of compute capability 8.9+")
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import fp8_cast
+    torch.manual_seed(0)
+    x = (3 * torch.randn(4100, 5120 + 40, device="cuda")).bfloat16()
+    amax, scale = torch.zeros((), device="cuda"), torch.tensor(448.0 / 6, device="cuda")
+    out = fp8_cast.amax_cast_kernel(producer)(x, scale, amax)
+    y = x.float()
+    if producer == "gelu":
+        y = torch.nn.functional.gelu(y)
+    assert torch.allclose(amax, y.abs().max(), rtol=1e-6)
+    want = fp8_cast.cast(y, scale)
+    differ = out.view(torch.uint8) != want.view(torch.uint8)
+    assert differ.float().mean() < 1e-4, f"{differ.sum().item()} bytes differ"    # erf's last bit, at a boundary
