@@ -19,6 +19,7 @@ import csv
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -113,8 +114,8 @@ def run_rung(name, overrides, args, extra, done=None):
     summary = json.load(open(os.path.join(out_dir, "summary.json")))
     steps = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
     steps = [s for s in steps if s.get("tokens_per_sec")]
-    step_ms = sorted(s["step_ms"] for s in steps)
-    row.update(tokens_per_sec=summary["median_tokens_per_sec"], step_ms=step_ms[len(step_ms) // 2],
+    # the median as summary.json takes tokens/s's (statistics.median: the mean of the middle two of an even count)
+    row.update(tokens_per_sec=summary["median_tokens_per_sec"], step_ms=statistics.median(s["step_ms"] for s in steps),
                mfu=summary["median_mfu"], mem_gb=summary["mem_gb"],
                pad_frac=sum(s["pad_frac"] for s in steps) / len(steps), timed_steps=len(steps))
     print(f"{row['tokens_per_sec']:,.0f} tok/s", flush=True)

@@ -70,8 +70,8 @@ def check_flags(cfg, proc):
     for module in CHECKS[1:]:
         if module is hellaswag:
             if refuse.found and cfg.eval_tokens > 65536:      # beside what is refused, what would be slow here
-                refuse.found.append(ValueError(f"on a CPU, steps and evaluations of {cfg.total_batch_size:,} and "
-                                               f"{cfg.eval_tokens:,} tokens are slow: add --total_batch_size=0 (one "
+                refuse.found.append(ValueError(f"on a CPU, steps of {cfg.total_batch_size:,} tokens and evaluations of "
+                                               f"{cfg.eval_tokens:,} are slow: add --total_batch_size=0 (one "
                                                "micro-batch a step) and --eval_tokens=16384"))
             refuse.raise_all(f"a GPU-sized run (steps of {cfg.total_batch_size:,} tokens) on the CPU",
                              "train on a CPU at the quickstart's size (python train.py)")

@@ -220,6 +220,7 @@ def score(weights, data_dir):
 
 # train.py flags each run gets from this script's own settings: --train_args may not set them (learning_rate, min_lr
 # and muon_lr it may: they centre the sweep)
+RECIPE_KEYS = ("optimizer", "lr_schedule", "wsd_decay_frac")     # what a recipe is: --recipes chooses them
 OWN_KEYS = ("config", "data_dir", "out_dir", "max_iters", "lr_decay_iters", "warmup_iters", "seed", "eval_interval",
             "eval_tokens", "save_checkpoints", "hellaswag", "total_batch_size", "time_budget", "target_val_loss")
 
@@ -538,7 +539,8 @@ def main(argv=None):
                    "flags, data, training code and device instead of training it again (a stopped sweep continues)")
     args = p.parse_args(argv)
     if args.target is None or not math.isfinite(args.target) or args.target <= 0:
-        sys.exit(f"error: --target {args.target}: give the val loss to reach, a positive number fixed before the runs "
+        given = "--target is missing" if args.target is None else f"--target {args.target}"
+        sys.exit(f"error: {given}: give the val loss to reach, a positive number fixed before the runs "
                  "(never one run's endpoint), e.g. --target 3.5")
     recipes = list(dict.fromkeys(r.strip() for r in args.recipes.split(",") if r.strip()))     # each recipe once
     if not recipes or any(r not in RECIPES for r in recipes):
@@ -568,11 +570,16 @@ def main(argv=None):
     if args.nanogpt and (args.minutes or args.tokens % NANOGPT_STEP or args.eval_every % NANOGPT_STEP):
         sys.exit(f"error: --nanogpt runs nanoGPT's train.py at its {NANOGPT_STEP:,} tokens per step on --tokens: give "
                  "--tokens and --eval_every multiples of it, without --minutes (its train.py has no time budget)")
-    own = [a.split("=")[0] for a in " ".join(args.train_args).split() if a.startswith("--") and a[2:].split("=")[0] in OWN_KEYS]
+    given = [a.split("=")[0] for a in " ".join(args.train_args).split() if a.startswith("--")]
+    own = [a for a in given if a[2:] in OWN_KEYS]
     if own:
         sys.exit(f"error: --train_args sets {own[0]}, which this script sets for every run: use its own flag "
                  "(--config, --data_dir, --out, --tokens, --minutes, --batch_tokens, --eval_every, --warmup_frac, "
                  "--seeds)")
+    recipe = [a for a in given if a[2:] in RECIPE_KEYS]
+    if recipe:                          # else the table would name one recipe and the runs train another
+        sys.exit(f"error: --train_args sets {recipe[0]}, which the recipe sets (adamw: AdamW with a cosine schedule; "
+                 "muon: config/muon.py, Muon with WSD): choose it with --recipes")
     if args.data_dir and not os.path.isfile(os.path.join(args.data_dir, "meta.json")):
         sys.exit(f"error: --data_dir {args.data_dir!r} is not a prepared folder (no meta.json): prepare one with "
                  "data.py (docs/data.md), or leave --data_dir out for the .py files of this Python")

@@ -19,10 +19,20 @@ def test_the_kernel_flag_is_refused_where_it_cannot_run():
     with pytest.raises(ValueError, match=r"head_kernel=True would do nothing: it is the fused head's softmax pass. "
                                          r"Add --fused_ce=True, or leave head_kernel out"):
         fused_ce.check(configurator.Config(head_kernel=True), on(cpu))
-    # in FP8 and in bf16 alike, it needs Triton on a CUDA GPU
+    # in FP8 and in bf16 alike, it needs a CUDA GPU, and Triton there
     for fp8_head in (True, False):
-        with pytest.raises(ValueError, match=r"head_kernel=True needs Triton on a CUDA GPU .* --head_kernel=False"):
+        with pytest.raises(ValueError, match=r"^head_kernel=True runs Triton kernels on a CUDA GPU; this run is on cpu: "
+                                             r"add --head_kernel=False$"):
             fused_ce.check(configurator.Config(fp8_head=fp8_head, fused_ce=True, head_kernel=True), on(cpu))
+    import importlib.util
+    real = importlib.util.find_spec
+    try:
+        importlib.util.find_spec = lambda name, *a: None if name == "triton" else real(name, *a)
+        with pytest.raises(ValueError, match=r"^head_kernel=True needs Triton \(pip install triton\); add "
+                                             r"--head_kernel=False$"):
+            softmax_pass.check(configurator.Config(fused_ce=True, head_kernel=True), torch.device("cuda"))
+    finally:
+        importlib.util.find_spec = real
     # fp8_head's own refusal names the way out through fp8_head
     with pytest.raises(ValueError, match=r"fp8_head=True needs a GPU of compute capability 8.9"):
         fp8.check(configurator.Config(fp8_head=True, fused_ce=True, head_kernel=True), on(cpu))

@@ -165,7 +165,7 @@ def test_a_failed_run_stops_it_in_one_line(byte_data, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "--target None: give the val loss to reach, a positive number fixed before the runs"),
+    ([], "--target is missing: give the val loss to reach, a positive number fixed before the runs"),
     (["--target", "nan"], "--target nan: give the val loss to reach"),
     (["--target", "3", "--recipes", "sgd"], "--recipes 'sgd': the recipes are adamw, muon"),
     (["--target", "3", "--seeds", "x"], "--seeds 'x': comma-separated positive integers"),
@@ -180,6 +180,9 @@ def test_a_failed_run_stops_it_in_one_line(byte_data, tmp_path):
     (["--target", "3", "--tokens", "x"], "argument --tokens: invalid int value: 'x' .*--help lists every flag"),
     (["--target", "3", "--train_args=--n_layer=2", "--train_args=--total_batch_size=8"],
      "--train_args sets --total_batch_size, which this script sets"),
+    (["--target", "3", "--recipes", "adamw", "--train_args=--n_layer=2 --optimizer=muon"],
+     r"--train_args sets --optimizer, which the recipe sets .*: choose it with --recipes"),
+    (["--target", "3", "--train_args=--lr_schedule=wsd"], r"--train_args sets --lr_schedule, which the recipe sets"),
     (["--target", "3", "--data_dir", "/nonexistent"], "--data_dir '/nonexistent' is not a prepared folder"),
     (["--target", "3", "--config", "config/none.py"], "the adamw runs: config file 'config/none.py' not found"),
     (["--target", "3", "--config", "", "--batch_tokens", "1000", "--tokens", "2000", "--eval_every", "1000"],

@@ -55,8 +55,11 @@ def check(cfg, device):
     shape right there (verify). fused_ce.check refuses it without fused_ce first."""
     if not cfg.head_kernel:
         return
-    if device.type != "cuda" or importlib.util.find_spec("triton") is None:
-        raise ValueError("head_kernel=True needs Triton on a CUDA GPU (pip install triton); add --head_kernel=False")
+    if device.type != "cuda":
+        raise ValueError(f"head_kernel=True runs Triton kernels on a CUDA GPU; this run is on {device.type}: add "
+                         "--head_kernel=False")
+    if importlib.util.find_spec("triton") is None:
+        raise ValueError("head_kernel=True needs Triton (pip install triton); add --head_kernel=False")
     problem = verify(device)
     if problem:
         raise ValueError(f"head_kernel=True: {problem}; add --head_kernel=False")
