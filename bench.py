@@ -47,7 +47,8 @@ LADDER = [
 UNDO = {"bf16 autocast": dict(dtype="float32", tf32=False), "torch.compile": dict(compile=False),
         "attention kernel": dict(attention="naive"), "fused AdamW": dict(fused_adamw=False),
         "packing": dict(packing=False, document_mask=False, attention="sdpa"),    # the mask is packing's
-        "fused cross-entropy": dict(fused_ce=False, fp8_head=False, head_kernel=False),   # the FP8 head is the fused head's
+        # the FP8 head and the Triton softmax pass are the fused head's
+        "fused cross-entropy": dict(fused_ce=False, fp8_head=False, head_kernel=False),
         "FP8 head": dict(fp8_head=False), "FP8 blocks": dict(fp8=False)}
 
 

@@ -324,7 +324,8 @@ def test_softmax_pass_kernels_give_the_pytorch_math(n, stats, grad):
 
 
 @pytest.mark.parametrize("n", [1002, 16384])
-@pytest.mark.parametrize("grad", [(8, 512, 4, 1), (16, 256, 4, 1), (4, 1024, 8, 1)], ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("grad", [(8, 512, 4, 1), (16, 256, 4, 1), (4, 1024, 8, 1)],
+                         ids=lambda c: "x".join(map(str, c)))
 def test_bf16_softmax_pass_kernels_give_the_pytorch_math(n, grad):
     """The bf16 head's pass (grad_rows: the grad kernel storing softmax - one-hot once, row-major, in bfloat16), each
     tile shape it may pick: losses and gradient within one bfloat16 step of the PyTorch ops, every value written

@@ -217,7 +217,8 @@ def test_a_preset_this_machine_cannot_run_is_refused_before_the_corpus(tmp_path,
     from speedgpt import memory
     monkeypatch.setattr(memory, "available", lambda device: 24e9)
     with pytest.raises(SystemExit, match=r"the adamw runs: this run needs about \d+\.\d GB per process .* 24\.0 GB"):
-        ttt.main(["--target", "3", "--out", str(tmp_path / "out"), "--train_args=--fp8=False --fp8_head=False --head_kernel=False"])
+        ttt.main(["--target", "3", "--out", str(tmp_path / "out"),
+                  "--train_args=--fp8=False --fp8_head=False --head_kernel=False"])
     assert not (tmp_path / "out" / "data").exists()
 
 

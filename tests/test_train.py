@@ -154,9 +154,9 @@ def test_a_gpu_preset_on_the_cpu_is_refused_once_naming_every_change(tmp_path, m
     line = str(e.value)
     assert "\n" not in line and line.startswith("a GPU-sized run (steps of 524,288 tokens) on the CPU: every change it "
                                                 "needs, at once: [1] fp8=True and fp8_head=True need a GPU"), line
-    assert re.search(r"\[2\] head_kernel=True runs Triton kernels on a CUDA GPU.*; \[3\] this run needs about [\d.]+ GB "
-                     r"per process .*; \[4\] could not load tiktoken's GPT-2 files .*; \[5\] on a CPU, steps of 524,288 "
-                     r"tokens and evaluations of 524,288 are slow: add "
+    assert re.search(r"\[2\] head_kernel=True runs Triton kernels on a CUDA GPU.*; \[3\] this run needs about "
+                     r"[\d.]+ GB per process .*; \[4\] could not load tiktoken's GPT-2 files .*; \[5\] on a CPU, steps "
+                     r"of 524,288 tokens and evaluations of 524,288 are slow: add "
                      r"--total_batch_size=0 .*; or train on a CPU at the quickstart's size \(python train.py\)$",
                      line), line
     assert not unprepared.exists() and not (tmp_path / "out" / "config.json").exists()
