@@ -483,6 +483,7 @@ def preflight(args, recipes, data_dir):
     import contextlib
     import io
     import warnings
+    from dataclasses import replace
     import torch
     import train
     from configurator import load_config
@@ -495,10 +496,14 @@ def preflight(args, recipes, data_dir):
             with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
                 sweeps[recipe] = settings(args, recipe, load_config(base_argv(args, recipe)))
-                for setting in sweeps[recipe]:
-                    cfg = load_config(train_argv(args, recipe, setting, args.seeds[0], data_dir,
-                                                 os.path.join(args.out, run_name(recipe, setting, args.seeds[0]))))
-                    resolved = train.check_flags(cfg, Proc(0, 0, 1, device))
+                # the largest step first: a GPU-sized step on a CPU gets every refusal in one line (train.py's)
+                for setting in sorted(sweeps[recipe], key=lambda setting: -setting["batch_tokens"]):
+                    # out_dir: --out itself, whose writability stands for its runs' (check_flags makes the folder)
+                    cfg = load_config(train_argv(args, recipe, setting, args.seeds[0], data_dir, args.out))
+                    # evaluation's size is this script's: train.py's advice to shrink it on a CPU would name a flag
+                    # --train_args may not set
+                    resolved = train.check_flags(replace(cfg, eval_tokens=min(cfg.eval_tokens, 65536)),
+                                                 Proc(0, 0, 1, device))
                     plan_batch(resolved, 1)
                     if not os.path.isfile(os.path.join(data_dir, "meta.json")):   # the corpus to come: GPT-2's
                         memory.fits(resolved, memory.GPT2_VOCAB, device)          # tokens (check_flags skips it)

@@ -205,13 +205,16 @@ def test_nanogpt_needs_its_step_and_no_time_budget(tmp_path):
 
 
 def test_a_preset_this_machine_cannot_run_is_refused_before_the_corpus(tmp_path, monkeypatch):
-    """config/fast.py's FP8 blocks and head need a GPU: on a CPU the default command stops before preparing the .py files."""
+    """config/fast.py's FP8 blocks and head need a GPU: on a CPU the default command stops before preparing the .py
+    files, naming every change at once (its largest step is checked first: a GPU-sized run's refusals are gathered)."""
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit,
-                       match=r"the adamw runs: fp8=True and fp8_head=True need a GPU.*without a CUDA GPU: --config ''"):
+                       match=r"the adamw runs: .*every change it needs, at once: \[1\] fp8=True and fp8_head=True need a "
+                             r"GPU.*\[2\] head_kernel=True runs Triton kernels on a CUDA GPU.*without a CUDA GPU: "
+                             r"--config ''"):
         ttt.main(["--target", "3", "--out", str(tmp_path / "out")])
-    assert not (tmp_path / "out" / "data").exists()
+    assert list((tmp_path / "out").iterdir()) == []          # no corpus, and no folder for a run that never started
     # that line's way out, followed: GPT-2 124M at 64 x 1024 does not fit a 24 GB CPU, said before the corpus too
     # (the corpus is GPT-2's tokens, so the estimate needs no prepared folder)
     from speedgpt import memory
