@@ -47,7 +47,7 @@ STATS_CONFIGS = ((8, 256, 8, 0), (1, 4096, 8, 0), (4, 256, 4, 1), (2, 1024, 8, 1
 GRAD_CONFIGS = ((128, 64, 4, 1), (64, 64, 4, 1))
 ROWS_CONFIGS = ((8, 512, 4, 1), (16, 256, 4, 1), (4, 1024, 8, 1))    # grad into one row-major (bf16) copy
 
-_kernels = {}                    # (stats configs, grad configs) -> (row_stats, grad_fp8)
+_kernels = {}                    # (stats, grad, rows configs) -> (row_stats, grad_fp8, grad_rows)
 
 
 def check(cfg, device):
