@@ -20,8 +20,9 @@ Producers (what makes the tensor cast): `layernorm` (LayerNorm of a bf16 residua
                         the cast at a given scale, then this step's amax from the float8 bytes (1 byte per element
                         read, the value known to e4m3's precision; a saturated cast says only "at least")
   delayed + amax, Triton (ours)
-                        the producer, the cast and the amax in one kernel of our own (amax_cast_kernel: 2-D tiles,
-                        each tile's max folded in with one atomic max), for gelu and plain; needs Triton on a GPU
+                        the producer, the cast and the amax in one kernel of our own (speedgpt/features/
+                        cast_kernel.py, the flag fp8_cast_kernel: 2-D tiles, each tile's max folded in with one
+                        atomic max), for gelu and plain; needs Triton on a GPU
 
 Each row: milliseconds per call (median, CUDA events), and the producer's bytes (its input read, one byte per
 element written) over that time as a share of a plain copy's rate measured here. A Markdown table.
@@ -35,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from speedgpt.features import cast_kernel  # noqa: E402
 from speedgpt.measure import cuda_time_ms  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
@@ -87,41 +89,6 @@ def amax_of_float8(y8, scale):
     return top.view(E4M3).float() / scale
 
 
-_amax_cast = {}
-
-
-def amax_cast_kernel(producer):
-    """A Triton kernel: out = cast(producer(x), scale) and amax = max(amax, max |producer(x)|) in one pass over
-    2-D tiles of x (rows, columns), each tile's max folded into `amax` (a float32 scalar, >= 0) with one atomic max.
-    producer: 'gelu' (exact, erf) or 'plain'. Returns run(x, scale, amax) -> out; Triton imported here."""
-    if producer in _amax_cast:
-        return _amax_cast[producer]
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def kernel(x, out, scale, amax, n, w, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GELU: tl.constexpr):
-        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
-        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        mask = (rows < n) & (cols < w)
-        y = tl.load(x + rows.to(tl.int64) * w + cols, mask=mask, other=0.0).to(tl.float32)
-        if GELU:
-            y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
-        tl.atomic_max(amax, tl.max(tl.max(tl.abs(y), 1), 0))          # |y| >= 0: a float max is an int max
-        s = tl.load(scale)
-        y8 = tl.clamp(y * s, -448.0, 448.0).to(tl.float8e4nv)
-        tl.store(out + rows.to(tl.int64) * w + cols, y8, mask=mask)
-
-    def run(x, scale, amax, block_m=32, block_n=128):
-        n, w = x.shape
-        out = torch.empty(x.shape, dtype=E4M3, device=x.device)
-        kernel[(triton.cdiv(n, block_m), triton.cdiv(w, block_n))](x, out, scale, amax, n, w, BLOCK_M=block_m,
-                                                                    BLOCK_N=block_n, GELU=producer == "gelu")
-        return out
-    _amax_cast[producer] = run
-    return run
-
-
 def measure(tokens, width, device, iters, compiled=True, names=None):
     """Rows (dicts): producer, way, ms, share of the copy rate; for the producers `names` (default all)."""
     torch.manual_seed(0)
@@ -141,8 +108,9 @@ def measure(tokens, width, device, iters, compiled=True, names=None):
         cast_only, of_float8 = compile_(lambda x, s: cast(make(x), s)), compile_(amax_of_float8)
         fns["delayed, amax of the float8 (two graphs)"] = lambda x, s: of_float8(cast_only(x, s), s)
         if pname in ("gelu", "plain") and device.type == "cuda" and importlib.util.find_spec("triton"):
-            run, amax = amax_cast_kernel(pname), torch.zeros((), device=device)
-            fns["delayed + amax, Triton (ours)"] = lambda x, s: run(x, s, amax)
+            amax = torch.zeros((), device=device)
+            fns["delayed + amax, Triton (ours)"] = \
+                lambda x, s, gelu=pname == "gelu": cast_kernel.run(x, s, amax, gelu=gelu)
         for name, f in fns.items():
             ms = cuda_time_ms(lambda: f(x, scale), 3, iters, device)
             written = 2 if name == "bf16 out" else 1

@@ -723,22 +723,61 @@ def test_batched_muon_gives_torchs_muon_update_on_the_gpu():
 
 
 @pytest.mark.parametrize("producer", ["gelu", "plain"])
-def test_the_one_pass_amax_cast_kernel_gives_the_pytorch_cast(producer):
-    """benchmarks/fp8_cast.py's amax_cast_kernel (the producer, the e4m3 cast at a given scale and the amax in one
-    Triton kernel): the amax of the producer's float32 output exactly, and the float8 bytes of the PyTorch cast of
-    the same float32 values (saturating), on a shape its tiles do not divide."""
+@pytest.mark.parametrize("e5m2", [False, True])
+def test_the_one_pass_amax_cast_kernel_gives_the_pytorch_cast(producer, e5m2):
+    """speedgpt/features/cast_kernel.py's kernel (the producer, the float8 cast at a given scale and the amax in one
+    Triton pass): the amax of the producer's float32 output exactly, and the float8 bytes of the PyTorch cast of
+    the same float32 values (saturating, some values past the range), on a shape its tiles do not divide, every
+    byte written (the output starts as NaN bytes)."""
     if torch.cuda.get_device_capability() < (8, 9) or importlib.util.find_spec("triton") is None:
-        pytest.skip("float8 e4m3 in Triton needs a GPU of compute capability 8.9+")
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import fp8_cast
+        pytest.skip("float8 in Triton needs a GPU of compute capability 8.9+")
+    from speedgpt.features import cast_kernel
     torch.manual_seed(0)
     x = (3 * torch.randn(4100, 5120 + 40, device="cuda")).bfloat16()
-    amax, scale = torch.zeros((), device="cuda"), torch.tensor(448.0 / 6, device="cuda")
-    out = fp8_cast.amax_cast_kernel(producer)(x, scale, amax)
+    dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
+    amax, scale = torch.zeros((), device="cuda"), torch.tensor(torch.finfo(dtype).max / 6, device="cuda")
+    out = torch.full(x.shape, 0xFF, dtype=torch.uint8, device="cuda").view(dtype)
+    cast_kernel.run(x, scale, amax, e5m2, gelu=producer == "gelu", out=out)
     y = x.float()
     if producer == "gelu":
         y = torch.nn.functional.gelu(y)
     assert torch.allclose(amax, y.abs().max(), rtol=1e-6)
-    want = fp8_cast.cast(y, scale)
+    fmax = torch.finfo(dtype).max
+    want = (y * scale).clamp(-fmax, fmax).to(dtype)
     differ = out.view(torch.uint8) != want.view(torch.uint8)
+    if producer == "plain":
+        assert not differ.any(), f"{differ.sum().item()} bytes differ"
     assert differ.float().mean() < 1e-4, f"{differ.sum().item()} bytes differ"    # erf's last bit, at a boundary
+
+
+@pytest.mark.parametrize("precast", [False, True])
+def test_a_delayed_layer_with_the_cast_kernel_gives_the_step_without_it(precast):
+    """fp8_cast_kernel=True on the GPU, compiled: a DelayedFloat8Linear's output, both gradients and the amax its step
+    recorded are those of the same layer without the flag (the PyTorch cast and amax), bit for bit; verify() passes
+    at a second shape."""
+    if torch.cuda.get_device_capability() < (8, 9) or importlib.util.find_spec("triton") is None:
+        pytest.skip("float8 in Triton needs a GPU of compute capability 8.9+")
+    import configurator
+    from speedgpt.features import cast_kernel, fp8
+    outs = []
+    for kernel in (False, True):
+        cfg = configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_min_dim=64, fp8_precast=precast,
+                                  fp8_cast_kernel=kernel)
+        torch.manual_seed(0)
+        m = torch.nn.Module()
+        m.mlp = torch.nn.Module()
+        lin = m.mlp.c_fc = torch.nn.Linear(768, 3072, bias=False, device="cuda", dtype=torch.bfloat16)
+        m.block_linears = lambda: [("mlp.c_fc", "fc", lin)]                # what a GPT answers (model.py)
+        fp8.convert(m, cfg)
+        lin.fp8_amax[:, 1] = torch.tensor([3.0, 1e-3], device="cuda")
+        lin.fp8_scaled = True
+        if precast:
+            fp8.precast([lin], fp8.precaster(False))
+        x = (2 * torch.randn(8192, 768, device="cuda")).bfloat16().requires_grad_()
+        y = torch.compile(lin)(x)
+        (y.float() * torch.linspace(-1e-3, 1e-3, 3072, device="cuda")).sum().backward()
+        outs.append((y, x.grad, lin.weight.grad, lin.fp8_amax.clone()))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    assert outs[1][3][1, 0] > 0
+    assert cast_kernel.verify(torch.device("cuda"), (3000, 2000)) is None

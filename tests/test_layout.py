@@ -7,6 +7,7 @@ import os
 from conftest import ROOT
 
 BOOKKEEPING = ("checkpoint", "measure", "memory", "evaluation", "resume", "distributed", "budget", "hellaswag")
+KERNELS = ("softmax_pass", "cast_kernel")    # a feature's kernels: its check checks their flag (fused_ce's, fp8's)
 FEATURES = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "speedgpt", "features"))
                   if f.endswith(".py") and f != "__init__.py")
 
@@ -51,7 +52,7 @@ def test_every_feature_answers_the_protocol_and_train_lists_it_once():
     for name in FEATURES:
         tree = ast.parse(open(os.path.join(ROOT, "speedgpt", "features", f"{name}.py")).read())
         defined = {n.name: [a.arg for a in n.args.args] for n in tree.body if isinstance(n, ast.FunctionDef)}
-        if name == "softmax_pass":                       # the fused head's kernels: fused_ce.check checks their flag
+        if name in KERNELS:
             continue
         assert defined.get("check", [])[:2] == ["cfg", "proc"], f"features/{name}.py: check(cfg, proc)"
         transform = "wrap" if name == "parallel" else "apply"

@@ -23,6 +23,7 @@ import importlib.util
 import torch
 
 from speedgpt import refuse_unused
+from speedgpt.features import cast_kernel
 from speedgpt.memory import cpu_way_out, meta_model
 
 ALL_KINDS = "all"        # fp8_layers' default: every kind of block Linear the model has
@@ -66,7 +67,7 @@ def none_eligible(cfg):
 
 
 # the keys that mean nothing without the flag
-DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast")}
+DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast", "fp8_cast_kernel")}
 
 
 def check(cfg, proc):
@@ -85,7 +86,7 @@ def check(cfg, proc):
             raise ValueError(f"fp8_layers={cfg.fp8_layers!r} would do nothing: it picks the block Linears fp8=True "
                              "converts. Add --fp8=True, or leave fp8_layers out")
     if not cfg.fp8:                   # fp8_recipe with fp8_head alone: refused below, worded for the head
-        blocks_only = (() if cfg.fp8_head else ("fp8_recipe",)) + ("fp8_min_dim", "fp8_precast")
+        blocks_only = (() if cfg.fp8_head else ("fp8_recipe",)) + ("fp8_min_dim", "fp8_precast", "fp8_cast_kernel")
         refuse_unused(cfg, blocks_only, "a setting of the block Linears' FP8", "--fp8=True")
     if not (cfg.fp8 or cfg.fp8_head):
         return cfg
@@ -128,6 +129,7 @@ def check(cfg, proc):
                          f"project's recipes ({', '.join(OWN_RECIPES)}: --fp8_recipe=tensorwise_delayed)")
     if cfg.fp8 and not block_width_ok(cfg):
         raise ValueError(none_eligible(cfg))
+    cast_kernel.check(cfg, device)
     return cfg
 
 
@@ -170,6 +172,7 @@ def convert(model, cfg):
                 device = module.weight.device
                 module.fp8_amax = torch.zeros(2, 1 + AMAX_HISTORY, device=device)
                 module.fp8_scaled = module.fp8_bad_history = False
+                module.fp8_cast_kernel = cfg.fp8_cast_kernel
                 if cfg.fp8_precast:
                     n, k = module.weight.shape
                     module.fp8_precast = (torch.ones(3, device=device),
@@ -383,7 +386,8 @@ AMAX_HISTORY = 16        # optimizer steps of amax kept: a spike raises the scal
 class _DelayedLinear(torch.autograd.Function):
     """_TensorwiseLinear with delayed scales. amax (2, 1 + AMAX_HISTORY) float32, rows x and dy: column 0 this
     step's running max, the rest the history, newest first. scaled=False (calibrate() only): dynamic scales;
-    track=False (evaluation): nothing recorded. With fp8_precast, scales, w8 and w8_t are precast()'s, made once
+    track=False (evaluation): nothing recorded. kernel (fp8_cast_kernel): each tracked cast and its amax in one
+    Triton pass (delayed_cast). With fp8_precast, scales, w8 and w8_t are precast()'s, made once
     per optimizer step: scales (3,) float32, the scales of x, dy and the weight; w8 (N, K) the weight in e4m3 and
     w8_t (K, N) its transposed copy (the input gradient's operand); without it (None) the scales and the weight's
     cast are made here, in every micro-batch's graph. The inverse scales torch._scaled_mm takes are computed here
@@ -391,30 +395,39 @@ class _DelayedLinear(torch.autograd.Function):
     Inductor's lowering of _scaled_mm, which on the GPU want each scale a tensor of its own."""
 
     @staticmethod
-    def forward(ctx, x, w, amax, scaled, track, scales, w8, w8_t):
+    def forward(ctx, x, w, amax, scaled, track, kernel, scales, w8, w8_t):
         if scales is None:
-            x8, xs = tensorwise_cast(x, amax=amax[0, 1:].amax() if scaled else None)
+            scale = scale_for(amax[0, 1:].amax() if scaled else x.abs().amax(dim=-1).amax())
             w8, ws = tensorwise_cast(w)
         else:
-            x8, xs, ws = saturate(x, scales[0]), scales[0].reciprocal(), scales[2].reciprocal()
-        if track:
-            amax[0, 0] = torch.maximum(amax[0, 0], x.abs().amax(dim=-1).amax().float())
+            scale, ws = scales[0], scales[2].reciprocal()
+        x8, xs = delayed_cast(x, scale, amax, 0, track, kernel), scale.reciprocal()
         ctx.save_for_backward(x8, xs, w8 if scales is None else w8_t, ws, scales)
-        ctx.amax, ctx.scaled, ctx.track = amax, scaled, track
+        ctx.amax, ctx.scaled, ctx.track, ctx.kernel = amax, scaled, track, kernel
         return scaled_mm(x8, xs, w8.t(), ws, x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
         x8, xs, w8, ws, scales = ctx.saved_tensors
-        amax = ctx.amax
+        amax, e5m2 = ctx.amax, torch.float8_e5m2
         if scales is None:
-            dy8, dys = tensorwise_cast(dy, torch.float8_e5m2, amax=amax[1, 1:].amax() if ctx.scaled else None)
+            scale = scale_for(amax[1, 1:].amax() if ctx.scaled else dy.abs().amax(dim=-1).amax(), e5m2)
         else:
-            dy8, dys = saturate(dy, scales[1], torch.float8_e5m2), scales[1].reciprocal()
-        if ctx.track:
-            amax[1, 0] = torch.maximum(amax[1, 0], dy.abs().amax(dim=-1).amax().float())
+            scale = scales[1]
+        dy8, dys = delayed_cast(dy, scale, amax, 1, ctx.track, ctx.kernel, e5m2), scale.reciprocal()
         w8_col = None if scales is None else w8.t()                 # w8_t (K, N) seen as (N, K) column-major
-        return (*tensorwise_grads(dy8, dys, x8, xs, w8, ws, dy.dtype, w8_col), *[None] * 6)
+        return (*tensorwise_grads(dy8, dys, x8, xs, w8, ws, dy.dtype, w8_col), *[None] * 7)
+
+
+def delayed_cast(t, scale, amax, row, track, kernel, dtype=torch.float8_e4m3fn):
+    """t cast to dtype at `scale` (a 0-dim float32 tensor), saturating; with track, t's amax folded into
+    amax[row, 0] (the step's running max) too. kernel (fp8_cast_kernel): both in one pass, cast_kernel.cast_amax
+    (one Triton kernel on the GPU); otherwise two, which Inductor compiles as a cast and a reduction."""
+    if track and kernel:
+        return cast_kernel.cast_amax(t, scale, amax, row, dtype == torch.float8_e5m2)
+    if track:
+        amax[row, 0] = torch.maximum(amax[row, 0], t.abs().amax(dim=-1).amax().float())
+    return saturate(t, scale, dtype)
 
 
 class DelayedFloat8Linear(RowwiseFloat8Linear):
@@ -427,11 +440,12 @@ class DelayedFloat8Linear(RowwiseFloat8Linear):
     used. Without it, fp8_precast is None."""
     matmul = _DelayedLinear
     fp8_precast = None
+    fp8_cast_kernel = False
 
     def mm(self, x, w):
         cast = self.fp8_precast if self.fp8_precast is not None and self.fp8_scaled else (None, None, None)
         return self.matmul.apply(x, w, self.fp8_amax, self.fp8_scaled, self.training and torch.is_grad_enabled(),
-                                 *cast)
+                                 self.fp8_cast_kernel, *cast)
 
     def get_extra_state(self):
         return self.fp8_amax.detach().clone()
