@@ -35,7 +35,7 @@ def refuse_unused(cfg, keys, what, way):
 
 class Refusals:
     """train.py's row of feature checks: call(check, *args) runs one and returns what it returns. Where the run
-    is plainly meant for another machine (`gather`: a GPU preset on a CPU), a check's refusal (ValueError,
+    is plainly meant for another machine (`gather`: a GPU preset or GPU flags on a CPU), a check's refusal (ValueError,
     OSError) is kept in `found` instead of raised, and raise_all() raises them together in one line: every
     change named at once, not one per try."""
 
@@ -50,11 +50,12 @@ class Refusals:
                 raise
             self.found.append(e)
 
-    def raise_all(self, what, otherwise):
+    def raise_all(self, what, otherwise=None):
         """Raise what was found (the caller may add a ValueError of its own): one refusal as it is; several as a
-        ValueError "WHAT: every change it needs, at once: [1] ...; [2] ...; or OTHERWISE"."""
+        ValueError "WHAT: every change it needs, at once: [1] ...; [2] ...[; or OTHERWISE]"."""
         if len(self.found) == 1:
             raise self.found[0]
         if self.found:
             listed = "; ".join(f"[{i}] {str(e).rstrip('.')}" for i, e in enumerate(self.found, 1))
-            raise ValueError(f"{what}: every change it needs, at once: {listed}; or {otherwise}")
+            raise ValueError(f"{what}: every change it needs, at once: {listed}" + (f"; or {otherwise}" if otherwise
+                                                                                    else ""))

@@ -164,6 +164,24 @@ def test_a_gpu_preset_on_the_cpu_is_refused_once_naming_every_change(tmp_path, m
     assert train.check_flags(cfg, train.Proc(0, 0, 1, torch.device("cpu"))).total_batch_size == 131072
 
 
+def test_gpu_flags_on_a_small_cpu_run_are_refused_together(byte_data, tmp_path):
+    """A quickstart-sized run on the CPU given several GPU-only flags hears every one in one line, before any work,
+    not one per try; a single refusal stays as it is."""
+    args = tiny_args(byte_data, tmp_path / "o", "--fused_ce=True", "--head_kernel=True", "--fp8_head=True",
+                     "--compile=True", "--compile_tuning=True")
+    with pytest.raises(ValueError) as e:
+        train.main(args)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("this run on cpu: every change it needs, at once: [1] "), line
+    for said in ("compile_tuning=True tunes the Triton kernels", "fp8_head=True needs a GPU of compute capability",
+                 "head_kernel=True runs Triton kernels on a CUDA GPU"):
+        assert said in line, (said, line)
+    assert "[3]" in line and "[4]" not in line and line.endswith("leave it out"), line
+    assert not (tmp_path / "o" / "config.json").exists()
+    with pytest.raises(ValueError, match=r"^compile_tuning=True tunes the Triton kernels compiled for a GPU; on cpu"):
+        train.main(tiny_args(byte_data, tmp_path / "o", "--compile=True", "--compile_tuning=True"))
+
+
 @pytest.mark.parametrize("flags, why", [
     (["--attention=flex"], r"^attention='flex' needs a CUDA GPU"),
     (["--attention=varlen", "--dtype=bfloat16"], r"^attention='varlen' needs a CUDA GPU"),
