@@ -14,6 +14,9 @@ Producers (what makes the tensor cast): `layernorm` (LayerNorm of a bf16 residua
   dynamic, two graphs   per-row amax in one compiled call, the cast in a second (nothing for Inductor to merge)
   rowwise               one scale per row (fp8_recipe=rowwise_bf16_wgrad): the amax is the producer's own row
   delayed + amax        the scale given (the previous step's amax), the cast and this step's amax in one call
+  delayed + amax, transposed too
+                        the same and the float8 copy transposed, which the weight gradient's GEMM takes (the
+                        backward's dy and, with fp8_cast_kernel, the forward's input)
   delayed + row amax    the same, the amax kept per row (a vector out; its max taken later)
   delayed, no amax      the cast alone at a given scale: the floor of any delayed recipe
   delayed, amax of the float8 (two graphs)
@@ -22,7 +25,8 @@ Producers (what makes the tensor cast): `layernorm` (LayerNorm of a bf16 residua
   delayed + amax, Triton (ours)
                         the producer, the cast and the amax in one kernel of our own (speedgpt/features/
                         cast_kernel.py, the flag fp8_cast_kernel: 2-D tiles, each tile's max folded in with one
-                        atomic max), for gelu and plain; needs Triton on a GPU
+                        atomic max), for gelu and plain; needs Triton on a GPU; and the same with the transposed
+                        copy written in the same pass (what fp8_cast_kernel runs in training)
 
 Each row: milliseconds per call (median, CUDA events), and the producer's bytes (its input read, one byte per
 element written) over that time as a share of a plain copy's rate measured here. A Markdown table.
@@ -72,12 +76,18 @@ def ways(make):
         y = make(x)
         return cast(y, s), y.abs().max()
 
+    def delayed_amax_transposed(x, s):
+        y = make(x)
+        y8 = cast(y, s)
+        return y8, y8.t().contiguous(), y.abs().max()
+
     def delayed_row_amax(x, s):
         y = make(x)
         return cast(y, s), y.abs().amax(dim=-1)
 
     return {"bf16 out": lambda x, s: make(x), "dynamic": dynamic, "dynamic, per row": per_row, "rowwise": rowwise,
-            "delayed + amax": delayed_amax, "delayed + row amax": delayed_row_amax,
+            "delayed + amax": delayed_amax, "delayed + amax, transposed too": delayed_amax_transposed,
+            "delayed + row amax": delayed_row_amax,
             "delayed, no amax": lambda x, s: cast(make(x), s)}
 
 
@@ -111,9 +121,11 @@ def measure(tokens, width, device, iters, compiled=True, names=None):
             amax = torch.zeros((), device=device)
             fns["delayed + amax, Triton (ours)"] = \
                 lambda x, s, gelu=pname == "gelu": cast_kernel.run(x, s, amax, gelu=gelu)
+            fns["delayed + amax, transposed too, Triton (ours)"] = \
+                lambda x, s, gelu=pname == "gelu": cast_kernel.run(x, s, amax, gelu=gelu, transpose=True)
         for name, f in fns.items():
             ms = cuda_time_ms(lambda: f(x, scale), 3, iters, device)
-            written = 2 if name == "bf16 out" else 1
+            written = 2 if name == "bf16 out" or "transposed too" in name else 1      # bytes per element
             rows.append({"producer": pname, "shape": f"{tokens}x{w}", "way": name, "ms": ms,
                          "copy_share": copy * (2 + written) / 4 / ms})
     return rows

@@ -32,8 +32,9 @@ def delayed_layer(kernel):
 @pytest.mark.parametrize("compiled", [False, True])
 def test_the_kernel_path_gives_the_step_of_the_pytorch_ops(compiled, monkeypatch):
     """With fp8_cast_kernel the layer casts x in its forward and dy in its backward through cast_amax (e4m3 row 0,
-    e5m2 row 1 of the history), and its output, both gradients and the amax the step recorded are those of the
-    layer without the flag, bit for bit; values past the scale's range saturate alike."""
+    e5m2 row 1 of the history), the weight gradient taking the transposed copies it makes, and its output, both
+    gradients and the amax the step recorded are those of the layer without the flag, bit for bit; values past the
+    scale's range saturate alike."""
     calls = []
     reference = cast_kernel.reference
 
@@ -84,7 +85,7 @@ def test_the_kernel_in_the_interpreter():
     """run() in Triton's interpreter, both float8 formats, on tiles that do not divide the shape, its amax a view into
     row 1 of a layer's history: the amax is x's largest |value| folded into what was there, the rest of the history
     untouched, every value cast as reference() casts it, to the interpreter's float8 rounding (not a GPU's: the bytes
-    are compared on a GPU only)."""
+    are compared on a GPU only), the transposed copy the same bytes transposed, and the same bytes without it."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("needs Triton (for its interpreter)")
     code = (f"import sys; sys.path[:0] = [{ROOT!r}]; import torch\n"
@@ -94,7 +95,10 @@ def test_the_kernel_in_the_interpreter():
             "for e5m2 in (False, True):\n"
             "    hist = torch.full((2, 17), 0.5)\n"
             "    scale = torch.tensor((57344.0 if e5m2 else 448.0) / 4)\n"
-            "    out = cast_kernel.run(x, scale, hist[1, 0:1], e5m2, block_m=16, block_n=64)\n"
+            "    out, out_t = cast_kernel.run(x, scale, hist[1, 0:1], e5m2, transpose=True, block=(16, 64))\n"
+            "    assert out_t.shape == (200, 70) and torch.equal(out_t.view(torch.uint8), out.view(torch.uint8).t())\n"
+            "    assert torch.equal(cast_kernel.run(x, scale, torch.zeros(1), e5m2).view(torch.uint8), "
+            "out.view(torch.uint8))\n"
             "    want_hist = torch.full((2, 17), 0.5); want = cast_kernel.reference(x, scale, want_hist[1, 0:1], e5m2)\n"
             "    assert torch.equal(hist, want_hist), (hist, want_hist)\n"
             "    a, w = out.float(), want.float()\n"   # the interpreter does not round float8 as a GPU does

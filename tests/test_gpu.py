@@ -728,7 +728,8 @@ def test_the_one_pass_amax_cast_kernel_gives_the_pytorch_cast(producer, e5m2):
     """speedgpt/features/cast_kernel.py's kernel (the producer, the float8 cast at a given scale and the amax in one
     Triton pass): the amax of the producer's float32 output exactly, and the float8 bytes of the PyTorch cast of
     the same float32 values (saturating, some values past the range), on a shape its tiles do not divide, every
-    byte written (the output starts as NaN bytes)."""
+    byte written (the outputs start as NaN bytes), the transposed copy the same bytes transposed, and the same
+    bytes and amax from the kernel without the transposed copy (its own tile shape)."""
     if torch.cuda.get_device_capability() < (8, 9) or importlib.util.find_spec("triton") is None:
         pytest.skip("float8 in Triton needs a GPU of compute capability 8.9+")
     from speedgpt.features import cast_kernel
@@ -736,8 +737,13 @@ def test_the_one_pass_amax_cast_kernel_gives_the_pytorch_cast(producer, e5m2):
     x = (3 * torch.randn(4100, 5120 + 40, device="cuda")).bfloat16()
     dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
     amax, scale = torch.zeros((), device="cuda"), torch.tensor(torch.finfo(dtype).max / 6, device="cuda")
-    out = torch.full(x.shape, 0xFF, dtype=torch.uint8, device="cuda").view(dtype)
-    cast_kernel.run(x, scale, amax, e5m2, gelu=producer == "gelu", out=out)
+    out = [torch.full(s, 0xFF, dtype=torch.uint8, device="cuda").view(dtype) for s in (x.shape, x.shape[::-1])]
+    cast_kernel.run(x, scale, amax, e5m2, gelu=producer == "gelu", transpose=True, out=out)
+    out, out_t = out
+    assert torch.equal(out_t.view(torch.uint8), out.view(torch.uint8).t())
+    amax_alone = torch.zeros((), device="cuda")
+    alone = cast_kernel.run(x, scale, amax_alone, e5m2, gelu=producer == "gelu")
+    assert torch.equal(alone.view(torch.uint8), out.view(torch.uint8)) and torch.equal(amax_alone, amax)
     y = x.float()
     if producer == "gelu":
         y = torch.nn.functional.gelu(y)

@@ -5,9 +5,13 @@ the scale of a block Linear's input x, and of its output gradient dy, is known b
 still takes each one's amax for the next steps' scales. Compiled, that amax is a reduction kernel of its own beside
 the cast, reading the whole tensor a second time; here one kernel reads each 2-D tile once, writes it in float8 and
 folds the tile's largest |value| into the layer's running max with one atomic max (a float max over values >= 0
-is the integer max of their bits, so the order of the tiles does not matter and the amax is exact). Measured alone
-(benchmarks/fp8_cast.py; BENCHMARKS.md, "The roofline of a step"). Off by default until it measures faster end to
-end.
+is the integer max of their bits, so the order of the tiles does not matter and the amax is exact). The same pass
+writes the float8 tensor's transposed copy, which the weight gradient's GEMM takes (torch._scaled_mm wants K-major
+operands; Transformer Engine makes it in the cast too), so no transposing kernel of its own runs in the backward.
+The transposed store is byte by byte: Triton's vectorized 8-bit transposed store is what ptxas 12.8 and 12.9
+mis-lower (softmax_pass.py says how), so the kernel is compiled without assuming the row count a multiple of 16.
+Measured alone (benchmarks/fp8_cast.py; BENCHMARKS.md, "The roofline of a step"). Off by default until it measures
+faster end to end.
 
 cast_amax is a torch custom op, so torch.compile keeps it one opaque call: on a CUDA GPU the Triton kernel,
 elsewhere the same math in PyTorch ops (reference: the tests' CPU path). check() refuses the flag where it cannot
@@ -18,7 +22,8 @@ import importlib.util
 
 import torch
 
-BLOCK_M, BLOCK_N = 32, 128       # the tile benchmarks/fp8_cast.py measured (rows, columns)
+BLOCK_M, BLOCK_N = 32, 128       # the tile benchmarks/fp8_cast.py measured without the transposed copy (rows, columns)
+BLOCK_T = 64                     # square tiles with it: each program writes runs of BLOCK_T bytes in both layouts
 _kernel = []                     # the jit function, made once (Triton imported only where the flag is on)
 _verified = {}                   # device -> verify's answer, once per process
 
@@ -49,9 +54,9 @@ def kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def cast_amax_kernel(x, out, scale, amax, n, w, FMAX: tl.constexpr, E5M2: tl.constexpr, GELU: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    @triton.jit(do_not_specialize=["n"])
+    def cast_amax_kernel(x, out, out_t, scale, amax, n, w, FMAX: tl.constexpr, E5M2: tl.constexpr,
+                         GELU: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         mask = (rows < n) & (cols < w)
@@ -61,28 +66,33 @@ def kernel():
             y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
         tl.atomic_max(amax, tl.max(tl.max(tl.abs(y), 1), 0))
         y = tl.clamp(y * tl.load(scale), -FMAX, FMAX)          # saturating, as fp8.saturate
-        if E5M2:
-            tl.store(out + at, y.to(tl.float8e5), mask=mask)
-        else:
-            tl.store(out + at, y.to(tl.float8e4nv), mask=mask)
+        y8 = y.to(tl.float8e5) if E5M2 else y.to(tl.float8e4nv)
+        tl.store(out + at, y8, mask=mask)
+        if TRANSPOSE:                                           # out_t (w, n): element (c, r) at c * n + r
+            tl.store(out_t + cols.to(tl.int64) * n + rows, y8, mask=mask)
 
     _kernel.append(cast_amax_kernel)
     return cast_amax_kernel
 
 
-def run(x, scale, amax, e5m2=False, gelu=False, block_m=BLOCK_M, block_n=BLOCK_N, out=None):
+def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out=None):
     """The kernel on x (n, w), a CUDA tensor (or a CPU one under TRITON_INTERPRET=1): returns x (or GELU(x)) times
     scale (a 0-dim float32 tensor) cast to float8 e4m3 (e5m2) with saturation, and folds its largest magnitude into
-    amax (a float32 tensor of one element, a view into a layer's history allowed) in place. out: the float8 tensor
-    to write (verify's, filled first), else a new one."""
+    amax (a float32 tensor of one element, a view into a layer's history allowed) in place. transpose: returns
+    (out, out_t), out_t (w, n) row-major the same bytes transposed. block: the tile (rows, columns), by default
+    BLOCK_M x BLOCK_N, or BLOCK_T square with transpose. out: the tensors to write (verify's, filled first), else
+    new ones."""
     x = x.contiguous()
     n, w = x.shape
     dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
-    out = torch.empty(x.shape, dtype=dtype, device=x.device) if out is None else out
+    if out is None:
+        out = (torch.empty((n, w), dtype=dtype, device=x.device),) + \
+            ((torch.empty((w, n), dtype=dtype, device=x.device),) if transpose else ())
+    block_m, block_n = block or ((BLOCK_T, BLOCK_T) if transpose else (BLOCK_M, BLOCK_N))
     grid = (-(-n // block_m), -(-w // block_n))
-    kernel()[grid](x, out, scale, amax, n, w, FMAX=torch.finfo(dtype).max, E5M2=e5m2, GELU=gelu,
-                   BLOCK_M=block_m, BLOCK_N=block_n)
-    return out
+    kernel()[grid](x, out[0], out[-1], scale, amax, n, w, FMAX=torch.finfo(dtype).max, E5M2=e5m2, GELU=gelu,
+                   TRANSPOSE=transpose, BLOCK_M=block_m, BLOCK_N=block_n)
+    return tuple(out) if transpose else out[0]
 
 
 def reference(x, scale, amax, e5m2=False):
@@ -94,27 +104,32 @@ def reference(x, scale, amax, e5m2=False):
 
 
 @torch.library.custom_op("speedgpt::cast_amax", mutates_args=("amax",))
-def cast_amax(x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, row: int, e5m2: bool) -> torch.Tensor:
+def cast_amax(x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, row: int,
+              e5m2: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) times scale (0-dim float32) cast to float8 (e5m2, else e4m3) with saturation, and x's largest
-    magnitude folded into amax[row, 0] (a delayed layer's history: fp8.DelayedFloat8Linear.fp8_amax) in place. On
-    a CUDA GPU one Triton kernel (run), elsewhere reference()."""
-    return reference(x, scale, amax[row, 0:1], e5m2)
+    magnitude folded into amax[row, 0] (a delayed layer's history: fp8.DelayedFloat8Linear.fp8_amax) in place.
+    Returns (x8 (M, K), x8_t (K, M)), both row-major, x8_t the same bytes transposed. On a CUDA GPU one Triton
+    kernel (run), elsewhere reference()."""
+    x8 = reference(x, scale, amax[row, 0:1], e5m2)
+    return x8, x8.t().contiguous()
 
 
 @cast_amax.register_kernel("cuda")
 def _(x, scale, amax, row, e5m2):
-    return run(x, scale, amax[row, 0:1], e5m2)
+    return run(x, scale, amax[row, 0:1], e5m2, transpose=True)
 
 
 @cast_amax.register_fake
 def _(x, scale, amax, row, e5m2):
-    return torch.empty_like(x, dtype=torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn)
+    dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
+    return x.new_empty(x.shape, dtype=dtype), x.new_empty((x.size(1), x.size(0)), dtype=dtype)
 
 
 def verify(device, shape=(1000, 1200)):
-    """Run the kernel in both float8 formats on random bf16 values (a shape its tiles do not divide, some values
-    past the range) and compare with reference(): None, or a line saying what differs. Each output starts as NaN
-    bytes, so a value the kernel never wrote shows. Leaves the global RNG as it was."""
+    """Run the kernel as training runs it (with the transposed copy) in both float8 formats on random bf16 values (a
+    shape its tiles do not divide, some values past the range) and compare with reference(): None, or a line saying
+    what differs. Each output starts as NaN bytes, so a value the kernel never wrote shows. Leaves the global RNG
+    as it was."""
     if device in _verified:
         return _verified[device]
     gen = torch.Generator(device).manual_seed(0)
@@ -124,12 +139,15 @@ def verify(device, shape=(1000, 1200)):
         s = torch.tensor(scale, device=device)
         got_amax, want_amax = torch.zeros(1, device=device), torch.zeros(1, device=device)
         want = reference(x, s, want_amax, e5m2)
-        got = run(x, s, got_amax, e5m2, out=torch.full(shape, 0xFF, dtype=torch.uint8, device=device).view(want.dtype))
-        if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)) or not torch.equal(got_amax, want_amax):
+        nan = [torch.full(t, 0xFF, dtype=torch.uint8, device=device).view(want.dtype) for t in (shape, shape[::-1])]
+        got, got_t = run(x, s, got_amax, e5m2, transpose=True, out=nan)
+        differ = (got.view(torch.uint8) != want.view(torch.uint8)).sum().item() + \
+            (got_t.view(torch.uint8) != want.view(torch.uint8).t()).sum().item()
+        if differ or not torch.equal(got_amax, want_amax):
             import triton
             problem = (f"Triton {triton.__version__} compiled the cast kernel wrongly on this GPU ("
-                       f"{'e5m2' if e5m2 else 'e4m3'}: {(got.view(torch.uint8) != want.view(torch.uint8)).sum().item()}"
-                       f" bytes differ, amax {got_amax.item():.6g} against {want_amax.item():.6g})")
+                       f"{'e5m2' if e5m2 else 'e4m3'}: {differ} bytes differ in the two layouts, amax "
+                       f"{got_amax.item():.6g} against {want_amax.item():.6g})")
             break
     _verified[device] = problem
     return problem

@@ -333,13 +333,16 @@ class _TensorwiseLinear(torch.autograd.Function):
         return tensorwise_grads(dy8, dys, x8, xs, w8, ws, dy.dtype)
 
 
-def tensorwise_grads(dy8, dys, x8, xs, w8, ws, dtype, w8_col=None):
+def tensorwise_grads(dy8, dys, x8, xs, w8, ws, dtype, w8_col=None, dy8_t=None, x8_col=None):
     """(dx, dw) of y = x @ w.T from the float8 operands and their inverse scales, both GEMMs in float8 without
-    fast accumulation (torchao's choice for the gradients): dx = dy @ w, dw = dy.T @ x. w8_col: w8 already laid
-    out column-major (fp8_precast's copy), else made here."""
+    fast accumulation (torchao's choice for the gradients): dx = dy @ w, dw = dy.T @ x. The copies the GEMMs want
+    made here unless given: w8_col w8 laid out column-major (fp8_precast's copy), dy8_t dy8 transposed (N, M)
+    row-major and x8_col x8 column-major (fp8_cast_kernel makes both in its cast; x8 may then be None)."""
     w8_col = w8.t().contiguous().t() if w8_col is None else w8_col
+    dy8_t = dy8.t().contiguous() if dy8_t is None else dy8_t
+    x8_col = x8.t().contiguous().t() if x8_col is None else x8_col
     dx = scaled_mm(dy8, dys, w8_col, ws, dtype, fast_accum=False)
-    dw = scaled_mm(dy8.t().contiguous(), dys, x8.t().contiguous().t(), xs, dtype, fast_accum=False)
+    dw = scaled_mm(dy8_t, dys, x8_col, xs, dtype, fast_accum=False)
     return dx, dw
 
 
@@ -401,9 +404,9 @@ class _DelayedLinear(torch.autograd.Function):
             w8, ws = tensorwise_cast(w)
         else:
             scale, ws = scales[0], scales[2].reciprocal()
-        x8, xs = delayed_cast(x, scale, amax, 0, track, kernel), scale.reciprocal()
-        ctx.save_for_backward(x8, xs, w8 if scales is None else w8_t, ws, scales)
-        ctx.amax, ctx.scaled, ctx.track, ctx.kernel = amax, scaled, track, kernel
+        (x8, x8_t), xs = delayed_cast(x, scale, amax, 0, track, kernel), scale.reciprocal()
+        ctx.save_for_backward(x8 if x8_t is None else x8_t, xs, w8 if scales is None else w8_t, ws, scales)
+        ctx.amax, ctx.scaled, ctx.track, ctx.kernel, ctx.x_transposed = amax, scaled, track, kernel, x8_t is not None
         return scaled_mm(x8, xs, w8.t(), ws, x.dtype)
 
     @staticmethod
@@ -414,20 +417,23 @@ class _DelayedLinear(torch.autograd.Function):
             scale = scale_for(amax[1, 1:].amax() if ctx.scaled else dy.abs().amax(dim=-1).amax(), e5m2)
         else:
             scale = scales[1]
-        dy8, dys = delayed_cast(dy, scale, amax, 1, ctx.track, ctx.kernel, e5m2), scale.reciprocal()
+        (dy8, dy8_t), dys = delayed_cast(dy, scale, amax, 1, ctx.track, ctx.kernel, e5m2), scale.reciprocal()
         w8_col = None if scales is None else w8.t()                 # w8_t (K, N) seen as (N, K) column-major
-        return (*tensorwise_grads(dy8, dys, x8, xs, w8, ws, dy.dtype, w8_col), *[None] * 7)
+        x8, x8_col = (None, x8.t()) if ctx.x_transposed else (x8, None)        # x8_t (K, M) seen column-major
+        return (*tensorwise_grads(dy8, dys, x8, xs, w8, ws, dy.dtype, w8_col, dy8_t, x8_col), *[None] * 7)
 
 
 def delayed_cast(t, scale, amax, row, track, kernel, dtype=torch.float8_e4m3fn):
-    """t cast to dtype at `scale` (a 0-dim float32 tensor), saturating; with track, t's amax folded into
-    amax[row, 0] (the step's running max) too. kernel (fp8_cast_kernel): both in one pass, cast_kernel.cast_amax
-    (one Triton kernel on the GPU); otherwise two, which Inductor compiles as a cast and a reduction."""
+    """(t8, t8_t): t (M, K) cast to dtype at `scale` (a 0-dim float32 tensor), saturating; with track, t's amax
+    folded into amax[row, 0] (the step's running max) too. kernel (fp8_cast_kernel): both in one pass,
+    cast_kernel.cast_amax (one Triton kernel on the GPU), which writes t8_t (K, M), the transposed copy the weight
+    gradient takes, in the same pass; otherwise t8_t is None (tensorwise_grads transposes), and Inductor compiles
+    the cast and a reduction for the amax."""
     if track and kernel:
         return cast_kernel.cast_amax(t, scale, amax, row, dtype == torch.float8_e5m2)
     if track:
         amax[row, 0] = torch.maximum(amax[row, 0], t.abs().amax(dim=-1).amax().float())
-    return saturate(t, scale, dtype)
+    return saturate(t, scale, dtype), None
 
 
 class DelayedFloat8Linear(RowwiseFloat8Linear):
