@@ -724,17 +724,18 @@ def test_batched_muon_gives_torchs_muon_update_on_the_gpu():
 
 @pytest.mark.parametrize("producer", ["gelu", "plain"])
 @pytest.mark.parametrize("e5m2", [False, True])
-def test_the_one_pass_amax_cast_kernel_gives_the_pytorch_cast(producer, e5m2):
+@pytest.mark.parametrize("shape", [(4100, 5160), (65536, 768), (32768, 5120)])   # odd; 124M's x; 774M's GELU out
+def test_the_one_pass_amax_cast_kernel_gives_the_pytorch_cast(producer, e5m2, shape):
     """speedgpt/features/cast_kernel.py's kernel (the producer, the float8 cast at a given scale and the amax in one
     Triton pass): the amax of the producer's float32 output exactly, and the float8 bytes of the PyTorch cast of
-    the same float32 values (saturating, some values past the range), on a shape its tiles do not divide, every
-    byte written (the outputs start as NaN bytes), the transposed copy the same bytes transposed, and the same
+    the same float32 values (saturating, some values past the range), on a shape its tiles do not divide and at
+    the shapes the presets run, every byte written (the outputs start as NaN bytes), the transposed copy the same bytes transposed, and the same
     bytes and amax from the kernel without the transposed copy (its own tile shape)."""
     if torch.cuda.get_device_capability() < (8, 9) or importlib.util.find_spec("triton") is None:
         pytest.skip("float8 in Triton needs a GPU of compute capability 8.9+")
     from speedgpt.features import cast_kernel
     torch.manual_seed(0)
-    x = (3 * torch.randn(4100, 5120 + 40, device="cuda")).bfloat16()
+    x = (3 * torch.randn(shape, device="cuda")).bfloat16()
     dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
     amax, scale = torch.zeros((), device="cuda"), torch.tensor(torch.finfo(dtype).max / 6, device="cuda")
     out = [torch.full(s, 0xFF, dtype=torch.uint8, device="cuda").view(dtype) for s in (x.shape, x.shape[::-1])]
