@@ -408,7 +408,7 @@ def load_config(argv, with_explicit=False):
             raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}"
                              + way_out.get(key, ""))
     for key in ("max_iters", "eval_tokens", "timing_warmup", "warmup_iters", "lr_decay_iters",
-                "total_batch_size", "max_skipped_steps", "hellaswag_examples"):
+                "total_batch_size", "max_skipped_steps", "hellaswag_examples", "seed"):
         if getattr(cfg, key) < 0:
             raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")
     if cfg.n_embd % cfg.n_head:

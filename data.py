@@ -170,11 +170,13 @@ KEPT_ON_RESUME = ("data_dir", "packing", "document_mask")    # a resumed loader'
 
 
 def check(cfg, proc=None):
-    """train.py's check, before any work: raise FileNotFoundError (the way out named) when cfg.data_dir is
-    data/stdlib_gpt2, which train.py prepares on first use, still unprepared, and GPT-2's tokenizer files cannot
-    be had (offline). Returns cfg."""
-    if os.path.basename(str(cfg.data_dir).rstrip("/")) == "stdlib_gpt2" and \
-            not os.path.isfile(os.path.join(cfg.data_dir, "meta.json")):
+    """train.py's check, before any work: raise FileNotFoundError (the way out named) when cfg.data_dir holds no
+    training shards (find_shards), unless it is a stdlib corpus, which train.py prepares on first use; for
+    data/stdlib_gpt2 still unprepared, when GPT-2's tokenizer files cannot be had (offline). Returns cfg."""
+    name = os.path.basename(str(cfg.data_dir).rstrip("/"))
+    if name not in ("stdlib_byte", "stdlib_gpt2"):
+        find_shards(cfg.data_dir, "train")
+    elif name == "stdlib_gpt2" and not os.path.isfile(os.path.join(cfg.data_dir, "meta.json")):
         get_tokenizer("gpt2")
     return cfg
 

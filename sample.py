@@ -77,11 +77,13 @@ def main(argv=None):
                     "False recomputes the whole context per token (the same samples, up to rounding)")
     parser.set_defaults(kv_cache=True)       # add_bool's flags default to False
     parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else
-                        "mps" if torch.backends.mps.is_available() else "cpu", help="cpu | cuda | cuda:N | mps")
+    parser.add_argument("--device", default="auto", help="auto (a CUDA GPU, else Apple's MPS, else the CPU: "
+                        "train.py's default) | cpu | cuda | cuda:N | mps")
     args = parser.parse_args(argv)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):
-        parser.error(f"--device must be cpu, cuda, cuda:N or mps, got {args.device!r}")
+        parser.error(f"--device must be auto, cpu, cuda, cuda:N or mps, got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA GPU is available (sample on the CPU: --device cpu)")
     if args.device == "mps" and not torch.backends.mps.is_available():

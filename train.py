@@ -62,14 +62,17 @@ def check_flags(cfg, proc):
     (attention='auto' -> a backend, printed; document_mask False without packing), so every later stage reads
     one answer. A run off a CUDA GPU hears all its refusals in one line (a GPU preset on a CPU, memory.cpu_way_out,
     with the way to the quickstart's size), not one per try."""
-    cfg, asked = attention.check(cfg, proc), cfg.attention
-    if asked == "auto":
-        print0(f"attention: auto -> {cfg.attention}")
-    if cfg.attention == "varlen":
-        print0(f"attention: varlen through {attention.varlen_kernel(proc.device)}")
     gpu_sized = bool(memory.cpu_way_out(cfg, proc.device))                  # a GPU preset on a CPU
     refuse = Refusals(gather=gpu_sized or proc.device.type != "cuda")        # GPU flags off a GPU: all at once
+    asked = cfg.attention
+    cfg = refuse(attention.check, cfg, proc) or cfg
+    if asked == "auto" and not refuse.found:
+        print0(f"attention: auto -> {cfg.attention}")
+    if cfg.attention == "varlen" and not refuse.found:
+        print0(f"attention: varlen through {attention.varlen_kernel(proc.device)}")
     for module in CHECKS[1:]:
+        if module is checkpoint and refuse.found:  # it makes out_dir: a refused run leaves nothing behind
+            continue
         if module is hellaswag:                    # it may download its file: what is refused comes first
             if gpu_sized and refuse.found and cfg.eval_tokens > 65536:   # beside what is refused, what is slow here
                 refuse.found.append(ValueError(f"on a CPU, steps of {cfg.total_batch_size:,} tokens and evaluations of "
@@ -78,7 +81,7 @@ def check_flags(cfg, proc):
             if gpu_sized:
                 refuse.raise_all(f"a GPU-sized run (steps of {cfg.total_batch_size:,} tokens) on the CPU",
                                  "train on a CPU at the quickstart's size (python train.py)")
-            refuse.raise_all(f"this run on {proc.device.type}")
+            refuse.raise_all(f"this run on {attention.DEVICE_NAMES.get(proc.device.type, proc.device.type)}")
             refuse.gather = False                  # its own refusal, and any after it, as they come
         cfg = refuse(module.check, cfg, proc) or cfg
     return cfg

@@ -70,8 +70,9 @@ def test_evaluation_records_nothing_and_skips_the_kernel(monkeypatch):
 
 def test_the_flag_is_refused_where_it_would_do_nothing_or_cannot_run():
     with pytest.raises(ValueError, match="fp8_cast_kernel=True would do nothing with fp8_recipe='tensorwise_fused'"):
-        cast_kernel.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_fused", fp8_cast_kernel=True),
-                          torch.device("cuda"))
+        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_fused", fp8_cast_kernel=True), on("cpu"))
+    with pytest.raises(ValueError, match="this run is on the CPU: add --fp8=False and leave out fp8_cast_kernel$"):
+        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_cast_kernel=True), on("cpu"))
     with pytest.raises(ValueError, match="fp8_cast_kernel=True runs a Triton kernel on a CUDA GPU; this run is on "
                                          "cpu: leave fp8_cast_kernel out"):
         cast_kernel.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_cast_kernel=True),

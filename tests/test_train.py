@@ -86,7 +86,9 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--attention=varlen", "--dtype=bfloat16", "--device=cpu"], ValueError, "varlen kernels do not run on the CPU"),
     (["--compile_regional=True"], ValueError,
      "compile_regional=True chooses how the model is compiled: it needs compile"),
-    (["--compile_tuning=True"], ValueError, "compile_tuning=True tunes the compiled kernels: it needs compile=True"),
+    (["--compile_tuning=True"], ValueError, "compile_tuning=True tunes the Triton kernels compiled for a GPU; on cpu"),
+    (["--compile_regional=True", "--compile=False"], ValueError, "compile_regional=True chooses how the model is "
+     "compiled: it needs compile=True: add --compile=True, or leave compile_regional out"),
     (["--parallelism=fsdp"], ValueError, "torchrun"),
     (["--optimizer=sgd"], ValueError, r"'optimizer' \(command line\) must be one of \('adamw', 'muon'\)"),
     (["--lr_schedule=wsd", "--wsd_decay_frac=0"], ValueError, r"wsd_decay_frac=0.0: the share of lr_decay_iters"),
@@ -165,21 +167,28 @@ def test_a_gpu_preset_on_the_cpu_is_refused_once_naming_every_change(tmp_path, m
 
 
 def test_gpu_flags_on_a_small_cpu_run_are_refused_together(byte_data, tmp_path):
-    """A quickstart-sized run on the CPU given several GPU-only flags hears every one in one line, before any work,
-    not one per try; a single refusal stays as it is."""
+    """A quickstart-sized run on the CPU given several GPU-only flags hears every one in one line, before any work
+    (the attention backend's and a missing data folder's too), not one per try, and no out_dir is made; a single
+    refusal stays as it is."""
     args = tiny_args(byte_data, tmp_path / "o", "--fused_ce=True", "--head_kernel=True", "--fp8_head=True",
                      "--compile=True", "--compile_tuning=True")
     with pytest.raises(ValueError) as e:
         train.main(args)
     line = str(e.value)
-    assert "\n" not in line and line.startswith("this run on cpu: every change it needs, at once: [1] "), line
+    assert "\n" not in line and line.startswith("this run on the CPU: every change it needs, at once: [1] "), line
     for said in ("compile_tuning=True tunes the Triton kernels", "fp8_head=True needs a GPU of compute capability",
                  "head_kernel=True runs Triton kernels on a CUDA GPU"):
         assert said in line, (said, line)
     assert "[3]" in line and "[4]" not in line and line.endswith("leave it out"), line
-    assert not (tmp_path / "o" / "config.json").exists()
+    assert not (tmp_path / "o").exists()                                  # a refused run makes no out_dir
     with pytest.raises(ValueError, match=r"^compile_tuning=True tunes the Triton kernels compiled for a GPU; on cpu"):
         train.main(tiny_args(byte_data, tmp_path / "o", "--compile=True", "--compile_tuning=True"))
+    missing = tmp_path / "nosuch"                                         # the data folder, a check of its own
+    with pytest.raises(ValueError, match=r"^this run on the CPU: .*\[1\] attention='flex' needs a CUDA GPU.*; \[2\] "
+                                         r"fp8=True needs a GPU .*add --fp8=False; \[3\] data folder '.*nosuch' does "
+                                         r"not exist: prepare it with `python data.py --input CORPUS --out .*nosuch`$"):
+        train.main(tiny_args(missing, tmp_path / "o", "--attention=flex", "--fp8=True"))
+    assert not (tmp_path / "o").exists() and not missing.exists()
 
 
 @pytest.mark.parametrize("flags, why", [

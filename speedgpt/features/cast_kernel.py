@@ -29,14 +29,11 @@ _verified = {}                   # device -> verify's answer, once per process
 
 
 def check(cfg, device):
-    """Raise ValueError naming the way out unless fp8_cast_kernel=True can run: the delayed recipe (the only one whose
-    scale is known before the cast), Triton on a CUDA GPU, and the kernel right there (verify)."""
+    """Raise ValueError naming the way out unless fp8_cast_kernel=True can run: Triton on a CUDA GPU, and the kernel
+    right there (verify). fp8.check refuses it first without fp8 and with another recipe than the delayed one (the
+    only one whose scale is known before the cast)."""
     if not cfg.fp8_cast_kernel:
         return
-    if cfg.fp8_recipe != "tensorwise_delayed":
-        raise ValueError(f"fp8_cast_kernel=True would do nothing with fp8_recipe={cfg.fp8_recipe!r}: only delayed "
-                         "scales are known before the cast. Add --fp8_recipe=tensorwise_delayed, or leave "
-                         "fp8_cast_kernel out")
     if device.type != "cuda":
         raise ValueError(f"fp8_cast_kernel=True runs a Triton kernel on a CUDA GPU; this run is on {device.type}: "
                          "leave fp8_cast_kernel out")

@@ -21,13 +21,14 @@ def check(cfg, proc):
     """Raise ValueError unless the compile flags can work together: compile_regional and compile_tuning need
     compile, and compile_tuning a CUDA device (proc.device), the tuner being Triton's. Returns cfg."""
     device = proc.device
-    if cfg.compile_regional and not cfg.compile:
-        raise ValueError("compile_regional=True chooses how the model is compiled: it needs compile=True")
-    if cfg.compile_tuning and not cfg.compile:
-        raise ValueError("compile_tuning=True tunes the compiled kernels: it needs compile=True")
-    if cfg.compile_tuning and device is not None and device.type != "cuda":
+    if cfg.compile_tuning and device is not None and device.type != "cuda":     # first: compile=True would not help
         raise ValueError(f"compile_tuning=True tunes the Triton kernels compiled for a GPU; on {device.type} it "
                          "would do nothing: leave it out")
+    what = {"compile_regional": "chooses how the model is compiled", "compile_tuning": "tunes the compiled kernels"}
+    need = [k for k in what if getattr(cfg, k) and not cfg.compile]
+    if need:
+        raise ValueError(" and ".join(f"{k}=True {what[k]}" for k in need) + (": they need" if len(need) > 1 else
+                         ": it needs") + f" compile=True: add --compile=True, or leave {' and '.join(need)} out")
     return cfg
 
 

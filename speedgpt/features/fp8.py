@@ -94,6 +94,10 @@ def check(cfg, proc):
         raise ValueError(f"fp8_precast=True would do nothing with fp8_recipe={cfg.fp8_recipe!r}: it makes the delayed "
                          "recipe's scales and float8 weights once per step. Add --fp8_recipe=tensorwise_delayed, or "
                          "leave fp8_precast out")
+    if cfg.fp8_cast_kernel and cfg.fp8_recipe != "tensorwise_delayed":
+        raise ValueError(f"fp8_cast_kernel=True would do nothing with fp8_recipe={cfg.fp8_recipe!r}: only delayed "
+                         "scales are known before the cast. Add --fp8_recipe=tensorwise_delayed, or leave "
+                         "fp8_cast_kernel out")
     if cfg.fp8_precast and proc.world > 1 and cfg.parallelism == "fsdp":
         raise ValueError("fp8_precast=True casts each whole weight after the optimizer step, where FSDP holds only "
                          "a shard of it: use --parallelism=ddp, or leave fp8_precast out")
@@ -115,7 +119,8 @@ def check(cfg, proc):
     keys = [k for k in ("fp8", "fp8_head") if getattr(cfg, k)]
     presets = " and ".join(f"{k}=True" for k in keys)
     asking = presets + (" needs" if len(keys) == 1 else " need")
-    off = " ".join(f"--{k}=False" for k in keys) + \
+    extras = [k for k in ("fp8_precast", "fp8_cast_kernel") if cfg.fp8 and getattr(cfg, k)]    # no preset sets them
+    off = " ".join(f"--{k}=False" for k in keys) + (f" and leave out {' and '.join(extras)}" if extras else "") + \
         (f" (config/fast.py and config/gpt2-*.py set {presets})" if cfg.fp8_head else "")
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         cc = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
