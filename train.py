@@ -56,12 +56,13 @@ PT_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": tor
 # -----------------------------------------------------------------------------
 # the stages of a run, in the order main() calls them
 
-def check_flags(cfg, proc):
+def check_flags(cfg, proc, skip=()):
     """Every module's check of its flags for this device and launch (CHECKS, each check(cfg, proc) -> cfg), before
     any work: ValueError naming the keys and the way out. Returns `cfg` with what the flags resolve to
     (attention='auto' -> a backend, printed; document_mask False without packing), so every later stage reads
     one answer. A run off a CUDA GPU hears all its refusals in one line (a GPU preset on a CPU, memory.cpu_way_out,
-    with the way to the quickstart's size), not one per try."""
+    with the way to the quickstart's size), not one per try. skip: modules of CHECKS whose check the caller makes
+    later (benchmarks/time_to_target.py checks its runs before it prepares their data)."""
     gpu_sized = bool(memory.cpu_way_out(cfg, proc.device))                  # a GPU preset on a CPU
     refuse = Refusals(gather=gpu_sized or proc.device.type != "cuda")        # GPU flags off a GPU: all at once
     asked = cfg.attention
@@ -71,7 +72,7 @@ def check_flags(cfg, proc):
     if cfg.attention == "varlen" and not refuse.found:
         print0(f"attention: varlen through {attention.varlen_kernel(proc.device)}")
     for module in CHECKS[1:]:
-        if module is checkpoint and refuse.found:  # it makes out_dir: a refused run leaves nothing behind
+        if module in skip or (module is checkpoint and refuse.found):   # it makes out_dir: not for a refused run
             continue
         if module is hellaswag:                    # it may download its file: what is refused comes first
             if gpu_sized and refuse.found and cfg.eval_tokens > 65536:   # beside what is refused, what is slow here

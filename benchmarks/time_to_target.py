@@ -503,7 +503,7 @@ def preflight(args, recipes, data_dir):
                     # evaluation's size is this script's: train.py's advice to shrink it on a CPU would name a flag
                     # --train_args may not set
                     resolved = train.check_flags(replace(cfg, eval_tokens=min(cfg.eval_tokens, 65536)),
-                                                 Proc(0, 0, 1, device))
+                                                 Proc(0, 0, 1, device), skip=(train.data,))    # the corpus to come
                     plan_batch(resolved, 1)
                     if not os.path.isfile(os.path.join(data_dir, "meta.json")):   # the corpus to come: GPT-2's
                         memory.fits(resolved, memory.GPT2_VOCAB, device)          # tokens (check_flags skips it)
