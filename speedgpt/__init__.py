@@ -59,3 +59,18 @@ class Refusals:
             listed = "; ".join(f"[{i}] {str(e).rstrip('.')}" for i, e in enumerate(self.found, 1))
             raise ValueError(f"{what}: every change it needs, at once: {listed}" + (f"; or {otherwise}" if otherwise
                                                                                     else ""))
+
+
+def refuse_unready_kernel(flag, device, verify, way_out):
+    """Raise ValueError, in one line ending with `way_out`, unless the Triton kernels of `flag` (a key set True) can
+    run on `device`: a CUDA GPU, Triton installed, and verify(device) (a run of the kernels against the PyTorch
+    math there) returning None rather than what differs. The features' own kernels share it (head_kernel,
+    fp8_cast_kernel)."""
+    import importlib.util
+    if device.type != "cuda":
+        raise ValueError(f"{flag}=True runs Triton kernels on a CUDA GPU; this run is on {device.type}: {way_out}")
+    if importlib.util.find_spec("triton") is None:
+        raise ValueError(f"{flag}=True needs Triton (pip install triton); {way_out}")
+    problem = verify(device)
+    if problem:
+        raise ValueError(f"{flag}=True: {problem}; {way_out}")

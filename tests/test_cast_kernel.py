@@ -73,7 +73,7 @@ def test_the_flag_is_refused_where_it_would_do_nothing_or_cannot_run():
         fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_fused", fp8_cast_kernel=True), on("cpu"))
     with pytest.raises(ValueError, match="this run is on the CPU: add --fp8=False and leave out fp8_cast_kernel$"):
         fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_cast_kernel=True), on("cpu"))
-    with pytest.raises(ValueError, match="fp8_cast_kernel=True runs a Triton kernel on a CUDA GPU; this run is on "
+    with pytest.raises(ValueError, match="fp8_cast_kernel=True runs Triton kernels on a CUDA GPU; this run is on "
                                          "cpu: leave fp8_cast_kernel out"):
         cast_kernel.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_cast_kernel=True),
                           torch.device("cpu"))

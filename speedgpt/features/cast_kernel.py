@@ -18,9 +18,9 @@ elsewhere the same math in PyTorch ops (reference: the tests' CPU path). check()
 run, and runs the kernel once against reference() on the GPU at hand (verify), so that a Triton that miscompiles it
 stops the run before it starts instead of training on wrong bytes.
 """
-import importlib.util
-
 import torch
+
+from speedgpt import refuse_unready_kernel
 
 BLOCK_M, BLOCK_N = 32, 128       # the tile benchmarks/fp8_cast.py measured without the transposed copy (rows, columns)
 BLOCK_T = 64                     # square tiles with it: each program writes runs of BLOCK_T bytes in both layouts
@@ -32,16 +32,8 @@ def check(cfg, device):
     """Raise ValueError naming the way out unless fp8_cast_kernel=True can run: Triton on a CUDA GPU, and the kernel
     right there (verify). fp8.check refuses it first without fp8 and with another recipe than the delayed one (the
     only one whose scale is known before the cast)."""
-    if not cfg.fp8_cast_kernel:
-        return
-    if device.type != "cuda":
-        raise ValueError(f"fp8_cast_kernel=True runs a Triton kernel on a CUDA GPU; this run is on {device.type}: "
-                         "leave fp8_cast_kernel out")
-    if importlib.util.find_spec("triton") is None:
-        raise ValueError("fp8_cast_kernel=True needs Triton (pip install triton); or leave fp8_cast_kernel out")
-    problem = verify(device)
-    if problem:
-        raise ValueError(f"fp8_cast_kernel=True: {problem}; leave fp8_cast_kernel out")
+    if cfg.fp8_cast_kernel:
+        refuse_unready_kernel("fp8_cast_kernel", device, verify, "leave fp8_cast_kernel out")
 
 
 def kernel():

@@ -22,10 +22,11 @@ otherwise), and check() runs every tile shape once against the PyTorch math on t
 Triton that miscompiles one stops the run before it starts; tests/test_gpu.py compares them with the PyTorch ops of
 fused_ce.head_ce_chunk.
 """
-import importlib.util
 import itertools
 
 import torch
+
+from speedgpt import refuse_unready_kernel
 
 # in the kernels: exp(x) = 2 ** (x * log2(e)), 1.4426950408889634 (exp2 is the GPU's native exponential), and
 # ln(s) = log2(s) * ln(2), 0.6931471805599453 (literals: a kernel reads no global of the module)
@@ -53,16 +54,8 @@ _kernels = {}                    # (stats, grad, rows configs) -> (row_stats, gr
 def check(cfg, device):
     """Raise ValueError naming the way out unless head_kernel=True can run: Triton on a CUDA GPU, and every tile
     shape right there (verify). fused_ce.check refuses it without fused_ce first."""
-    if not cfg.head_kernel:
-        return
-    if device.type != "cuda":
-        raise ValueError(f"head_kernel=True runs Triton kernels on a CUDA GPU; this run is on {device.type}: add "
-                         "--head_kernel=False")
-    if importlib.util.find_spec("triton") is None:
-        raise ValueError("head_kernel=True needs Triton (pip install triton); add --head_kernel=False")
-    problem = verify(device)
-    if problem:
-        raise ValueError(f"head_kernel=True: {problem}; add --head_kernel=False")
+    if cfg.head_kernel:
+        refuse_unready_kernel("head_kernel", device, verify, "add --head_kernel=False")
 
 
 _verified = {}                   # device -> verify's answer, once per process
