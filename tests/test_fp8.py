@@ -524,3 +524,20 @@ def test_fp8_mm_is_torchao_float8_linear_tensorwise():
     exact = g.float() @ w.float()
     assert not torch.equal(h.grad.float(), exact)                           # FP8 did round
     torch.testing.assert_close(h.grad.float(), exact, rtol=0.3, atol=0.3 * exact.abs().mean().item())
+
+
+def test_the_head_without_fused_ce_hears_the_device_first(monkeypatch):
+    """fp8_head=True without fused_ce: on a CPU the refusal is the GPU's (fused_ce=True would not help there), on an
+    FP8 GPU it is fused_ce's; head_kernel alike (fused_ce.check)."""
+    from speedgpt.features import fused_ce
+    cfg = configurator.Config(fp8_head=True)
+    with pytest.raises(ValueError, match=r"^fp8_head=True needs a GPU of compute capability 8.9 .* the CPU"):
+        fp8.check(cfg, on("cpu"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    with pytest.raises(ValueError, match=r"^fp8_head=True runs the fused head's matmuls in float8: it needs "
+                                         r"fused_ce=True .*--fp8_head=False$"):
+        fp8.check(cfg, on(torch.device("cuda")))
+    with pytest.raises(ValueError, match=r"^head_kernel=True runs Triton kernels on a CUDA GPU; this run is on cpu"):
+        fused_ce.check(configurator.Config(head_kernel=True), on("cpu"))
+    with pytest.raises(ValueError, match=r"^head_kernel=True would do nothing: .* Add --fused_ce=True"):
+        fused_ce.check(configurator.Config(head_kernel=True), on(torch.device("cuda")))

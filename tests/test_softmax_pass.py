@@ -18,7 +18,7 @@ def test_the_kernel_flag_is_refused_where_it_cannot_run():
     cpu = torch.device("cpu")
     with pytest.raises(ValueError, match=r"head_kernel=True would do nothing: it is the fused head's softmax pass. "
                                          r"Add --fused_ce=True, or leave head_kernel out"):
-        fused_ce.check(configurator.Config(head_kernel=True), on(cpu))
+        fused_ce.check(configurator.Config(head_kernel=True), on(torch.device("cuda")))   # off a GPU: the GPU's
     # in FP8 and in bf16 alike, it needs a CUDA GPU, and Triton there
     for fp8_head in (True, False):
         with pytest.raises(ValueError, match=r"^head_kernel=True runs Triton kernels on a CUDA GPU; this run is on "
@@ -39,11 +39,11 @@ def test_the_kernel_flag_is_refused_where_it_cannot_run():
 
 
 def test_train_refuses_the_kernel_flag_in_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "train.py", "--head_kernel=True", f"--out_dir={tmp_path / 'o'}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "train.py", "--head_kernel=True", "--device=cpu",
+                          f"--out_dir={tmp_path / 'o'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert out.stderr.strip().splitlines() == ["error: head_kernel=True would do nothing: it is the fused head's "
-                                               "softmax pass. Add --fused_ce=True, or leave head_kernel out"]
+    assert out.stderr.strip().splitlines() == ["error: head_kernel=True runs Triton kernels on a CUDA GPU; this run "
+                                               "is on cpu: add --head_kernel=False"]   # fused_ce=True would not help
     # the flag's old name: one line naming the new one
     out = subprocess.run([sys.executable, "train.py", "--fp8_head_kernel=True", f"--out_dir={tmp_path / 'o'}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)

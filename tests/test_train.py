@@ -61,7 +61,7 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--fp8=True", "--device=cpu"], ValueError, "compute capability 8.9"),
     (["--fp8_head=True", "--fused_ce=True", "--device=cpu"], ValueError,
      "fp8_head=True needs a GPU of compute capability 8.9"),
-    (["--fp8_head=True"], ValueError, "fp8_head=True runs the fused head's matmuls in float8: it needs fused_ce=True"),
+    (["--fp8_head=True", "--device=cpu"], ValueError, "fp8_head=True needs a GPU of compute capability 8.9"),
     (["--check_mask=True", "--packing=False"], ValueError,
      "check_mask=True checks the document mask: it needs packing"),
     (["--config", "config/fast.py", "--device=cpu"], ValueError,
@@ -86,7 +86,8 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--attention=varlen", "--dtype=bfloat16", "--device=cpu"], ValueError, "varlen kernels do not run on the CPU"),
     (["--compile_regional=True"], ValueError,
      "compile_regional=True chooses how the model is compiled: it needs compile"),
-    (["--compile_tuning=True"], ValueError, "compile_tuning=True tunes the Triton kernels compiled for a GPU; on cpu"),
+    (["--compile_tuning=True", "--device=cpu"], ValueError,
+     "compile_tuning=True tunes the Triton kernels compiled for a GPU; on cpu"),
     (["--compile_regional=True", "--compile=False"], ValueError, "compile_regional=True chooses how the model is "
      "compiled: it needs compile=True: add --compile=True, or leave compile_regional out"),
     (["--parallelism=fsdp"], ValueError, "torchrun"),
@@ -171,7 +172,7 @@ def test_gpu_flags_on_a_small_cpu_run_are_refused_together(byte_data, tmp_path):
     (the attention backend's and a missing data folder's too), not one per try, and no out_dir is made; a single
     refusal stays as it is."""
     args = tiny_args(byte_data, tmp_path / "o", "--fused_ce=True", "--head_kernel=True", "--fp8_head=True",
-                     "--compile=True", "--compile_tuning=True")
+                     "--compile=True", "--compile_tuning=True", "--device=cpu")
     with pytest.raises(ValueError) as e:
         train.main(args)
     line = str(e.value)
@@ -182,12 +183,12 @@ def test_gpu_flags_on_a_small_cpu_run_are_refused_together(byte_data, tmp_path):
     assert "[3]" in line and "[4]" not in line and line.endswith("leave it out"), line
     assert not (tmp_path / "o").exists()                                  # a refused run makes no out_dir
     with pytest.raises(ValueError, match=r"^compile_tuning=True tunes the Triton kernels compiled for a GPU; on cpu"):
-        train.main(tiny_args(byte_data, tmp_path / "o", "--compile=True", "--compile_tuning=True"))
+        train.main(tiny_args(byte_data, tmp_path / "o", "--compile=True", "--compile_tuning=True", "--device=cpu"))
     missing = tmp_path / "nosuch"                                         # the data folder, a check of its own
     with pytest.raises(ValueError, match=r"^this run on the CPU: .*\[1\] attention='flex' needs a CUDA GPU.*; \[2\] "
                                          r"fp8=True needs a GPU .*add --fp8=False; \[3\] data folder '.*nosuch' does "
                                          r"not exist: prepare it with `python data.py --input CORPUS --out .*nosuch`$"):
-        train.main(tiny_args(missing, tmp_path / "o", "--attention=flex", "--fp8=True"))
+        train.main(tiny_args(missing, tmp_path / "o", "--attention=flex", "--fp8=True", "--device=cpu"))
     assert not (tmp_path / "o").exists() and not missing.exists()
 
 

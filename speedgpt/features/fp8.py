@@ -105,9 +105,6 @@ def check(cfg, proc):
         raise ValueError("fp8_recipe='tensorwise_delayed' with dtype=float16: the loss scale moves the gradients' "
                          "amax from step to step, which scales from earlier steps cannot follow; use --dtype=bfloat16"
                          + ("" if cfg.fp8_precast else ", or --fp8_recipe=tensorwise_fused"))
-    if cfg.fp8_head and not cfg.fused_ce:
-        raise ValueError("fp8_head=True runs the fused head's matmuls in float8: it needs fused_ce=True "
-                         "(config/fast.py sets both), or add --fp8_head=False")
     if cfg.fp8_head and not cfg.fp8 and cfg.fp8_recipe != "tensorwise":
         raise ValueError(f"fp8_recipe={cfg.fp8_recipe!r} would do nothing: the FP8 head is tensorwise only, and "
                          f"fp8=False converts no block. Add --fp8=True for {cfg.fp8_recipe} blocks, "
@@ -129,6 +126,9 @@ def check(cfg, proc):
         cpu = cpu_way_out(cfg, device)
         raise ValueError(f"{asking} a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on "
                          f"{where}: add {off}" + (f"; or, {cpu}" if cpu else ""))
+    if cfg.fp8_head and not cfg.fused_ce:          # after the device: off a GPU, fused_ce=True would not help
+        raise ValueError("fp8_head=True runs the fused head's matmuls in float8: it needs fused_ce=True "
+                         "(config/fast.py sets both), or add --fp8_head=False")
     if cfg.fp8 and cfg.fp8_recipe not in OWN_RECIPES and importlib.util.find_spec("torchao") is None:
         raise ValueError(f"fp8_recipe={cfg.fp8_recipe!r} is torchao's: pip install torchao, or use one of this "
                          f"project's recipes ({', '.join(OWN_RECIPES)}: --fp8_recipe=tensorwise_delayed)")

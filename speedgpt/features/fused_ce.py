@@ -30,6 +30,8 @@ def check(cfg, proc):
         raise ValueError(f"config key 'fused_ce_chunk' must be positive, got {cfg.fused_ce_chunk}")
     if not cfg.fused_ce:
         refuse_unused(cfg, ("fused_ce_chunk",), "the chunk of the fused head and loss", "--fused_ce=True")
+        if proc.device.type != "cuda":         # off a GPU its own refusal first: fused_ce=True would not help
+            softmax_pass.check(cfg, proc.device)
         refuse_unused(cfg, ("head_kernel",), "the fused head's softmax pass", "--fused_ce=True")
     if cfg.fused_ce and cfg.dtype == "float16":
         raise ValueError("fused_ce=True with dtype='float16' is not supported: it makes the head's gradients in the "
