@@ -330,8 +330,11 @@ def main(argv=None):
     unknown = [c for c in args.loo if c not in UNDO]
     if unknown:
         parser.error(f"--loo: unknown change {unknown[0]!r}; the changes are: {', '.join(UNDO)}")
-    if args.steps < 1 or args.warmup < 0 or not 1 <= args.start <= len(LADDER):
-        parser.error(f"need --steps >= 1, --warmup >= 0 and 1 <= --start <= {len(LADDER)}")
+    bad = [f"--{k} {v} (at least {lo})" for k, v, lo in (("steps", args.steps, 1), ("warmup", args.warmup, 0),
+                                                        ("start", args.start, 1)) if v < lo]
+    bad += [f"--start {args.start} (the ladder has {len(LADDER)} rungs)"] if args.start > len(LADDER) else []
+    if bad:
+        parser.error("; ".join(bad))
     if not 1 <= args.batch_size <= args.max_batch:
         parser.error(f"need 1 <= --batch_size <= --max_batch, got {args.batch_size} and {args.max_batch}")
     # keys bench.py sets itself on every run: an override after -- would silently undo the measurement

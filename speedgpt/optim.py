@@ -60,7 +60,8 @@ def check(cfg, proc):
     if not 0 < cfg.wsd_decay_frac <= 1:
         raise ValueError(f"wsd_decay_frac={cfg.wsd_decay_frac}: the share of lr_decay_iters spent decaying, in (0, 1]")
     if cfg.muon_lr <= 0:
-        raise ValueError(f"muon_lr={cfg.muon_lr} must be positive")
+        raise ValueError(f"muon_lr={cfg.muon_lr} must be positive "
+                         f"({type(cfg).__dataclass_fields__['muon_lr'].default} by default)")
     if not 0 <= cfg.muon_momentum < 1:
         raise ValueError(f"muon_momentum={cfg.muon_momentum}: Muon's momentum is a fraction in [0, 1) "
                          "(0.95 by default)")

@@ -11,7 +11,8 @@ def check(cfg, proc):
     processes) and bfloat16 or float32 (float16 would need a sharded GradScaler). Returns cfg."""
     world = proc.world
     if cfg.parallelism == "fsdp" and world == 1:
-        raise ValueError("parallelism='fsdp' needs torchrun (several processes)")
+        raise ValueError("parallelism='fsdp' shards the model over several processes: launch with torchrun "
+                         "(torchrun --nproc_per_node=N train.py ...), or leave parallelism out on one process")
     if cfg.parallelism == "fsdp" and cfg.dtype == "float16":
         raise ValueError("parallelism='fsdp' with dtype='float16' is not supported (it needs a sharded GradScaler); "
                          "use bfloat16")
