@@ -19,7 +19,9 @@ the runs, over several seeds. One command, one table.
    With --minutes M, each run trains M minutes of training time instead (train.py's time_budget: the schedule
    decays over the time, max_iters only a bound), with the warm-up and evaluations of the --tokens runs.
 4. The best setting of each recipe: the one that reached the target in the fewest seconds of training (then the
-   fewest tokens); when none did, the lowest final val loss. With --minutes: the lowest final val loss.
+   fewest tokens; among runs at its tokens per step that reached it at the same evaluation, whose seconds differ
+   by noise alone, the lowest final val loss); when none did, the lowest final val loss. With --minutes: the lowest
+   final val loss.
 5. That setting at the other seeds (the sweep's run is the first seed's). The table: per recipe, how many seeds
    reached the target, and the seconds and tokens to it and the final val loss, each as mean +- standard deviation.
 
@@ -391,11 +393,17 @@ def result(recipe, setting, seed, curve, target, compile_s):
 def best(rows, by_time=True):
     """The best of one recipe's sweep rows: by_time, the one that reached the target in the fewest seconds (then the
     fewest tokens), or, when none did, the lowest final val loss; else (--minutes) the lowest final val loss.
-    Ties keep the earlier row (the sweep's order)."""
+    Runs at the fastest one's tokens per step that reached the target at its evaluation did the same steps to get
+    there: their seconds differ by the GPU's noise alone, so the lowest final val loss picks among them. Ties keep the
+    earlier row (the sweep's order)."""
+    def final(r):
+        return math.inf if r["final"] is None else r["final"]
     reached = [r for r in rows if r["hit"]]
     if by_time and reached:
-        return min(reached, key=lambda r: (r["hit"][3], r["hit"][2]))
-    return min(rows, key=lambda r: math.inf if r["final"] is None else r["final"])
+        fastest = min(reached, key=lambda r: (r["hit"][3], r["hit"][2]))
+        return min((r for r in reached if (r["batch_tokens"], r["hit"][2]) == (fastest["batch_tokens"],
+                                                                              fastest["hit"][2])), key=final)
+    return min(rows, key=final)
 
 
 def spread(xs, spec):

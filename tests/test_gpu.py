@@ -754,7 +754,15 @@ def test_the_one_pass_amax_cast_kernel_gives_the_pytorch_cast(producer, e5m2, sh
     differ = out.view(torch.uint8) != want.view(torch.uint8)
     if producer == "plain":
         assert not differ.any(), f"{differ.sum().item()} bytes differ"
-    assert differ.float().mean() < 1e-4, f"{differ.sum().item()} bytes differ"    # erf's last bit, at a boundary
+        return
+    # GELU: below x = -3, 1 + erf(x / sqrt 2) cancels in float32 and two erf implementations differ there by whole
+    # float32 steps of erf, which e5m2's small subnormals can still tell apart (0.3% of bytes at 3 x randn, measured
+    # on one H100); elsewhere they differ by erf's last bit, which moves a byte only at a rounding boundary, by one code.
+    sane = x.float() > -3
+    assert differ[sane].float().mean() < 1e-4, f"{differ[sane].sum().item()} bytes differ where x > -3"
+    code = lambda t: torch.where(t.view(torch.uint8) >= 128, 128 - t.view(torch.uint8).int(), t.view(torch.uint8).int())
+    assert (code(out) - code(want))[sane].abs().max() <= 1, "a byte more than one float8 step from PyTorch's cast"
+    assert (out.float()[~sane].abs() <= scale * 0.0041 * 1.25).all()  # the cancelled tail: at most |gelu(-3)| rounded up
 
 
 @pytest.mark.parametrize("precast", [False, True])

@@ -45,6 +45,9 @@ def test_the_best_setting_reaches_the_target_soonest_else_has_the_lowest_final_l
             row("adamw", 256, 2, 1, 6.0, final=2.9, tokens=3000), row("adamw", 512, 2, 1, 6.0, final=2.7, tokens=2000)]
     assert ttt.best(rows) is rows[3]                                  # the fewest seconds; a tie: the fewest tokens
     assert ttt.best(rows, by_time=False) is rows[0]                   # --minutes: the best model, reached or not
+    same_work = [row("muon", 256, 1, 1, 4.1, final=2.6), row("muon", 256, 2, 1, 4.0, final=2.7),
+                 row("muon", 512, 1, 1, 4.05, final=2.5)]
+    assert ttt.best(same_work) is same_work[0]      # at one evaluation of one step size: noise apart, the lower final
     never = [row("muon", 256, 1, 1, final=3.1), row("muon", 512, 1, 1, final=3.0)]
     assert ttt.best(never) is never[1]                                # none reached it: the lowest final loss
 
