@@ -61,16 +61,19 @@ class Refusals:
                                                                                     else ""))
 
 
-def refuse_unready_kernel(flag, device, verify, way_out):
-    """Raise ValueError, in one line ending with `way_out`, unless the Triton kernels of `flag` (a key set True) can
-    run on `device`: a CUDA GPU, Triton installed, and verify(device) (a run of the kernels against the PyTorch
-    math there) returning None rather than what differs. The features' own kernels share it (head_kernel,
-    fp8_cast_kernel)."""
+def refuse_unready_kernel(flags, device, verify, way_out):
+    """Raise ValueError, in one line ending with `way_out`, unless the Triton kernels of `flags` (keys set True: one
+    name, or several in a tuple) can run on `device`: a CUDA GPU, Triton installed, and verify(device) (a run of the
+    kernels against the PyTorch math there) returning None rather than what differs. The features' own kernels
+    share it (head_kernel, fp8_cast_kernel and fp8_gelu_cast)."""
     import importlib.util
+    flags = (flags,) if isinstance(flags, str) else tuple(flags)
+    said = " and ".join(f"{f}=True" for f in flags)
     if device.type != "cuda":
-        raise ValueError(f"{flag}=True runs Triton kernels on a CUDA GPU; this run is on {device.type}: {way_out}")
+        raise ValueError(f"{said} {'run' if len(flags) > 1 else 'runs'} Triton kernels on a CUDA GPU; this run is on "
+                         f"{device.type}: {way_out}")
     if importlib.util.find_spec("triton") is None:
-        raise ValueError(f"{flag}=True needs Triton (pip install triton); {way_out}")
+        raise ValueError(f"{said} {'need' if len(flags) > 1 else 'needs'} Triton (pip install triton); {way_out}")
     problem = verify(device)
     if problem:
-        raise ValueError(f"{flag}=True: {problem}; {way_out}")
+        raise ValueError(f"{said}: {problem}; {way_out}")

@@ -38,9 +38,9 @@ def test_the_kernel_path_gives_the_step_of_the_pytorch_ops(compiled, monkeypatch
     calls = []
     reference = cast_kernel.reference
 
-    def counted(x, scale, amax, e5m2=False):
+    def counted(x, scale, amax, e5m2=False, gelu=False):
         calls.append(e5m2)
-        return reference(x, scale, amax, e5m2)
+        return reference(x, scale, amax, e5m2, gelu)
     monkeypatch.setattr(cast_kernel, "reference", counted)
     g = torch.Generator().manual_seed(1)
     x = (3 * torch.randn(32, 64, generator=g)).bfloat16()                 # past 2.0: some values saturate
@@ -58,6 +58,100 @@ def test_the_kernel_path_gives_the_step_of_the_pytorch_ops(compiled, monkeypatch
     amax = outs[1][3]
     assert amax[0, 0] == x.abs().max() and amax[1, 0] == dy.abs().max()
     assert torch.equal(amax[:, 1], torch.tensor([2.0, 1e-3]))             # the history untouched
+
+
+def gelu_mlp(fused, dtype=torch.bfloat16):
+    """A GPT's MLP (model.py) with c_proj converted to a delayed FP8 layer (fp8_gelu_cast as `fused`), its history
+    set so that the scales are known before the cast."""
+    import types
+
+    import model
+    torch.manual_seed(0)
+    m = torch.nn.Module()
+    m.mlp = model.MLP(types.SimpleNamespace(n_embd=64, bias=False, activation="gelu", dropout=0.0)).to(dtype)
+    m.block_linears = lambda: [("mlp.c_proj", "mlp_proj", m.mlp.c_proj)]
+    fp8.convert(m, configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_min_dim=32,
+                                       fp8_gelu_cast=fused))
+    m.mlp.c_proj.fp8_amax[:, 1] = torch.tensor([0.5, 1e-3])
+    m.mlp.c_proj.fp8_scaled = True
+    return m.mlp
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_gelu_in_the_cast_gives_the_mlp_step_of_gelu_then_cast(compiled, monkeypatch):
+    """fp8_gelu_cast: convert makes the MLP's act an identity and c_proj takes the pre-activation; its forward casts
+    GELU of it through cast_amax (GELU in float32, cast once, as compiled code does) and records the amax of GELU's
+    output, and its backward applies GELU's derivative. The plain path rounds GELU's output to bfloat16 before the
+    cast, so the two agree to that rounding, not bit for bit: the output and every gradient within 1% (a float8
+    step is 6%), eager and compiled. Evaluating runs GELU first, without the op, as the MLP without the flag."""
+    calls = []
+    reference = cast_kernel.reference
+
+    def counted(x, scale, amax, e5m2=False, gelu=False):
+        calls.append(gelu)
+        return reference(x, scale, amax, e5m2, gelu)
+    monkeypatch.setattr(cast_kernel, "reference", counted)
+    g = torch.Generator().manual_seed(1)
+    x = (2 * torch.randn(64, 64, generator=g)).bfloat16()
+    dy = torch.randn(64, 64, generator=g).bfloat16()
+    outs = []
+    for fused in (False, True):
+        mlp = gelu_mlp(fused)
+        assert isinstance(mlp.act, torch.nn.Identity) == fused and mlp.c_proj.fp8_gelu == fused
+        xi = x.clone().requires_grad_()
+        y = (torch.compile(mlp) if compiled else mlp)(xi)
+        y.backward(dy)
+        outs.append((y, xi.grad, mlp.c_fc.weight.grad, mlp.c_proj.weight.grad))
+        if fused:
+            h = mlp.c_fc(x).detach()
+            assert mlp.c_proj.fp8_amax[0, 0] == torch.nn.functional.gelu(h.float()).abs().max()
+    assert calls == [True]
+    for a, b in zip(*outs):
+        assert (a.float() - b.float()).norm() <= 0.01 * b.float().norm(), ((a - b).float().norm() / b.float().norm())
+    if not compiled:        # below c_proj the same dy and weight: GELU's derivative as autograd's, bit for bit
+        assert torch.equal(outs[0][1], outs[1][1]) and torch.equal(outs[0][2], outs[1][2])
+    mlp = gelu_mlp(True).eval()
+    monkeypatch.setattr(cast_kernel, "reference", lambda *a: pytest.fail("the op ran in evaluation"))
+    with torch.no_grad():
+        assert torch.equal(mlp(x), gelu_mlp(False).eval()(x))
+
+
+def test_gelu_in_the_cast_reaches_every_block_of_a_gpt_and_keeps_its_checkpoint_keys():
+    """On a GPT, convert folds each block's GELU into its c_proj (and only there); the state dict's keys are those
+    of the model without the flag, so checkpoints load either way; a GELU of another form is left alone."""
+    from conftest import tiny_model
+    cfg = dict(fp8=True, fp8_recipe="tensorwise_delayed", fp8_min_dim=32)
+    plain, folded = tiny_model(n_embd=64), tiny_model(n_embd=64)
+    fp8.convert(plain, configurator.Config(**cfg))
+    fp8.convert(folded, configurator.Config(**cfg, fp8_gelu_cast=True))
+    for block in folded.transformer.h:
+        assert isinstance(block.mlp.act, torch.nn.Identity) and block.mlp.c_proj.fp8_gelu
+        assert not block.mlp.c_fc.fp8_gelu and not block.attn.c_proj.fp8_gelu
+    assert list(plain.state_dict()) == list(folded.state_dict())
+    tanh = tiny_model(n_embd=64, activation="gelu_tanh")
+    with pytest.raises(ValueError, match="no MLP's exact GELU feeds an FP8 Linear"):
+        fp8.convert(tanh, configurator.Config(**cfg, fp8_gelu_cast=True))
+
+
+def test_gelu_in_the_cast_is_refused_where_it_would_do_nothing_or_cannot_run():
+    delayed = dict(fp8=True, fp8_recipe="tensorwise_delayed", fp8_gelu_cast=True, n_embd=1024, n_head=16)
+    with pytest.raises(ValueError, match="fp8_gelu_cast=True would do nothing with fp8_recipe='tensorwise_fused'"):
+        fp8.check(configurator.Config(**{**delayed, "fp8_recipe": "tensorwise_fused"}), on("cpu"))
+    with pytest.raises(ValueError, match="fp8_gelu_cast=True folds the MLP's GELU into the cast of the FP8 Linear "
+                                         "it feeds, and activation='relu2' is not the exact GELU: use "
+                                         "--activation=gelu, or leave fp8_gelu_cast out$"):
+        fp8.check(configurator.Config(**delayed, activation="relu2"), on("cpu"))
+    with pytest.raises(ValueError, match=r"and the MLP's c_proj \(4096 -> 1024\) stays in bf16 with fp8_layers="
+                                         r"'qkv,fc' and fp8_min_dim=1024: convert it \(mlp_proj in fp8_layers, "
+                                         r"fp8_min_dim at most 1024\), or leave fp8_gelu_cast out$"):
+        fp8.check(configurator.Config(**delayed, fp8_layers="qkv,fc"), on("cpu"))
+    with pytest.raises(ValueError, match="this run is on the CPU: add --fp8=False and leave out fp8_gelu_cast$"):
+        fp8.check(configurator.Config(**delayed), on("cpu"))
+    with pytest.raises(ValueError, match="fp8_cast_kernel=True and fp8_gelu_cast=True run Triton kernels on a CUDA "
+                                         "GPU; this run is on cpu: leave fp8_cast_kernel and fp8_gelu_cast out$"):
+        cast_kernel.check(configurator.Config(**delayed, fp8_cast_kernel=True), torch.device("cpu"))
+    with pytest.raises(ValueError, match="fp8_gelu_cast"):                 # a detail of fp8: nothing without it
+        fp8.check(configurator.Config(fp8_gelu_cast=True), on("cpu"))
 
 
 def test_evaluation_records_nothing_and_skips_the_kernel(monkeypatch):
@@ -104,7 +198,11 @@ def test_the_kernel_in_the_interpreter():
             "    assert torch.equal(hist, want_hist), (hist, want_hist)\n"
             "    a, w = out.float(), want.float()\n"   # the interpreter does not round float8 as a GPU does
             "    assert out.dtype == want.dtype and ((a * w) >= 0).all() and ((a - w).abs() <= 0.5 * "
-            "torch.maximum(a.abs(), w.abs()) + 2 ** -6).all(), e5m2\n")
+            "torch.maximum(a.abs(), w.abs()) + 2 ** -6).all(), e5m2\n"
+            "amax, want_amax = torch.zeros(1), torch.zeros(1)\n"       # fp8_gelu_cast's: GELU first, e4m3
+            "out = cast_kernel.run(x, torch.tensor(100.0), amax, gelu=True).float()\n"
+            "want = cast_kernel.reference(x, torch.tensor(100.0), want_amax, gelu=True).float()\n"
+            "assert torch.allclose(amax, want_amax) and ((out - want).abs() <= 0.5 * want.abs() + 2 ** -6).all()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "TRITON_INTERPRET": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -415,19 +415,23 @@ def test_softmax_pass_at_the_shipped_chunk_over_many_launches():
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
                     reason="needs a GPU of compute capability 8.9+ (float8 matmuls)")
-@pytest.mark.parametrize("regional, precast", [(False, False), (True, False), (False, True)],
-                         ids=["whole", "regional", "precast"])
-def test_the_fp8_presets_path_never_recompiles(short_data, tmp_path, regional, precast):
+@pytest.mark.parametrize("regional, precast, kernels", [(False, False, False), (True, False, False),
+                                                       (False, True, False), (False, False, True)],
+                         ids=["whole", "regional", "precast", "cast_kernels"])
+def test_the_fp8_presets_path_never_recompiles(short_data, tmp_path, regional, precast, kernels):
     """The presets' path (compiled, the document mask through the fastest varlen or flex kernel, FP8 blocks with
     delayed scales, the FP8 fused head and its Triton softmax pass) over 10 steps and an evaluation: any
     recompilation is an error (torch._dynamo's error_on_recompile). cu_seqlens changes length every batch, and
-    the amax history appears after the first step: both once cost a full recompile."""
+    the amax history appears after the first step: both once cost a full recompile. cast_kernels: with
+    fp8_cast_kernel and fp8_gelu_cast (off in the presets until they measure faster) it trains too."""
     args = ["--compile=True", "--attention=auto", "--fp8=True", "--fp8_recipe=tensorwise_delayed",
             "--fp8_min_dim=128", "--fused_ce=True", "--fp8_head=True", "--head_kernel=True", "--max_iters=10"]
     if regional:
         args.append("--compile_regional=True")
     if precast:
         args.append("--fp8_precast=True")
+    if kernels:
+        args += ["--fp8_cast_kernel=True", "--fp8_gelu_cast=True"]
     with torch._dynamo.config.patch(error_on_recompile=True):
         losses = _gpu_run(short_data, tmp_path, *args)
     assert len(losses) == 10 and losses[-1] < losses[0]
@@ -797,3 +801,38 @@ def test_a_delayed_layer_with_the_cast_kernel_gives_the_step_without_it(precast)
     assert outs[1][3][1, 0] > 0
     cast_kernel._verified.clear()                                          # its answer is kept per device
     assert cast_kernel.verify(torch.device("cuda"), (3000, 2000)) is None
+
+
+def test_gelu_in_the_cast_gives_the_mlp_step_within_rounding():
+    """fp8_gelu_cast=True on the GPU, compiled: a GPT MLP at 124M's width whose c_proj casts GELU of the
+    pre-activation in one Triton pass agrees with the same MLP without the flag (Inductor's GELU and cast) to
+    rounding (output and gradients within 1%; a float8 step is 6%), and its amax is GELU's output's."""
+    if torch.cuda.get_device_capability() < (8, 9) or importlib.util.find_spec("triton") is None:
+        pytest.skip("float8 in Triton needs a GPU of compute capability 8.9+")
+    import types
+
+    import configurator
+    import model
+    from speedgpt.features import cast_kernel, fp8
+    cast_kernel._verified.clear()
+    assert cast_kernel.verify(torch.device("cuda")) is None
+    outs = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        m = torch.nn.Module()
+        m.mlp = model.MLP(types.SimpleNamespace(n_embd=768, bias=False, activation="gelu", dropout=0.0))
+        m.mlp.to("cuda", torch.bfloat16)
+        m.block_linears = lambda: [("mlp.c_proj", "mlp_proj", m.mlp.c_proj)]
+        fp8.convert(m, configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_min_dim=64,
+                                           fp8_gelu_cast=fused))
+        m.mlp.c_proj.fp8_amax[:, 1] = torch.tensor([4.0, 1e-3], device="cuda")
+        m.mlp.c_proj.fp8_scaled = True
+        x = (2 * torch.randn(8192, 768, device="cuda")).bfloat16().requires_grad_()
+        y = torch.compile(m.mlp)(x)
+        (y.float() * torch.linspace(-1e-3, 1e-3, 768, device="cuda")).sum().backward()
+        outs.append((y, x.grad, m.mlp.c_fc.weight.grad, m.mlp.c_proj.weight.grad))
+        h = m.mlp.c_fc(x).detach().float()
+        amax = m.mlp.c_proj.fp8_amax[0, 0]
+        assert torch.allclose(amax, torch.nn.functional.gelu(h).abs().max(), rtol=1e-2)
+    for a, b in zip(*outs):
+        assert (a.float() - b.float()).norm() <= 0.01 * b.float().norm(), ((a - b).float().norm() / b.float().norm())

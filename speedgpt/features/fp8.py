@@ -67,7 +67,7 @@ def none_eligible(cfg):
 
 
 # the keys that mean nothing without the flag
-DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast", "fp8_cast_kernel")}
+DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast", "fp8_cast_kernel", "fp8_gelu_cast")}
 
 
 def check(cfg, proc):
@@ -86,7 +86,8 @@ def check(cfg, proc):
             raise ValueError(f"fp8_layers={cfg.fp8_layers!r} would do nothing: it picks the block Linears fp8=True "
                              "converts. Add --fp8=True, or leave fp8_layers out")
     if not cfg.fp8:                   # fp8_recipe with fp8_head alone: refused below, worded for the head
-        blocks_only = (() if cfg.fp8_head else ("fp8_recipe",)) + ("fp8_min_dim", "fp8_precast", "fp8_cast_kernel")
+        blocks_only = (() if cfg.fp8_head else ("fp8_recipe",)) + ("fp8_min_dim", "fp8_precast",
+                                                                   *cast_kernel.FLAGS)
         refuse_unused(cfg, blocks_only, "a setting of the block Linears' FP8", "--fp8=True")
     if not (cfg.fp8 or cfg.fp8_head):
         return cfg
@@ -94,10 +95,20 @@ def check(cfg, proc):
         raise ValueError(f"fp8_precast=True would do nothing with fp8_recipe={cfg.fp8_recipe!r}: it makes the delayed "
                          "recipe's scales and float8 weights once per step. Add --fp8_recipe=tensorwise_delayed, or "
                          "leave fp8_precast out")
-    if cfg.fp8_cast_kernel and cfg.fp8_recipe != "tensorwise_delayed":
-        raise ValueError(f"fp8_cast_kernel=True would do nothing with fp8_recipe={cfg.fp8_recipe!r}: only delayed "
-                         "scales are known before the cast. Add --fp8_recipe=tensorwise_delayed, or leave "
-                         "fp8_cast_kernel out")
+    for flag in cast_kernel.FLAGS:
+        if getattr(cfg, flag) and cfg.fp8_recipe != "tensorwise_delayed":
+            raise ValueError(f"{flag}=True would do nothing with fp8_recipe={cfg.fp8_recipe!r}: only delayed "
+                             f"scales are known before the cast. Add --fp8_recipe=tensorwise_delayed, or leave "
+                             f"{flag} out")
+    if cfg.fp8_gelu_cast and cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and block_width_ok(cfg) \
+            and not gelu_fed(meta_model(cfg), cfg):         # none eligible at all: fp8's own refusal below says so
+        why = (f"activation={cfg.activation!r} is not the exact GELU: use --activation=gelu"
+               if cfg.activation != "gelu" else
+               f"the MLP's c_proj ({4 * cfg.n_embd} -> {cfg.n_embd}) stays in bf16 with fp8_layers="
+               f"{cfg.fp8_layers!r} and fp8_min_dim={cfg.fp8_min_dim}: convert it (mlp_proj in fp8_layers, "
+               f"fp8_min_dim at most {cfg.n_embd})")
+        raise ValueError(f"fp8_gelu_cast=True folds the MLP's GELU into the cast of the FP8 Linear it feeds, and "
+                         f"{why}, or leave fp8_gelu_cast out")
     if cfg.fp8_precast and proc.world > 1 and cfg.parallelism == "fsdp":
         raise ValueError("fp8_precast=True casts each whole weight after the optimizer step, where FSDP holds only "
                          "a shard of it: use --parallelism=ddp, or leave fp8_precast out")
@@ -116,7 +127,7 @@ def check(cfg, proc):
     keys = [k for k in ("fp8", "fp8_head") if getattr(cfg, k)]
     presets = " and ".join(f"{k}=True" for k in keys)
     asking = presets + (" needs" if len(keys) == 1 else " need")
-    extras = [k for k in ("fp8_precast", "fp8_cast_kernel") if cfg.fp8 and getattr(cfg, k)]    # no preset sets them
+    extras = [k for k in ("fp8_precast", *cast_kernel.FLAGS) if cfg.fp8 and getattr(cfg, k)]   # no preset sets them
     off = " ".join(f"--{k}=False" for k in keys) + (f" and leave out {' and '.join(extras)}" if extras else "") + \
         (f" (config/fast.py and config/gpt2-*.py set {presets})" if cfg.fp8_head else "")
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
@@ -178,6 +189,7 @@ def convert(model, cfg):
                 module.fp8_amax = torch.zeros(2, 1 + AMAX_HISTORY, device=device)
                 module.fp8_scaled = module.fp8_bad_history = False
                 module.fp8_cast_kernel = cfg.fp8_cast_kernel
+                module.fp8_gelu = False
                 if cfg.fp8_precast:
                     n, k = module.weight.shape
                     module.fp8_precast = (torch.ones(3, device=device),
@@ -190,7 +202,29 @@ def convert(model, cfg):
             raise ValueError("fp8=True needs torchao: pip install torchao") from e
         convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(cfg.fp8_recipe),
                                    module_filter_fn=lambda module, fqn: fqn in chosen)
+    if cfg.fp8_gelu_cast:                   # after the swap: gelu_fed asks for the delayed layers
+        fed = gelu_fed(model, cfg)
+        if not fed:
+            raise ValueError("fp8_gelu_cast=True: no MLP's exact GELU feeds an FP8 Linear of this model")
+        for owner, linear in fed:
+            owner.act, linear.fp8_gelu = torch.nn.Identity(), True
     return list(chosen)
+
+
+def gelu_fed(model, cfg):
+    """[(owner, linear)]: each module whose `act` is the exact GELU and whose ACT_FEEDS names the Linear that takes
+    act's output (model.py's MLP: c_proj), where that Linear is (or, before convert swaps it, would be) a delayed
+    FP8 layer: fp8_gelu_cast's pairs. On a meta model before convert, the eligible Linears stand for the swapped."""
+    eligible = {id(m) for _, m in eligible_linears(model, cfg)}
+    out = []
+    for owner in model.modules():
+        linear = getattr(owner, getattr(owner, "ACT_FEEDS", ""), None)
+        act = getattr(owner, "act", None)
+        if (linear is not None and type(act) is torch.nn.GELU and act.approximate == "none"
+                and cfg.fp8_recipe == "tensorwise_delayed"
+                and (isinstance(linear, DelayedFloat8Linear) or id(linear) in eligible)):
+            out.append((owner, linear))
+    return out
 
 
 def tensor_scale(t, dtype=torch.float8_e4m3fn):
@@ -395,7 +429,9 @@ class _DelayedLinear(torch.autograd.Function):
     """_TensorwiseLinear with delayed scales. amax (2, 1 + AMAX_HISTORY) float32, rows x and dy: column 0 this
     step's running max, the rest the history, newest first. scaled=False (calibrate() only): dynamic scales;
     track=False (evaluation): nothing recorded. kernel (fp8_cast_kernel): each tracked cast and its amax in one
-    Triton pass (delayed_cast). With fp8_precast, scales, w8 and w8_t are precast()'s, made once
+    Triton pass (delayed_cast). gelu (fp8_gelu_cast): x is the MLP's pre-activation and the layer multiplies
+    GELU(x): in training its cast runs GELU in the same Triton pass and the backward applies GELU's derivative
+    (aten's gelu_backward, autograd's own); calibrating or evaluating, GELU runs first, as the MLP ran it. With fp8_precast, scales, w8 and w8_t are precast()'s, made once
     per optimizer step: scales (3,) float32, the scales of x, dy and the weight; w8 (N, K) the weight in e4m3 and
     w8_t (K, N) its transposed copy (the input gradient's operand); without it (None) the scales and the weight's
     cast are made here, in every micro-batch's graph. The inverse scales torch._scaled_mm takes are computed here
@@ -403,20 +439,24 @@ class _DelayedLinear(torch.autograd.Function):
     Inductor's lowering of _scaled_mm, which on the GPU want each scale a tensor of its own."""
 
     @staticmethod
-    def forward(ctx, x, w, amax, scaled, track, kernel, scales, w8, w8_t):
+    def forward(ctx, x, w, amax, scaled, track, kernel, gelu, scales, w8, w8_t):
+        h, fused = x, gelu and track and scaled             # fused: GELU inside the cast, its amax GELU's output's
+        if gelu and not fused:
+            x = torch.nn.functional.gelu(h)
         if scales is None:
             scale = scale_for(amax[0, 1:].amax() if scaled else x.abs().amax(dim=-1).amax())
             w8, ws = tensorwise_cast(w)
         else:
             scale, ws = scales[0], scales[2].reciprocal()
-        (x8, x8_t), xs = delayed_cast(x, scale, amax, 0, track, kernel), scale.reciprocal()
-        ctx.save_for_backward(x8 if x8_t is None else x8_t, xs, w8 if scales is None else w8_t, ws, scales)
+        (x8, x8_t), xs = delayed_cast(x, scale, amax, 0, track, kernel, gelu=fused), scale.reciprocal()
+        ctx.save_for_backward(x8 if x8_t is None else x8_t, xs, w8 if scales is None else w8_t, ws, scales,
+                              h if gelu else None)
         ctx.amax, ctx.scaled, ctx.track, ctx.kernel, ctx.x_transposed = amax, scaled, track, kernel, x8_t is not None
         return scaled_mm(x8, xs, w8.t(), ws, x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
-        x8, xs, w8, ws, scales = ctx.saved_tensors
+        x8, xs, w8, ws, scales, h = ctx.saved_tensors
         amax, e5m2 = ctx.amax, torch.float8_e5m2
         if scales is None:
             scale = scale_for(amax[1, 1:].amax() if ctx.scaled else dy.abs().amax(dim=-1).amax(), e5m2)
@@ -425,17 +465,21 @@ class _DelayedLinear(torch.autograd.Function):
         (dy8, dy8_t), dys = delayed_cast(dy, scale, amax, 1, ctx.track, ctx.kernel, e5m2), scale.reciprocal()
         w8_col = None if scales is None else w8.t()                 # w8_t (K, N) seen as (N, K) column-major
         x8, x8_col = (None, x8.t()) if ctx.x_transposed else (x8, None)        # x8_t (K, M) seen column-major
-        return (*tensorwise_grads(dy8, dys, x8, xs, w8, ws, dy.dtype, w8_col, dy8_t, x8_col), *[None] * 7)
+        dx, dw = tensorwise_grads(dy8, dys, x8, xs, w8, ws, dy.dtype, w8_col, dy8_t, x8_col)
+        if h is not None:                                           # d GELU(h) / dh, as autograd takes it
+            dx = torch.ops.aten.gelu_backward(dx, h)
+        return dx, dw, *[None] * 8
 
 
-def delayed_cast(t, scale, amax, row, track, kernel, dtype=torch.float8_e4m3fn):
+def delayed_cast(t, scale, amax, row, track, kernel, dtype=torch.float8_e4m3fn, gelu=False):
     """(t8, t8_t): t (M, K) cast to dtype at `scale` (a 0-dim float32 tensor), saturating; with track, t's amax
     folded into amax[row, 0] (the step's running max) too. kernel (fp8_cast_kernel): both in one pass,
     cast_kernel.cast_amax (one Triton kernel on the GPU), which writes t8_t (K, M), the transposed copy the weight
     gradient takes, in the same pass; otherwise t8_t is None (tensorwise_grads transposes), and Inductor compiles
-    the cast and a reduction for the amax."""
-    if track and kernel:
-        return cast_kernel.cast_amax(t, scale, amax, row, dtype == torch.float8_e5m2)
+    the cast and a reduction for the amax. gelu (with track; fp8_gelu_cast): t is GELU's input, cast_amax runs
+    GELU first in the same pass, kernel or not."""
+    if track and (kernel or gelu):
+        return cast_kernel.cast_amax(t, scale, amax, row, dtype == torch.float8_e5m2, gelu)
     if track:
         amax[row, 0] = torch.maximum(amax[row, 0], t.abs().amax(dim=-1).amax().float())
     return saturate(t, scale, dtype), None
@@ -452,11 +496,12 @@ class DelayedFloat8Linear(RowwiseFloat8Linear):
     matmul = _DelayedLinear
     fp8_precast = None
     fp8_cast_kernel = False
+    fp8_gelu = False             # fp8_gelu_cast: x is GELU's input (convert made the MLP's act an identity)
 
     def mm(self, x, w):
         cast = self.fp8_precast if self.fp8_precast is not None and self.fp8_scaled else (None, None, None)
         return self.matmul.apply(x, w, self.fp8_amax, self.fp8_scaled, self.training and torch.is_grad_enabled(),
-                                 self.fp8_cast_kernel, *cast)
+                                 self.fp8_cast_kernel, self.fp8_gelu, *cast)
 
     def get_extra_state(self):
         return self.fp8_amax.detach().clone()
