@@ -516,8 +516,9 @@ def preflight(args, recipes, data_dir):
                     if not os.path.isfile(os.path.join(data_dir, "meta.json")):   # the corpus to come: GPT-2's
                         memory.fits(resolved, memory.GPT2_VOCAB, device)          # tokens (check_flags skips it)
         except (ValueError, TypeError, FileNotFoundError) as e:
-            sys.exit(f"error: the {recipe} runs: {e} (train.py's flags go through --train_args; without a CUDA GPU: "
-                     "--config '' and a small model there)")
+            sys.exit(f"error: the {recipe} runs: {e} (train.py's flags go through --train_args; this is a GPU "
+                     "benchmark: without a CUDA GPU, try it with --config '', a small model in --train_args and "
+                     "--data_dir of a small prepared folder, e.g. data/stdlib_byte)")
     return sweeps
 
 
@@ -596,11 +597,20 @@ def main(argv=None):
     if args.data_dir and not os.path.isfile(os.path.join(args.data_dir, "meta.json")):
         sys.exit(f"error: --data_dir {args.data_dir!r} is not a prepared folder (no meta.json): prepare one with "
                  "data.py (docs/data.md), or leave --data_dir out for the .py files of this Python")
+    made = os.path.abspath(args.out)          # the highest folder of --out this run creates (None: it exists)
+    while not os.path.exists(os.path.dirname(made)):
+        made = os.path.dirname(made)
+    made = None if os.path.exists(made) else made
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         sys.exit(f"error: cannot create --out {args.out}: {e.strerror}; choose another --out")
-    sweeps = preflight(args, recipes, args.data_dir or os.path.join(args.out, "data"))
+    try:
+        sweeps = preflight(args, recipes, args.data_dir or os.path.join(args.out, "data"))
+    except SystemExit:                        # refused: leave no empty folder behind
+        if made and not any(files for _, _, files in os.walk(made)):
+            shutil.rmtree(made)
+        raise
     data_dir = args.data_dir or prepare_corpus(args.out)
     store = Store(os.path.join(args.out, "runs.jsonl"), args.resume)
     identity = (data_hash(data_dir), code_hash(), device_name())

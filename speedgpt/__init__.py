@@ -26,11 +26,13 @@ feature is deleting its module in features/, its entry in train.py's FEATURES an
 def refuse_unused(cfg, keys, what, way):
     """Raise ValueError for the first of `keys` that cfg (a configurator.Config) sets away from its default while
     the feature it belongs to is off, in one line: "KEY=VALUE would do nothing: it is WHAT. Add WAY, or leave KEY
-    out". The features' checks share it (fp8, fused_ce, optimizer=muon)."""
+    out" ("Leave KEY out" alone where way is None: the feature cannot run here either). The features' checks share
+    it (fp8, fused_ce, optimizer=muon)."""
     for key in keys:
         value = getattr(cfg, key)
         if value != type(cfg).__dataclass_fields__[key].default:
-            raise ValueError(f"{key}={value!r} would do nothing: it is {what}. Add {way}, or leave {key} out")
+            raise ValueError(f"{key}={value!r} would do nothing: it is {what}. " +
+                             (f"Add {way}, or leave {key} out" if way else f"Leave {key} out"))
 
 
 class Refusals:

@@ -104,7 +104,7 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
             cfg = replace(cfg, **{k: old})           # the shape is the checkpoint's (from gpt2, say)
         elif k not in RUN_STATE_KEYS and old != getattr(cfg, k):
             raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {old!r}: "
-                             "the model's shape cannot change on resume")
+                             "the model cannot change on resume (start afresh in another out_dir to train another)")
     kept = {k: saved[k] for k in kept_keys() if k not in explicit and k in saved}
     if "lr_schedule" in explicit and cfg.lr_schedule != "wsd":     # the saved WSD decay share would do nothing
         kept.pop("wsd_decay_frac", None)

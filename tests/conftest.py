@@ -331,3 +331,12 @@ def on(device, world=1):
     import torch
     from speedgpt.distributed import Proc
     return Proc(0, 0, world, torch.device(device))
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    """A stand-in FP8 GPU for fp8.check where none is: speedgpt.features.fp8.capability answers (9, 0) for any
+    device, so the checks after its device check run (they refuse before any kernel would). Returns a Proc on cuda."""
+    from speedgpt.features import fp8
+    monkeypatch.setattr(fp8, "capability", lambda device: (9, 0))
+    return on("cuda")

@@ -133,25 +133,29 @@ def test_gelu_in_the_cast_reaches_every_block_of_a_gpt_and_keeps_its_checkpoint_
         fp8.convert(tanh, configurator.Config(**cfg, fp8_gelu_cast=True))
 
 
-def test_gelu_in_the_cast_is_refused_where_it_would_do_nothing_or_cannot_run():
+def test_gelu_in_the_cast_is_refused_where_it_would_do_nothing_or_cannot_run(monkeypatch):
     delayed = dict(fp8=True, fp8_recipe="tensorwise_delayed", fp8_gelu_cast=True, n_embd=1024, n_head=16)
-    with pytest.raises(ValueError, match="fp8_gelu_cast=True would do nothing with fp8_recipe='tensorwise_fused'"):
-        fp8.check(configurator.Config(**{**delayed, "fp8_recipe": "tensorwise_fused"}), on("cpu"))
-    with pytest.raises(ValueError, match="fp8_gelu_cast=True folds the MLP's GELU into the cast of the FP8 Linear "
-                                         "it feeds, and activation='relu2' is not the exact GELU: use "
-                                         "--activation=gelu, or leave fp8_gelu_cast out$"):
-        fp8.check(configurator.Config(**delayed, activation="relu2"), on("cpu"))
-    with pytest.raises(ValueError, match=r"and the MLP's c_proj \(4096 -> 1024\) stays in bf16 with fp8_layers="
-                                         r"'qkv,fc' and fp8_min_dim=1024: convert it \(mlp_proj in fp8_layers, "
-                                         r"fp8_min_dim at most 1024\), or leave fp8_gelu_cast out$"):
-        fp8.check(configurator.Config(**delayed, fp8_layers="qkv,fc"), on("cpu"))
-    with pytest.raises(ValueError, match="this run is on the CPU: add --fp8=False and leave out fp8_gelu_cast$"):
+    with pytest.raises(ValueError, match="this run is on the CPU: add --fp8=False and leave out fp8_recipe, "
+                                         "fp8_gelu_cast where the command line gives them$"):
         fp8.check(configurator.Config(**delayed), on("cpu"))
+    cast_kernel.check(configurator.Config(), torch.device("cpu"))
     with pytest.raises(ValueError, match="fp8_cast_kernel=True and fp8_gelu_cast=True run Triton kernels on a CUDA "
                                          "GPU; this run is on cpu: leave fp8_cast_kernel and fp8_gelu_cast out$"):
         cast_kernel.check(configurator.Config(**delayed, fp8_cast_kernel=True), torch.device("cpu"))
     with pytest.raises(ValueError, match="fp8_gelu_cast"):                 # a detail of fp8: nothing without it
         fp8.check(configurator.Config(fp8_gelu_cast=True), on("cpu"))
+    monkeypatch.setattr(fp8, "capability", lambda device: (9, 0))          # an FP8 GPU, stood in for
+    gpu = on("cuda")
+    with pytest.raises(ValueError, match="fp8_gelu_cast=True would do nothing with fp8_recipe='tensorwise_fused'"):
+        fp8.check(configurator.Config(**{**delayed, "fp8_recipe": "tensorwise_fused"}), gpu)
+    with pytest.raises(ValueError, match="fp8_gelu_cast=True folds the MLP's GELU into the cast of the FP8 Linear "
+                                         "it feeds, and activation='relu2' is not the exact GELU: use "
+                                         "--activation=gelu, or leave fp8_gelu_cast out$"):
+        fp8.check(configurator.Config(**delayed, activation="relu2"), gpu)
+    with pytest.raises(ValueError, match=r"and the MLP's c_proj \(4096 -> 1024\) is not converted with fp8_layers="
+                                         r"'qkv,fc' and fp8_min_dim=1024: convert it \(mlp_proj in fp8_layers, "
+                                         r"fp8_min_dim at most 1024\), or leave fp8_gelu_cast out$"):
+        fp8.check(configurator.Config(**delayed, fp8_layers="qkv,fc"), gpu)
 
 
 def test_evaluation_records_nothing_and_skips_the_kernel(monkeypatch):
@@ -162,11 +166,16 @@ def test_evaluation_records_nothing_and_skips_the_kernel(monkeypatch):
     assert (lin.fp8_amax[:, 0] == 0).all()
 
 
-def test_the_flag_is_refused_where_it_would_do_nothing_or_cannot_run():
-    with pytest.raises(ValueError, match="fp8_cast_kernel=True would do nothing with fp8_recipe='tensorwise_fused'"):
-        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_fused", fp8_cast_kernel=True), on("cpu"))
-    with pytest.raises(ValueError, match="this run is on the CPU: add --fp8=False and leave out fp8_cast_kernel$"):
+def test_the_flag_is_refused_where_it_would_do_nothing_or_cannot_run(monkeypatch):
+    with pytest.raises(ValueError, match="this run is on the CPU: add --fp8=False and leave out fp8_recipe, "
+                                         "fp8_cast_kernel where the command line gives them$"):
         fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_cast_kernel=True), on("cpu"))
+    with pytest.raises(ValueError, match="^fp8_cast_kernel=True would do nothing: it is a setting of the block "
+                                         "Linears' FP8, which needs a GPU .* on the CPU\\). Leave fp8_cast_kernel out$"):
+        fp8.check(configurator.Config(fp8_cast_kernel=True), on("cpu"))      # no "add --fp8=True" where it can't
+    monkeypatch.setattr(fp8, "capability", lambda device: (9, 0))          # an FP8 GPU, stood in for
+    with pytest.raises(ValueError, match="fp8_cast_kernel=True would do nothing with fp8_recipe='tensorwise_fused'"):
+        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_fused", fp8_cast_kernel=True), on("cuda"))
     with pytest.raises(ValueError, match="fp8_cast_kernel=True runs Triton kernels on a CUDA GPU; this run is on "
                                          "cpu: leave fp8_cast_kernel out"):
         cast_kernel.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_cast_kernel=True),

@@ -193,7 +193,7 @@ def test_calibrate_gives_the_first_history_and_leaves_the_run_as_it_was(byte_dat
     assert fp8.calibrate(model, batch, torch.autocast("cpu", dtype=torch.bfloat16)) is None
 
 
-def test_delayed_scales_compile_and_are_refused_with_float16_loss_scaling():
+def test_delayed_scales_compile_and_are_refused_with_float16_loss_scaling(hopper):
     """The recipe under torch.compile: the amax recorded in the forward and the backward (no graph break), the
     same outputs and amaxes as eager (bf16 weights and input: Inductor would otherwise skip the rounding to bf16
     before the cast, as it may for any fused cast); float16's moving loss scale is refused in one line."""
@@ -211,7 +211,7 @@ def test_delayed_scales_compile_and_are_refused_with_float16_loss_scaling():
     assert torch.equal(y, y_eager) and torch.equal(lin.fp8_amax, eager.fp8_amax)
     assert lin.fp8_amax[0, 0] == x.abs().max() and lin.fp8_amax[1, 0] == 1.0
     with pytest.raises(ValueError, match="tensorwise_delayed' with dtype=float16: .* --dtype=bfloat16"):
-        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", dtype="float16"), on("cpu"))
+        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", dtype="float16"), hopper)
 
 
 def precast_pair():
@@ -309,7 +309,7 @@ def test_a_run_with_precast_weights_trains_and_resumes_exactly_as_without(byte_d
     assert len(losses("off")) == 6 and losses("on") == losses("off") == losses("part")
 
 
-def test_precast_is_refused_where_it_would_do_nothing_or_could_not_work():
+def test_precast_is_refused_where_it_would_do_nothing_or_could_not_work(hopper):
     gpu = torch.device("cuda")
     with pytest.raises(ValueError, match="fp8_precast=True would do nothing with fp8_recipe='tensorwise_fused'"):
         fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_fused", fp8_precast=True), on(gpu))
@@ -424,10 +424,12 @@ def test_the_rowwise_recipe_converts_the_eligible_linears_without_torchao(monkey
     assert torch.isfinite(loss) and m.transformer.h[0].mlp.c_fc.weight.grad is not None
 
 
-def test_the_rowwise_recipe_is_refused_where_it_cannot_run():
+def test_the_rowwise_recipe_is_refused_where_it_cannot_run(monkeypatch):
     cpu = torch.device("cpu")
-    with pytest.raises(ValueError, match=r"fp8=True needs a GPU of compute capability 8.9 .* add --fp8=False"):
+    with pytest.raises(ValueError, match=r"fp8=True needs a GPU of compute capability 8.9 .* add --fp8=False and "
+                                         r"leave out fp8_recipe where the command line gives them$"):
         fp8.check(configurator.Config(fp8=True, fp8_recipe="rowwise_bf16_wgrad"), on(cpu))
+    monkeypatch.setattr(fp8, "capability", lambda device: (9, 0))
     with pytest.raises(ValueError, match="fp8_recipe='rowwise_bf16_wgrad' would do nothing"):
         fp8.check(configurator.Config(fp8_head=True, fused_ce=True, fp8_recipe="rowwise_bf16_wgrad"), on(cpu))
     with pytest.raises(ValueError, match="fp8_recipe"):
@@ -467,7 +469,7 @@ def test_fp8_converts_exactly_the_eligible_layers():
                     configurator.Config(fp8=True))
 
 
-def test_fp8_layers_picks_the_kinds_to_convert():
+def test_fp8_layers_picks_the_kinds_to_convert(hopper):
     """fp8_layers converts the kinds it names (one kind at a time measures FP8 per kind end to end), refuses an
     unknown kind naming the kinds, and is refused without fp8=True (it would do nothing)."""
     pytest.importorskip("torchao")
@@ -477,7 +479,7 @@ def test_fp8_layers_picks_the_kinds_to_convert():
         _, model = build("config/gpt2-large.py")
         names = fp8.convert(model, cfg)
         assert sorted(names) == sorted(f"transformer.h.{i}.{e}" for i in range(cfg.n_layer) for e in ends)
-    gpu = torch.device("cuda")                              # the kinds are checked before the device
+    gpu = torch.device("cuda")                              # an FP8 GPU (hopper stands in for one)
     for bad, message in (("fc,mlp", "unknown kind mlp; the kinds are qkv, attn_proj, fc, mlp_proj"),
                          (",", "no kind; the kinds are")):
         with pytest.raises(ValueError, match=f"fp8_layers={bad!r}: {message}"):
@@ -492,9 +494,10 @@ def test_a_preset_on_the_cpu_names_the_way_out():
         fp8.check(cfg, on(torch.device("cpu")))
 
 
-def test_resume_checks_fp8_shapes_of_the_checkpoint(byte_data, tmp_path):
+def test_resume_checks_fp8_shapes_of_the_checkpoint(byte_data, tmp_path, hopper):
     """A resumed run takes n_embd from the checkpoint when it is not set: fp8_head's multiple-of-16 check
-    sees that shape (40), not the command's default (128), and refuses before any work."""
+    sees that shape (40), not the command's default (128), and refuses before any work (on an FP8 GPU, stood in
+    for: on the CPU the device's refusal comes first)."""
     train.main(tiny_args(byte_data, tmp_path, "--n_embd=40", "--n_head=4", "--max_iters=2"))
     shapeless = [a for a in tiny_args(byte_data, tmp_path, "--max_iters=4")
                  if not a.startswith(("--n_embd", "--n_head"))]

@@ -66,19 +66,17 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
      "check_mask=True checks the document mask: it needs packing"),
     (["--config", "config/fast.py", "--device=cpu"], ValueError,
      r"\[1\] fp8=True and fp8_head=True need a GPU .* this run is on the CPU: add --fp8=False --fp8_head=False "
-     r"\(config/fast.py and config/gpt2-\*.py set fp8=True and fp8_head=True\); "
+     r"and leave out fp8_recipe, fp8_min_dim where the command line gives them \(config/fast.py and "
+     r"config/gpt2-\*.py set fp8=True and fp8_head=True; --fp8=False drops their other FP8 settings\); "
      r"or, on a CPU, the quickstart's size \(python train.py; these steps are 524,288 tokens\); "
      r"\[2\] head_kernel=True runs Triton kernels on a CUDA GPU; this run is on cpu: add --head_kernel=False;"),
     (["--config", "config/fast.py", "--fp8=False", "--device=cpu"], ValueError,
-     r"this run is on the CPU: add --fp8_head=False \(config/fast.py and config/gpt2-\*.py set fp8_head=True\); "
+     r"this run is on the CPU: add --fp8_head=False \(config/fast.py and config/gpt2-\*.py set fp8_head=True; "
+     r"--fp8=False drops their other FP8 settings\); "
      r"or, on a CPU, the quickstart's size"),
     (["--fused_ce=True", "--dtype=float16"], ValueError, "fused_ce=True with dtype='float16' is not supported"),
-    (["--fused_ce=True", "--fp8_head=True", "--fp8_recipe=rowwise"], ValueError,
-     "fp8_recipe='rowwise' would do nothing: .* --fp8=True"),
-    (["--fp8_head=True", "--fused_ce=True", "--n_embd=40", "--n_head=4"], ValueError,
-     r"n_embd \(40\), .* multiples of 16 .*, or add --fp8_head=False"),
-    (["--fp8_head=True", "--fused_ce=True", "--fused_ce_chunk=1000"], ValueError,
-     r"and fused_ce_chunk \(1000\) to be multiples of 16"),
+    (["--fused_ce=True", "--fp8_head=True", "--fp8_recipe=rowwise"], ValueError,     # the device first (no loop)
+     r"fp8_head=True needs a GPU .* add --fp8_head=False and leave out fp8_recipe where the command line gives them"),
     (["--fused_ce_chunk=0"], ValueError, "'fused_ce_chunk' must be positive"),
     (["--fp8_min_dim=-1"], ValueError, "'fp8_min_dim' must be >= 0, got -1"),
     (["--fused_ce_chunk=4096"], ValueError, "fused_ce_chunk=4096 would do nothing: .* Add --fused_ce=True"),
@@ -99,7 +97,8 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--muon_momentum=0.9"], ValueError, "muon_momentum=0.9 would do nothing"),
     (["--wsd_decay_frac=0.5"], ValueError, "wsd_decay_frac=0.5 would do nothing: .* Add --lr_schedule=wsd"),
     (["--optimizer=muon", "--muon_momentum=1.5"], ValueError, r"muon_momentum=1.5: Muon's momentum is a fraction"),
-    (["--fp8_recipe=tensorwise_fused"], ValueError, "fp8_recipe='tensorwise_fused' would do nothing: .* --fp8=True"),
+    (["--fp8_recipe=tensorwise_fused"], ValueError,        # on the CPU: not "add --fp8=True", which it would refuse
+     r"fp8_recipe='tensorwise_fused' would do nothing: .* which needs a GPU .* Leave fp8_recipe out$"),
     (["--fp8_min_dim=512"], ValueError, "fp8_min_dim=512 would do nothing"),
     (["--compile=True", "--compile_tuning=True"], ValueError, "on cpu it would do nothing: leave it out"),
     (["--init_from=resume"], FileNotFoundError, "ckpt.pt"),
@@ -190,6 +189,21 @@ def test_gpu_flags_on_a_small_cpu_run_are_refused_together(byte_data, tmp_path):
                                          r"not exist: prepare it with `python data.py --input CORPUS --out .*nosuch`$"):
         train.main(tiny_args(missing, tmp_path / "o", "--attention=flex", "--fp8=True", "--device=cpu"))
     assert not (tmp_path / "o").exists() and not missing.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fused_ce=True", "--fp8_head=True", "--fp8_recipe=rowwise"], "fp8_recipe='rowwise' would do nothing: .* --fp8=True"),
+    (["--fp8_head=True", "--fused_ce=True", "--n_embd=40", "--n_head=4"],
+     r"n_embd \(40\), .* multiples of 16 .*, or add --fp8_head=False"),
+    (["--fp8_head=True", "--fused_ce=True", "--fused_ce_chunk=1000"], r"and fused_ce_chunk \(1000\) to be multiples of 16"),
+])
+def test_the_fp8_heads_settings_are_refused_on_an_fp8_gpu(argv, message, hopper):
+    """What fp8.check refuses after its device check, on an FP8 GPU (stood in for): on a CPU its device's refusal
+    comes first (test_config_errors)."""
+    from configurator import load_config
+    from speedgpt.features import fp8
+    with pytest.raises(ValueError, match=message):
+        fp8.check(load_config(argv), hopper)
 
 
 @pytest.mark.parametrize("flags, why", [

@@ -80,17 +80,39 @@ def check(cfg, proc):
     device = proc.device
     if cfg.fp8_min_dim < 0:
         raise ValueError(f"config key 'fp8_min_dim' must be >= 0, got {cfg.fp8_min_dim}")
+    cc = capability(device)
+    capable = cc is not None and cc >= (8, 9)     # else no FP8 here: a refusal never says "add --fp8=True"
+
+    def where():
+        return f"{torch.cuda.get_device_name(device)} (sm_{cc[0]}{cc[1]})" if cc else \
+            {"cpu": "the CPU", "mps": "Apple's GPU (MPS)"}.get(device.type, device.type)
     if cfg.fp8_layers != ALL_KINDS:
         layer_kinds(cfg, [kind for _, kind, _ in meta_model(cfg).block_linears()])
         if not cfg.fp8:
             raise ValueError(f"fp8_layers={cfg.fp8_layers!r} would do nothing: it picks the block Linears fp8=True "
-                             "converts. Add --fp8=True, or leave fp8_layers out")
+                             "converts. " + ("Add --fp8=True, or leave fp8_layers out" if capable else
+                                             f"FP8 needs a GPU of compute capability 8.9 or newer (this run is on "
+                                             f"{where()}): leave fp8_layers out"))
     if not cfg.fp8:                   # fp8_recipe with fp8_head alone: refused below, worded for the head
         blocks_only = (() if cfg.fp8_head else ("fp8_recipe",)) + ("fp8_min_dim", "fp8_precast",
                                                                    *cast_kernel.FLAGS)
-        refuse_unused(cfg, blocks_only, "a setting of the block Linears' FP8", "--fp8=True")
+        refuse_unused(cfg, blocks_only, "a setting of the block Linears' FP8" + ("" if capable else
+                      f", which needs a GPU of compute capability 8.9 or newer (this run is on {where()})"),
+                      "--fp8=True" if capable else None)
     if not (cfg.fp8 or cfg.fp8_head):
         return cfg
+    if not capable:               # first: on this device the settings below would not help (no loop of refusals)
+        keys = [k for k in ("fp8", "fp8_head") if getattr(cfg, k)]
+        presets = " and ".join(f"{k}=True" for k in keys)
+        defaults = type(cfg).__dataclass_fields__
+        extras = [k for k in DETAILS["fp8"] if getattr(cfg, k) != defaults[k].default]
+        off = " ".join(f"--{k}=False" for k in keys) + \
+            (f" and leave out {', '.join(extras)} where the command line gives them" if extras else "") + \
+            (f" (config/fast.py and config/gpt2-*.py set {presets}; --fp8=False drops their other FP8 settings)"
+             if cfg.fp8_head else "")
+        cpu = cpu_way_out(cfg, device)
+        raise ValueError(f"{presets} {'needs' if len(keys) == 1 else 'need'} a GPU of compute capability 8.9 or "
+                         f"newer (Ada, Hopper); this run is on {where()}: add {off}" + (f"; or, {cpu}" if cpu else ""))
     if cfg.fp8_precast and cfg.fp8_recipe != "tensorwise_delayed":
         raise ValueError(f"fp8_precast=True would do nothing with fp8_recipe={cfg.fp8_recipe!r}: it makes the delayed "
                          "recipe's scales and float8 weights once per step. Add --fp8_recipe=tensorwise_delayed, or "
@@ -104,7 +126,7 @@ def check(cfg, proc):
             and not gelu_fed(meta_model(cfg), cfg):         # none eligible at all: fp8's own refusal below says so
         why = (f"activation={cfg.activation!r} is not the exact GELU: use --activation=gelu"
                if cfg.activation != "gelu" else
-               f"the MLP's c_proj ({4 * cfg.n_embd} -> {cfg.n_embd}) stays in bf16 with fp8_layers="
+               f"the MLP's c_proj ({4 * cfg.n_embd} -> {cfg.n_embd}) is not converted with fp8_layers="
                f"{cfg.fp8_layers!r} and fp8_min_dim={cfg.fp8_min_dim}: convert it (mlp_proj in fp8_layers, "
                f"fp8_min_dim at most {cfg.n_embd})")
         raise ValueError(f"fp8_gelu_cast=True folds the MLP's GELU into the cast of the FP8 Linear it feeds, and "
@@ -124,19 +146,6 @@ def check(cfg, proc):
         raise ValueError(f"fp8_head=True needs n_embd ({cfg.n_embd}), batch_size * block_size "
                          f"({cfg.batch_size * cfg.block_size}) and fused_ce_chunk ({cfg.fused_ce_chunk}) "
                          "to be multiples of 16 (float8 matmul shapes), or add --fp8_head=False")
-    keys = [k for k in ("fp8", "fp8_head") if getattr(cfg, k)]
-    presets = " and ".join(f"{k}=True" for k in keys)
-    asking = presets + (" needs" if len(keys) == 1 else " need")
-    extras = [k for k in ("fp8_precast", *cast_kernel.FLAGS) if cfg.fp8 and getattr(cfg, k)]   # no preset sets them
-    off = " ".join(f"--{k}=False" for k in keys) + (f" and leave out {' and '.join(extras)}" if extras else "") + \
-        (f" (config/fast.py and config/gpt2-*.py set {presets})" if cfg.fp8_head else "")
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
-        cc = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-        where = f"{torch.cuda.get_device_name(device)} (sm_{cc[0]}{cc[1]})" if cc else \
-            {"cpu": "the CPU", "mps": "Apple's GPU (MPS)"}.get(device.type, device.type)
-        cpu = cpu_way_out(cfg, device)
-        raise ValueError(f"{asking} a GPU of compute capability 8.9 or newer (Ada, Hopper); this run is on "
-                         f"{where}: add {off}" + (f"; or, {cpu}" if cpu else ""))
     if cfg.fp8_head and not cfg.fused_ce:          # after the device: off a GPU, fused_ce=True would not help
         raise ValueError("fp8_head=True runs the fused head's matmuls in float8: it needs fused_ce=True "
                          "(config/fast.py sets both), or add --fp8_head=False")
@@ -209,6 +218,11 @@ def convert(model, cfg):
         for owner, linear in fed:
             owner.act, linear.fp8_gelu = torch.nn.Identity(), True
     return list(chosen)
+
+
+def capability(device):
+    """(major, minor): the compute capability of a CUDA device, else None (no float8 matmuls there)."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
 def gelu_fed(model, cfg):
