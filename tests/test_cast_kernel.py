@@ -171,7 +171,8 @@ def test_the_flag_is_refused_where_it_would_do_nothing_or_cannot_run(monkeypatch
                                          "fp8_cast_kernel where the command line gives them$"):
         fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_cast_kernel=True), on("cpu"))
     with pytest.raises(ValueError, match="^fp8_cast_kernel=True would do nothing: it is a setting of the block "
-                                         "Linears' FP8, which needs a GPU .* on the CPU\\). Leave fp8_cast_kernel out$"):
+                                         "Linears' FP8, which needs a GPU .* on the CPU\\). "
+                                         "Leave fp8_cast_kernel out$"):
         fp8.check(configurator.Config(fp8_cast_kernel=True), on("cpu"))      # no "add --fp8=True" where it can't
     monkeypatch.setattr(fp8, "capability", lambda device: (9, 0))          # an FP8 GPU, stood in for
     with pytest.raises(ValueError, match="fp8_cast_kernel=True would do nothing with fp8_recipe='tensorwise_fused'"):

@@ -192,10 +192,12 @@ def test_gpu_flags_on_a_small_cpu_run_are_refused_together(byte_data, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--fused_ce=True", "--fp8_head=True", "--fp8_recipe=rowwise"], "fp8_recipe='rowwise' would do nothing: .* --fp8=True"),
+    (["--fused_ce=True", "--fp8_head=True", "--fp8_recipe=rowwise"],
+     "fp8_recipe='rowwise' would do nothing: .* --fp8=True"),
     (["--fp8_head=True", "--fused_ce=True", "--n_embd=40", "--n_head=4"],
      r"n_embd \(40\), .* multiples of 16 .*, or add --fp8_head=False"),
-    (["--fp8_head=True", "--fused_ce=True", "--fused_ce_chunk=1000"], r"and fused_ce_chunk \(1000\) to be multiples of 16"),
+    (["--fp8_head=True", "--fused_ce=True", "--fused_ce_chunk=1000"],
+     r"and fused_ce_chunk \(1000\) to be multiples of 16"),
 ])
 def test_the_fp8_heads_settings_are_refused_on_an_fp8_gpu(argv, message, hopper):
     """What fp8.check refuses after its device check, on an FP8 GPU (stood in for): on a CPU its device's refusal

@@ -16,8 +16,8 @@ faster end to end.
 fp8_gelu_cast=True runs the same kernel with the MLP's exact GELU in front, for c_proj's input only: fp8.convert
 hands c_proj the pre-activation (the MLP's act becomes an identity) and the layer's backward applies GELU's
 derivative. Inductor already fuses GELU into that cast, so what the kernel saves there is the amax's second read
-and the backward's transposing kernel (fp8_cast.py: 0.617 ms against 0.845 at 774M's shape), without splitting the
-LayerNorm's fused cast as fp8_cast_kernel does for the other layers. GELU is computed in float32 and cast once, as
+and the backward's transposing kernel (benchmarks/fp8_cast.py times both), without splitting the LayerNorm's fused
+cast as fp8_cast_kernel does for the other layers. GELU is computed in float32 and cast once, as
 compiled code does (no bfloat16 rounding between them).
 
 cast_amax is a torch custom op, so torch.compile keeps it one opaque call: on a CUDA GPU the Triton kernel,

@@ -215,8 +215,9 @@ def convert(model, cfg):
         fed = gelu_fed(model, cfg)
         if not fed:
             raise ValueError("fp8_gelu_cast=True: no MLP's exact GELU feeds an FP8 Linear of this model")
-        for owner, linear in fed:
-            owner.act, linear.fp8_gelu = torch.nn.Identity(), True
+        for owner, act_name, linear in fed:
+            setattr(owner, act_name, torch.nn.Identity())
+            linear.fp8_gelu = True
     return list(chosen)
 
 
@@ -226,18 +227,20 @@ def capability(device):
 
 
 def gelu_fed(model, cfg):
-    """[(owner, linear)]: each module whose `act` is the exact GELU and whose ACT_FEEDS names the Linear that takes
-    act's output (model.py's MLP: c_proj), where that Linear is (or, before convert swaps it, would be) a delayed
-    FP8 layer: fp8_gelu_cast's pairs. On a meta model before convert, the eligible Linears stand for the swapped."""
+    """[(owner, act name, linear)]: each module whose ACT_FEEDS ({its activation: the Linear that takes its output},
+    model.py's MLP: {"act": "c_proj"}) names an exact GELU feeding a Linear that is (or, before convert swaps it,
+    would be) a delayed FP8 layer: fp8_gelu_cast's pairs. On a meta model before convert, the eligible Linears
+    stand for the swapped ones."""
+    if cfg.fp8_recipe != "tensorwise_delayed":
+        return []
     eligible = {id(m) for _, m in eligible_linears(model, cfg)}
     out = []
     for owner in model.modules():
-        linear = getattr(owner, getattr(owner, "ACT_FEEDS", ""), None)
-        act = getattr(owner, "act", None)
-        if (linear is not None and type(act) is torch.nn.GELU and act.approximate == "none"
-                and cfg.fp8_recipe == "tensorwise_delayed"
-                and (isinstance(linear, DelayedFloat8Linear) or id(linear) in eligible)):
-            out.append((owner, linear))
+        for act_name, linear_name in getattr(owner, "ACT_FEEDS", {}).items():
+            act, linear = getattr(owner, act_name), getattr(owner, linear_name)
+            if type(act) is torch.nn.GELU and act.approximate == "none" and (
+                    isinstance(linear, DelayedFloat8Linear) or id(linear) in eligible):
+                out.append((owner, act_name, linear))
     return out
 
 
@@ -445,12 +448,13 @@ class _DelayedLinear(torch.autograd.Function):
     track=False (evaluation): nothing recorded. kernel (fp8_cast_kernel): each tracked cast and its amax in one
     Triton pass (delayed_cast). gelu (fp8_gelu_cast): x is the MLP's pre-activation and the layer multiplies
     GELU(x): in training its cast runs GELU in the same Triton pass and the backward applies GELU's derivative
-    (aten's gelu_backward, autograd's own); calibrating or evaluating, GELU runs first, as the MLP ran it. With fp8_precast, scales, w8 and w8_t are precast()'s, made once
-    per optimizer step: scales (3,) float32, the scales of x, dy and the weight; w8 (N, K) the weight in e4m3 and
-    w8_t (K, N) its transposed copy (the input gradient's operand); without it (None) the scales and the weight's
-    cast are made here, in every micro-batch's graph. The inverse scales torch._scaled_mm takes are computed here
-    either way: a view into `scales` (an offset into another tensor) is refused by cuBLAS (NOT_SUPPORTED) and by
-    Inductor's lowering of _scaled_mm, which on the GPU want each scale a tensor of its own."""
+    (aten's gelu_backward, autograd's own); calibrating or evaluating, GELU runs first, as the MLP ran it. With
+    fp8_precast, scales, w8 and w8_t are precast()'s, made once per optimizer step: scales (3,) float32, the
+    scales of x, dy and the weight; w8 (N, K) the weight in e4m3 and w8_t (K, N) its transposed copy (the input
+    gradient's operand); without it (None) the scales and the weight's cast are made here, in every micro-batch's
+    graph. The inverse scales torch._scaled_mm takes are computed here either way: a view into `scales` (an offset
+    into another tensor) is refused by cuBLAS (NOT_SUPPORTED) and by Inductor's lowering of _scaled_mm, which on
+    the GPU want each scale a tensor of its own."""
 
     @staticmethod
     def forward(ctx, x, w, amax, scaled, track, kernel, gelu, scales, w8, w8_t):
