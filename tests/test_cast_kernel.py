@@ -29,19 +29,24 @@ def delayed_layer(kernel):
     return lin
 
 
+@pytest.fixture
+def op_calls(monkeypatch):
+    """cast_amax's CPU path (reference), counted: (e5m2, gelu) of each call, in order."""
+    calls, reference = [], cast_kernel.reference
+
+    def counted(x, scale, amax, e5m2=False, gelu=False):
+        calls.append((e5m2, gelu))
+        return reference(x, scale, amax, e5m2, gelu)
+    monkeypatch.setattr(cast_kernel, "reference", counted)
+    return calls
+
+
 @pytest.mark.parametrize("compiled", [False, True])
-def test_the_kernel_path_gives_the_step_of_the_pytorch_ops(compiled, monkeypatch):
+def test_the_kernel_path_gives_the_step_of_the_pytorch_ops(compiled, op_calls):
     """With fp8_cast_kernel the layer casts x in its forward and dy in its backward through cast_amax (e4m3 row 0,
     e5m2 row 1 of the history), the weight gradient taking the transposed copies it makes, and its output, both
     gradients and the amax the step recorded are those of the layer without the flag, bit for bit; values past the
     scale's range saturate alike."""
-    calls = []
-    reference = cast_kernel.reference
-
-    def counted(x, scale, amax, e5m2=False, gelu=False):
-        calls.append(e5m2)
-        return reference(x, scale, amax, e5m2, gelu)
-    monkeypatch.setattr(cast_kernel, "reference", counted)
     g = torch.Generator().manual_seed(1)
     x = (3 * torch.randn(32, 64, generator=g)).bfloat16()                 # past 2.0: some values saturate
     dy = torch.randn(32, 96, generator=g).bfloat16()
@@ -52,7 +57,7 @@ def test_the_kernel_path_gives_the_step_of_the_pytorch_ops(compiled, monkeypatch
         y = (torch.compile(lin) if compiled else lin)(xi)
         y.backward(dy)
         outs.append((y, xi.grad, lin.weight.grad, lin.fp8_amax))
-    assert calls == [False, True]
+    assert op_calls == [(False, False), (True, False)]
     for a, b in zip(*outs):
         assert torch.equal(a, b)
     amax = outs[1][3]
@@ -78,19 +83,12 @@ def gelu_mlp(fused, dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_gelu_in_the_cast_gives_the_mlp_step_of_gelu_then_cast(compiled, monkeypatch):
+def test_gelu_in_the_cast_gives_the_mlp_step_of_gelu_then_cast(compiled, op_calls, monkeypatch):
     """fp8_gelu_cast: convert makes the MLP's act an identity and c_proj takes the pre-activation; its forward casts
     GELU of it through cast_amax (GELU in float32, cast once, as compiled code does) and records the amax of GELU's
     output, and its backward applies GELU's derivative. The plain path rounds GELU's output to bfloat16 before the
     cast, so the two agree to that rounding, not bit for bit: the output and every gradient within 1% (a float8
     step is 6%), eager and compiled. Evaluating runs GELU first, without the op, as the MLP without the flag."""
-    calls = []
-    reference = cast_kernel.reference
-
-    def counted(x, scale, amax, e5m2=False, gelu=False):
-        calls.append(gelu)
-        return reference(x, scale, amax, e5m2, gelu)
-    monkeypatch.setattr(cast_kernel, "reference", counted)
     g = torch.Generator().manual_seed(1)
     x = (2 * torch.randn(64, 64, generator=g)).bfloat16()
     dy = torch.randn(64, 64, generator=g).bfloat16()
@@ -105,7 +103,7 @@ def test_gelu_in_the_cast_gives_the_mlp_step_of_gelu_then_cast(compiled, monkeyp
         if fused:
             h = mlp.c_fc(x).detach()
             assert mlp.c_proj.fp8_amax[0, 0] == torch.nn.functional.gelu(h.float()).abs().max()
-    assert calls == [True]
+    assert op_calls == [(False, True)]
     for a, b in zip(*outs):
         assert (a.float() - b.float()).norm() <= 0.01 * b.float().norm(), ((a - b).float().norm() / b.float().norm())
     if not compiled:        # below c_proj the same dy and weight: GELU's derivative as autograd's, bit for bit
