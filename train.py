@@ -406,6 +406,9 @@ def main(argv=None):
         print0(f"this run is finished: {resume.resume_path(cfg, explicit)[1]} {ckpt['finished']}")
         leave(proc, True)
         return {"finished": True, "step": ckpt["step"], "best_val_loss": ckpt["best_val_loss"]}
+    said = memory.report(cfg, proc)                   # after every check: a refused run prints only its refusal
+    if said:
+        print0(said)
     meta, train_loader, val_loader, token_bytes = build_data(cfg, proc, grad_accum_steps, ckpt)
     hellaswag_eval = hellaswag.build(cfg, meta, cfg.block_size, proc)     # None when off
     cfg, raw_model, model, grad_sync = build_model(cfg, meta, proc, ckpt, train_loader)

@@ -298,14 +298,19 @@ def weights_shape(cfg):
 
 
 def check(cfg, proc):
-    """train.py's check: fits() on the vocabulary of cfg.data_dir, its line printed on rank 0. Skipped when
-    data_dir holds no data (missing, or without meta.json and shards) and is not a corpus prepared on first use:
-    train.py then refuses the folder in its own line, the mistake to fix first. Returns cfg."""
-    device, world = proc.device, proc.world
-    from speedgpt.distributed import print0
+    """train.py's check: refuses a run that does not fit (report). Returns cfg."""
+    report(cfg, proc)
+    return cfg
+
+
+def report(cfg, proc):
+    """fits() on the vocabulary of cfg.data_dir: its line (train.py prints it once every check has passed, so that a
+    refused run prints only its refusal), or None where data_dir holds no data (missing, or without meta.json and
+    shards) and is not a corpus prepared on first use: train.py then refuses the folder in its own line, the mistake
+    to fix first. Raises fits()' ValueError."""
     name = os.path.basename(str(cfg.data_dir).rstrip("/"))
     has_data = os.path.isdir(cfg.data_dir) and any(n == "meta.json" or n.endswith(".bin")
                                                    for n in os.listdir(cfg.data_dir))
     if has_data or name in ("stdlib_byte", "stdlib_gpt2"):
-        print0(fits(weights_shape(cfg), vocab_size(cfg.data_dir), device, world))
-    return cfg
+        return fits(weights_shape(cfg), vocab_size(cfg.data_dir), proc.device, proc.world)
+    return None

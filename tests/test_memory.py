@@ -315,3 +315,15 @@ def test_out_of_memory_is_one_line_naming_the_knobs(byte_data, tmp_path, error):
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: out of memory"), proc.stderr[-2000:]
     assert "--batch_size" in proc.stderr and "--grad_checkpointing=full" in proc.stderr
+
+
+def test_the_memory_line_comes_once_every_check_has_passed(byte_data, tmp_path, capsys):
+    """A run refused by a check after memory's (here the output folder's) prints its refusal alone, not the memory
+    estimate before it; a run that starts prints the estimate once."""
+    import train
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ValueError, match="cannot create the output folder"):
+        train.main(tiny_args(byte_data, tmp_path / "a_file" / "out", "--device=cpu"))
+    assert "memory:" not in capsys.readouterr().out
+    train.main(tiny_args(byte_data, tmp_path / "out", "--device=cpu", "--max_iters=1", "--eval_tokens=0"))
+    assert capsys.readouterr().out.count("memory: about ") == 1
