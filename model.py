@@ -213,7 +213,7 @@ class KVCache:
 
 class MLP(nn.Module):
     LINEARS = {"c_fc": "fc", "c_proj": "mlp_proj"}            # its Linears by kind (GPT.block_linears)
-    ACT_FEEDS = {"act": "c_proj"}                             # its activation -> the Linear it feeds (fp8_gelu_cast)
+    ACT_BETWEEN = {"act": ("c_fc", "c_proj")}       # its activation -> the Linears feeding it and fed (fp8_gelu_cast)
 
     def __init__(self, config):
         super().__init__()

@@ -6,7 +6,10 @@ scale: how many passes over the activations each costs, and so which way a recip
     python benchmarks/fp8_cast.py --device cpu --eager --tokens 64 --width 32 --iters 1   # the smoke test
 
 Producers (what makes the tensor cast): `layernorm` (LayerNorm of a bf16 residual, the qkv and fc inputs), `gelu`
-(GELU of the fc output, mlp_proj's input, 4x wide), `plain` (a bf16 tensor as is: the attention output). Ways:
+(GELU of the fc output, mlp_proj's input, 4x wide), `plain` (a bf16 tensor as is: the attention output),
+`gelu_backward` (GELU's derivative times the gradient of its output, fc's output gradient, 4x wide: two inputs
+read, stacked as one tensor of twice the rows; the backward casts it to e5m2, here e4m3 as the others, the same
+bytes). Ways:
 
   bf16 out              the producer alone, writing bf16: what the step pays without FP8
   dynamic               torchao's tensorwise cast: amax = max |y| over the tensor, then y * (448 / amax) to e4m3
@@ -25,10 +28,11 @@ Producers (what makes the tensor cast): `layernorm` (LayerNorm of a bf16 residua
   delayed + amax, Triton (ours)
                         the producer, the cast and the amax in one kernel of our own (speedgpt/features/
                         cast_kernel.py, the flag fp8_cast_kernel: 2-D tiles, each tile's max folded in with one
-                        atomic max), for gelu and plain; needs Triton on a GPU; and the same with the transposed
-                        copy written in the same pass (what fp8_cast_kernel runs in training)
+                        atomic max), for gelu, plain and gelu_backward; needs Triton on a GPU; and the same
+                        with the transposed copy written in the same pass (what fp8_cast_kernel and
+                        fp8_gelu_cast run in training)
 
-Each row: milliseconds per call (median, CUDA events), and the producer's bytes (its input read, one byte per
+Each row: milliseconds per call (median, CUDA events), and the producer's bytes (its inputs read, one byte per
 element written) over that time as a share of a plain copy's rate measured here. A Markdown table.
 """
 import argparse
@@ -48,9 +52,11 @@ FP8_MAX = 448.0
 
 
 def producers(width):
-    """{name: (function of the input tensor, input width)}: the ops that make a block Linear's input."""
-    return {"layernorm": (lambda x: F.layer_norm(x, (x.size(-1),)), width), "gelu": (F.gelu, 4 * width),
-            "plain": (lambda x: x, width)}
+    """{name: (function of the input tensor, its width, inputs stacked in it)}: the ops that make the tensors a
+    block Linear casts. gelu_backward's input is the gradient of GELU's output over GELU's input (2 x rows)."""
+    return {"layernorm": (lambda x: F.layer_norm(x, (x.size(-1),)), width, 1), "gelu": (F.gelu, 4 * width, 1),
+            "plain": (lambda x: x, width, 1),
+            "gelu_backward": (lambda x: torch.ops.aten.gelu_backward(*x.chunk(2)), 4 * width, 2)}
 
 
 def cast(y, scale):
@@ -104,10 +110,10 @@ def measure(tokens, width, device, iters, compiled=True, names=None):
     torch.manual_seed(0)
     compile_ = torch.compile if compiled else (lambda f: f)
     rows = []
-    for pname, (make, w) in producers(width).items():
+    for pname, (make, w, inputs) in producers(width).items():
         if names and pname not in names:
             continue
-        x = torch.randn(tokens, w, device=device, dtype=torch.bfloat16)
+        x = torch.randn(inputs * tokens, w, device=device, dtype=torch.bfloat16)
         scale = torch.tensor(FP8_MAX / 5.0, device=device)
         out = torch.empty_like(x)
         copy = cuda_time_ms(lambda: out.copy_(x), 3, iters, device)          # 4 bytes per element moved
@@ -117,17 +123,19 @@ def measure(tokens, width, device, iters, compiled=True, names=None):
         fns["dynamic, two graphs"] = lambda x, s: cast_rows(x, row_amax(x))
         cast_only, of_float8 = compile_(lambda x, s: cast(make(x), s)), compile_(amax_of_float8)
         fns["delayed, amax of the float8 (two graphs)"] = lambda x, s: of_float8(cast_only(x, s), s)
-        if pname in ("gelu", "plain") and device.type == "cuda" and importlib.util.find_spec("triton"):
+        if pname != "layernorm" and device.type == "cuda" and importlib.util.find_spec("triton"):
             amax = torch.zeros((), device=device)
-            fns["delayed + amax, Triton (ours)"] = \
-                lambda x, s, gelu=pname == "gelu": cast_kernel.run(x, s, amax, gelu=gelu)
+            ours = dict(gelu=pname == "gelu")
+            if pname == "gelu_backward":      # x[:tokens] the gradient, x[tokens:] GELU's input: contiguous halves
+                ours = dict(gelu_input=x[tokens:])
+            fns["delayed + amax, Triton (ours)"] = lambda x, s: cast_kernel.run(x[:tokens], s, amax, **ours)
             fns["delayed + amax, transposed too, Triton (ours)"] = \
-                lambda x, s, gelu=pname == "gelu": cast_kernel.run(x, s, amax, gelu=gelu, transpose=True)
+                lambda x, s: cast_kernel.run(x[:tokens], s, amax, transpose=True, **ours)
         for name, f in fns.items():
             ms = cuda_time_ms(lambda: f(x, scale), 3, iters, device)
             written = 2 if name == "bf16 out" or "transposed too" in name else 1      # bytes per element
             rows.append({"producer": pname, "shape": f"{tokens}x{w}", "way": name, "ms": ms,
-                         "copy_share": copy * (2 + written) / 4 / ms})
+                         "copy_share": copy * (2 * inputs + written) / (4 * inputs) / ms})
     return rows
 
 
@@ -139,7 +147,8 @@ def main(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--iters", type=int, default=20, help="timed calls (the median is taken)")
     p.add_argument("--eager", action="store_true", help="without torch.compile (the smoke test)")
-    p.add_argument("--producers", default="layernorm,gelu,plain", help="comma-separated: layernorm, gelu, plain")
+    p.add_argument("--producers", default="layernorm,gelu,plain,gelu_backward",
+                   help="comma-separated: " + ", ".join(producers(1)))
     args = p.parse_args(argv)
     bad = [f"--{k} {getattr(args, k)}" for k in ("tokens", "width", "iters") if getattr(args, k) < 1]
     if bad:
@@ -151,7 +160,7 @@ def main(argv=None):
     unknown = sorted(set(names) - set(producers(1)))
     if unknown or not names:
         raise SystemExit(f"error: --producers {args.producers!r}: unknown {', '.join(unknown) or 'empty'}; "
-                         "the producers are layernorm, gelu, plain")
+                         f"the producers are {', '.join(producers(1))}")
     rows = measure(args.tokens, args.width, device, args.iters, not args.eager, names)
     print("| producer | tokens x width | way | ms | share of the copy rate |\n|---|---|---|---:|---:|")
     for r in rows:

@@ -31,12 +31,12 @@ def delayed_layer(kernel):
 
 @pytest.fixture
 def op_calls(monkeypatch):
-    """cast_amax's CPU path (reference), counted: (e5m2, gelu) of each call, in order."""
+    """cast_amax's CPU path (reference), counted: (e5m2, gelu, with gelu_input) of each call, in order."""
     calls, reference = [], cast_kernel.reference
 
-    def counted(x, scale, amax, e5m2=False, gelu=False):
-        calls.append((e5m2, gelu))
-        return reference(x, scale, amax, e5m2, gelu)
+    def counted(x, scale, amax, e5m2=False, gelu=False, gelu_input=None):
+        calls.append((e5m2, gelu, gelu_input is not None))
+        return reference(x, scale, amax, e5m2, gelu, gelu_input)
     monkeypatch.setattr(cast_kernel, "reference", counted)
     return calls
 
@@ -57,7 +57,7 @@ def test_the_kernel_path_gives_the_step_of_the_pytorch_ops(compiled, op_calls):
         y = (torch.compile(lin) if compiled else lin)(xi)
         y.backward(dy)
         outs.append((y, xi.grad, lin.weight.grad, lin.fp8_amax))
-    assert op_calls == [(False, False), (True, False)]
+    assert op_calls == [(False, False, False), (True, False, False)]
     for a, b in zip(*outs):
         assert torch.equal(a, b)
     amax = outs[1][3]
@@ -66,52 +66,76 @@ def test_the_kernel_path_gives_the_step_of_the_pytorch_ops(compiled, op_calls):
 
 
 def gelu_mlp(fused, dtype=torch.bfloat16):
-    """A GPT's MLP (model.py) with c_proj converted to a delayed FP8 layer (fp8_gelu_cast as `fused`), its history
-    set so that the scales are known before the cast."""
+    """A GPT's MLP (model.py) with c_fc and c_proj converted to delayed FP8 layers (fp8_gelu_cast as `fused`), their
+    histories set (a little above this test's amaxes) so that the scales are known before the cast."""
     import types
 
     import model
     torch.manual_seed(0)
     m = torch.nn.Module()
     m.mlp = model.MLP(types.SimpleNamespace(n_embd=64, bias=False, activation="gelu", dropout=0.0)).to(dtype)
-    m.block_linears = lambda: [("mlp.c_proj", "mlp_proj", m.mlp.c_proj)]
+    m.block_linears = lambda: [("mlp.c_fc", "fc", m.mlp.c_fc), ("mlp.c_proj", "mlp_proj", m.mlp.c_proj)]
     fp8.convert(m, configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_min_dim=32,
                                        fp8_gelu_cast=fused))
-    m.mlp.c_proj.fp8_amax[:, 1] = torch.tensor([0.5, 1e-3])
-    m.mlp.c_proj.fp8_scaled = True
+    for lin, history in ((m.mlp.c_fc, [8.0, 1.3]), (m.mlp.c_proj, [5.0, 4.5])):
+        lin.fp8_amax[:, 1] = torch.tensor(history)
+        lin.fp8_scaled = True
     return m.mlp
 
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_gelu_in_the_cast_gives_the_mlp_step_of_gelu_then_cast(compiled, op_calls, monkeypatch):
-    """fp8_gelu_cast: convert makes the MLP's act an identity and c_proj takes the pre-activation; its forward casts
-    GELU of it through cast_amax (GELU in float32, cast once, as compiled code does) and records the amax of GELU's
-    output, and its backward applies GELU's derivative. The plain path rounds GELU's output to bfloat16 before the
-    cast, so the two agree to that rounding, not bit for bit: the output and every gradient within 1% (a float8
-    step is 6%), eager and compiled. Evaluating runs GELU first, without the op, as the MLP without the flag."""
+    """fp8_gelu_cast: convert makes the MLP's act an identity and c_proj takes the pre-activation h; its forward casts
+    GELU(h) through cast_amax (GELU in float32, cast once, as compiled code does) and records the amax of GELU's
+    output; its backward hands on the gradient of GELU's output, and c_fc's backward casts that times GELU'(h)
+    through cast_amax and records the amax of the product. The plain eager path rounds GELU's output, and its
+    derivative's, to bfloat16 before the cast, so the two agree to that rounding, not bit for bit: about one value in
+    32 lands on a float8 rounding midpoint and moves one step (6%), so the output and every gradient agree within 2%
+    of their norm, eager and compiled. Evaluating runs GELU first, without the op, as the MLP without the flag."""
     g = torch.Generator().manual_seed(1)
+    x = (2 * torch.randn(64, 64, generator=g)).bfloat16()
+    dy = torch.randn(64, 64, generator=g).bfloat16()
+    outs, amax = [], []
+    for fused in (False, True):
+        mlp = gelu_mlp(fused)
+        assert isinstance(mlp.act, torch.nn.Identity) == fused and mlp.c_proj.fp8_gelu == mlp.c_fc.fp8_gelu_out == fused
+        xi = x.clone().requires_grad_()
+        y = (torch.compile(mlp) if compiled else mlp)(xi)
+        y.backward(dy)
+        outs.append((y, xi.grad, mlp.c_fc.weight.grad, mlp.c_proj.weight.grad))
+        amax.append(torch.stack([mlp.c_fc.fp8_amax[:, 0], mlp.c_proj.fp8_amax[:, 0]]))
+        if fused:
+            h = mlp.c_fc(x).detach()
+            assert mlp.c_proj.fp8_amax[0, 0] == torch.nn.functional.gelu(h.float()).abs().max()
+    assert op_calls == [(False, True, False), (True, False, True)]         # c_proj's x forward, c_fc's dy backward
+    for a, b in zip(*outs):
+        assert (a.float() - b.float()).norm() <= 0.02 * b.float().norm(), ((a - b).float().norm() / b.float().norm())
+    assert torch.allclose(*amax, rtol=0.01)                               # c_fc's dy amax: GELU's derivative's too
+    mlp = gelu_mlp(True).eval()
+    monkeypatch.setattr(cast_kernel, "reference", lambda *a: pytest.fail("the op ran in evaluation"))
+    with torch.no_grad():
+        assert torch.equal(mlp(x), gelu_mlp(False).eval()(x))
+
+
+def test_gelu_in_the_cast_without_scales_gives_the_mlp_step_bit_for_bit(op_calls):
+    """Calibrating (no history yet: dynamic scales, which need the tensor first), both layers of fp8_gelu_cast run
+    GELU and its derivative as the MLP does, before their casts: the step of the MLP without the flag, bit for bit,
+    and the op never runs."""
+    g = torch.Generator().manual_seed(2)
     x = (2 * torch.randn(64, 64, generator=g)).bfloat16()
     dy = torch.randn(64, 64, generator=g).bfloat16()
     outs = []
     for fused in (False, True):
         mlp = gelu_mlp(fused)
-        assert isinstance(mlp.act, torch.nn.Identity) == fused and mlp.c_proj.fp8_gelu == fused
+        for lin in (mlp.c_fc, mlp.c_proj):
+            lin.fp8_scaled = False
         xi = x.clone().requires_grad_()
-        y = (torch.compile(mlp) if compiled else mlp)(xi)
+        y = mlp(xi)
         y.backward(dy)
-        outs.append((y, xi.grad, mlp.c_fc.weight.grad, mlp.c_proj.weight.grad))
-        if fused:
-            h = mlp.c_fc(x).detach()
-            assert mlp.c_proj.fp8_amax[0, 0] == torch.nn.functional.gelu(h.float()).abs().max()
-    assert op_calls == [(False, True)]
+        outs.append((y, xi.grad, mlp.c_fc.weight.grad, mlp.c_proj.weight.grad, mlp.c_fc.fp8_amax, mlp.c_proj.fp8_amax))
+    assert op_calls == []
     for a, b in zip(*outs):
-        assert (a.float() - b.float()).norm() <= 0.01 * b.float().norm(), ((a - b).float().norm() / b.float().norm())
-    if not compiled:        # below c_proj the same dy and weight: GELU's derivative as autograd's, bit for bit
-        assert torch.equal(outs[0][1], outs[1][1]) and torch.equal(outs[0][2], outs[1][2])
-    mlp = gelu_mlp(True).eval()
-    monkeypatch.setattr(cast_kernel, "reference", lambda *a: pytest.fail("the op ran in evaluation"))
-    with torch.no_grad():
-        assert torch.equal(mlp(x), gelu_mlp(False).eval()(x))
+        assert torch.equal(a, b)
 
 
 def test_gelu_in_the_cast_reaches_every_block_of_a_gpt_and_keeps_its_checkpoint_keys():
@@ -123,12 +147,16 @@ def test_gelu_in_the_cast_reaches_every_block_of_a_gpt_and_keeps_its_checkpoint_
     fp8.convert(plain, configurator.Config(**cfg))
     fp8.convert(folded, configurator.Config(**cfg, fp8_gelu_cast=True))
     for block in folded.transformer.h:
-        assert isinstance(block.mlp.act, torch.nn.Identity) and block.mlp.c_proj.fp8_gelu
-        assert not block.mlp.c_fc.fp8_gelu and not block.attn.c_proj.fp8_gelu
+        assert isinstance(block.mlp.act, torch.nn.Identity) and block.mlp.c_proj.fp8_gelu and block.mlp.c_fc.fp8_gelu_out
+        assert not block.mlp.c_fc.fp8_gelu and not block.attn.c_proj.fp8_gelu and not block.mlp.c_proj.fp8_gelu_out
     assert list(plain.state_dict()) == list(folded.state_dict())
     tanh = tiny_model(n_embd=64, activation="gelu_tanh")
-    with pytest.raises(ValueError, match="no MLP's exact GELU feeds an FP8 Linear"):
+    with pytest.raises(ValueError, match="no MLP's exact GELU lies between two FP8 Linears"):
         fp8.convert(tanh, configurator.Config(**cfg, fp8_gelu_cast=True))
+    biased = tiny_model(n_embd=64, bias=True)
+    with pytest.raises(ValueError, match=r"no MLP's exact GELU lies between two FP8 Linears of this model \(the first "
+                                         r"without bias\)"):
+        fp8.convert(biased, configurator.Config(**cfg, fp8_gelu_cast=True))
 
 
 def test_gelu_in_the_cast_is_refused_where_it_would_do_nothing_or_cannot_run(monkeypatch):
@@ -146,14 +174,21 @@ def test_gelu_in_the_cast_is_refused_where_it_would_do_nothing_or_cannot_run(mon
     gpu = on("cuda")
     with pytest.raises(ValueError, match="fp8_gelu_cast=True would do nothing with fp8_recipe='tensorwise_fused'"):
         fp8.check(configurator.Config(**{**delayed, "fp8_recipe": "tensorwise_fused"}), gpu)
-    with pytest.raises(ValueError, match="fp8_gelu_cast=True folds the MLP's GELU into the cast of the FP8 Linear "
-                                         "it feeds, and activation='relu2' is not the exact GELU: use "
+    with pytest.raises(ValueError, match="fp8_gelu_cast=True folds the MLP's GELU into the casts of the FP8 Linears "
+                                         "around it, and activation='relu2' is not the exact GELU: use "
                                          "--activation=gelu, or leave fp8_gelu_cast out$"):
         fp8.check(configurator.Config(**delayed, activation="relu2"), gpu)
     with pytest.raises(ValueError, match=r"and the MLP's c_proj \(4096 -> 1024\) is not converted with fp8_layers="
                                          r"'qkv,fc' and fp8_min_dim=1024: convert it \(mlp_proj in fp8_layers, "
                                          r"fp8_min_dim at most 1024\), or leave fp8_gelu_cast out$"):
         fp8.check(configurator.Config(**delayed, fp8_layers="qkv,fc"), gpu)
+    with pytest.raises(ValueError, match=r"and the MLP's c_fc \(1024 -> 4096\) and c_proj \(4096 -> 1024\) are not "
+                                         r"converted with fp8_layers='qkv' .*: convert them \(fc and mlp_proj in "
+                                         r"fp8_layers, fp8_min_dim at most 1024\), or leave fp8_gelu_cast out$"):
+        fp8.check(configurator.Config(**delayed, fp8_layers="qkv"), gpu)
+    with pytest.raises(ValueError, match="and bias=True puts c_fc's bias between its matmul and GELU: use "
+                                         "--bias=False, or leave fp8_gelu_cast out$"):
+        fp8.check(configurator.Config(**delayed, bias=True), gpu)
 
 
 def test_evaluation_records_nothing_and_skips_the_kernel(monkeypatch):
@@ -188,7 +223,8 @@ def test_the_kernel_in_the_interpreter():
     """run() in Triton's interpreter, both float8 formats, on tiles that do not divide the shape, its amax a view into
     row 1 of a layer's history: the amax is x's largest |value| folded into what was there, the rest of the history
     untouched, every value cast as reference() casts it, to the interpreter's float8 rounding (not a GPU's: the bytes
-    are compared on a GPU only), the transposed copy the same bytes transposed, and the same bytes without it."""
+    are compared on a GPU only), the transposed copy the same bytes transposed, and the same bytes without it; GELU
+    in front (e4m3) and GELU's derivative (e5m2) as reference() computes them."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("needs Triton (for its interpreter)")
     code = (f"import sys; sys.path[:0] = [{ROOT!r}]; import torch\n"
@@ -210,6 +246,10 @@ def test_the_kernel_in_the_interpreter():
             "amax, want_amax = torch.zeros(1), torch.zeros(1)\n"       # fp8_gelu_cast's: GELU first, e4m3
             "out = cast_kernel.run(x, torch.tensor(100.0), amax, gelu=True).float()\n"
             "want = cast_kernel.reference(x, torch.tensor(100.0), want_amax, gelu=True).float()\n"
+            "assert torch.allclose(amax, want_amax) and ((out - want).abs() <= 0.5 * want.abs() + 2 ** -6).all()\n"
+            "h, amax, want_amax = (torch.randn(70, 200) * 2).bfloat16(), torch.zeros(1), torch.zeros(1)\n"
+            "out = cast_kernel.run(x, torch.tensor(1000.0), amax, True, gelu_input=h).float()\n"  # its backward, e5m2
+            "want = cast_kernel.reference(x, torch.tensor(1000.0), want_amax, True, gelu_input=h).float()\n"
             "assert torch.allclose(amax, want_amax) and ((out - want).abs() <= 0.5 * want.abs() + 2 ** -6).all()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "TRITON_INTERPRET": "1"})

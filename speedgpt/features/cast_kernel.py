@@ -13,18 +13,23 @@ mis-lower (softmax_pass.py says how), so the kernel is compiled without assuming
 Measured alone (benchmarks/fp8_cast.py; BENCHMARKS.md, "The roofline of a step"). Off by default until it measures
 faster end to end.
 
-fp8_gelu_cast=True runs the same kernel with the MLP's exact GELU in front, for c_proj's input only: fp8.convert
-hands c_proj the pre-activation (the MLP's act becomes an identity) and the layer's backward applies GELU's
-derivative. Inductor already fuses GELU into that cast, so what the kernel saves there is the amax's second read
-and the backward's transposing kernel (benchmarks/fp8_cast.py times both), without splitting the LayerNorm's fused
-cast as fp8_cast_kernel does for the other layers. GELU is computed in float32 and cast once, as
-compiled code does (no bfloat16 rounding between them).
+fp8_gelu_cast=True runs the same kernel with the MLP's exact GELU on both sides of it. Forward, in c_proj's input
+cast: fp8.convert hands c_proj the pre-activation h (the MLP's act becomes an identity) and the pass casts GELU(h).
+Backward, in c_fc's output-gradient cast: c_proj's backward hands on the gradient of GELU's output unchanged and
+c_fc's pass, reading it and h (c_fc's own output), casts it times GELU'(h), so GELU's derivative is not a kernel of
+its own writing a bf16 tensor that the cast then reads. Inductor already fuses GELU, and GELU's derivative, into
+those casts, so what the kernel saves there is the amax's second read and the transposing kernel of the weight
+gradient (benchmarks/fp8_cast.py times both), without splitting the LayerNorm's fused cast as fp8_cast_kernel does
+for the other layers. GELU and its derivative are computed in float32 and cast once, as compiled code does (no
+bfloat16 rounding between them).
 
 cast_amax is a torch custom op, so torch.compile keeps it one opaque call: on a CUDA GPU the Triton kernel,
 elsewhere the same math in PyTorch ops (reference: the tests' CPU path). check() refuses the flag where it cannot
 run, and runs the kernel once against reference() on the GPU at hand (verify), so that a Triton that miscompiles it
 stops the run before it starts instead of training on wrong bytes.
 """
+from typing import Optional
+
 import torch
 
 from speedgpt import refuse_unready_kernel
@@ -55,8 +60,9 @@ def kernel():
     import triton.language as tl
 
     @triton.jit(do_not_specialize=["n"])
-    def cast_amax_kernel(x, out, out_t, scale, amax, n, w, FMAX: tl.constexpr, E5M2: tl.constexpr,
-                         GELU: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    def cast_amax_kernel(x, h, out, out_t, scale, amax, n, w, FMAX: tl.constexpr, E5M2: tl.constexpr,
+                         GELU: tl.constexpr, GELU_GRAD: tl.constexpr, TRANSPOSE: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         mask = (rows < n) & (cols < w)
@@ -64,6 +70,9 @@ def kernel():
         y = tl.load(x + at, mask=mask, other=0.0).to(tl.float32)
         if GELU:             # the exact (erf) GELU: benchmarks/fp8_cast.py times the cast fused with its producer
             y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
+        if GELU_GRAD:        # x is the gradient of GELU(h): times GELU'(h) = Phi(h) + h phi(h), as aten's gelu_backward
+            g = tl.load(h + at, mask=mask, other=0.0).to(tl.float32)
+            y = y * (0.5 * (1.0 + tl.math.erf(g * 0.7071067811865476)) + g * 0.3989422804014327 * tl.exp(-0.5 * g * g))
         tl.atomic_max(amax, tl.max(tl.max(tl.abs(y), 1), 0))
         y = tl.clamp(y * tl.load(scale), -FMAX, FMAX)          # saturating, as fp8.saturate
         y8 = y.to(tl.float8e5) if E5M2 else y.to(tl.float8e4nv)
@@ -75,14 +84,16 @@ def kernel():
     return cast_amax_kernel
 
 
-def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out=None):
-    """The kernel on x (n, w), a CUDA tensor (or a CPU one under TRITON_INTERPRET=1): returns x (or GELU(x)) times
-    scale (a 0-dim float32 tensor) cast to float8 e4m3 (e5m2) with saturation, and folds its largest magnitude into
+def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out=None, gelu_input=None):
+    """The kernel on x (n, w), a CUDA tensor (or a CPU one under TRITON_INTERPRET=1): returns x (gelu: GELU(x);
+    gelu_input h, x's shape: x * GELU'(h), GELU's backward) times scale (a 0-dim float32 tensor) cast to float8
+    e4m3 (e5m2) with saturation, and folds its largest magnitude into
     amax (a float32 tensor of one element, a view into a layer's history allowed) in place. transpose: returns
     (out, out_t), out_t (w, n) row-major the same bytes transposed. block: the tile (rows, columns), by default
     BLOCK_M x BLOCK_N, or BLOCK_T square with transpose. out: the tensors to write (verify's, filled first), else
     new ones."""
     x = x.contiguous()
+    h = x if gelu_input is None else gelu_input.contiguous()
     n, w = x.shape
     dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
     if out is None:
@@ -90,75 +101,84 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
             ((torch.empty((w, n), dtype=dtype, device=x.device),) if transpose else ())
     block_m, block_n = block or ((BLOCK_T, BLOCK_T) if transpose else (BLOCK_M, BLOCK_N))
     grid = (-(-n // block_m), -(-w // block_n))
-    kernel()[grid](x, out[0], out[-1], scale, amax, n, w, FMAX=torch.finfo(dtype).max, E5M2=e5m2, GELU=gelu,
-                   TRANSPOSE=transpose, BLOCK_M=block_m, BLOCK_N=block_n)
+    kernel()[grid](x, h, out[0], out[-1], scale, amax, n, w, FMAX=torch.finfo(dtype).max, E5M2=e5m2, GELU=gelu,
+                   GELU_GRAD=gelu_input is not None, TRANSPOSE=transpose, BLOCK_M=block_m, BLOCK_N=block_n)
     return tuple(out) if transpose else out[0]
 
 
-def reference(x, scale, amax, e5m2=False, gelu=False):
+def reference(x, scale, amax, e5m2=False, gelu=False, gelu_input=None):
     """run()'s math in PyTorch ops (fp8.py's cast and its amax as the recipe takes them without this flag; with gelu,
-    of the exact GELU of x in float32)."""
+    of the exact GELU of x in float32; with gelu_input, of aten's gelu_backward(x, gelu_input) in float32)."""
     dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
     fmax = torch.finfo(dtype).max
     y = torch.nn.functional.gelu(x.float()) if gelu else x.float()
+    if gelu_input is not None:
+        y = torch.ops.aten.gelu_backward(y, gelu_input.float())
     amax.copy_(torch.maximum(amax, y.abs().amax(dim=-1).amax()))
     return (y * scale).clamp(-fmax, fmax).to(dtype)
 
 
 @torch.library.custom_op("speedgpt::cast_amax", mutates_args=("amax",))
 def cast_amax(x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, row: int, e5m2: bool,
-              gelu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (M, K) (with gelu: the exact GELU of x) times scale (0-dim float32) cast to float8 (e5m2, else e4m3) with
+              gelu: bool = False, gelu_input: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) (with gelu: the exact GELU of x; with gelu_input h (M, K): x, the gradient of GELU(h), times GELU'(h))
+    times scale (0-dim float32) cast to float8 (e5m2, else e4m3) with
     saturation, and its largest magnitude folded into amax[row, 0] (a delayed layer's history:
     fp8.DelayedFloat8Linear.fp8_amax) in place. Returns (x8 (M, K), x8_t (K, M)), both row-major, x8_t the same
     bytes transposed. On a CUDA GPU one Triton kernel (run), elsewhere reference()."""
-    x8 = reference(x, scale, amax[row, 0:1], e5m2, gelu)
+    x8 = reference(x, scale, amax[row, 0:1], e5m2, gelu, gelu_input)
     return x8, x8.t().contiguous()
 
 
 @cast_amax.register_kernel("cuda")
-def _(x, scale, amax, row, e5m2, gelu=False):
-    return run(x, scale, amax[row, 0:1], e5m2, gelu=gelu, transpose=True)
+def _(x, scale, amax, row, e5m2, gelu=False, gelu_input=None):
+    return run(x, scale, amax[row, 0:1], e5m2, gelu=gelu, transpose=True, gelu_input=gelu_input)
 
 
 @cast_amax.register_fake
-def _(x, scale, amax, row, e5m2, gelu=False):
+def _(x, scale, amax, row, e5m2, gelu=False, gelu_input=None):
     dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
     return x.new_empty(x.shape, dtype=dtype), x.new_empty((x.size(1), x.size(0)), dtype=dtype)
 
 
 def verify(device, shape=(1000, 1200)):
-    """Run the kernel as training runs it (with the transposed copy) in both float8 formats, and with GELU in e4m3
-    (fp8_gelu_cast's), on random bf16 values (a shape its tiles do not divide, some values past the range) and
-    compare with reference(): None, or a line saying what differs. Each output starts as NaN bytes, so a value the
-    kernel never wrote shows. Without GELU every byte and the amax must be equal. With it, Triton's erf and PyTorch's
-    may differ in the last bit, which moves a byte at a rounding boundary by one float8 step (under 1e-3 of them),
-    and below x = -3, where 1 + erf(x / sqrt 2) cancels in float32, by more: there both stay below |GELU(-3)|.
-    Leaves the global RNG as it was."""
+    """Run the kernel as training runs it (with the transposed copy) in both float8 formats, with GELU in e4m3 and
+    with GELU's derivative in e5m2 (fp8_gelu_cast's forward and backward), on random bf16 values (a shape its tiles
+    do not divide, some values past the range) and compare with reference(): None, or a line saying what differs.
+    Each output starts as NaN bytes, so a value the kernel never wrote shows. Without GELU every byte and the amax
+    must be equal. With it, Triton's erf and exp and PyTorch's may differ in the last bit, which moves a byte at a
+    rounding boundary by one float8 step (under 1e-3 of them), and below -3, where 1 + erf(h / sqrt 2) cancels in
+    float32, by more: there both stay below the bound GELU (or its derivative) has there. Leaves the global RNG as
+    it was."""
     if device in _verified:
         return _verified[device]
     gen = torch.Generator(device).manual_seed(0)
     x = (3 * torch.randn(shape, device=device, generator=gen)).bfloat16()
+    h = (3 * torch.randn(shape, device=device, generator=gen)).bfloat16()
     problem = None
-    for e5m2, gelu, scale in ((False, False, 448.0 / 6), (True, False, 57344.0 / 6), (False, True, 448.0 / 6)):
+    for e5m2, gelu, grad, scale in ((False, False, None, 448.0 / 6), (True, False, None, 57344.0 / 6),
+                                    (False, True, None, 448.0 / 6), (True, False, h, 57344.0 / 6)):
         s = torch.tensor(scale, device=device)
         got_amax, want_amax = torch.zeros(1, device=device), torch.zeros(1, device=device)
-        want = reference(x, s, want_amax, e5m2, gelu)
+        want = reference(x, s, want_amax, e5m2, gelu, grad)
         nan = [torch.full(t, 0xFF, dtype=torch.uint8, device=device).view(want.dtype) for t in (shape, shape[::-1])]
-        got, got_t = run(x, s, got_amax, e5m2, gelu=gelu, transpose=True, out=nan)
+        got, got_t = run(x, s, got_amax, e5m2, gelu=gelu, transpose=True, out=nan, gelu_input=grad)
         moved = (got.view(torch.uint8) != want.view(torch.uint8))
         wrong = (got_t.view(torch.uint8) != got.view(torch.uint8).t()).sum().item()
-        if gelu:
-            sane = x > -3
+        if gelu or grad is not None:
+            sane = (x if gelu else grad) > -3
+            # the cancelled tail: |GELU(x)| <= 0.0041 there, |GELU'(h)| <= 0.0119 (each a quarter added for rounding)
+            tail = scale * 1.25 * (0.0041 if gelu else 0.0119 * x.float().abs())
             far = (_code(got) - _code(want)).abs()[sane].max().item() > 1 or moved[sane].float().mean() > 1e-3
-            wrong += int(far) + int(not bool((got.float()[~sane].abs() <= scale * 0.0041 * 1.25).all())) + \
+            wrong += int(far) + int(not bool((got.float().abs() <= tail)[~sane].all())) + \
                 int(not torch.allclose(got_amax, want_amax, rtol=1e-6))
         else:
             wrong += moved.sum().item() + int(not torch.equal(got_amax, want_amax))
         if wrong:
             import triton
+            what = " after GELU" if gelu else " times GELU's derivative" if grad is not None else ""
             problem = (f"Triton {triton.__version__} compiled the cast kernel wrongly on this GPU ("
-                       f"{'e5m2' if e5m2 else 'e4m3'}{' after GELU' if gelu else ''}: {moved.sum().item()} bytes "
+                       f"{'e5m2' if e5m2 else 'e4m3'}{what}: {moved.sum().item()} bytes "
                        f"differ from the PyTorch cast, amax {got_amax.item():.6g} against {want_amax.item():.6g})")
             break
     _verified[device] = problem

@@ -122,15 +122,8 @@ def check(cfg, proc):
             raise ValueError(f"{flag}=True would do nothing with fp8_recipe={cfg.fp8_recipe!r}: only delayed "
                              f"scales are known before the cast. Add --fp8_recipe=tensorwise_delayed, or leave "
                              f"{flag} out")
-    if cfg.fp8_gelu_cast and cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and block_width_ok(cfg) \
-            and not gelu_fed(meta_model(cfg), cfg):         # none eligible at all: fp8's own refusal below says so
-        why = (f"activation={cfg.activation!r} is not the exact GELU: use --activation=gelu"
-               if cfg.activation != "gelu" else
-               f"the MLP's c_proj ({4 * cfg.n_embd} -> {cfg.n_embd}) is not converted with fp8_layers="
-               f"{cfg.fp8_layers!r} and fp8_min_dim={cfg.fp8_min_dim}: convert it (mlp_proj in fp8_layers, "
-               f"fp8_min_dim at most {cfg.n_embd})")
-        raise ValueError(f"fp8_gelu_cast=True folds the MLP's GELU into the cast of the FP8 Linear it feeds, and "
-                         f"{why}, or leave fp8_gelu_cast out")
+    if cfg.fp8_gelu_cast and cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and block_width_ok(cfg):
+        refuse_unfed_gelu(meta_model(cfg), cfg)         # none eligible at all: fp8's own refusal below says so
     if cfg.fp8_precast and proc.world > 1 and cfg.parallelism == "fsdp":
         raise ValueError("fp8_precast=True casts each whole weight after the optimizer step, where FSDP holds only "
                          "a shard of it: use --parallelism=ddp, or leave fp8_precast out")
@@ -198,7 +191,7 @@ def convert(model, cfg):
                 module.fp8_amax = torch.zeros(2, 1 + AMAX_HISTORY, device=device)
                 module.fp8_scaled = module.fp8_bad_history = False
                 module.fp8_cast_kernel = cfg.fp8_cast_kernel
-                module.fp8_gelu = False
+                module.fp8_gelu = module.fp8_gelu_out = False
                 if cfg.fp8_precast:
                     n, k = module.weight.shape
                     module.fp8_precast = (torch.ones(3, device=device),
@@ -214,10 +207,11 @@ def convert(model, cfg):
     if cfg.fp8_gelu_cast:                   # after the swap: gelu_fed asks for the delayed layers
         fed = gelu_fed(model, cfg)
         if not fed:
-            raise ValueError("fp8_gelu_cast=True: no MLP's exact GELU feeds an FP8 Linear of this model")
-        for owner, act_name, linear in fed:
+            raise ValueError("fp8_gelu_cast=True: no MLP's exact GELU lies between two FP8 Linears of this model "
+                             "(the first without bias)")
+        for owner, act_name, producer, consumer in fed:
             setattr(owner, act_name, torch.nn.Identity())
-            linear.fp8_gelu = True
+            producer.fp8_gelu_out, consumer.fp8_gelu = True, True
     return list(chosen)
 
 
@@ -226,21 +220,42 @@ def capability(device):
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
+def refuse_unfed_gelu(meta, cfg):
+    """Raise ValueError with the way out where fp8_gelu_cast would find no GELU between two delayed FP8 Linears in
+    `meta`, a model of cfg's shape (gelu_fed): another activation, a Linear not converted, or c_fc's bias."""
+    if gelu_fed(meta, cfg):
+        return
+    mlp, ids = next(m for m in meta.modules() if hasattr(m, "ACT_BETWEEN")), \
+        {id(m) for _, m in eligible_linears(meta, cfg)}
+    missing = [name for name in next(iter(mlp.ACT_BETWEEN.values())) if id(getattr(mlp, name)) not in ids]
+    said = " and ".join(f"{n} ({getattr(mlp, n).in_features} -> {getattr(mlp, n).out_features})" for n in missing)
+    why = (f"activation={cfg.activation!r} is not the exact GELU: use --activation=gelu"
+           if cfg.activation != "gelu" else
+           f"the MLP's {said} {'is' if len(missing) == 1 else 'are'} not converted with fp8_layers="
+           f"{cfg.fp8_layers!r} and fp8_min_dim={cfg.fp8_min_dim}: convert {'it' if len(missing) == 1 else 'them'} "
+           f"({' and '.join(mlp.LINEARS[n] for n in missing)} in fp8_layers, fp8_min_dim at most {cfg.n_embd})"
+           if missing else "bias=True puts c_fc's bias between its matmul and GELU: use --bias=False")
+    raise ValueError(f"fp8_gelu_cast=True folds the MLP's GELU into the casts of the FP8 Linears around it, and "
+                     f"{why}, or leave fp8_gelu_cast out")
+
+
 def gelu_fed(model, cfg):
-    """[(owner, act name, linear)]: each module whose ACT_FEEDS ({its activation: the Linear that takes its output},
-    model.py's MLP: {"act": "c_proj"}) names an exact GELU feeding a Linear that is (or, before convert swaps it,
-    would be) a delayed FP8 layer: fp8_gelu_cast's pairs. On a meta model before convert, the eligible Linears
-    stand for the swapped ones."""
+    """[(owner, act name, producer, consumer)]: each module whose ACT_BETWEEN ({its activation: (the Linear that
+    feeds it, the Linear it feeds)}, model.py's MLP: {"act": ("c_fc", "c_proj")}) names an exact GELU between two
+    Linears that are (or, before convert swaps them, would be) delayed FP8 layers, the producer without bias (it
+    would sit between the matmul and GELU): fp8_gelu_cast's triples. On a meta model before convert, the eligible
+    Linears stand for the swapped ones."""
     if cfg.fp8_recipe != "tensorwise_delayed":
         return []
     eligible = {id(m) for _, m in eligible_linears(model, cfg)}
+    delayed = lambda m: isinstance(m, DelayedFloat8Linear) or id(m) in eligible
     out = []
     for owner in model.modules():
-        for act_name, linear_name in getattr(owner, "ACT_FEEDS", {}).items():
-            act, linear = getattr(owner, act_name), getattr(owner, linear_name)
-            if type(act) is torch.nn.GELU and act.approximate == "none" and (
-                    isinstance(linear, DelayedFloat8Linear) or id(linear) in eligible):
-                out.append((owner, act_name, linear))
+        for act_name, (producer_name, consumer_name) in getattr(owner, "ACT_BETWEEN", {}).items():
+            act, producer, consumer = (getattr(owner, n) for n in (act_name, producer_name, consumer_name))
+            if type(act) is torch.nn.GELU and act.approximate == "none" and delayed(producer) and \
+                    delayed(consumer) and producer.bias is None:
+                out.append((owner, act_name, producer, consumer))
     return out
 
 
@@ -446,10 +461,13 @@ class _DelayedLinear(torch.autograd.Function):
     """_TensorwiseLinear with delayed scales. amax (2, 1 + AMAX_HISTORY) float32, rows x and dy: column 0 this
     step's running max, the rest the history, newest first. scaled=False (calibrate() only): dynamic scales;
     track=False (evaluation): nothing recorded. kernel (fp8_cast_kernel): each tracked cast and its amax in one
-    Triton pass (delayed_cast). gelu (fp8_gelu_cast): x is the MLP's pre-activation and the layer multiplies
-    GELU(x): in training its cast runs GELU in the same Triton pass and the backward applies GELU's derivative
-    (aten's gelu_backward, autograd's own); calibrating or evaluating, GELU runs first, as the MLP ran it. With
-    fp8_precast, scales, w8 and w8_t are precast()'s, made once per optimizer step: scales (3,) float32, the
+    Triton pass (delayed_cast). fp8_gelu_cast pairs two layers around the MLP's exact GELU. gelu (c_proj): x is the
+    pre-activation h and the layer multiplies GELU(h): in training its cast runs GELU in the same Triton pass;
+    calibrating or evaluating, GELU runs first, as the MLP ran it; its backward returns the gradient of GELU's
+    output, leaving GELU's derivative to the layer that made h. gelu_out (c_fc, without bias): the layer's output
+    is h, and the gradient it receives is GELU's output's: its backward multiplies it by GELU'(h) (h saved: the
+    output itself), in training inside its gradient's cast. With fp8_precast, scales, w8 and w8_t are precast()'s,
+    made once per optimizer step: scales (3,) float32, the
     scales of x, dy and the weight; w8 (N, K) the weight in e4m3 and w8_t (K, N) its transposed copy (the input
     gradient's operand); without it (None) the scales and the weight's cast are made here, in every micro-batch's
     graph. The inverse scales torch._scaled_mm takes are computed here either way: a view into `scales` (an offset
@@ -457,47 +475,49 @@ class _DelayedLinear(torch.autograd.Function):
     the GPU want each scale a tensor of its own."""
 
     @staticmethod
-    def forward(ctx, x, w, amax, scaled, track, kernel, gelu, scales, w8, w8_t):
-        h, fused = x, gelu and track and scaled             # fused: GELU inside the cast, its amax GELU's output's
+    def forward(ctx, x, w, amax, scaled, track, kernel, gelu, gelu_out, scales, w8, w8_t):
+        fused = track and scaled                  # the scales known before the cast: GELU can join it, either way
         if gelu and not fused:
-            x = torch.nn.functional.gelu(h)
+            x = torch.nn.functional.gelu(x)
         if scales is None:
             scale = scale_for(amax[0, 1:].amax() if scaled else x.abs().amax(dim=-1).amax())
             w8, ws = tensorwise_cast(w)
         else:
             scale, ws = scales[0], scales[2].reciprocal()
-        (x8, x8_t), xs = delayed_cast(x, scale, amax, 0, track, kernel, gelu=fused), scale.reciprocal()
+        (x8, x8_t), xs = delayed_cast(x, scale, amax, 0, track, kernel, gelu=gelu and fused), scale.reciprocal()
+        y = scaled_mm(x8, xs, w8.t(), ws, x.dtype)
         ctx.save_for_backward(x8 if x8_t is None else x8_t, xs, w8 if scales is None else w8_t, ws, scales,
-                              h if gelu else None)
+                              y if gelu_out else None)
         ctx.amax, ctx.scaled, ctx.track, ctx.kernel, ctx.x_transposed = amax, scaled, track, kernel, x8_t is not None
-        return scaled_mm(x8, xs, w8.t(), ws, x.dtype)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
         x8, xs, w8, ws, scales, h = ctx.saved_tensors
-        amax, e5m2 = ctx.amax, torch.float8_e5m2
+        amax, e5m2, fused = ctx.amax, torch.float8_e5m2, ctx.track and ctx.scaled
+        if h is not None and not fused:                             # d GELU(h) / dh, as autograd takes it
+            dy, h = torch.ops.aten.gelu_backward(dy, h), None
         if scales is None:
             scale = scale_for(amax[1, 1:].amax() if ctx.scaled else dy.abs().amax(dim=-1).amax(), e5m2)
         else:
             scale = scales[1]
-        (dy8, dy8_t), dys = delayed_cast(dy, scale, amax, 1, ctx.track, ctx.kernel, e5m2), scale.reciprocal()
+        (dy8, dy8_t), dys = delayed_cast(dy, scale, amax, 1, ctx.track, ctx.kernel, e5m2, gelu_input=h), \
+            scale.reciprocal()
         w8_col = None if scales is None else w8.t()                 # w8_t (K, N) seen as (N, K) column-major
         x8, x8_col = (None, x8.t()) if ctx.x_transposed else (x8, None)        # x8_t (K, M) seen column-major
         dx, dw = tensorwise_grads(dy8, dys, x8, xs, w8, ws, dy.dtype, w8_col, dy8_t, x8_col)
-        if h is not None:                                           # d GELU(h) / dh, as autograd takes it
-            dx = torch.ops.aten.gelu_backward(dx, h)
-        return dx, dw, *[None] * 8
+        return dx, dw, *[None] * 9
 
 
-def delayed_cast(t, scale, amax, row, track, kernel, dtype=torch.float8_e4m3fn, gelu=False):
+def delayed_cast(t, scale, amax, row, track, kernel, dtype=torch.float8_e4m3fn, gelu=False, gelu_input=None):
     """(t8, t8_t): t (M, K) cast to dtype at `scale` (a 0-dim float32 tensor), saturating; with track, t's amax
     folded into amax[row, 0] (the step's running max) too. kernel (fp8_cast_kernel): both in one pass,
     cast_kernel.cast_amax (one Triton kernel on the GPU), which writes t8_t (K, M), the transposed copy the weight
     gradient takes, in the same pass; otherwise t8_t is None (tensorwise_grads transposes), and Inductor compiles
-    the cast and a reduction for the amax. gelu (with track; fp8_gelu_cast): t is GELU's input, cast_amax runs
-    GELU first in the same pass, kernel or not."""
-    if track and (kernel or gelu):
-        return cast_kernel.cast_amax(t, scale, amax, row, dtype == torch.float8_e5m2, gelu)
+    the cast and a reduction for the amax. fp8_gelu_cast (with track): gelu, t is GELU's input; gelu_input h, t is
+    the gradient of GELU(h): cast_amax casts GELU(t), or t * GELU'(h), computed in the same pass, kernel or not."""
+    if track and (kernel or gelu or gelu_input is not None):
+        return cast_kernel.cast_amax(t, scale, amax, row, dtype == torch.float8_e5m2, gelu, gelu_input)
     if track:
         amax[row, 0] = torch.maximum(amax[row, 0], t.abs().amax(dim=-1).amax().float())
     return saturate(t, scale, dtype), None
@@ -514,12 +534,13 @@ class DelayedFloat8Linear(RowwiseFloat8Linear):
     matmul = _DelayedLinear
     fp8_precast = None
     fp8_cast_kernel = False
-    fp8_gelu = False             # fp8_gelu_cast: x is GELU's input (convert made the MLP's act an identity)
+    fp8_gelu = False             # fp8_gelu_cast, c_proj: x is GELU's input (convert made the MLP's act an identity)
+    fp8_gelu_out = False         # fp8_gelu_cast, c_fc: the output is GELU's input (its derivative in the backward)
 
     def mm(self, x, w):
         cast = self.fp8_precast if self.fp8_precast is not None and self.fp8_scaled else (None, None, None)
         return self.matmul.apply(x, w, self.fp8_amax, self.fp8_scaled, self.training and torch.is_grad_enabled(),
-                                 self.fp8_cast_kernel, self.fp8_gelu, *cast)
+                                 self.fp8_cast_kernel, self.fp8_gelu, self.fp8_gelu_out, *cast)
 
     def get_extra_state(self):
         return self.fp8_amax.detach().clone()
