@@ -156,21 +156,54 @@ def fp8_blocks_skipped(cfg):
     return None
 
 
+def placeholders(cuda):
+    """LADDER's placeholders on this machine: the document mask's fastest backend (varlen where FA3 runs, else flex;
+    sdpa on the CPU, where FlexAttention has no backward) and whether the fused head's Triton kernels run."""
+    import importlib.util
+    from speedgpt.attention import resolve_attention
+    return {"MASKED": resolve_attention("auto", "cuda" if cuda else "cpu", document_mask=True),
+            "KERNEL": cuda and importlib.util.find_spec("triton") is not None}
+
+
+def rung_config(start, cuda):
+    """train.py's overrides of the ladder's rung `start` (1 = the baseline): every change up to it."""
+    config, marks = {}, placeholders(cuda)
+    for name, change in LADDER[:start]:
+        config.update({k: marks.get(v, v) if isinstance(v, str) else v for k, v in change.items()})
+    return config
+
+
+def first_rung_unfit(args, extra):
+    """None, or the line saying that the first rung to run does not fit this machine's memory (speedgpt/memory.py's
+    estimate, the one train.py refuses with), before any rung runs: the float32 baseline with its naive T x T
+    attention holds the most."""
+    import types
+
+    import configurator
+    from speedgpt import memory
+    cuda = torch.cuda.is_available()
+    flags = [f"--{k}={v}" for k, v in rung_config(args.start, cuda).items()]
+    cfg = configurator.load_config(["--config", args.config, *extra, *flags])
+    try:
+        memory.report(cfg, types.SimpleNamespace(device=torch.device("cuda" if cuda else "cpu"), world=1))
+    except ValueError as e:
+        name = LADDER[args.start - 1][0].strip("+ ")
+        said = str(e).split(" available: ")[0] + " available"    # train.py's advice names flags bench.py sets itself
+        return (f"the {name} rung at --batch_size {args.batch_size} does not fit: {said}; in bench.py: --batch_size "
+                f"below {args.batch_size}" + ("" if cuda else f", or on a CPU: {CPU_EXAMPLE}"))
+    return None
+
+
 def bench(args, extra, fp8_blocks_skip=None):
     """The ladder, then the leave-one-out pass; fp8_blocks_skip: why the FP8 blocks rung is skipped, or None."""
     cuda = torch.cuda.is_available()
-    # the document mask's fastest backend here: varlen where FA3 runs, else flex; sdpa on the CPU
-    # (FlexAttention has no backward there)
-    from speedgpt.attention import resolve_attention
-    masked = resolve_attention("auto", "cuda" if cuda else "cpu", document_mask=True)
-    import importlib.util
-    placeholders = {"MASKED": masked, "KERNEL": cuda and importlib.util.find_spec("triton") is not None}
+    marks = placeholders(cuda)
     done = finished_rungs(args, extra)
     if not args.resume and os.path.exists(os.path.join(args.out, "rows.jsonl")):
         os.remove(os.path.join(args.out, "rows.jsonl"))             # a new bench starts its rows afresh
     rungs, config = [], {}
     for i, (name, change) in enumerate(LADDER, start=1):
-        config = {**config, **{k: placeholders.get(v, v) if isinstance(v, str) else v for k, v in change.items()}}
+        config = {**config, **{k: marks.get(v, v) if isinstance(v, str) else v for k, v in change.items()}}
         if i < args.start:
             continue
         skip = fp8_blocks_skip if name == "+ FP8 blocks" else \
@@ -362,16 +395,21 @@ def main(argv=None):
         parser.error(f"device={cfg.device!r} but no CUDA GPU is available")
     if args.find_max_batch and not torch.cuda.is_available():
         parser.error("--find_max_batch measures GPU memory: it needs a CUDA GPU")
-    os.makedirs(args.out, exist_ok=True)
     if args.find_max_batch:
+        os.makedirs(args.out, exist_ok=True)
         find_max_batch(args, args.extra)
-    else:
-        extra = ["--total_batch_size=0", f"--batch_size={args.batch_size}", *args.extra]
-        if not torch.cuda.is_available() and not any(a.split("=")[0] == "--data_dir" for a in args.extra):
-            print("no GPU: the rungs train on the byte-level stdlib corpus (data/stdlib_byte, no download); "
-                  "give -- --data_dir=... for other data")
-            extra.append("--data_dir=data/stdlib_byte")
-        bench(args, extra, fp8_blocks_skipped(cfg))
+        return
+    extra = ["--total_batch_size=0", f"--batch_size={args.batch_size}", *args.extra]
+    stdlib = not torch.cuda.is_available() and not any(a.split("=")[0] == "--data_dir" for a in args.extra)
+    extra += ["--data_dir=data/stdlib_byte"] if stdlib else []
+    unfit = first_rung_unfit(args, extra)
+    if unfit:
+        parser.error(unfit)
+    os.makedirs(args.out, exist_ok=True)
+    if stdlib:
+        print("no GPU: the rungs train on the byte-level stdlib corpus (data/stdlib_byte, no download); "
+              "give -- --data_dir=... for other data")
+    bench(args, extra, fp8_blocks_skipped(cfg))
 
 
 if __name__ == "__main__":

@@ -3,11 +3,14 @@ FP8 rungs are skipped; on a GPU of compute capability 8.9+ with torchao the FP8 
 leave-one-out row; the FP8 blocks rung is skipped for the tiny model, narrower than config/fast.py's fp8_min_dim."""
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
+import types
 
 import pytest
+import torch
 
 import bench
 from conftest import ROOT
@@ -117,6 +120,25 @@ def test_failed_rung_that_does_not_fit_names_bench_ways_out():
     other = {"rung": "all on - packing", "error": "error: data folder 'x' does not exist", "log": "l"}
     assert bench.failed_line(other, 16, cuda=False) == "error: rung 'all on - packing' failed: data folder 'x' " \
         "does not exist (log: l)"                  # no memory advice where the error is another
+
+
+def test_a_first_rung_that_does_not_fit_is_refused_before_any_rung_runs(tmp_path, monkeypatch, capsys):
+    """The float32 baseline (naive T x T attention) of config/fast.py at bench.py's default micro-batch does not fit
+    a 24 GB machine: one line with the estimate and bench.py's way out (on a CPU, the small example), before any
+    rung runs or --out is made; from a later rung (--start) the check is that rung's, which fits."""
+    from speedgpt import memory
+    monkeypatch.setattr(memory, "available", lambda device: 24e9)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        bench.main(["--out", str(tmp_path / "b")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(r"error: the baseline rung at --batch_size 16 does not fit: this run needs about "
+                        r"\d+\.\d GB per process \(.*\), more than 90% of the 24\.0 GB cpu has available; in bench\.py: "
+                        r"--batch_size below 16, or on a CPU: " + re.escape(bench.CPU_EXAMPLE), err), err
+    assert not (tmp_path / "b").exists()
+    args = types.SimpleNamespace(start=2, batch_size=4, config="config/fast.py")
+    assert bench.first_rung_unfit(args, ["--total_batch_size=0", "--batch_size=4", "--data_dir=data/stdlib_byte"]) \
+        is None
 
 
 def test_bench_config_that_is_a_folder_is_one_line(tmp_path, capsys):
