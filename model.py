@@ -227,6 +227,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    NORM_FEEDS = {"ln_1": "attn.c_attn", "ln_2": "mlp.c_fc"}      # norm -> the one Linear it feeds (fp8_norm_cast)
 
     def __init__(self, config):
         super().__init__()

@@ -30,7 +30,8 @@ bytes). Ways:
                         cast_kernel.py, the flag fp8_cast_kernel: 2-D tiles, each tile's max folded in with one
                         atomic max), for gelu, plain and gelu_backward; needs Triton on a GPU; and the same
                         with the transposed copy written in the same pass (what fp8_cast_kernel and
-                        fp8_gelu_cast run in training)
+                        fp8_gelu_cast run in training); for layernorm fp8_norm_cast's kernel (whole rows, the
+                        transposed copy and the row statistics; in training it reads the float32 residual)
 
 Each row: milliseconds per call (median, CUDA events), and the producer's bytes (its inputs read, one byte per
 element written) over that time as a share of a plain copy's rate measured here. A Markdown table.
@@ -123,7 +124,12 @@ def measure(tokens, width, device, iters, compiled=True, names=None):
         fns["dynamic, two graphs"] = lambda x, s: cast_rows(x, row_amax(x))
         cast_only, of_float8 = compile_(lambda x, s: cast(make(x), s)), compile_(amax_of_float8)
         fns["delayed, amax of the float8 (two graphs)"] = lambda x, s: of_float8(cast_only(x, s), s)
-        if pname != "layernorm" and device.type == "cuda" and importlib.util.find_spec("triton"):
+        triton = device.type == "cuda" and importlib.util.find_spec("triton")
+        if pname == "layernorm" and triton:     # fp8_norm_cast's kernel: it always writes the transposed copy
+            amax = torch.zeros((), device=device)
+            fns["delayed + amax, transposed too, Triton (ours)"] = \
+                lambda x, s: cast_kernel.run_norm(x, None, None, 1e-5, s, amax)
+        if pname != "layernorm" and triton:
             amax = torch.zeros((), device=device)
             ours = dict(gelu=pname == "gelu")
             if pname == "gelu_backward":      # x[:tokens] the gradient, x[tokens:] GELU's input: contiguous halves

@@ -67,7 +67,7 @@ def refuse_unready_kernel(flags, device, verify, way_out):
     """Raise ValueError, in one line ending with `way_out`, unless the Triton kernels of `flags` (keys set True: one
     name, or several in a tuple) can run on `device`: a CUDA GPU, Triton installed, and verify(device) (a run of the
     kernels against the PyTorch math there) returning None rather than what differs. The features' own kernels
-    share it (head_kernel, fp8_cast_kernel and fp8_gelu_cast)."""
+    share it (head_kernel and cast_kernel.FLAGS: fp8_cast_kernel, fp8_gelu_cast, fp8_norm_cast)."""
     import importlib.util
     flags = (flags,) if isinstance(flags, str) else tuple(flags)
     said = " and ".join(f"{f}=True" for f in flags)

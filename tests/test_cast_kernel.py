@@ -224,7 +224,8 @@ def test_the_kernel_in_the_interpreter():
     row 1 of a layer's history: the amax is x's largest |value| folded into what was there, the rest of the history
     untouched, every value cast as reference() casts it, to the interpreter's float8 rounding (not a GPU's: the bytes
     are compared on a GPU only), the transposed copy the same bytes transposed, and the same bytes without it; GELU
-    in front (e4m3) and GELU's derivative (e5m2) as reference() computes them."""
+    in front (e4m3) and GELU's derivative (e5m2) as reference() computes them; the LayerNorm kernel (with and
+    without weight and bias) as norm_reference(), its row statistics too."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("needs Triton (for its interpreter)")
     code = (f"import sys; sys.path[:0] = [{ROOT!r}]; import torch\n"
@@ -250,7 +251,146 @@ def test_the_kernel_in_the_interpreter():
             "h, amax, want_amax = (torch.randn(70, 200) * 2).bfloat16(), torch.zeros(1), torch.zeros(1)\n"
             "out = cast_kernel.run(x, torch.tensor(1000.0), amax, True, gelu_input=h).float()\n"  # its backward, e5m2
             "want = cast_kernel.reference(x, torch.tensor(1000.0), want_amax, True, gelu_input=h).float()\n"
-            "assert torch.allclose(amax, want_amax) and ((out - want).abs() <= 0.5 * want.abs() + 2 ** -6).all()\n")
+            "assert torch.allclose(amax, want_amax) and ((out - want).abs() <= 0.5 * want.abs() + 2 ** -6).all()\n"
+            "r, w, b = 3 * torch.randn(70, 200) + 1, 1 + 0.2 * torch.randn(200), 0.1 * torch.randn(200)\n"  # fp8_norm_cast
+            "for weight, bias in ((w, b), (w, None), (None, None)):\n"
+            "    amax, want_amax = torch.zeros(1), torch.zeros(1)\n"
+            "    out, out_t, mean, rstd = cast_kernel.run_norm(r, weight, bias, 1e-5, torch.tensor(50.0), amax)\n"
+            "    want, want_mean, want_rstd = cast_kernel.norm_reference(r, weight, bias, 1e-5, torch.tensor(50.0), "
+            "want_amax)\n"
+            "    assert torch.equal(out_t.view(torch.uint8), out.view(torch.uint8).t())\n"
+            "    assert all(torch.allclose(a, b, rtol=1e-5) for a, b in ((mean, want_mean), (rstd, want_rstd), "
+            "(amax, want_amax)))\n"
+            "    a, w8 = out.float(), want.float()\n"
+            "    assert ((a - w8).abs() <= 0.5 * w8.abs() + 2 ** -6).all()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "TRITON_INTERPRET": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+def norm_gpt(folded):
+    """A tiny GPT (n_embd 64) whose block Linears are delayed FP8 layers, with fp8_norm_cast as `folded`, and one
+    batch of it."""
+    from conftest import tiny_model
+    m = tiny_model(n_embd=64, bias=True)
+    fp8.convert(m, configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_min_dim=32,
+                                       fp8_norm_cast=folded))
+    g = torch.Generator().manual_seed(3)
+    return m, torch.randint(0, 257, (2, 64), generator=g), torch.randint(0, 257, (2, 64), generator=g)
+
+
+def norm_gpt_step(folded, calibrated, compiled=False):
+    """One forward and backward of norm_gpt under bf16 autocast: the loss, every gradient and every amax recorded.
+    calibrated: the histories filled first by one step with dynamic scales (fp8.calibrate's way), so the step's
+    scales are known before the casts."""
+    m, x, y = norm_gpt(folded)
+    mods = [lin for _, lin in fp8.delayed_linears(m)]
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16)
+    if calibrated:
+        with ctx:
+            m(x, y)[1].backward()
+        fp8.end_step(mods, True)
+        for lin in mods:
+            lin.fp8_scaled = True
+        m.zero_grad(set_to_none=True)
+    with ctx:
+        loss = (torch.compile(m) if compiled else m)(x, y)[1]
+    loss.backward()
+    return m, [loss] + [p.grad for p in m.parameters()] + [lin.fp8_amax[:, 0] for lin in mods]
+
+
+def test_norm_in_the_cast_folds_each_blocks_layernorm_into_the_linear_it_feeds():
+    """fp8_norm_cast: convert makes ln_1 and ln_2 pass-throughs (their weights, biases and state-dict keys stay) and
+    hands qkv and fc the residual stream; ln_f, the norms of other Linears and other norms are left alone; a
+    model without a LayerNorm to fold is refused."""
+    from conftest import tiny_model
+    plain, _, _ = norm_gpt(False)
+    m, _, _ = norm_gpt(True)
+    for block in m.transformer.h:
+        assert type(block.ln_1) is fp8.FoldedLayerNorm and type(block.ln_2) is fp8.FoldedLayerNorm
+        assert block.attn.c_attn.fp8_norm[0] is block.ln_1 and block.mlp.c_fc.fp8_norm[0] is block.ln_2
+        assert block.attn.c_proj.fp8_norm is None and block.mlp.c_proj.fp8_norm is None
+    assert type(m.transformer.ln_f) is torch.nn.LayerNorm
+    assert list(m.state_dict()) == list(plain.state_dict())
+    rms = tiny_model(n_embd=64, norm="rmsnorm")
+    with pytest.raises(ValueError, match="no LayerNorm of this model feeds an FP8 Linear alone"):
+        fp8.convert(rms, configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_min_dim=32,
+                                             fp8_norm_cast=True))
+
+
+def test_norm_in_the_cast_without_scales_gives_the_step_of_the_model_bit_for_bit(monkeypatch):
+    """Calibrating (dynamic scales, which need the tensor first), the folded layers run aten's LayerNorm before the
+    cast and its backward after: the loss, every gradient (the norms' weights and biases too) and every amax are
+    those of the model without the flag, bit for bit, and the op never runs."""
+    monkeypatch.setattr(cast_kernel, "norm_reference", lambda *a: pytest.fail("the op ran without scales"))
+    want, got = norm_gpt_step(False, False)[1], norm_gpt_step(True, False)[1]
+    for a, b in zip(want, got):
+        assert torch.equal(a, b)
+
+
+def bf16_rounded_norm_reference(calls):
+    """cast_kernel.norm_reference with LayerNorm's output rounded to bfloat16 before the cast, as the Linear without
+    fp8_norm_cast takes it; each call counted in `calls`."""
+    def reference(x, weight, bias, eps, scale, amax):
+        calls.append(x.shape)
+        y, mean, rstd = torch.ops.aten.native_layer_norm(x.float(), [x.size(-1)], weight, bias, eps)
+        y = y.bfloat16().float()
+        amax.copy_(torch.maximum(amax, y.abs().amax(dim=-1).amax()))
+        return (y * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), mean, rstd
+    return reference
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_norm_in_the_cast_gives_the_step_of_the_model(compiled, monkeypatch):
+    """With the scales known, each folded layer normalizes and casts through norm_cast_amax, twice a block (ln_1 ->
+    qkv, ln_2 -> fc), and its backward runs LayerNorm's from the statistics the op returned. With the op's LayerNorm
+    output rounded to bfloat16 as the plain Linear takes it, eager, the loss, every gradient (the norms' too) and
+    every amax are the model's without the flag, bit for bit: the wiring adds nothing. Compiled, Inductor's own
+    LayerNorm differs from aten's in the last bits and float8 rounding at this tiny width magnifies that in the
+    gradients: the loss within 0.1%, every amax within 5%, every gradient within 15% of its norm (a lost LayerNorm
+    backward is off by its whole size). Evaluating runs LayerNorm first, without the op, and gives the model's
+    output."""
+    calls = []
+    monkeypatch.setattr(cast_kernel, "norm_reference", bf16_rounded_norm_reference(calls))
+    want = norm_gpt_step(False, True, compiled)[1]
+    calls.clear()
+    m, got = norm_gpt_step(True, True, compiled)
+    assert len(calls) == 2 * len(m.transformer.h)
+    if not compiled:
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+    else:
+        n = len(list(m.parameters()))
+        assert abs(got[0] - want[0]) <= 1e-3 * want[0]
+        assert all(torch.allclose(a, b, rtol=0.05) for a, b in zip(got[1 + n:], want[1 + n:]))
+        for a, b in zip(got[1:1 + n], want[1:1 + n]):
+            assert (a - b).norm() <= 0.15 * b.norm(), ((a - b).norm() / b.norm())
+    calls.clear()
+    plain = norm_gpt_step(False, True)[0].eval()
+    m.eval()
+    _, x, y = norm_gpt(False)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(m(x, y)[0], plain(x, y)[0])
+    assert calls == []
+
+
+def test_norm_in_the_cast_is_refused_where_it_would_do_nothing_or_cannot_run(monkeypatch):
+    delayed = dict(fp8=True, fp8_recipe="tensorwise_delayed", fp8_norm_cast=True, n_embd=1024, n_head=16)
+    with pytest.raises(ValueError, match="this run is on the CPU: add --fp8=False and leave out fp8_recipe, "
+                                         "fp8_norm_cast where the command line gives them$"):
+        fp8.check(configurator.Config(**delayed), on("cpu"))
+    with pytest.raises(ValueError, match="fp8_norm_cast=True runs Triton kernels on a CUDA GPU; this run is on cpu: "
+                                         "leave fp8_norm_cast out$"):
+        cast_kernel.check(configurator.Config(**delayed), torch.device("cpu"))
+    monkeypatch.setattr(fp8, "capability", lambda device: (9, 0))          # an FP8 GPU, stood in for
+    gpu = on("cuda")
+    with pytest.raises(ValueError, match="fp8_norm_cast=True would do nothing with fp8_recipe='tensorwise_fused'"):
+        fp8.check(configurator.Config(**{**delayed, "fp8_recipe": "tensorwise_fused"}), gpu)
+    with pytest.raises(ValueError, match="fp8_norm_cast=True folds the LayerNorm into the cast of the FP8 Linear it "
+                                         "feeds, and norm='rmsnorm' is not LayerNorm: use --norm=layernorm, or leave "
+                                         "fp8_norm_cast out$"):
+        fp8.check(configurator.Config(**delayed, norm="rmsnorm"), gpu)
+    with pytest.raises(ValueError, match=r"and neither the qkv nor the fc Linear \(1024 wide in\) is converted with "
+                                         r"fp8_layers='attn_proj,mlp_proj' and fp8_min_dim=1024: convert them \(qkv "
+                                         r"or fc in fp8_layers, fp8_min_dim at most 1024\), or leave fp8_norm_cast out$"):
+        fp8.check(configurator.Config(**delayed, fp8_layers="attn_proj,mlp_proj"), gpu)

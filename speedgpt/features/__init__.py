@@ -16,7 +16,8 @@ its stages loop over that list:
   fp8.py                        FP8 training: block Linears (fp8) and the fused head's matmuls (fp8_head)
   softmax_pass.py               the fused head's softmax pass in Triton (head_kernel; checked by fused_ce.check)
   cast_kernel.py                the delayed FP8 casts with their amax in one Triton pass (fp8_cast_kernel, and
-                                fp8_gelu_cast with the MLP's GELU, and its derivative, in them; fp8.check)
+                                fp8_gelu_cast with the MLP's GELU, and its derivative, in them, fp8_norm_cast
+                                with the LayerNorm in them; fp8.check)
   fused_ce.py                   the output head and cross-entropy as one function (fused_ce)
   activation_checkpointing.py   recompute blocks in the backward (grad_checkpointing)
   compilation.py                torch.compile, whole model or per block (compile, compile_regional, compile_tuning)

@@ -23,6 +23,14 @@ gradient (benchmarks/fp8_cast.py times both), without splitting the LayerNorm's 
 for the other layers. GELU and its derivative are computed in float32 and cast once, as compiled code does (no
 bfloat16 rounding between them).
 
+fp8_norm_cast=True does the same for the LayerNorm in front of the qkv and fc Linears, whose casts Inductor fuses
+into the LayerNorm kernel (which fp8_cast_kernel's plain cast splits): one program per BLOCK rows holds each whole
+row, takes its mean and variance in float32, normalizes, scales and shifts, casts, folds the amax and writes the
+transposed copy, and the row statistics the backward takes. fp8.convert makes the Block's norm a pass-through (its
+weight and bias stay its own, the checkpoint's keys unchanged) and hands the Linear the residual stream, in its own
+dtype (float32 under autocast, as LayerNorm reads it); the Linear's backward runs aten's LayerNorm backward from
+those statistics.
+
 cast_amax is a torch custom op, so torch.compile keeps it one opaque call: on a CUDA GPU the Triton kernel,
 elsewhere the same math in PyTorch ops (reference: the tests' CPU path). check() refuses the flag where it cannot
 run, and runs the kernel once against reference() on the GPU at hand (verify), so that a Triton that miscompiles it
@@ -40,12 +48,13 @@ _kernel = []                     # the jit function, made once (Triton imported 
 _verified = {}                   # device -> verify's answer, once per process
 
 
-FLAGS = ("fp8_cast_kernel", "fp8_gelu_cast")
+FLAGS = ("fp8_cast_kernel", "fp8_gelu_cast", "fp8_norm_cast")
+NORM_WIDTH = 8192                # fp8_norm_cast holds a whole row per program: n_embd at most this
 
 
 def check(cfg, device):
-    """Raise ValueError naming the way out unless fp8_cast_kernel=True or fp8_gelu_cast=True can run: Triton on a
-    CUDA GPU, and the kernel right there (verify). fp8.check refuses them first without fp8 and with another recipe
+    """Raise ValueError naming the way out unless the flags of FLAGS set True can run: Triton on a CUDA GPU, and the
+    kernels right there (verify). fp8.check refuses them first without fp8 and with another recipe
     than the delayed one (the only one whose scale is known before the cast)."""
     on = [f for f in FLAGS if getattr(cfg, f)]
     if on:
@@ -80,8 +89,62 @@ def kernel():
         if TRANSPOSE:                                           # out_t (w, n): element (c, r) at c * n + r
             tl.store(out_t + cols.to(tl.int64) * n + rows, y8, mask=mask)
 
-    _kernel.append(cast_amax_kernel)
+    @triton.jit(do_not_specialize=["n"])
+    def norm_cast_amax_kernel(x, weight, bias, out, out_t, mean, rstd, scale, amax, n, w, eps, FMAX: tl.constexpr,
+                              HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                              BLOCK_N: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows, cols = r[:, None], tl.arange(0, BLOCK_N)[None, :]
+        mask = (rows < n) & (cols < w)
+        at = rows.to(tl.int64) * w + cols
+        v = tl.load(x + at, mask=mask, other=0.0).to(tl.float32)
+        mu = tl.sum(v, 1) / w
+        d = tl.where(mask, v - mu[:, None], 0.0)
+        rs = 1.0 / tl.sqrt(tl.sum(d * d, 1) / w + eps)            # LayerNorm's biased variance, as aten's
+        y = d * rs[:, None]
+        if HAS_WEIGHT:
+            y = y * tl.load(weight + cols, mask=cols < w, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y = y + tl.load(bias + cols, mask=cols < w, other=0.0).to(tl.float32)
+        tl.store(mean + r, mu, mask=r < n)
+        tl.store(rstd + r, rs, mask=r < n)
+        tl.atomic_max(amax, tl.max(tl.max(tl.where(mask, tl.abs(y), 0.0), 1), 0))
+        y8 = tl.clamp(y * tl.load(scale), -FMAX, FMAX).to(tl.float8e4nv)
+        tl.store(out + at, y8, mask=mask)
+        tl.store(out_t + cols.to(tl.int64) * n + rows, y8, mask=mask)      # out_t (w, n), byte by byte
+
+    _kernel.extend([cast_amax_kernel, norm_cast_amax_kernel])
     return cast_amax_kernel
+
+
+def run_norm(x, weight, bias, eps, scale, amax, out=None):
+    """LayerNorm of x (n, w) (weight and bias (w,) or None) times scale cast to e4m3 with saturation, by the Triton
+    kernel (a CUDA tensor, or a CPU one under TRITON_INTERPRET=1), its largest magnitude folded into amax in place:
+    returns (out (n, w), out_t (w, n) the same bytes transposed, mean (n, 1), rstd (n, 1)) in float32, as aten's
+    native_layer_norm gives them. out: the four tensors to write (verify's), else new ones."""
+    x = x.contiguous()
+    n, w = x.shape
+    if out is None:
+        f8 = torch.float8_e4m3fn
+        out = (torch.empty((n, w), dtype=f8, device=x.device), torch.empty((w, n), dtype=f8, device=x.device),
+               torch.empty((n, 1), device=x.device), torch.empty((n, 1), device=x.device))
+    block_n = 1 << (w - 1).bit_length()                          # the next power of two: the whole row
+    block_m = max(1, min(32, 16384 // block_n))
+    kernel()
+    _kernel[1][(-(-n // block_m),)](x, x if weight is None else weight, x if bias is None else bias, *out, scale,
+                                    amax, n, w, eps, FMAX=torch.finfo(torch.float8_e4m3fn).max,
+                                    HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_M=block_m,
+                                    BLOCK_N=block_n, num_warps=8)
+    return tuple(out)
+
+
+def norm_reference(x, weight, bias, eps, scale, amax):
+    """run_norm()'s math in PyTorch ops: aten's native_layer_norm in float32, then the e4m3 cast and its amax."""
+    fmax = torch.finfo(torch.float8_e4m3fn).max
+    y, mean, rstd = torch.ops.aten.native_layer_norm(x.float(), [x.size(-1)], None if weight is None else
+                                                     weight.float(), None if bias is None else bias.float(), eps)
+    amax.copy_(torch.maximum(amax, y.abs().amax(dim=-1).amax()))
+    return (y * scale).clamp(-fmax, fmax).to(torch.float8_e4m3fn), mean, rstd
 
 
 def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out=None, gelu_input=None):
@@ -141,6 +204,31 @@ def _(x, scale, amax, row, e5m2, gelu=False, gelu_input=None):
     return x.new_empty(x.shape, dtype=dtype), x.new_empty((x.size(1), x.size(0)), dtype=dtype)
 
 
+@torch.library.custom_op("speedgpt::norm_cast_amax", mutates_args=("amax",))
+def norm_cast_amax(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float,
+                   scale: torch.Tensor, amax: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                 torch.Tensor, torch.Tensor]:
+    """LayerNorm(x) (x (M, K), weight and bias (K,) or None) times scale (0-dim float32) cast to e4m3 with
+    saturation, its largest magnitude folded into amax[row, 0] in place. Returns (x8 (M, K), x8_t (K, M), mean (M, 1),
+    rstd (M, 1)), the last two float32 as aten's native_layer_norm gives them (its backward takes them). On a CUDA
+    GPU one Triton kernel (run_norm), elsewhere norm_reference()."""
+    x8, mean, rstd = norm_reference(x, weight, bias, eps, scale, amax[row, 0:1])
+    return x8, x8.t().contiguous(), mean, rstd
+
+
+@norm_cast_amax.register_kernel("cuda")
+def _(x, weight, bias, eps, scale, amax, row):
+    return run_norm(x, weight, bias, eps, scale, amax[row, 0:1])
+
+
+@norm_cast_amax.register_fake
+def _(x, weight, bias, eps, scale, amax, row):
+    m, k = x.shape
+    f8 = torch.float8_e4m3fn
+    return (x.new_empty((m, k), dtype=f8), x.new_empty((k, m), dtype=f8), x.new_empty((m, 1), dtype=torch.float32),
+            x.new_empty((m, 1), dtype=torch.float32))
+
+
 def verify(device, shape=(1000, 1200)):
     """Run the kernel as training runs it (with the transposed copy) in both float8 formats, with GELU in e4m3 and
     with GELU's derivative in e5m2 (fp8_gelu_cast's forward and backward), on random bf16 values (a shape its tiles
@@ -181,8 +269,35 @@ def verify(device, shape=(1000, 1200)):
                        f"{'e5m2' if e5m2 else 'e4m3'}{what}: {moved.sum().item()} bytes "
                        f"differ from the PyTorch cast, amax {got_amax.item():.6g} against {want_amax.item():.6g})")
             break
-    _verified[device] = problem
-    return problem
+    _verified[device] = problem or _verify_norm(device, shape, gen)
+    return _verified[device]
+
+
+def _verify_norm(device, shape, gen):
+    """verify() for run_norm: a float32 residual stream (an offset, a spread, some values past the range after the
+    norm), a weight and a bias, against norm_reference(). The two take the row's sums in different orders, so the
+    normalized values may differ in float32's last bits, which moves a byte at a rounding boundary by one e4m3 step
+    (under 1e-3 of them); the row statistics and the amax within 1e-5."""
+    x = 3 * torch.randn(shape, device=device, generator=gen) + 1
+    weight = 1 + 0.2 * torch.randn(shape[1], device=device, generator=gen)
+    bias = 0.1 * torch.randn(shape[1], device=device, generator=gen)
+    s = torch.tensor(448.0 / 4, device=device)
+    got_amax, want_amax = torch.zeros(1, device=device), torch.zeros(1, device=device)
+    want, want_mean, want_rstd = norm_reference(x, weight, bias, 1e-5, s, want_amax)
+    nan = [torch.full(t, 0xFF, dtype=torch.uint8, device=device).view(want.dtype) for t in (shape, shape[::-1])] + \
+        [torch.full((shape[0], 1), float("nan"), device=device) for _ in range(2)]
+    got, got_t, mean, rstd = run_norm(x, weight, bias, 1e-5, s, got_amax, out=nan)
+    moved = got.view(torch.uint8) != want.view(torch.uint8)
+    wrong = (got_t.view(torch.uint8) != got.view(torch.uint8).t()).any() or \
+        (_code(got) - _code(want)).abs().max() > 1 or moved.float().mean() > 1e-3 or \
+        not all(torch.allclose(a, b, rtol=1e-5) for a, b in ((mean, want_mean), (rstd, want_rstd),
+                                                              (got_amax, want_amax)))
+    if not wrong:
+        return None
+    import triton
+    return (f"Triton {triton.__version__} compiled the LayerNorm cast kernel wrongly on this GPU ({moved.sum().item()} "
+            f"bytes differ from the PyTorch LayerNorm and cast, amax {got_amax.item():.6g} against "
+            f"{want_amax.item():.6g})")
 
 
 def _code(t):

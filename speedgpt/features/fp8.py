@@ -67,7 +67,7 @@ def none_eligible(cfg):
 
 
 # the keys that mean nothing without the flag
-DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast", "fp8_cast_kernel", "fp8_gelu_cast")}
+DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast", *cast_kernel.FLAGS)}
 
 
 def check(cfg, proc):
@@ -124,6 +124,16 @@ def check(cfg, proc):
                              f"{flag} out")
     if cfg.fp8_gelu_cast and cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and block_width_ok(cfg):
         refuse_unfed_gelu(meta_model(cfg), cfg)         # none eligible at all: fp8's own refusal below says so
+    if cfg.fp8_norm_cast and cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and block_width_ok(cfg) and \
+            not norm_fed(meta_model(cfg), cfg):
+        why = (f"norm={cfg.norm!r} is not LayerNorm: use --norm=layernorm" if cfg.norm != "layernorm" else
+               f"n_embd={cfg.n_embd} is wider than the kernel's whole row ({cast_kernel.NORM_WIDTH})"
+               if cfg.n_embd > cast_kernel.NORM_WIDTH else
+               f"neither the qkv nor the fc Linear ({cfg.n_embd} wide in) is converted with fp8_layers="
+               f"{cfg.fp8_layers!r} and fp8_min_dim={cfg.fp8_min_dim}: convert them (qkv or fc in fp8_layers, "
+               f"fp8_min_dim at most {cfg.n_embd})")
+        raise ValueError(f"fp8_norm_cast=True folds the LayerNorm into the cast of the FP8 Linear it feeds, and {why}, "
+                         "or leave fp8_norm_cast out")
     if cfg.fp8_precast and proc.world > 1 and cfg.parallelism == "fsdp":
         raise ValueError("fp8_precast=True casts each whole weight after the optimizer step, where FSDP holds only "
                          "a shard of it: use --parallelism=ddp, or leave fp8_precast out")
@@ -212,6 +222,13 @@ def convert(model, cfg):
         for owner, act_name, producer, consumer in fed:
             setattr(owner, act_name, torch.nn.Identity())
             producer.fp8_gelu_out, consumer.fp8_gelu = True, True
+    if cfg.fp8_norm_cast:
+        fed = norm_fed(model, cfg)
+        if not fed:
+            raise ValueError("fp8_norm_cast=True: no LayerNorm of this model feeds an FP8 Linear alone")
+        for norm, linear in fed:
+            norm.__class__ = FoldedLayerNorm
+            linear.fp8_norm = (norm,)           # a tuple: not a submodule of the Linear (its keys stay the norm's)
     return list(chosen)
 
 
@@ -237,6 +254,32 @@ def refuse_unfed_gelu(meta, cfg):
            if missing else "bias=True puts c_fc's bias between its matmul and GELU: use --bias=False")
     raise ValueError(f"fp8_gelu_cast=True folds the MLP's GELU into the casts of the FP8 Linears around it, and "
                      f"{why}, or leave fp8_gelu_cast out")
+
+
+class FoldedLayerNorm(torch.nn.LayerNorm):
+    """fp8_norm_cast: a LayerNorm whose work the FP8 Linear it feeds does (convert swaps the class, so its weight,
+    bias and state-dict keys stay): it hands on its input as it is."""
+
+    def forward(self, x):
+        return x
+
+
+def norm_fed(model, cfg):
+    """[(norm, linear)]: each LayerNorm that a module's NORM_FEEDS ({its norm: the path of the one Linear that takes
+    its output}, model.py's Block: ln_1 -> attn.c_attn, ln_2 -> mlp.c_fc) names, feeding a Linear that is (or, before
+    convert swaps it, would be) a delayed FP8 layer, at most cast_kernel.NORM_WIDTH wide: fp8_norm_cast's pairs."""
+    if cfg.fp8_recipe != "tensorwise_delayed":
+        return []
+    eligible = {id(m) for _, m in eligible_linears(model, cfg)}
+    out = []
+    for owner in model.modules():
+        for norm_name, path in getattr(owner, "NORM_FEEDS", {}).items():
+            norm, linear = getattr(owner, norm_name), owner.get_submodule(path)
+            if type(norm) is torch.nn.LayerNorm and norm.normalized_shape == (linear.in_features,) and \
+                    linear.in_features <= cast_kernel.NORM_WIDTH and \
+                    (isinstance(linear, DelayedFloat8Linear) or id(linear) in eligible):
+                out.append((norm, linear))
+    return out
 
 
 def gelu_fed(model, cfg):
@@ -421,11 +464,13 @@ class RowwiseFloat8Linear(torch.nn.Linear):
     """nn.Linear whose matmul is _RowwiseLinear in the autocast dtype (bf16 without autocast); convert()
     swaps a Linear's class to it, so its parameters and state-dict keys stay those of the Linear."""
     matmul = _RowwiseLinear
+    fp8_norm = None              # fp8_norm_cast (the delayed layer): (the LayerNorm it folds,); x is its input
 
     def forward(self, x):
         dt = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else torch.bfloat16
         with torch.autocast(x.device.type, enabled=False):
-            y = self.mm(x.reshape(-1, x.size(-1)).to(dt), self.weight.to(dt))
+            x2 = x.reshape(-1, x.size(-1))
+            y = self.mm(x2 if self.fp8_norm else x2.to(dt), self.weight.to(dt))      # the norm reads it as it is
             y = y.view(*x.shape[:-1], -1)
             return y if self.bias is None else y + self.bias.to(dt)
 
@@ -466,17 +511,26 @@ class _DelayedLinear(torch.autograd.Function):
     calibrating or evaluating, GELU runs first, as the MLP ran it; its backward returns the gradient of GELU's
     output, leaving GELU's derivative to the layer that made h. gelu_out (c_fc, without bias): the layer's output
     is h, and the gradient it receives is GELU's output's: its backward multiplies it by GELU'(h) (h saved: the
-    output itself), in training inside its gradient's cast. With fp8_precast, scales, w8 and w8_t are precast()'s,
-    made once per optimizer step: scales (3,) float32, the
-    scales of x, dy and the weight; w8 (N, K) the weight in e4m3 and w8_t (K, N) its transposed copy (the input
+    output itself), in training inside its gradient's cast. norm_eps (fp8_norm_cast; else None): x is the residual
+    stream and the layer multiplies LayerNorm(x) (weight norm_w, bias norm_b: the norm's own parameters); in
+    training the norm runs in its cast's Triton pass (cast_kernel.norm_cast_amax), otherwise first, as aten's
+    LayerNorm; the backward runs aten's LayerNorm backward from the row statistics and returns the gradients of x
+    and of the norm's parameters. With fp8_precast, scales, w8 and w8_t are precast()'s, made once per optimizer
+    step: scales (3,) float32, the scales of x, dy and the weight; w8 (N, K) the weight in e4m3 and w8_t (K, N) its transposed copy (the input
     gradient's operand); without it (None) the scales and the weight's cast are made here, in every micro-batch's
     graph. The inverse scales torch._scaled_mm takes are computed here either way: a view into `scales` (an offset
     into another tensor) is refused by cuBLAS (NOT_SUPPORTED) and by Inductor's lowering of _scaled_mm, which on
     the GPU want each scale a tensor of its own."""
 
     @staticmethod
-    def forward(ctx, x, w, amax, scaled, track, kernel, gelu, gelu_out, scales, w8, w8_t):
-        fused = track and scaled                  # the scales known before the cast: GELU can join it, either way
+    def forward(ctx, x, w, amax, scaled, track, kernel, gelu, gelu_out, norm_eps, norm_w, norm_b, scales, w8, w8_t):
+        fused = track and scaled            # the scales known before the cast: GELU or the norm can join it
+        r = stats = None
+        if norm_eps is not None:
+            r = x
+            if not fused:
+                x, *stats = torch.ops.aten.native_layer_norm(r, [r.size(-1)], norm_w, norm_b, norm_eps)
+                x = x.to(w.dtype)                 # as the Linear took LayerNorm's output
         if gelu and not fused:
             x = torch.nn.functional.gelu(x)
         if scales is None:
@@ -484,16 +538,20 @@ class _DelayedLinear(torch.autograd.Function):
             w8, ws = tensorwise_cast(w)
         else:
             scale, ws = scales[0], scales[2].reciprocal()
-        (x8, x8_t), xs = delayed_cast(x, scale, amax, 0, track, kernel, gelu=gelu and fused), scale.reciprocal()
-        y = scaled_mm(x8, xs, w8.t(), ws, x.dtype)
+        if r is not None and fused:
+            x8, x8_t, *stats = cast_kernel.norm_cast_amax(r, norm_w, norm_b, norm_eps, scale, amax, 0)
+        else:
+            x8, x8_t = delayed_cast(x, scale, amax, 0, track, kernel, gelu=gelu and fused)
+        xs = scale.reciprocal()
+        y = scaled_mm(x8, xs, w8.t(), ws, w.dtype)
         ctx.save_for_backward(x8 if x8_t is None else x8_t, xs, w8 if scales is None else w8_t, ws, scales,
-                              y if gelu_out else None)
+                              y if gelu_out else None, r, norm_w, norm_b, *(stats or (None, None)))
         ctx.amax, ctx.scaled, ctx.track, ctx.kernel, ctx.x_transposed = amax, scaled, track, kernel, x8_t is not None
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x8, xs, w8, ws, scales, h = ctx.saved_tensors
+        x8, xs, w8, ws, scales, h, r, norm_w, norm_b, mean, rstd = ctx.saved_tensors
         amax, e5m2, fused = ctx.amax, torch.float8_e5m2, ctx.track and ctx.scaled
         if h is not None and not fused:                             # d GELU(h) / dh, as autograd takes it
             dy, h = torch.ops.aten.gelu_backward(dy, h), None
@@ -506,7 +564,12 @@ class _DelayedLinear(torch.autograd.Function):
         w8_col = None if scales is None else w8.t()                 # w8_t (K, N) seen as (N, K) column-major
         x8, x8_col = (None, x8.t()) if ctx.x_transposed else (x8, None)        # x8_t (K, M) seen column-major
         dx, dw = tensorwise_grads(dy8, dys, x8, xs, w8, ws, dy.dtype, w8_col, dy8_t, x8_col)
-        return dx, dw, *[None] * 9
+        dnw = dnb = None
+        if r is not None:                                           # LayerNorm's backward, as autograd runs it
+            dx, dnw, dnb = torch.ops.aten.native_layer_norm_backward(
+                dx.to(r.dtype), r, [r.size(-1)], mean, rstd, norm_w, norm_b,
+                [True, norm_w is not None, norm_b is not None])
+        return dx, dw, *[None] * 7, dnw, dnb, None, None, None
 
 
 def delayed_cast(t, scale, amax, row, track, kernel, dtype=torch.float8_e4m3fn, gelu=False, gelu_input=None):
@@ -539,8 +602,10 @@ class DelayedFloat8Linear(RowwiseFloat8Linear):
 
     def mm(self, x, w):
         cast = self.fp8_precast if self.fp8_precast is not None and self.fp8_scaled else (None, None, None)
+        norm = (self.fp8_norm[0].eps, self.fp8_norm[0].weight, self.fp8_norm[0].bias) if self.fp8_norm else \
+            (None, None, None)
         return self.matmul.apply(x, w, self.fp8_amax, self.fp8_scaled, self.training and torch.is_grad_enabled(),
-                                 self.fp8_cast_kernel, self.fp8_gelu, self.fp8_gelu_out, *cast)
+                                 self.fp8_cast_kernel, self.fp8_gelu, self.fp8_gelu_out, *norm, *cast)
 
     def get_extra_state(self):
         return self.fp8_amax.detach().clone()
