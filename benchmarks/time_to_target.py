@@ -24,6 +24,8 @@ the runs, over several seeds. One command, one table.
    final val loss.
 5. That setting at the other seeds (the sweep's run is the first seed's). The table: per recipe, how many seeds
    reached the target, and the seconds and tokens to it and the final val loss, each as mean +- standard deviation.
+6. With --blocks, the blocks the field trains besides GPT-2's (BLOCKS: one model flag each, or all of them), each at
+   every seed at each recipe's best setting for GPT-2's block (not swept again): a row per recipe and block.
 
 Seconds are train.py's training clock (speedgpt/budget.py): evaluations and checkpoints apart, and the first step's
 compile too (counted at the second step's time), so a cold compile cache robs no run; the compile is a column of
@@ -223,6 +225,12 @@ def score(weights, data_dir):
 # train.py flags each run gets from this script's own settings: --train_args may not set them (learning_rate, min_lr
 # and muon_lr it may: they centre the sweep)
 RECIPE_KEYS = ("optimizer", "lr_schedule", "wsd_decay_frac")     # what a recipe is: --recipes chooses them
+# --blocks: GPT-2's block with one change of the field's (model.py's GPTConfig fields; docs/flags.md), and "modern",
+# all of them at once (modded-nanogpt's and nanochat's block has each)
+BLOCKS = {"rmsnorm": ["--norm=rmsnorm"], "rope": ["--rope=True"], "qk_norm": ["--qk_norm=True"],
+          "relu2": ["--activation=relu2"], "untied": ["--tie_embeddings=False"]}
+BLOCKS["modern"] = [flag for flags in BLOCKS.values() for flag in flags]
+BLOCK_KEYS = ("norm", "rope", "qk_norm", "activation", "tie_embeddings")
 OWN_KEYS = ("config", "data_dir", "out_dir", "max_iters", "lr_decay_iters", "warmup_iters", "seed", "eval_interval",
             "eval_tokens", "save_checkpoints", "hellaswag", "total_batch_size", "time_budget", "target_val_loss")
 
@@ -243,7 +251,8 @@ def base_argv(args, recipe):
 
 
 def settings(args, recipe, base):
-    """The sweep of `recipe`: [{"batch_tokens", "lr_scale", "lr": {key: value}}], the peak learning rates `base`'s
+    """The sweep of `recipe`: [{"batch_tokens", "lr_scale", "lr": {key: value}}] (a --blocks row's setting adds
+    "block": its name in BLOCKS), the peak learning rates `base`'s
     (a train.py Config) times each scale; for adamw min_lr keeps its share of learning_rate."""
     key = RECIPES[recipe][1]
     out = []
@@ -266,11 +275,13 @@ def train_argv(args, recipe, setting, seed, data_dir, out_dir):
             f"--out_dir={os.path.abspath(out_dir)}", f"--total_batch_size={batch}", *length,
             f"--warmup_iters={round(args.warmup_frac * steps)}",
             f"--eval_interval={args.eval_every // batch}", f"--seed={seed}", "--eval_tokens=1000000000",
-            "--save_checkpoints=False", "--hellaswag=off", *(f"--{k}={v!r}" for k, v in setting["lr"].items())]
+            "--save_checkpoints=False", "--hellaswag=off", *(f"--{k}={v!r}" for k, v in setting["lr"].items()),
+            *BLOCKS.get(setting.get("block"), [])]
 
 
 def run_name(recipe, setting, seed):
-    return f"{recipe}_b{setting['batch_tokens']}_lr{setting['lr_scale']:g}_s{seed}"
+    block = f"_{setting['block']}" if setting.get("block") else ""
+    return f"{recipe}{block}_b{setting['batch_tokens']}_lr{setting['lr_scale']:g}_s{seed}"
 
 
 def train_run(args, recipe, setting, seed, data_dir):
@@ -377,8 +388,8 @@ class Store:
         if key in self.rows:
             self.reused += 1
             r = self.rows[key]
-            return result(r["recipe"], {k: r[k] for k in ("batch_tokens", "lr_scale", "lr")}, r["seed"], r["evals"],
-                          target, r["compile_s"])
+            return result(r["recipe"], {k: r[k] for k in ("batch_tokens", "lr_scale", "lr", "block") if k in r},
+                          r["seed"], r["evals"], target, r["compile_s"])
         row = train()
         append_record(self.path, {"key": key, "row": row})
         return row
@@ -515,6 +526,12 @@ def preflight(args, recipes, data_dir):
                     plan_batch(resolved, 1)
                     if not os.path.isfile(os.path.join(data_dir, "meta.json")):   # the corpus to come: GPT-2's
                         memory.fits(resolved, memory.GPT2_VOCAB, device)          # tokens (check_flags skips it)
+                largest = max(sweeps[recipe], key=lambda setting: setting["batch_tokens"])
+                for block in args.blocks:            # at any setting of the sweep: the best is not known yet
+                    cfg = load_config(train_argv(args, recipe, {**largest, "block": block}, args.seeds[0], data_dir,
+                                                 args.out))
+                    train.check_flags(replace(cfg, eval_tokens=min(cfg.eval_tokens, 65536)), Proc(0, 0, 1, device),
+                                      skip=(train.data,))
         except (ValueError, TypeError, FileNotFoundError) as e:
             sys.exit(f"error: the {recipe} runs: {e} (train.py's flags go through --train_args; this is a GPU "
                      "benchmark: without a CUDA GPU, try it with --config '', a small model in --train_args and "
@@ -541,6 +558,8 @@ def main(argv=None):
                    "--batch_tokens); 0: a tenth of --tokens")
     p.add_argument("--warmup_frac", type=float, default=0.2, help="each run's warm-up, a share of its steps "
                    "at --tokens (a fifth: the first comparison's 20 of 100)")
+    p.add_argument("--blocks", default="", help="comma-separated, of " + ", ".join(BLOCKS) + ": each block at each "
+                   "recipe's best setting, at every seed, a row of the table; '': GPT-2's block alone")
     p.add_argument("--config", default="config/fast.py", help="our preset; '' for train.py's defaults")
     p.add_argument("--data_dir", default="", help="a prepared folder instead of the .py files of this Python")
     p.add_argument("--train_args", action="append", default=[], help="more train.py flags for our runs, "
@@ -561,6 +580,9 @@ def main(argv=None):
         sys.exit(f"error: --recipes {args.recipes!r}: the recipes are {', '.join(RECIPES)}")
     if args.nanogpt and not os.path.isfile(os.path.join(args.nanogpt, "train.py")):
         sys.exit(f"error: no nanoGPT train.py in {args.nanogpt!r}: give --nanogpt PATH (a clone of karpathy/nanoGPT)")
+    args.blocks = list(dict.fromkeys(b.strip() for b in args.blocks.split(",") if b.strip()))
+    if any(b not in BLOCKS for b in args.blocks):
+        sys.exit(f"error: --blocks {','.join(args.blocks)!r}: the blocks are {', '.join(BLOCKS)}")
     args.batch_tokens = sorted(ints(args.batch_tokens, "--batch_tokens"))
     args.seeds = ints(args.seeds, "--seeds")
     try:
@@ -594,6 +616,10 @@ def main(argv=None):
     if recipe:                          # else the table would name one recipe and the runs train another
         sys.exit(f"error: --train_args sets {recipe[0]}, which the recipe sets (adamw: AdamW with a cosine schedule; "
                  "muon: config/muon.py, Muon with WSD): choose it with --recipes")
+    block = [a for a in given if a[2:] in BLOCK_KEYS]
+    if block and args.blocks:           # else a row would be named for one block and train another
+        sys.exit(f"error: --train_args sets {block[0]}, which --blocks sets for its rows: leave it out of "
+                 "--train_args, or --blocks out")
     if args.data_dir and not os.path.isfile(os.path.join(args.data_dir, "meta.json")):
         sys.exit(f"error: --data_dir {args.data_dir!r} is not a prepared folder (no meta.json): prepare one with "
                  "data.py (docs/data.md), or leave --data_dir out for the .py files of this Python")
@@ -632,6 +658,9 @@ def main(argv=None):
         setting = {k: top[k] for k in ("batch_tokens", "lr_scale", "lr")}
         seeded[recipe] = [top] + [run(recipe, setting, seed) for seed in args.seeds[1:]]
         print(f"seeds: {recipe} done", flush=True)
+        for block in args.blocks:           # each block at that setting, every seed
+            seeded[f"{recipe}, {block}"] = [run(recipe, {**setting, "block": block}, seed) for seed in args.seeds]
+            print(f"blocks: {recipe}, {block} done", flush=True)
     nanogpt = None
     if args.nanogpt:
         curve = nanogpt_run(args.nanogpt, data_dir, args.out, args)
@@ -648,10 +677,14 @@ def main(argv=None):
              f"the whole val split of {data_dir}", "", *sweep_table(swept), "", *edges(args, chosen), *reused,
              f"Target val loss {args.target:.4f}, fixed before the runs; each recipe at its best setting of the sweep "
              f"({pick}), seeds {', '.join(map(str, args.seeds))}; every run {length}; seconds of training (compile "
-             "apart, its own column); mean ± sd", "", *table(rows)]
+             "apart, its own column); mean ± sd" + ("; 'recipe, block': that setting with the block of --blocks "
+                                                    "(model flags: " + "; ".join(f"{b} {' '.join(BLOCKS[b])}" for b in
+                                                                                 args.blocks) + ")"
+                                                    if args.blocks else ""), "", *table(rows)]
     with open(os.path.join(args.out, "time_to_target.json"), "w") as f:      # the numbers behind both tables
         keys = ("step", "val_loss", "tokens", "train_seconds")
-        runs = [*swept, *(r for rs in seeded.values() for r in rs[1:]), *([nanogpt] if nanogpt else [])]
+        runs = [*swept, *(r for rs in seeded.values() for r in (rs if rs[0].get("block") else rs[1:])),
+                *([nanogpt] if nanogpt else [])]     # a recipe's first seed ran in the sweep; a block's did not
         json.dump({"target": args.target, "tokens": args.tokens, "minutes": args.minutes or None,
                    "eval_every": args.eval_every, "seeds": args.seeds, "table": rows,
                    "sweep": [{k: v for k, v in r.items() if k != "evals"} for r in swept],

@@ -360,3 +360,42 @@ def test_the_code_hash_follows_the_training_code(tmp_path):
     assert ttt.code_hash(str(tmp_path)) == before        # not training code
     (tmp_path / "speedgpt" / "a.py").write_text("y = 3\n")
     assert ttt.code_hash(str(tmp_path)) != before
+
+
+def test_blocks_run_at_each_recipes_best_setting_at_every_seed(byte_data, tmp_path, monkeypatch, capsys):
+    """--blocks: each block of BLOCKS named runs at each recipe's best setting (found with GPT-2's block, not swept
+    again) at every seed, with its model flags, a row of the table each after its recipe's; its runs are saved."""
+    calls = []
+
+    def fake(args, recipe, setting, seed, data_dir):
+        calls.append((recipe, setting.get("block"), setting["batch_tokens"], seed))
+        argv = ttt.train_argv(args, recipe, setting, seed, data_dir, "o")
+        assert all(flag in argv for flag in ttt.BLOCKS.get(setting.get("block"), []))
+        hit = 3.0 if setting.get("block") == "rope" else 4.0 if setting["batch_tokens"] == 512 else 6.0
+        return ttt.result(recipe, setting, seed, [(0, 5.0, 0, 0.0), (4, 2.0, 1024, hit)], args.target, 1.0)
+    monkeypatch.setattr(ttt, "train_run", fake)
+    tiny = "--n_layer=1 --n_head=2 --n_embd=32 --block_size=64 --batch_size=4"
+    ttt.main(["--target", "2.5", "--config", "", "--data_dir", str(byte_data), "--recipes", "adamw",
+              "--batch_tokens", "256,512", "--lr_scales", "1", "--seeds", "1,2", "--tokens", "2048", "--eval_every",
+              "1024", "--blocks", "rope,modern", "--train_args", tiny, "--out", str(tmp_path)])
+    assert calls == [("adamw", None, 256, 1), ("adamw", None, 512, 1), ("adamw", None, 512, 2),
+                     ("adamw", "rope", 512, 1), ("adamw", "rope", 512, 2),
+                     ("adamw", "modern", 512, 1), ("adamw", "modern", 512, 2)]
+    out = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(" | ")[0] for line in out[-3:]] == ["| adamw", "| adamw, rope", "| adamw, modern"]
+    assert out[-2].split(" | ")[4] == "3.0 ± 0.0"
+    assert "'recipe, block': that setting with the block of --blocks (model flags: rope --rope=True; modern " \
+           "--norm=rmsnorm --rope=True --qk_norm=True --activation=relu2 --tie_embeddings=False)" in out[-7]
+    saved = json.loads((tmp_path / "time_to_target.json").read_text())
+    assert len(saved["runs"]) == 2 + 1 + 4 and [r["recipe"] for r in saved["table"]] == ["adamw", "adamw, rope",
+                                                                                      "adamw, modern"]
+
+
+def test_blocks_are_refused_in_one_line_where_unknown_or_set_twice(tmp_path):
+    with pytest.raises(SystemExit, match="--blocks 'rope,swiglu': the blocks are rmsnorm, rope, qk_norm, relu2, "
+                                         "untied, modern$"):
+        ttt.main(["--target", "3", "--blocks", "rope,swiglu", "--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match="--train_args sets --rope, which --blocks sets for its rows: leave it out of "
+                                         "--train_args, or --blocks out$"):
+        ttt.main(["--target", "3", "--blocks", "rope", "--train_args=--rope=True", "--out", str(tmp_path / "a")])
+    assert not (tmp_path / "a").exists()
