@@ -147,7 +147,8 @@ def test_gelu_in_the_cast_reaches_every_block_of_a_gpt_and_keeps_its_checkpoint_
     fp8.convert(plain, configurator.Config(**cfg))
     fp8.convert(folded, configurator.Config(**cfg, fp8_gelu_cast=True))
     for block in folded.transformer.h:
-        assert isinstance(block.mlp.act, torch.nn.Identity) and block.mlp.c_proj.fp8_gelu and block.mlp.c_fc.fp8_gelu_out
+        assert isinstance(block.mlp.act, torch.nn.Identity)
+        assert block.mlp.c_proj.fp8_gelu and block.mlp.c_fc.fp8_gelu_out
         assert not block.mlp.c_fc.fp8_gelu and not block.attn.c_proj.fp8_gelu and not block.mlp.c_proj.fp8_gelu_out
     assert list(plain.state_dict()) == list(folded.state_dict())
     tanh = tiny_model(n_embd=64, activation="gelu_tanh")
@@ -252,7 +253,8 @@ def test_the_kernel_in_the_interpreter():
             "out = cast_kernel.run(x, torch.tensor(1000.0), amax, True, gelu_input=h).float()\n"  # its backward, e5m2
             "want = cast_kernel.reference(x, torch.tensor(1000.0), want_amax, True, gelu_input=h).float()\n"
             "assert torch.allclose(amax, want_amax) and ((out - want).abs() <= 0.5 * want.abs() + 2 ** -6).all()\n"
-            "r, w, b = 3 * torch.randn(70, 200) + 1, 1 + 0.2 * torch.randn(200), 0.1 * torch.randn(200)\n"  # fp8_norm_cast
+            # fp8_norm_cast's kernel
+            "r, w, b = 3 * torch.randn(70, 200) + 1, 1 + 0.2 * torch.randn(200), 0.1 * torch.randn(200)\n"
             "for weight, bias in ((w, b), (w, None), (None, None)):\n"
             "    amax, want_amax = torch.zeros(1), torch.zeros(1)\n"
             "    out, out_t, mean, rstd = cast_kernel.run_norm(r, weight, bias, 1e-5, torch.tensor(50.0), amax)\n"
@@ -392,5 +394,6 @@ def test_norm_in_the_cast_is_refused_where_it_would_do_nothing_or_cannot_run(mon
         fp8.check(configurator.Config(**delayed, norm="rmsnorm"), gpu)
     with pytest.raises(ValueError, match=r"and neither the qkv nor the fc Linear \(1024 wide in\) is converted with "
                                          r"fp8_layers='attn_proj,mlp_proj' and fp8_min_dim=1024: convert them \(qkv "
-                                         r"or fc in fp8_layers, fp8_min_dim at most 1024\), or leave fp8_norm_cast out$"):
+                                         r"or fc in fp8_layers, fp8_min_dim at most 1024\), or leave "
+                                         r"fp8_norm_cast out$"):
         fp8.check(configurator.Config(**delayed, fp8_layers="attn_proj,mlp_proj"), gpu)

@@ -868,7 +868,8 @@ def test_the_layernorm_cast_kernel_gives_the_pytorch_layernorm_and_cast(shape):
     scale = torch.tensor(448.0 / 4, device="cuda")
     for wt, bs in ((weight, bias), (None, None)):
         amax, want_amax = torch.zeros(1, device="cuda"), torch.zeros(1, device="cuda")
-        out = [torch.full(s, 0xFF, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn) for s in (shape, shape[::-1])]
+        out = [torch.full(s, 0xFF, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+               for s in (shape, shape[::-1])]
         out += [torch.full((n, 1), float("nan"), device="cuda") for _ in range(2)]
         got, got_t, mean, rstd = cast_kernel.run_norm(x, wt, bs, 1e-5, scale, amax, out=out)
         want, want_mean, want_rstd = cast_kernel.norm_reference(x, wt, bs, 1e-5, scale, want_amax)
@@ -886,8 +887,8 @@ def test_layernorm_in_the_cast_gives_the_blocks_step_within_rounding():
     and fc Linears take the residual stream and normalize it in their casts agrees with the same block without the
     flag (Inductor's LayerNorm and casts) to rounding: output and gradients (the norms' weights too) within 5% of
     their norm (float8's rounding magnifies the last-bit differences of two LayerNorms; a lost LayerNorm backward
-    is off by its whole size), the amaxes within 5%. Both start from the same history (one eager step with dynamic scales, as
-    calibrate takes it)."""
+    is off by its whole size), the amaxes within 5%. Both start from the same history (one eager step with dynamic
+    scales, as calibrate takes it)."""
     if torch.cuda.get_device_capability() < (8, 9) or importlib.util.find_spec("triton") is None:
         pytest.skip("float8 in Triton needs a GPU of compute capability 8.9+")
     import configurator

@@ -516,11 +516,11 @@ class _DelayedLinear(torch.autograd.Function):
     training the norm runs in its cast's Triton pass (cast_kernel.norm_cast_amax), otherwise first, as aten's
     LayerNorm; the backward runs aten's LayerNorm backward from the row statistics and returns the gradients of x
     and of the norm's parameters. With fp8_precast, scales, w8 and w8_t are precast()'s, made once per optimizer
-    step: scales (3,) float32, the scales of x, dy and the weight; w8 (N, K) the weight in e4m3 and w8_t (K, N) its transposed copy (the input
-    gradient's operand); without it (None) the scales and the weight's cast are made here, in every micro-batch's
-    graph. The inverse scales torch._scaled_mm takes are computed here either way: a view into `scales` (an offset
-    into another tensor) is refused by cuBLAS (NOT_SUPPORTED) and by Inductor's lowering of _scaled_mm, which on
-    the GPU want each scale a tensor of its own."""
+    step: scales (3,) float32, the scales of x, dy and the weight; w8 (N, K) the weight in e4m3 and w8_t (K, N) its
+    transposed copy (the input gradient's operand); without it (None) the scales and the weight's cast are made
+    here, in every micro-batch's graph. The inverse scales torch._scaled_mm takes are computed here either way: a
+    view into `scales` (an offset into another tensor) is refused by cuBLAS (NOT_SUPPORTED) and by Inductor's
+    lowering of _scaled_mm, which on the GPU want each scale a tensor of its own."""
 
     @staticmethod
     def forward(ctx, x, w, amax, scaled, track, kernel, gelu, gelu_out, norm_eps, norm_w, norm_b, scales, w8, w8_t):
