@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from speedgpt.measure import append_record, error_line, read_records
+from speedgpt.measure import append_record, error_line, interrupt_on_sigterm, read_records
 
 # each rung: (name, overrides added to the rung before); the baseline sets every speed flag off
 LADDER = [
@@ -68,9 +68,10 @@ def failed_line(row, batch_size, cuda):
     return line
 
 
-def fp8_supported(torchao=True):
+def fp8_supported(torchao=False):
     """A GPU of compute capability 8.9+, with torchao installed where `torchao`: the FP8 head's rung (and its
-    leave-one-out row) runs; the FP8 blocks' needs torchao for torchao's recipes only."""
+    leave-one-out row) runs (its matmuls are this project's own); the FP8 blocks' needs torchao for torchao's recipes
+    only."""
     import importlib.util
     return (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
             and (not torchao or importlib.util.find_spec("torchao") is not None))
@@ -173,10 +174,14 @@ def rung_config(start, cuda):
     return config
 
 
-def first_rung_unfit(args, extra):
-    """None, or the line saying that the first rung to run does not fit this machine's memory (speedgpt/memory.py's
-    estimate, the one train.py refuses with), before any rung runs: the float32 baseline with its naive T x T
-    attention holds the most."""
+CPU_RUNG_FLOP = 1e13     # a rung's training FLOPs above which a CPU (about 1e11 FLOP/s) takes a quarter hour or more
+
+
+def first_rung_refusal(args, extra):
+    """None, or the line refusing the bench before any rung runs: on a CPU, a model whose every rung trains more than
+    CPU_RUNG_FLOP (config/fast.py's GPT-2 124M: the ladder is a GPU's); or a first rung that does not fit this
+    machine's memory (speedgpt/memory.py's estimate, the one train.py refuses with: the float32 baseline with its
+    naive T x T attention holds the most)."""
     import types
 
     import configurator
@@ -184,6 +189,12 @@ def first_rung_unfit(args, extra):
     cuda = torch.cuda.is_available()
     flags = [f"--{k}={v}" for k, v in rung_config(args.start, cuda).items()]
     cfg = configurator.load_config(["--config", args.config, *extra, *flags])
+    flop = memory.meta_model(cfg, memory.vocab_size(cfg.data_dir)).flops_per_token() * cfg.batch_size * \
+        cfg.block_size * (args.steps + args.warmup)
+    if not cuda and flop > CPU_RUNG_FLOP:
+        return (f"on a CPU, every rung of {args.config}'s model ({cfg.n_layer} layers, n_embd {cfg.n_embd}) would "
+                f"train {flop / 1e12:,.0f} TFLOP ({args.steps + args.warmup} steps of {args.batch_size} x "
+                f"{cfg.block_size} tokens): hours for the ladder; the ladder measures a GPU. On a CPU: {CPU_EXAMPLE}")
     try:
         memory.report(cfg, types.SimpleNamespace(device=torch.device("cuda" if cuda else "cpu"), world=1))
     except ValueError as e:
@@ -207,7 +218,7 @@ def bench(args, extra, fp8_blocks_skip=None):
         if i < args.start:
             continue
         skip = fp8_blocks_skip if name == "+ FP8 blocks" else \
-            "FP8 needs a GPU of compute capability 8.9+ and torchao" if "FP8" in name and not fp8_supported() else None
+            "FP8 needs a GPU of compute capability 8.9+" if "FP8" in name and not fp8_supported() else None
         if skip:
             rungs.append({"rung": name, "ok": False, "error": f"skipped: {skip}"})
             continue
@@ -334,6 +345,15 @@ def find_max_batch(args, extra):
     return lo
 
 
+def make_out(out, parser):
+    """Make --out, or end in train.py's one line for a folder that cannot be made (a file in the path, no room)."""
+    from speedgpt.shards import folder_creation_error
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        parser.error(str(folder_creation_error(out, e, "--out")))
+
+
 def main(argv=None):
     import configurator
     from configurator import FlagParser
@@ -396,16 +416,16 @@ def main(argv=None):
     if args.find_max_batch and not torch.cuda.is_available():
         parser.error("--find_max_batch measures GPU memory: it needs a CUDA GPU")
     if args.find_max_batch:
-        os.makedirs(args.out, exist_ok=True)
+        make_out(args.out, parser)
         find_max_batch(args, args.extra)
         return
     extra = ["--total_batch_size=0", f"--batch_size={args.batch_size}", *args.extra]
     stdlib = not torch.cuda.is_available() and not any(a.split("=")[0] == "--data_dir" for a in args.extra)
     extra += ["--data_dir=data/stdlib_byte"] if stdlib else []
-    unfit = first_rung_unfit(args, extra)
-    if unfit:
-        parser.error(unfit)
-    os.makedirs(args.out, exist_ok=True)
+    refused = first_rung_refusal(args, extra)
+    if refused:
+        parser.error(refused)
+    make_out(args.out, parser)
     if stdlib:
         print("no GPU: the rungs train on the byte-level stdlib corpus (data/stdlib_byte, no download); "
               "give -- --data_dir=... for other data")
@@ -413,4 +433,9 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    interrupt_on_sigterm()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit("stopped: the rung under way was stopped; the rungs that finished are in OUT/rows.jsonl, and the "
+                 "same command with --resume takes them")

@@ -115,7 +115,7 @@ class Config:
     fp8_cast_kernel: bool = False          # tensorwise_delayed: each cast and its amax in one Triton pass (GPU)
     fp8_gelu_cast: bool = False            # tensorwise_delayed: the MLP's GELU (and its derivative) in the casts (GPU)
     fp8_norm_cast: bool = False            # tensorwise_delayed: the LayerNorm before qkv and fc in their casts (GPU)
-    fp8_head: bool = False                 # the fused head's matmuls in float8 (needs fused_ce; Ada/Hopper, torchao)
+    fp8_head: bool = False                 # the fused head's matmuls in float8 (needs fused_ce; Ada/Hopper)
     head_kernel: bool = False              # the fused head's softmax pass in Triton (speedgpt/features/softmax_pass.py)
     fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward
     fused_ce_chunk: int = 16384            # tokens per chunk of fused_ce (memory against speed: docs/flags.md)

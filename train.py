@@ -63,7 +63,8 @@ def check_flags(cfg, proc, skip=()):
     one answer. A run off a CUDA GPU hears all its refusals in one line (a GPU preset on a CPU, memory.cpu_way_out,
     with the way to the quickstart's size), not one per try. skip: modules of CHECKS whose check the caller makes
     later (benchmarks/time_to_target.py checks its runs before it prepares their data)."""
-    gpu_sized = bool(memory.cpu_way_out(cfg, proc.device))                  # a GPU preset on a CPU
+    cpu_way = memory.cpu_way_out(cfg, proc.device)                            # a GPU preset on a CPU: its way out
+    gpu_sized = bool(cpu_way)
     refuse = Refusals(gather=gpu_sized or proc.device.type != "cuda")        # GPU flags off a GPU: all at once
     asked = cfg.attention
     cfg = refuse(attention.check, cfg, proc) or cfg
@@ -81,7 +82,7 @@ def check_flags(cfg, proc, skip=()):
                                                "micro-batch a step) and --eval_tokens=16384"))
             if gpu_sized:
                 refuse.raise_all(f"a GPU-sized run (steps of {cfg.total_batch_size:,} tokens) on the CPU",
-                                 "train on a CPU at the quickstart's size (python train.py)")
+                                 "train on a CPU at the quickstart's size (python train.py)", said=cpu_way)
             refuse.raise_all(f"this run on {attention.DEVICE_NAMES.get(proc.device.type, proc.device.type)}")
             refuse.gather = False                  # its own refusal, and any after it, as they come
         cfg = refuse(module.check, cfg, proc) or cfg

@@ -159,7 +159,10 @@ def main(argv=None):
     bad = [f"--{k} {getattr(args, k)}" for k in ("tokens", "width", "iters") if getattr(args, k) < 1]
     if bad:
         raise SystemExit(f"error: {', '.join(bad)}: each must be at least 1")
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise SystemExit(f"error: --device {args.device!r}: cuda, cuda:N or cpu") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: no CUDA device: add --device cpu (the CPU's rates say nothing of a GPU's)")
     names = [n.strip() for n in args.producers.split(",") if n.strip()]

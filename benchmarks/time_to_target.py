@@ -54,7 +54,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from speedgpt.measure import append_record, error_line, read_records  # noqa: E402
+from speedgpt.measure import append_record, error_line, interrupt_on_sigterm, read_records  # noqa: E402
 # each recipe: the config laid over --config, and the peak learning rate its sweep scales
 RECIPES = {"adamw": ([], "learning_rate"), "muon": ([f"--config={os.path.join(ROOT, 'config', 'muon.py')}"], "muon_lr")}
 NANOGPT_STEP = 64 * 1024 * 8                # tokens per step of nanoGPT's GPT-2 124M config: config/fast.py's
@@ -496,6 +496,12 @@ def ints(text, flag):
     return values
 
 
+CPU_RUN_FLOP = 1e14          # a run's training FLOPs above which a CPU (about 1e11 FLOP/s) takes a quarter hour or more
+CPU_EXAMPLE = ("python benchmarks/time_to_target.py --target 4 --config '' --data_dir data/stdlib_byte --recipes adamw "
+               "--batch_tokens 256 --lr_scales 1 --seeds 1 --tokens 20480 --eval_every 4096 "
+               "--train_args=\"--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --batch_size=4\"")
+
+
 def preflight(args, recipes, data_dir):
     """Check every run's flags as train.py does (its check_flags: keys, values, this device; the batch plan) before the
     corpus is prepared and the first run starts; exits in one line naming the problem. Returns {recipe: its sweep}."""
@@ -509,12 +515,20 @@ def preflight(args, recipes, data_dir):
     from speedgpt import memory
     from speedgpt.distributed import Proc, plan_batch
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    vocab = memory.vocab_size(data_dir) if os.path.isfile(os.path.join(data_dir, "meta.json")) else memory.GPT2_VOCAB
     sweeps = {}
     for recipe in recipes:
         try:
             with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
-                sweeps[recipe] = settings(args, recipe, load_config(base_argv(args, recipe)))
+                base = load_config(base_argv(args, recipe))
+                flop = memory.meta_model(base, vocab).flops_per_token() * args.tokens
+                if device.type == "cpu" and flop > CPU_RUN_FLOP:    # a GPU's work: said before its refusals
+                    sys.exit(f"error: on a CPU, every run ({base.n_layer} layers, n_embd {base.n_embd}, "
+                             f"{args.tokens:,} tokens) would train {flop / 1e12:,.0f} TFLOP, hours each: this "
+                             "benchmark measures a GPU. A small run on a CPU (python train.py prepares "
+                             f"data/stdlib_byte first): {CPU_EXAMPLE}")
+                sweeps[recipe] = settings(args, recipe, base)
                 # the largest step first: a GPU-sized step on a CPU gets every refusal in one line (train.py's)
                 for setting in sorted(sweeps[recipe], key=lambda setting: -setting["batch_tokens"]):
                     # out_dir: --out itself, whose writability stands for its runs' (check_flags makes the folder)
@@ -533,9 +547,8 @@ def preflight(args, recipes, data_dir):
                     train.check_flags(replace(cfg, eval_tokens=min(cfg.eval_tokens, 65536)), Proc(0, 0, 1, device),
                                       skip=(train.data,))
         except (ValueError, TypeError, FileNotFoundError) as e:
-            sys.exit(f"error: the {recipe} runs: {e} (train.py's flags go through --train_args; this is a GPU "
-                     "benchmark: without a CUDA GPU, try it with --config '', a small model in --train_args and "
-                     "--data_dir of a small prepared folder, e.g. data/stdlib_byte)")
+            sys.exit(f"error: the {recipe} runs: {e} (train.py's flags go through --train_args" +
+                     ("" if device.type == "cuda" else f"; a small run on a CPU: {CPU_EXAMPLE}") + ")")
     return sweeps
 
 
@@ -694,6 +707,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     try:
         main()
     except KeyboardInterrupt:

@@ -52,13 +52,16 @@ class Refusals:
                 raise
             self.found.append(e)
 
-    def raise_all(self, what, otherwise=None):
+    def raise_all(self, what, otherwise=None, said=None):
         """Raise what was found (the caller may add a ValueError of its own): one refusal as it is; several as a
-        ValueError "WHAT: every change it needs, at once: [1] ...; [2] ...[; or OTHERWISE]"."""
+        ValueError "WHAT: every change it needs, at once: [1] ...; [2] ...[; or OTHERWISE]". said: a way out that
+        OTHERWISE gives once for all (memory.cpu_way_out's), taken out of each refusal that offers it too."""
         if len(self.found) == 1:
             raise self.found[0]
         if self.found:
-            listed = "; ".join(f"[{i}] {str(e).rstrip('.')}" for i, e in enumerate(self.found, 1))
+            def trim(text):
+                return text.replace(f"; or, {said}", "").replace(f"{said}, or ", "") if said else text
+            listed = "; ".join(f"[{i}] {trim(str(e)).rstrip('.')}" for i, e in enumerate(self.found, 1))
             raise ValueError(f"{what}: every change it needs, at once: {listed}" + (f"; or {otherwise}" if otherwise
                                                                                     else ""))
 

@@ -33,18 +33,27 @@ CKPT_KEYS = ("model", "optimizer", "scaler", "step", "best_val_loss", "config", 
 
 
 def check(cfg, proc=None):
-    """train.py's check: out_dir can be written (check_out_dir). Returns cfg."""
-    check_out_dir(cfg.out_dir)
+    """train.py's check: out_dir can be written (check_out_dir, on the first process only: the one that writes
+    there, and none other races it making and removing the folder). Returns cfg."""
+    if proc is None or proc.master:
+        check_out_dir(cfg.out_dir)
+    elif os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+        raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a folder: choose another --out_dir")
     return cfg
 
 
 def check_out_dir(out_dir):
-    """Make `out_dir` if needed and check that this process can write there, before any work. Raises
-    ValueError naming the folder and the cause: a file in its place, a read-only filesystem, no
-    permission, no space left."""
+    """Check that this process can make and write `out_dir`, before any work, and leave nothing behind: the folders
+    made to try are removed again (the run makes out_dir when it starts writing), so a command refused by a later
+    check leaves no empty folder. Raises ValueError naming the folder, the cause (a file in its place, a read-only
+    filesystem, no permission, no space left) and the way out."""
     from speedgpt.shards import folder_creation_error
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ValueError(f"out_dir={out_dir!r} is a file, not a folder")
+        raise ValueError(f"out_dir={out_dir!r} is a file, not a folder: choose another --out_dir")
+    made = os.path.abspath(out_dir)                  # the highest folder this makes (None: out_dir exists)
+    while not os.path.exists(os.path.dirname(made)):
+        made = os.path.dirname(made)
+    made = None if os.path.exists(made) else made
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
@@ -55,7 +64,15 @@ def check_out_dir(out_dir):
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        raise ValueError(f"out_dir={out_dir!r} is not writable: {describe_os_error(e)}") from None
+        raise ValueError(f"out_dir={out_dir!r} is not writable: {describe_os_error(e)}; choose another --out_dir") \
+            from None
+    finally:
+        leaf = os.path.abspath(out_dir)
+        while made and os.path.isdir(leaf) and not os.listdir(leaf):     # only the empty folders it made
+            os.rmdir(leaf)
+            if leaf == made:
+                break
+            leaf = os.path.dirname(leaf)
 
 
 def model_state(model, optimizer=None, cpu=True):

@@ -1,5 +1,5 @@
 """bench.py: a smoke test of the ladder's shape with a tiny model (its numbers mean nothing). On a CPU the
-FP8 rungs are skipped; on a GPU of compute capability 8.9+ with torchao the FP8 head's runs, and so does its
+FP8 rungs are skipped; on a GPU of compute capability 8.9+ the FP8 head's runs (no torchao needed), and so does its
 leave-one-out row; the FP8 blocks rung is skipped for the tiny model, narrower than config/fast.py's fp8_min_dim."""
 import json
 import os
@@ -85,7 +85,7 @@ def test_fp8_blocks_rung_runs_where_the_config_converts_a_block():
     assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py"])) == \
         (None if runs_here else "FP8 needs a GPU of compute capability 8.9+")
     assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py", "--fp8_recipe=rowwise"])) == \
-        (None if bench.fp8_supported() else "FP8 needs a GPU of compute capability 8.9+ and torchao (rowwise)")
+        (None if bench.fp8_supported(torchao=True) else "FP8 needs a GPU of compute capability 8.9+ and torchao (rowwise)")
     assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py", "--fp8=False"])) == \
         "the config keeps its blocks in bf16 (fp8=False)"
     assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py", "--n_embd=512", "--n_head=8"])) == \
@@ -123,12 +123,19 @@ def test_failed_rung_that_does_not_fit_names_bench_ways_out():
 
 
 def test_a_first_rung_that_does_not_fit_is_refused_before_any_rung_runs(tmp_path, monkeypatch, capsys):
-    """The float32 baseline (naive T x T attention) of config/fast.py at bench.py's default micro-batch does not fit
-    a 24 GB machine: one line with the estimate and bench.py's way out (on a CPU, the small example), before any
+    """On a CPU, config/fast.py's ladder (GPT-2 124M) is refused in one line naming its work and the small example;
+    a model that this CPU could train but whose float32 baseline (naive T x T attention) at bench.py's default
+    micro-batch does not fit a 24 GB machine is refused with the estimate and bench.py's way out; both before any
     rung runs or --out is made; from a later rung (--start) the check is that rung's, which fits."""
     from speedgpt import memory
     monkeypatch.setattr(memory, "available", lambda device: 24e9)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        bench.main(["--out", str(tmp_path / "b")])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: on a CPU, every rung of config/fast.py's model (12 layers, n_embd 768) would train 358 TFLOP (35 "
+        f"steps of 16 x 1024 tokens): hours for the ladder; the ladder measures a GPU. On a CPU: {bench.CPU_EXAMPLE}")
+    monkeypatch.setattr(bench, "CPU_RUNG_FLOP", float("inf"))              # a CPU that could train it
     with pytest.raises(SystemExit):
         bench.main(["--out", str(tmp_path / "b")])
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -136,9 +143,18 @@ def test_a_first_rung_that_does_not_fit_is_refused_before_any_rung_runs(tmp_path
                         r"\d+\.\d GB per process \(.*\), more than 90% of the 24\.0 GB cpu has available; in bench\.py: "
                         r"--batch_size below 16, or on a CPU: " + re.escape(bench.CPU_EXAMPLE), err), err
     assert not (tmp_path / "b").exists()
-    args = types.SimpleNamespace(start=2, batch_size=4, config="config/fast.py")
-    assert bench.first_rung_unfit(args, ["--total_batch_size=0", "--batch_size=4", "--data_dir=data/stdlib_byte"]) \
+    args = types.SimpleNamespace(start=2, batch_size=4, config="config/fast.py", steps=2, warmup=0)
+    assert bench.first_rung_refusal(args, ["--total_batch_size=0", "--batch_size=4", "--data_dir=data/stdlib_byte"]) \
         is None
+
+
+def test_an_out_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit):
+        bench.main(["--steps", "2", "--no_loo", "--batch_size", "4", "--out", str(tmp_path / "afile" / "b"), "--",
+                    "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64"])
+    assert capsys.readouterr().err == f"error: cannot create the output folder {tmp_path / 'afile' / 'b'}: " \
+        f"{tmp_path / 'afile'} is a file, not a folder; choose another --out\n"
 
 
 def test_bench_config_that_is_a_folder_is_one_line(tmp_path, capsys):
@@ -189,3 +205,50 @@ def test_bench_chart_without_matplotlib_says_so(tmp_path, monkeypatch, capsys):
     assert not bench.chart(rows, rows, "fast.py on cpu", str(tmp_path / "bench.png"))
     assert capsys.readouterr().out == "matplotlib is not installed: no bench.png (pip install matplotlib)\n"
     assert not (tmp_path / "bench.png").exists()
+
+
+def proc_stat(pid):
+    """(state, parent pid) of a process from Linux's /proc, or None where there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def children(pid):
+    """The pids whose parent is `pid`."""
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and (proc_stat(e) or (None, None))[1] == pid]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_sigterm_stops_the_rung_under_way_too(tmp_path):
+    """SIGTERM to bench.py alone (a scheduler, `timeout`) stops the train.py of the rung under way with it, instead
+    of leaving it training with no parent, and bench.py ends in one line saying what it kept."""
+    import signal
+    import time
+    cmd = [sys.executable, "bench.py", "--steps", "500", "--no_loo", "--batch_size", "4", "--out", str(tmp_path / "b"),
+           "--", "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64"]
+    bench_proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, rung = time.time() + 120, []
+    while not rung and time.time() < deadline and bench_proc.poll() is None:
+        time.sleep(0.2)
+        rung = children(bench_proc.pid)
+    try:
+        assert rung, "no rung started"
+        bench_proc.send_signal(signal.SIGTERM)
+        _, err = bench_proc.communicate(timeout=60)
+        assert bench_proc.returncode == 1 and err.strip().splitlines()[-1].startswith(
+            "stopped: the rung under way was stopped"), err[-2000:]
+        time.sleep(0.5)
+        alive = [pid for pid in rung if (proc_stat(pid) or ("Z",))[0] != "Z"]         # a zombie is dead
+        assert not alive, "the rung's train.py outlived bench.py"
+    finally:                                # nothing of the test left training
+        bench_proc.kill()
+        for pid in children(bench_proc.pid) + rung:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass

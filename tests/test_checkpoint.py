@@ -360,3 +360,18 @@ def test_a_checkpoint_from_before_the_pure_model_still_resumes_and_loads(byte_da
     for name in ("old", "new"):
         train.main(tiny_args(byte_data, tmp_path / name, "--max_iters=8", "--init_from=resume"))
     assert losses(tmp_path / "old") == losses(tmp_path / "new")
+
+
+def test_a_refused_run_leaves_no_out_dir_behind(byte_data, tmp_path):
+    """out_dir's check makes the folder to try writing there and removes what it made, so a run refused by a later
+    check or by the batch plan (which comes after the checks) leaves no empty folder; one that starts makes it."""
+    out = tmp_path / "new" / "out"
+    with pytest.raises(ValueError, match="total_batch_size"):
+        train.main(tiny_args(byte_data, out, "--total_batch_size=1000"))
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(ValueError, match="total_batch_size"):
+        train.main(tiny_args(byte_data, tmp_path / "kept", "--total_batch_size=1000"))
+    assert (tmp_path / "kept").is_dir()                                  # a folder that was there stays
+    train.main(tiny_args(byte_data, out, "--max_iters=1", "--eval_tokens=0"))
+    assert (out / "summary.json").is_file()

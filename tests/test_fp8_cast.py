@@ -29,6 +29,8 @@ def test_bad_sizes_and_producers_are_one_line():
         fp8_cast.main(["--device", "cpu", "--eager", "--tokens", "0", "--iters", "-1"])
     with pytest.raises(SystemExit, match="unknown foo; the producers are"):
         fp8_cast.main(["--device", "cpu", "--eager", "--producers", "gelu,foo"])
+    with pytest.raises(SystemExit, match="^error: --device 'foo': cuda, cuda:N or cpu$"):
+        fp8_cast.main(["--device", "foo", "--eager"])
 
 
 def test_the_amax_read_back_from_the_float8_bytes():

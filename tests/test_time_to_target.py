@@ -4,6 +4,7 @@ its table (on made-up runs), a tiny sweep end to end on tokens and on minutes, a
 train.py around its evaluations (a stand-in train.py with the same lines) or refuses a changed one."""
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -208,16 +209,24 @@ def test_nanogpt_needs_its_step_and_no_time_budget(tmp_path):
 
 
 def test_a_preset_this_machine_cannot_run_is_refused_before_the_corpus(tmp_path, monkeypatch):
-    """config/fast.py's FP8 blocks and head need a GPU: on a CPU the default command stops before preparing the .py
-    files, naming every change at once (its largest step is checked first: a GPU-sized run's refusals are gathered)."""
+    """config/fast.py's runs are a GPU's work: on a CPU the default command stops before preparing the .py files, in
+    one line naming the work and a small run that a CPU trains (whose command runs: test_a_tiny_sweep_runs_end_to_end
+    runs its kind). On a CPU that could train it, the presets' FP8 blocks and head are refused, every change at once
+    (its largest step is checked first: a GPU-sized run's refusals are gathered)."""
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit,
-                       match=r"the adamw runs: .*every change it needs, at once: \[1\] fp8=True and fp8_head=True need a "
-                             r"GPU.*\[2\] head_kernel=True runs Triton kernels on a CUDA GPU.*without a CUDA GPU, "
-                             r"try it with --config ''"):
+    with pytest.raises(SystemExit, match=r"^error: on a CPU, every run \(12 layers, n_embd 768, 52,428,800 tokens\) "
+                                         r"would train [\d,]+ TFLOP, hours each: this benchmark measures a GPU. A small "
+                                         r"run on a CPU \(python train.py prepares data/stdlib_byte first\): "
+                                         + re.escape(ttt.CPU_EXAMPLE) + "$"):
         ttt.main(["--target", "3", "--out", str(tmp_path / "out" / "ttt")])
     assert not (tmp_path / "out").exists()                  # refused: no folder left behind, --out's parent too
+    monkeypatch.setattr(ttt, "CPU_RUN_FLOP", float("inf"))
+    with pytest.raises(SystemExit,
+                       match=r"the adamw runs: .*every change it needs, at once: \[1\] fp8=True and fp8_head=True need a "
+                             r"GPU.*\[2\] head_kernel=True runs Triton kernels on a CUDA GPU.*; a small run on a CPU: "):
+        ttt.main(["--target", "3", "--out", str(tmp_path / "out" / "ttt")])
+    assert not (tmp_path / "out").exists()
     # that line's way out, followed: GPT-2 124M at 64 x 1024 does not fit a 24 GB CPU, said before the corpus too
     # (the corpus is GPT-2's tokens, so the estimate needs no prepared folder)
     from speedgpt import memory
