@@ -270,22 +270,22 @@ def test_the_kernel_in_the_interpreter():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
 
-def norm_gpt(folded):
-    """A tiny GPT (n_embd 64) whose block Linears are delayed FP8 layers, with fp8_norm_cast as `folded`, and one
-    batch of it."""
+def norm_gpt(folded, gelu=False):
+    """A tiny GPT (n_embd 64) whose block Linears are delayed FP8 layers, with fp8_norm_cast as `folded` (and
+    fp8_gelu_cast as `gelu`, without biases then), and one batch of it."""
     from conftest import tiny_model
-    m = tiny_model(n_embd=64, bias=True)
+    m = tiny_model(n_embd=64, bias=not gelu)
     fp8.convert(m, configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_min_dim=32,
-                                       fp8_norm_cast=folded))
+                                       fp8_norm_cast=folded, fp8_gelu_cast=gelu))
     g = torch.Generator().manual_seed(3)
     return m, torch.randint(0, 257, (2, 64), generator=g), torch.randint(0, 257, (2, 64), generator=g)
 
 
-def norm_gpt_step(folded, calibrated, compiled=False):
+def norm_gpt_step(folded, calibrated, compiled=False, gelu=False):
     """One forward and backward of norm_gpt under bf16 autocast: the loss, every gradient and every amax recorded.
     calibrated: the histories filled first by one step with dynamic scales (fp8.calibrate's way), so the step's
     scales are known before the casts."""
-    m, x, y = norm_gpt(folded)
+    m, x, y = norm_gpt(folded, gelu)
     mods = [lin for _, lin in fp8.delayed_linears(m)]
     ctx = torch.autocast("cpu", dtype=torch.bfloat16)
     if calibrated:
@@ -320,12 +320,15 @@ def test_norm_in_the_cast_folds_each_blocks_layernorm_into_the_linear_it_feeds()
                                              fp8_norm_cast=True))
 
 
-def test_norm_in_the_cast_without_scales_gives_the_step_of_the_model_bit_for_bit(monkeypatch):
+@pytest.mark.parametrize("gelu", [False, True])
+def test_norm_in_the_cast_without_scales_gives_the_step_of_the_model_bit_for_bit(gelu, monkeypatch):
     """Calibrating (dynamic scales, which need the tensor first), the folded layers run aten's LayerNorm before the
     cast and its backward after: the loss, every gradient (the norms' weights and biases too) and every amax are
-    those of the model without the flag, bit for bit, and the op never runs."""
+    those of the model without the flag, bit for bit, and the op never runs; with fp8_gelu_cast too (c_fc then
+    both takes the residual stream and hands GELU its output)."""
     monkeypatch.setattr(cast_kernel, "norm_reference", lambda *a: pytest.fail("the op ran without scales"))
-    want, got = norm_gpt_step(False, False)[1], norm_gpt_step(True, False)[1]
+    monkeypatch.setattr(cast_kernel, "reference", lambda *a: pytest.fail("the op ran without scales"))
+    want, got = norm_gpt_step(False, False, gelu=gelu)[1], norm_gpt_step(True, False, gelu=gelu)[1]
     for a, b in zip(want, got):
         assert torch.equal(a, b)
 
@@ -342,8 +345,8 @@ def bf16_rounded_norm_reference(calls):
     return reference
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_norm_in_the_cast_gives_the_step_of_the_model(compiled, monkeypatch):
+@pytest.mark.parametrize("compiled, gelu", [(False, False), (True, False), (False, True)])
+def test_norm_in_the_cast_gives_the_step_of_the_model(compiled, gelu, monkeypatch):
     """With the scales known, each folded layer normalizes and casts through norm_cast_amax, twice a block (ln_1 ->
     qkv, ln_2 -> fc), and its backward runs LayerNorm's from the statistics the op returned. With the op's LayerNorm
     output rounded to bfloat16 as the plain Linear takes it, eager, the loss, every gradient (the norms' too) and
@@ -351,12 +354,12 @@ def test_norm_in_the_cast_gives_the_step_of_the_model(compiled, monkeypatch):
     LayerNorm differs from aten's in the last bits and float8 rounding at this tiny width magnifies that in the
     gradients: the loss within 0.1%, every amax within 5%, every gradient within 15% of its norm (a lost LayerNorm
     backward is off by its whole size). Evaluating runs LayerNorm first, without the op, and gives the model's
-    output."""
+    output. With fp8_gelu_cast on both sides, the same."""
     calls = []
     monkeypatch.setattr(cast_kernel, "norm_reference", bf16_rounded_norm_reference(calls))
-    want = norm_gpt_step(False, True, compiled)[1]
+    want = norm_gpt_step(False, True, compiled, gelu)[1]
     calls.clear()
-    m, got = norm_gpt_step(True, True, compiled)
+    m, got = norm_gpt_step(True, True, compiled, gelu)
     assert len(calls) == 2 * len(m.transformer.h)
     if not compiled:
         for a, b in zip(got, want):
@@ -368,9 +371,9 @@ def test_norm_in_the_cast_gives_the_step_of_the_model(compiled, monkeypatch):
         for a, b in zip(got[1:1 + n], want[1:1 + n]):
             assert (a - b).norm() <= 0.15 * b.norm(), ((a - b).norm() / b.norm())
     calls.clear()
-    plain = norm_gpt_step(False, True)[0].eval()
+    plain = norm_gpt_step(False, True, gelu=gelu)[0].eval()
     m.eval()
-    _, x, y = norm_gpt(False)
+    _, x, y = norm_gpt(False, gelu)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(m(x, y)[0], plain(x, y)[0])
     assert calls == []
