@@ -770,7 +770,8 @@ def test_the_one_pass_amax_cast_kernel_gives_the_pytorch_cast(producer, e5m2, sh
     assert differ[sane].float().mean() < 1e-4, f"{differ[sane].sum().item()} bytes differ where x > -3"
     steps = (cast_kernel._code(out) - cast_kernel._code(want))[sane].abs()
     assert steps.max() <= 1, "a byte more than one float8 step from PyTorch's cast"
-    tail = scale * 1.25 * (0.0041 if h is None else 0.0119 * x.float().abs())   # the cancelled tail, rounded up
+    # the cancelled tail, rounded up, and one smallest subnormal (a value below it may round up to it)
+    tail = scale * 1.25 * (0.0041 if h is None else 0.0119 * x.float().abs()) + (2 ** -16 if e5m2 else 2 ** -9)
     assert (out.float().abs() <= tail)[~sane].all()
 
 
@@ -847,8 +848,8 @@ def test_gelu_in_the_cast_gives_the_mlp_step_within_rounding():
         h = m.mlp.c_fc(x).detach().float()
         assert torch.allclose(m.mlp.c_proj.fp8_amax[0, 0], torch.nn.functional.gelu(h).abs().max(), rtol=1e-2)
     for a, b in zip(*outs):
-        assert (a.float() - b.float()).norm() <= 0.05 * b.float().norm(), ((a - b).float().norm() / b.float().norm())
-    assert torch.allclose(*amaxes, rtol=0.05)
+        assert (a.float() - b.float()).norm() <= 0.02 * b.float().norm(), ((a - b).float().norm() / b.float().norm())
+    assert torch.allclose(*amaxes, rtol=1e-2)
 
 
 @pytest.mark.parametrize("shape", [(4100, 1000), (65536, 768), (32768, 1280), (16384, 1600)])   # odd; 124M to 1.5B
