@@ -255,8 +255,9 @@ def verify(device, shape=(1000, 1200)):
         wrong = (got_t.view(torch.uint8) != got.view(torch.uint8).t()).sum().item()
         if gelu or grad is not None:
             sane = (x if gelu else grad) > -3
-            # the cancelled tail: |GELU(x)| <= 0.0041 there, |GELU'(h)| <= 0.0119 (each a quarter added for rounding)
-            tail = scale * 1.25 * (0.0041 if gelu else 0.0119 * x.float().abs())
+            # the cancelled tail: |GELU(x)| <= 0.0041 there, |GELU'(h)| <= 0.0119 (each a quarter added for rounding,
+            # and one smallest subnormal, which a smaller value may round up to)
+            tail = scale * 1.25 * (0.0041 if gelu else 0.0119 * x.float().abs()) + (2 ** -16 if e5m2 else 2 ** -9)
             far = (_code(got) - _code(want)).abs()[sane].max().item() > 1 or moved[sane].float().mean() > 1e-3
             wrong += int(far) + int(not bool((got.float().abs() <= tail)[~sane].all())) + \
                 int(not torch.allclose(got_amax, want_amax, rtol=1e-6))
