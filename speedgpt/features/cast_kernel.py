@@ -117,11 +117,13 @@ def kernel():
     return cast_amax_kernel
 
 
-def run_norm(x, weight, bias, eps, scale, amax, out=None):
+def run_norm(x, weight, bias, eps, scale, amax, out=None, block_m=None, num_warps=8):
     """LayerNorm of x (n, w) (weight and bias (w,) or None) times scale cast to e4m3 with saturation, by the Triton
     kernel (a CUDA tensor, or a CPU one under TRITON_INTERPRET=1), its largest magnitude folded into amax in place:
     returns (out (n, w), out_t (w, n) the same bytes transposed, mean (n, 1), rstd (n, 1)) in float32, as aten's
-    native_layer_norm gives them. out: the four tensors to write (verify's), else new ones."""
+    native_layer_norm gives them. out: the four tensors to write (verify's), else new ones. block_m: rows per
+    program (a power of two; by default as many as make 16,384 elements with the row padded to a power of two, at
+    most 32: each column of the transposed copy is written in runs of block_m bytes); num_warps: Triton's."""
     x = x.contiguous()
     n, w = x.shape
     if out is None:
@@ -129,12 +131,12 @@ def run_norm(x, weight, bias, eps, scale, amax, out=None):
         out = (torch.empty((n, w), dtype=f8, device=x.device), torch.empty((w, n), dtype=f8, device=x.device),
                torch.empty((n, 1), device=x.device), torch.empty((n, 1), device=x.device))
     block_n = 1 << (w - 1).bit_length()                          # the next power of two: the whole row
-    block_m = max(1, min(32, 16384 // block_n))
+    block_m = block_m or max(1, min(32, 16384 // block_n))
     kernel()
     _kernel[1][(-(-n // block_m),)](x, x if weight is None else weight, x if bias is None else bias, *out, scale,
                                     amax, n, w, eps, FMAX=torch.finfo(torch.float8_e4m3fn).max,
                                     HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_M=block_m,
-                                    BLOCK_N=block_n, num_warps=8)
+                                    BLOCK_N=block_n, num_warps=num_warps)
     return tuple(out)
 
 
