@@ -31,8 +31,8 @@ bytes). Ways:
                         atomic max), for gelu, plain and gelu_backward; needs Triton on a GPU; and the same
                         with the transposed copy written in the same pass (what fp8_cast_kernel and
                         fp8_gelu_cast run in training); for layernorm fp8_norm_cast's kernel (whole rows, the
-                        transposed copy and the row statistics). Every input here is bf16; in training the
-                        LayerNorm reads the float32 residual stream, twice the bytes
+                        transposed copy and the row statistics; as it ships, and at 32 rows a program). Every
+                        input here is bf16; in training the LayerNorm reads the float32 residual stream
 
 Each row: milliseconds per call (median, CUDA events), and the producer's bytes (its inputs read, one byte per
 element written) over that time as a share of a plain copy's rate measured here. A Markdown table.
