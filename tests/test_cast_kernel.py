@@ -4,6 +4,7 @@ compiled; the flag is refused where it cannot work; the Triton kernel in Triton'
 tests/test_gpu.py."""
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -160,36 +161,32 @@ def test_gelu_in_the_cast_reaches_every_block_of_a_gpt_and_keeps_its_checkpoint_
         fp8.convert(biased, configurator.Config(**cfg, fp8_gelu_cast=True))
 
 
-def test_gelu_in_the_cast_is_refused_where_it_would_do_nothing_or_cannot_run(monkeypatch):
-    delayed = dict(fp8=True, fp8_recipe="tensorwise_delayed", fp8_gelu_cast=True, n_embd=1024, n_head=16)
-    with pytest.raises(ValueError, match="this run is on the CPU: add --fp8=False and leave out fp8_recipe, "
-                                         "fp8_gelu_cast where the command line gives them$"):
-        fp8.check(configurator.Config(**delayed), on("cpu"))
-    cast_kernel.check(configurator.Config(), torch.device("cpu"))
-    with pytest.raises(ValueError, match="fp8_cast_kernel=True and fp8_gelu_cast=True run Triton kernels on a CUDA "
-                                         "GPU; this run is on cpu: leave fp8_cast_kernel and fp8_gelu_cast out$"):
-        cast_kernel.check(configurator.Config(**delayed, fp8_cast_kernel=True), torch.device("cpu"))
-    with pytest.raises(ValueError, match="fp8_gelu_cast"):                 # a detail of fp8: nothing without it
-        fp8.check(configurator.Config(fp8_gelu_cast=True), on("cpu"))
-    monkeypatch.setattr(fp8, "capability", lambda device: (9, 0))          # an FP8 GPU, stood in for
-    gpu = on("cuda")
-    with pytest.raises(ValueError, match="fp8_gelu_cast=True would do nothing with fp8_recipe='tensorwise_fused'"):
-        fp8.check(configurator.Config(**{**delayed, "fp8_recipe": "tensorwise_fused"}), gpu)
-    with pytest.raises(ValueError, match="fp8_gelu_cast=True folds the MLP's GELU into the casts of the FP8 Linears "
-                                         "around it, and activation='relu2' is not the exact GELU: use "
-                                         "--activation=gelu, or leave fp8_gelu_cast out$"):
-        fp8.check(configurator.Config(**delayed, activation="relu2"), gpu)
-    with pytest.raises(ValueError, match=r"and the MLP's c_proj \(4096 -> 1024\) is not converted with fp8_layers="
-                                         r"'qkv,fc' and fp8_min_dim=1024: convert it \(mlp_proj in fp8_layers, "
-                                         r"fp8_min_dim at most 1024\), or leave fp8_gelu_cast out$"):
-        fp8.check(configurator.Config(**delayed, fp8_layers="qkv,fc"), gpu)
-    with pytest.raises(ValueError, match=r"and the MLP's c_fc \(1024 -> 4096\) and c_proj \(4096 -> 1024\) are not "
-                                         r"converted with fp8_layers='qkv' .*: convert them \(fc and mlp_proj in "
-                                         r"fp8_layers, fp8_min_dim at most 1024\), or leave fp8_gelu_cast out$"):
-        fp8.check(configurator.Config(**delayed, fp8_layers="qkv"), gpu)
-    with pytest.raises(ValueError, match="and bias=True puts c_fc's bias between its matmul and GELU: use "
-                                         "--bias=False, or leave fp8_gelu_cast out$"):
-        fp8.check(configurator.Config(**delayed, bias=True), gpu)
+@pytest.mark.parametrize("flag, extra, message", [
+    ("fp8_gelu_cast", dict(activation="relu2"), "fp8_gelu_cast=True folds the MLP's GELU into the casts of the FP8 "
+     "Linears around it, and activation='relu2' is not the exact GELU: use --activation=gelu, or leave fp8_gelu_cast "
+     "out"),
+    ("fp8_gelu_cast", dict(fp8_layers="qkv,fc"), "and the MLP's c_proj (4096 -> 1024) is not converted with "
+     "fp8_layers='qkv,fc' and fp8_min_dim=1024: convert it (mlp_proj in fp8_layers, fp8_min_dim at most 1024), or "
+     "leave fp8_gelu_cast out"),
+    ("fp8_gelu_cast", dict(fp8_layers="qkv"), "and the MLP's c_fc (1024 -> 4096) and c_proj (4096 -> 1024) are not "
+     "converted with fp8_layers='qkv' and fp8_min_dim=1024: convert them (fc and mlp_proj in fp8_layers, fp8_min_dim "
+     "at most 1024), or leave fp8_gelu_cast out"),
+    ("fp8_gelu_cast", dict(bias=True), "and bias=True puts c_fc's bias between its matmul and GELU: use --bias=False, "
+     "or leave fp8_gelu_cast out"),
+    ("fp8_norm_cast", dict(norm="rmsnorm"), "fp8_norm_cast=True folds the LayerNorm into the cast of the FP8 Linear "
+     "it feeds, and norm='rmsnorm' is not LayerNorm: use --norm=layernorm, or leave fp8_norm_cast out"),
+    ("fp8_norm_cast", dict(fp8_layers="attn_proj,mlp_proj"), "and neither the qkv nor the fc Linear (1024 wide in) "
+     "is converted with fp8_layers='attn_proj,mlp_proj' and fp8_min_dim=1024: convert them (qkv or fc in "
+     "fp8_layers, fp8_min_dim at most 1024), or leave fp8_norm_cast out"),
+])
+def test_a_fold_with_nothing_to_fold_is_refused_with_its_way_out(flag, extra, message, hopper):
+    """fp8_gelu_cast without an exact GELU between two FP8 Linears (another activation, a Linear not converted,
+    c_fc's bias), fp8_norm_cast without a LayerNorm feeding one (RMSNorm, neither Linear converted): one line with
+    the way out, on an FP8 GPU (stood in for)."""
+    cfg = configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", n_embd=1024, n_head=16, **{flag: True},
+                              **extra)
+    with pytest.raises(ValueError, match=re.escape(message) + "$"):
+        fp8.check(cfg, hopper)
 
 
 def test_evaluation_records_nothing_and_skips_the_kernel(monkeypatch):
@@ -200,24 +197,31 @@ def test_evaluation_records_nothing_and_skips_the_kernel(monkeypatch):
     assert (lin.fp8_amax[:, 0] == 0).all()
 
 
-def test_the_flag_is_refused_where_it_would_do_nothing_or_cannot_run(monkeypatch):
-    with pytest.raises(ValueError, match="this run is on the CPU: add --fp8=False and leave out fp8_recipe, "
-                                         "fp8_cast_kernel where the command line gives them$"):
-        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_cast_kernel=True), on("cpu"))
-    with pytest.raises(ValueError, match="^fp8_cast_kernel=True would do nothing: it is a setting of the block "
-                                         "Linears' FP8, which needs a GPU .* on the CPU\\). "
-                                         "Leave fp8_cast_kernel out$"):
-        fp8.check(configurator.Config(fp8_cast_kernel=True), on("cpu"))      # no "add --fp8=True" where it can't
-    monkeypatch.setattr(fp8, "capability", lambda device: (9, 0))          # an FP8 GPU, stood in for
-    with pytest.raises(ValueError, match="fp8_cast_kernel=True would do nothing with fp8_recipe='tensorwise_fused'"):
-        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_fused", fp8_cast_kernel=True), on("cuda"))
-    with pytest.raises(ValueError, match="fp8_cast_kernel=True runs Triton kernels on a CUDA GPU; this run is on "
-                                         "cpu: leave fp8_cast_kernel out"):
-        cast_kernel.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_cast_kernel=True),
-                          torch.device("cpu"))
-    with pytest.raises(ValueError, match="fp8_cast_kernel"):              # a detail of fp8: nothing without it
-        fp8.check(configurator.Config(fp8_cast_kernel=True), on("cpu"))
+@pytest.mark.parametrize("flag", cast_kernel.FLAGS)
+def test_each_cast_flag_is_refused_where_it_would_do_nothing_or_cannot_run(flag, monkeypatch):
+    """Every flag of cast_kernel.FLAGS: off an FP8 GPU the device's refusal names it among the FP8 settings to leave
+    out; without fp8 it is a detail that does nothing (never "add --fp8=True" where FP8 cannot run); with another
+    recipe it does nothing (only delayed scales are known before the cast); its kernels need a CUDA GPU, and
+    several flags are named at once."""
+    delayed = dict(fp8=True, fp8_recipe="tensorwise_delayed", n_embd=1024, n_head=16, **{flag: True})
+    with pytest.raises(ValueError, match=f"this run is on the CPU: add --fp8=False and leave out fp8_recipe, {flag} "
+                                         "where the command line gives them$"):
+        fp8.check(configurator.Config(**delayed), on("cpu"))
+    with pytest.raises(ValueError, match=f"^{flag}=True would do nothing: it is a setting of the block Linears' FP8, "
+                                         f"which needs a GPU .* on the CPU\\). Leave {flag} out$"):
+        fp8.check(configurator.Config(**{flag: True}), on("cpu"))
     cast_kernel.check(configurator.Config(), torch.device("cpu"))          # off: nothing to check
+    with pytest.raises(ValueError, match=f"^{flag}=True runs Triton kernels on a CUDA GPU; this run is on cpu: leave "
+                                         f"{flag} out$"):
+        cast_kernel.check(configurator.Config(**delayed), torch.device("cpu"))
+    other = next(f for f in cast_kernel.FLAGS if f != flag)
+    a, b = (f for f in cast_kernel.FLAGS if f in (flag, other))                 # named in FLAGS' order
+    with pytest.raises(ValueError, match=f"^{a}=True and {b}=True run Triton kernels on a CUDA GPU; this run is on "
+                                         f"cpu: leave {a} and {b} out$"):
+        cast_kernel.check(configurator.Config(**delayed, **{other: True}), torch.device("cpu"))
+    monkeypatch.setattr(fp8, "capability", lambda device: (9, 0))          # an FP8 GPU, stood in for
+    with pytest.raises(ValueError, match=f"{flag}=True would do nothing with fp8_recipe='tensorwise_fused'"):
+        fp8.check(configurator.Config(**{**delayed, "fp8_recipe": "tensorwise_fused"}), on("cuda"))
 
 
 def test_the_kernel_in_the_interpreter():
@@ -377,26 +381,3 @@ def test_norm_in_the_cast_gives_the_step_of_the_model(compiled, gelu, monkeypatc
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(m(x, y)[0], plain(x, y)[0])
     assert calls == []
-
-
-def test_norm_in_the_cast_is_refused_where_it_would_do_nothing_or_cannot_run(monkeypatch):
-    delayed = dict(fp8=True, fp8_recipe="tensorwise_delayed", fp8_norm_cast=True, n_embd=1024, n_head=16)
-    with pytest.raises(ValueError, match="this run is on the CPU: add --fp8=False and leave out fp8_recipe, "
-                                         "fp8_norm_cast where the command line gives them$"):
-        fp8.check(configurator.Config(**delayed), on("cpu"))
-    with pytest.raises(ValueError, match="fp8_norm_cast=True runs Triton kernels on a CUDA GPU; this run is on cpu: "
-                                         "leave fp8_norm_cast out$"):
-        cast_kernel.check(configurator.Config(**delayed), torch.device("cpu"))
-    monkeypatch.setattr(fp8, "capability", lambda device: (9, 0))          # an FP8 GPU, stood in for
-    gpu = on("cuda")
-    with pytest.raises(ValueError, match="fp8_norm_cast=True would do nothing with fp8_recipe='tensorwise_fused'"):
-        fp8.check(configurator.Config(**{**delayed, "fp8_recipe": "tensorwise_fused"}), gpu)
-    with pytest.raises(ValueError, match="fp8_norm_cast=True folds the LayerNorm into the cast of the FP8 Linear it "
-                                         "feeds, and norm='rmsnorm' is not LayerNorm: use --norm=layernorm, or leave "
-                                         "fp8_norm_cast out$"):
-        fp8.check(configurator.Config(**delayed, norm="rmsnorm"), gpu)
-    with pytest.raises(ValueError, match=r"and neither the qkv nor the fc Linear \(1024 wide in\) is converted with "
-                                         r"fp8_layers='attn_proj,mlp_proj' and fp8_min_dim=1024: convert them \(qkv "
-                                         r"or fc in fp8_layers, fp8_min_dim at most 1024\), or leave "
-                                         r"fp8_norm_cast out$"):
-        fp8.check(configurator.Config(**delayed, fp8_layers="attn_proj,mlp_proj"), gpu)
