@@ -85,7 +85,8 @@ def test_fp8_blocks_rung_runs_where_the_config_converts_a_block():
     assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py"])) == \
         (None if runs_here else "FP8 needs a GPU of compute capability 8.9+")
     assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py", "--fp8_recipe=rowwise"])) == \
-        (None if bench.fp8_supported(torchao=True) else "FP8 needs a GPU of compute capability 8.9+ and torchao (rowwise)")
+        (None if bench.fp8_supported(torchao=True) else
+         "FP8 needs a GPU of compute capability 8.9+ and torchao (rowwise)")
     assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py", "--fp8=False"])) == \
         "the config keeps its blocks in bf16 (fp8=False)"
     assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py", "--n_embd=512", "--n_head=8"])) == \
@@ -94,7 +95,8 @@ def test_fp8_blocks_rung_runs_where_the_config_converts_a_block():
 
 def test_bench_stops_at_the_first_failed_rung_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "bench.py", "--steps", "1", "--out", str(tmp_path / "b"), "--",
-                           f"--data_dir={tmp_path / 'no_data'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           f"--data_dir={tmp_path / 'no_data'}", "--n_layer=1", "--n_head=2", "--n_embd=32"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [
         f"error: rung 'baseline' failed: data folder '{tmp_path / 'no_data'}' "
