@@ -142,8 +142,8 @@ def test_a_first_rung_that_does_not_fit_is_refused_before_any_rung_runs(tmp_path
         bench.main(["--out", str(tmp_path / "b")])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert re.fullmatch(r"error: the baseline rung at --batch_size 16 does not fit: this run needs about "
-                        r"\d+\.\d GB per process \(.*\), more than 90% of the 24\.0 GB cpu has available; in bench\.py: "
-                        r"--batch_size below 16, or on a CPU: " + re.escape(bench.CPU_EXAMPLE), err), err
+                        r"\d+\.\d GB per process \(.*\), more than 90% of the 24\.0 GB cpu has available; "
+                        r"in bench\.py: --batch_size below 16, or on a CPU: " + re.escape(bench.CPU_EXAMPLE), err), err
     assert not (tmp_path / "b").exists()
     args = types.SimpleNamespace(start=2, batch_size=4, config="config/fast.py", steps=2, warmup=0)
     assert bench.first_rung_refusal(args, ["--total_batch_size=0", "--batch_size=4", "--data_dir=data/stdlib_byte"]) \

@@ -216,15 +216,16 @@ def test_a_preset_this_machine_cannot_run_is_refused_before_the_corpus(tmp_path,
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match=r"^error: on a CPU, every run \(12 layers, n_embd 768, 52,428,800 tokens\) "
-                                         r"would train [\d,]+ TFLOP, hours each: this benchmark measures a GPU. A small "
-                                         r"run on a CPU \(python train.py prepares data/stdlib_byte first\): "
+                                         r"would train [\d,]+ TFLOP, hours each: this benchmark measures a GPU. "
+                                         r"A small run on a CPU \(python train.py prepares data/stdlib_byte first\): "
                                          + re.escape(ttt.CPU_EXAMPLE) + "$"):
         ttt.main(["--target", "3", "--out", str(tmp_path / "out" / "ttt")])
     assert not (tmp_path / "out").exists()                  # refused: no folder left behind, --out's parent too
     monkeypatch.setattr(ttt, "CPU_RUN_FLOP", float("inf"))
     with pytest.raises(SystemExit,
                        match=r"the adamw runs: .*every change it needs, at once: \[1\] fp8=True and fp8_head=True need a "
-                             r"GPU.*\[2\] head_kernel=True runs Triton kernels on a CUDA GPU.*; a small run on a CPU: "):
+                             r"GPU.*\[2\] head_kernel=True runs Triton kernels on a CUDA GPU.*; "
+                             r"a small run on a CPU: "):
         ttt.main(["--target", "3", "--out", str(tmp_path / "out" / "ttt")])
     assert not (tmp_path / "out").exists()
     # that line's way out, followed: GPT-2 124M at 64 x 1024 does not fit a 24 GB CPU, said before the corpus too
