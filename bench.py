@@ -25,7 +25,8 @@ import sys
 
 import torch
 
-from speedgpt.measure import append_record, error_line, interrupt_on_sigterm, read_records
+from speedgpt.corpus import sigterm_as_interrupt
+from speedgpt.measure import append_record, error_line, read_records
 
 # each rung: (name, overrides added to the rung before); the baseline sets every speed flag off
 LADDER = [
@@ -433,9 +434,9 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    interrupt_on_sigterm()
     try:
-        main()
+        with sigterm_as_interrupt():     # SIGTERM as Ctrl-C: subprocess.run kills the rung's train.py, no orphan
+            main()
     except KeyboardInterrupt:
         sys.exit("stopped: the rung under way was stopped; the rungs that finished are in OUT/rows.jsonl, and the "
                  "same command with --resume takes them")

@@ -176,9 +176,10 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.path.insert(0, ROOT)
-    from speedgpt.measure import interrupt_on_sigterm
-    interrupt_on_sigterm()
+    from speedgpt.corpus import sigterm_as_interrupt
     try:
-        sys.exit(1 if any("error" in cold or "error" in warm for _, _, cold, warm in main()) else 0)
+        with sigterm_as_interrupt():     # SIGTERM as Ctrl-C: subprocess.run kills the launch under way, no orphan
+            rows = main()
+        sys.exit(1 if any("error" in cold or "error" in warm for _, _, cold, warm in rows) else 0)
     except KeyboardInterrupt:
         sys.exit("stopped: the launch under way was stopped; the rows above are the launches that finished")

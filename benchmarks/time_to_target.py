@@ -54,7 +54,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from speedgpt.measure import append_record, error_line, interrupt_on_sigterm, read_records  # noqa: E402
+from speedgpt.corpus import sigterm_as_interrupt  # noqa: E402
+from speedgpt.measure import append_record, error_line, read_records  # noqa: E402
 # each recipe: the config laid over --config, and the peak learning rate its sweep scales
 RECIPES = {"adamw": ([], "learning_rate"), "muon": ([f"--config={os.path.join(ROOT, 'config', 'muon.py')}"], "muon_lr")}
 NANOGPT_STEP = 64 * 1024 * 8                # tokens per step of nanoGPT's GPT-2 124M config: config/fast.py's
@@ -707,9 +708,9 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    interrupt_on_sigterm()
     try:
-        main()
+        with sigterm_as_interrupt():     # SIGTERM as Ctrl-C: subprocess.run kills the run's train.py, no orphan
+            main()
     except KeyboardInterrupt:
         sys.exit("stopped: every run that finished is in --out's runs.jsonl; the same command with --resume takes "
                  "them and trains the rest")

@@ -547,15 +547,3 @@ def error_line(log_path):
         lines = [l for l in f.read().strip().splitlines() if l.strip() and not l.startswith("warning: ")]
     errors = [l for l in lines if l.startswith("error: ")]
     return (errors or lines or ["no output"])[-1]
-
-
-def interrupt_on_sigterm():
-    """For a script that waits on train.py processes (bench.py, benchmarks/): SIGTERM (a scheduler, `timeout`, `kill`)
-    raises KeyboardInterrupt in the main thread as Ctrl-C does, so the subprocess.run waiting on a child kills it
-    (its except clause) instead of leaving it training with no parent, and the script's own Ctrl-C handling says
-    what finished."""
-    import signal
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
