@@ -224,6 +224,27 @@ def test_each_cast_flag_is_refused_where_it_would_do_nothing_or_cannot_run(flag,
         fp8.check(configurator.Config(**{**delayed, "fp8_recipe": "tensorwise_fused"}), on("cuda"))
 
 
+def test_verify_runs_only_the_kernels_of_the_flags_given_and_names_a_wrong_transposed_copy(monkeypatch):
+    """A kernel that writes a foreign byte into the transposed copy of GELU's derivative only (what an H100 showed):
+    fp8_gelu_cast is refused in a line that names the derivative and the transposed copy; fp8_cast_kernel and
+    fp8_norm_cast, which never run that case, are not."""
+    def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, out=None, gelu_input=None, **_):
+        got = cast_kernel.reference(x, scale, amax, e5m2, gelu, gelu_input)
+        got_t = got.t().contiguous()
+        if gelu_input is not None:
+            got_t.view(torch.uint8)[0, 5] ^= 0x60
+        return got, got_t
+    monkeypatch.setattr(cast_kernel, "run", run)
+    monkeypatch.setattr(cast_kernel, "_verify_norm", lambda *a: None)
+    monkeypatch.setattr(cast_kernel, "_verified", {})
+    cpu = torch.device("cpu")
+    problem = cast_kernel.verify(cpu, (40, 24), flags=("fp8_gelu_cast",))
+    assert problem and "GELU's derivative" in problem and "1 bytes of the transposed copy" in problem, problem
+    assert cast_kernel.verify(cpu, (40, 24), flags=("fp8_cast_kernel",)) is None
+    assert cast_kernel.verify(cpu, (40, 24), flags=("fp8_norm_cast",)) is None
+    assert cast_kernel.verify(cpu, (40, 24)) == problem                        # every flag's cases by default
+
+
 def test_the_kernel_in_the_interpreter():
     """run() in Triton's interpreter, both float8 formats, on tiles that do not divide the shape, its amax a view into
     row 1 of a layer's history: the amax is x's largest |value| folded into what was there, the rest of the history
@@ -241,6 +262,9 @@ def test_the_kernel_in_the_interpreter():
             "    hist = torch.full((2, 17), 0.5)\n"
             "    scale = torch.tensor((57344.0 if e5m2 else 448.0) / 4)\n"
             "    out, out_t = cast_kernel.run(x, scale, hist[1, 0:1], e5m2, transpose=True, block=(16, 64))\n"
+            "    as_float8 = cast_kernel.run(x, scale, torch.zeros(1), e5m2, transpose=True, block=(16, 64), "
+            "as_bytes=False)\n"                                              # the float8 store, kept for comparison
+            "    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(as_float8, (out, out_t)))\n"
             "    assert out_t.shape == (200, 70) and torch.equal(out_t.view(torch.uint8), out.view(torch.uint8).t())\n"
             "    assert torch.equal(cast_kernel.run(x, scale, torch.zeros(1), e5m2).view(torch.uint8), "
             "out.view(torch.uint8))\n"
