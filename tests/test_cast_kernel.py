@@ -262,9 +262,7 @@ def test_the_kernel_in_the_interpreter():
             "    hist = torch.full((2, 17), 0.5)\n"
             "    scale = torch.tensor((57344.0 if e5m2 else 448.0) / 4)\n"
             "    out, out_t = cast_kernel.run(x, scale, hist[1, 0:1], e5m2, transpose=True, block=(16, 64))\n"
-            "    as_float8 = cast_kernel.run(x, scale, torch.zeros(1), e5m2, transpose=True, block=(16, 64), "
-            "as_bytes=False)\n"                                              # the float8 store, kept for comparison
-            "    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(as_float8, (out, out_t)))\n"
+
             "    assert out_t.shape == (200, 70) and torch.equal(out_t.view(torch.uint8), out.view(torch.uint8).t())\n"
             "    assert torch.equal(cast_kernel.run(x, scale, torch.zeros(1), e5m2).view(torch.uint8), "
             "out.view(torch.uint8))\n"

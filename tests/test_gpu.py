@@ -805,8 +805,8 @@ def test_a_delayed_layer_with_the_cast_kernel_gives_the_step_without_it(precast)
     for a, b in zip(*outs):
         assert torch.equal(a, b)
     assert outs[1][3][1, 0] > 0
-    cast_kernel._verified.clear()                                          # its answer is kept per device
-    assert cast_kernel.verify(torch.device("cuda"), (3000, 2000)) is None
+    cast_kernel._verified.clear()                                          # its answer is kept per device and flags
+    assert cast_kernel.verify(torch.device("cuda"), (3000, 2000), flags=("fp8_cast_kernel",)) is None
 
 
 def test_gelu_in_the_cast_gives_the_mlp_step_within_rounding():
@@ -823,7 +823,7 @@ def test_gelu_in_the_cast_gives_the_mlp_step_within_rounding():
     import model
     from speedgpt.features import cast_kernel, fp8
     cast_kernel._verified.clear()
-    assert cast_kernel.verify(torch.device("cuda")) is None
+    assert cast_kernel.verify(torch.device("cuda"), flags=("fp8_gelu_cast",)) is None
     outs, amaxes = [], []
     for fused in (False, True):
         torch.manual_seed(0)
@@ -880,7 +880,7 @@ def test_the_layernorm_cast_kernel_gives_the_pytorch_layernorm_and_cast(shape):
         for a, b in ((mean, want_mean), (rstd, want_rstd), (amax, want_amax)):
             assert torch.allclose(a, b, rtol=1e-5)
     cast_kernel._verified.clear()
-    assert cast_kernel.verify(torch.device("cuda")) is None
+    assert cast_kernel.verify(torch.device("cuda"), flags=("fp8_norm_cast",)) is None
 
 
 def test_layernorm_in_the_cast_gives_the_blocks_step_within_rounding():
