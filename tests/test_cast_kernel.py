@@ -245,6 +245,13 @@ def test_verify_runs_only_the_kernels_of_the_flags_given_and_names_a_wrong_trans
     assert cast_kernel.verify(cpu, (40, 24), flags=("fp8_cast_kernel",)) is None
     assert cast_kernel.verify(cpu, (40, 24), flags=("fp8_norm_cast",)) is None
     assert cast_kernel.verify(cpu, (40, 24)) == problem                        # every flag's cases by default
+    monkeypatch.setattr(cast_kernel, "refuse_unready_kernel", lambda *a: None)      # as if on a CUDA GPU with Triton
+    cfg = configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_gelu_cast=True, fp8_norm_cast=True,
+                              fp8_cast_kernel=True)
+    with pytest.raises(ValueError) as e:                     # the way out names only the flag whose kernel is wrong
+        cast_kernel.check(cfg, cpu)
+    assert str(e.value).startswith("fp8_gelu_cast=True: ") and str(e.value).endswith(
+        "; leave fp8_gelu_cast out (the others passed)"), str(e.value)
 
 
 def test_the_kernel_in_the_interpreter():
@@ -264,7 +271,6 @@ def test_the_kernel_in_the_interpreter():
             "    hist = torch.full((2, 17), 0.5)\n"
             "    scale = torch.tensor((57344.0 if e5m2 else 448.0) / 4)\n"
             "    out, out_t = cast_kernel.run(x, scale, hist[1, 0:1], e5m2, transpose=True, block=(16, 64))\n"
-
             "    assert out_t.shape == (200, 70) and torch.equal(out_t.view(torch.uint8), out.view(torch.uint8).t())\n"
             "    assert torch.equal(cast_kernel.run(x, scale, torch.zeros(1), e5m2).view(torch.uint8), "
             "out.view(torch.uint8))\n"
