@@ -24,15 +24,15 @@ feature is deleting its module in features/, its entry in train.py's FEATURES an
 
 
 def refuse_unused(cfg, keys, what, way):
-    """Raise ValueError for the first of `keys` that cfg (a configurator.Config) sets away from its default while
-    the feature it belongs to is off, in one line: "KEY=VALUE would do nothing: it is WHAT. Add WAY, or leave KEY
-    out" ("Leave KEY out" alone where way is None: the feature cannot run here either). The features' checks share
-    it (fp8, fused_ce, optimizer=muon)."""
-    for key in keys:
-        value = getattr(cfg, key)
-        if value != type(cfg).__dataclass_fields__[key].default:
-            raise ValueError(f"{key}={value!r} would do nothing: it is {what}. " +
-                             (f"Add {way}, or leave {key} out" if way else f"Leave {key} out"))
+    """Raise ValueError if cfg (a configurator.Config) sets any of `keys` away from its default while the feature
+    they belong to is off, in one line naming every such key: "KEY=VALUE would do nothing: it is WHAT. Add WAY, or
+    leave KEY out" ("Leave KEY out" alone where way is None: the feature cannot run here either; "K1=V1 and K2=V2
+    would do nothing: each is WHAT ..." for several). The features' checks share it (fp8, fused_ce, optimizer=muon)."""
+    unused = [k for k in keys if getattr(cfg, k) != type(cfg).__dataclass_fields__[k].default]
+    if unused:
+        said, out = " and ".join(f"{k}={getattr(cfg, k)!r}" for k in unused), " and ".join(unused)
+        raise ValueError(f"{said} would do nothing: {'it' if len(unused) == 1 else 'each'} is {what}. " +
+                         (f"Add {way}, or leave {out} out" if way else f"Leave {out} out"))
 
 
 class Refusals:

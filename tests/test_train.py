@@ -94,6 +94,10 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--muon_batched=False"], ValueError, "muon_batched=False would do nothing: .* Add --optimizer=muon"),
     (["--muon_lr=0.05"], ValueError, "muon_lr=0.05 would do nothing: it is a setting of Muon's"),
     (["--muon_momentum=0.9"], ValueError, "muon_momentum=0.9 would do nothing"),
+    (["--muon_momentum=0.9", "--muon_lr=0.05"], ValueError,      # every such key named at once, not one per try
+     r"muon_lr=0.05 and muon_momentum=0.9 would do nothing: each is .* leave muon_lr and muon_momentum out$"),
+    (["--fp8_gelu_cast=True", "--fp8_cast_kernel=True"], ValueError,
+     "^fp8_cast_kernel=True and fp8_gelu_cast=True would do nothing: each is .* Leave fp8_cast_kernel and fp8_gelu_cast out$"),
     (["--wsd_decay_frac=0.5"], ValueError, "wsd_decay_frac=0.5 would do nothing: .* Add --lr_schedule=wsd"),
     (["--optimizer=muon", "--muon_momentum=1.5"], ValueError, r"muon_momentum=1.5: Muon's momentum is a fraction"),
     (["--fp8_recipe=tensorwise_fused"], ValueError,        # on the CPU: not "add --fp8=True", which it would refuse
