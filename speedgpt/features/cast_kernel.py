@@ -9,7 +9,12 @@ is the integer max of their bits, so the order of the tiles does not matter and 
 writes the float8 tensor's transposed copy, which the weight gradient's GEMM takes (torch._scaled_mm wants K-major
 operands; Transformer Engine makes it in the cast too), so no transposing kernel of its own runs in the backward.
 The transposed store is byte by byte: Triton's vectorized 8-bit transposed store is what ptxas 12.8 and 12.9
-mis-lower (softmax_pass.py says how), so the kernel is compiled without assuming the row count a multiple of 16.
+mis-lower (softmax_pass.py says how), so the kernel is compiled without assuming the row count a multiple of 16. The
+same ptxas versions (the ones Triton 3.6 bundles) mis-lower the byte permutes (PTX prmt) with which Triton changes a
+float8 tile's layout in registers and shared memory; ptxas 13.0 compiles both right (TRITON_PTXAS_PATH chooses it).
+So each pass is laid out to need none: the casts' layout change is of the bf16 input (Triton recomputes the cast),
+GELU's derivative's of a float8 tile whose layout needs no permutes (GRAD_TILE); a CPU test compiles each for sm_90
+and finds no prmt in its PTX, and verify() checks the bytes on the GPU at hand.
 Measured alone (benchmarks/fp8_cast.py; BENCHMARKS.md, "The roofline of a step"). Off by default until it measures
 faster end to end.
 
@@ -21,9 +26,8 @@ its own writing a bf16 tensor that the cast then reads. Inductor already fuses G
 those casts, so what the kernel saves there is the amax's second read and the transposing kernel of the weight
 gradient (benchmarks/fp8_cast.py times both), without splitting the LayerNorm's fused cast as fp8_cast_kernel does
 for the other layers. GELU and its derivative are computed in float32 and cast once, as compiled code does (no
-bfloat16 rounding between them). On one H100 (Triton 3.6 and the ptxas it bundles) the backward's pass wrote foreign
-bytes into its transposed copy (at 65,536 x 768; the forward's pass and the plain cast were right), so
-verify() refuses fp8_gelu_cast there; the cause is not found yet (benchmarks/results/h100.md).
+bfloat16 rounding between them). The backward's pass runs its own tile (GRAD_TILE): at the square one, Triton changes
+the float8 tile's layout for the transposed store with byte permutes that Triton's own ptxas mis-lowers (above).
 
 fp8_norm_cast=True does the same for the LayerNorm in front of the qkv and fc Linears, whose casts Inductor fuses
 into the LayerNorm kernel (which fp8_cast_kernel's plain cast splits): one program per BLOCK rows holds each whole
@@ -31,7 +35,8 @@ row, takes its mean and variance in float32, normalizes, scales and shifts, cast
 transposed copy, and the row statistics the backward takes. fp8.convert makes the Block's norm a pass-through (its
 weight and bias stay its own, the checkpoint's keys unchanged) and hands the Linear the residual stream, in its own
 dtype (float32 under autocast, as LayerNorm reads it); the Linear's backward runs aten's LayerNorm backward from
-those statistics.
+those statistics. Its layout change still takes byte permutes: on one H100 verify() refused it under Triton's own
+ptxas; under ptxas 13.0 it was right, and 8% slower end to end at 124M (benchmarks/results/h100.md), so it stays off.
 
 cast_amax is a torch custom op, so torch.compile keeps it one opaque call: on a CUDA GPU the Triton kernel,
 elsewhere the same math in PyTorch ops (reference: the tests' CPU path). check() refuses the flag where it cannot
@@ -46,6 +51,11 @@ from speedgpt import refuse_unready_kernel
 
 BLOCK_M, BLOCK_N = 32, 128       # the tile benchmarks/fp8_cast.py measured without the transposed copy (rows, columns)
 BLOCK_T = 64                     # square tiles with it: each program writes runs of BLOCK_T bytes in both layouts
+# GELU's derivative (two bf16 inputs) with the transposed copy: 32 x 64 tiles, 8 warps. At BLOCK_T x BLOCK_T and 4
+# warps Triton 3.6 changes the float8 tile's layout for the transposed store with byte permutes (PTX prmt), which the
+# ptxas 12.8 and 12.9 Triton bundles mis-lower: half the copy's bytes were foreign at 65,536 x 768 on one H100
+# (ptxas 13.0 right). This tile's layout needs no permutes, and it ran as fast (benchmarks/results/h100.md).
+GRAD_TILE, GRAD_WARPS = (32, 64), 8
 _kernel = []                     # the jit function, made once (Triton imported only where the flag is on)
 _verified = {}                   # (device, shape, flags) -> verify's answer, once per process
 
@@ -66,7 +76,28 @@ def check(cfg, device):
             names = [f for f, _ in wrong]
             raise ValueError(f"{' and '.join(f'{f}=True' for f in names)}: {wrong[0][1]}; leave {' and '.join(names)} "
                              f"out" + (f" (the other{'s' if len(on) - len(names) > 1 else ''} passed)"
-                                       if len(names) < len(on) else ""))
+                                       if len(names) < len(on) else "") + _ptxas_way_out())
+
+
+def _ptxas_way_out():
+    """The second way out of a wrong kernel: the ptxas Triton compiles with (TRITON_PTXAS_PATH, else its own), and
+    unless it is of CUDA 13 already, the advice to point TRITON_PTXAS_PATH at one (13.0 compiled every kernel here
+    right where Triton 3.6's own 12.8 and 12.9 did not)."""
+    import os
+    import re
+    import subprocess
+    import triton
+    path = os.environ.get("TRITON_PTXAS_PATH") or \
+        os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    try:
+        version = re.findall(r"release (\d+)\.(\d+)", subprocess.run([path, "--version"], capture_output=True,
+                                                                       text=True, timeout=30).stdout)[-1]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        version = None
+    if version and int(version[0]) >= 13:
+        return ""
+    said = f"ptxas {'.'.join(version)}" if version else f"{path}"
+    return f", or set TRITON_PTXAS_PATH to a CUDA 13 ptxas (this Triton compiles with {said})"
 
 
 def kernel():
@@ -157,14 +188,15 @@ def norm_reference(x, weight, bias, eps, scale, amax):
     return (y * scale).clamp(-fmax, fmax).to(torch.float8_e4m3fn), mean, rstd
 
 
-def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out=None, gelu_input=None):
+def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out=None, gelu_input=None,
+        num_warps=None):
     """The kernel on x (n, w), a CUDA tensor (or a CPU one under TRITON_INTERPRET=1): returns x (gelu: GELU(x);
     gelu_input h, x's shape: x * GELU'(h), GELU's backward) times scale (a 0-dim float32 tensor) cast to float8
     e4m3 (e5m2) with saturation, and folds its largest magnitude into
     amax (a float32 tensor of one element, a view into a layer's history allowed) in place. transpose: returns
     (out, out_t), out_t (w, n) row-major the same bytes transposed. block: the tile (rows, columns), by default
-    BLOCK_M x BLOCK_N, or BLOCK_T square with transpose. out: the tensors to write (verify's, filled first), else
-    new ones."""
+    BLOCK_M x BLOCK_N, or BLOCK_T square with transpose (GRAD_TILE with gelu_input and transpose); num_warps: Triton's
+    (by default 4, GRAD_WARPS with GRAD_TILE). out: the tensors to write (verify's, filled first), else new ones."""
     x = x.contiguous()
     h = x if gelu_input is None else gelu_input.contiguous()
     n, w = x.shape
@@ -172,10 +204,12 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
     if out is None:
         out = (torch.empty((n, w), dtype=dtype, device=x.device),) + \
             ((torch.empty((w, n), dtype=dtype, device=x.device),) if transpose else ())
-    block_m, block_n = block or ((BLOCK_T, BLOCK_T) if transpose else (BLOCK_M, BLOCK_N))
+    grad_tile = transpose and gelu_input is not None and block is None
+    block_m, block_n = block or (GRAD_TILE if grad_tile else (BLOCK_T, BLOCK_T) if transpose else (BLOCK_M, BLOCK_N))
     grid = (-(-n // block_m), -(-w // block_n))
     kernel()[grid](x, h, out[0], out[-1], scale, amax, n, w, FMAX=torch.finfo(dtype).max, E5M2=e5m2, GELU=gelu,
-                   GELU_GRAD=gelu_input is not None, TRANSPOSE=transpose, BLOCK_M=block_m, BLOCK_N=block_n)
+                   GELU_GRAD=gelu_input is not None, TRANSPOSE=transpose, BLOCK_M=block_m, BLOCK_N=block_n,
+                   num_warps=num_warps or (GRAD_WARPS if grad_tile else 4))
     return tuple(out) if transpose else out[0]
 
 
@@ -312,15 +346,17 @@ def _verify_norm(device, shape, gen):
         [torch.full((shape[0], 1), float("nan"), device=device) for _ in range(2)]
     got, got_t, mean, rstd = run_norm(x, weight, bias, 1e-5, s, got_amax, out=nan)
     moved = got.view(torch.uint8) != want.view(torch.uint8)
-    wrong = (got_t.view(torch.uint8) != got.view(torch.uint8).t()).any() or \
-        (_code(got) - _code(want)).abs().max() > 1 or moved.float().mean() > 1e-3 or \
+    transposed = (got_t.view(torch.uint8) != got.view(torch.uint8).t()).sum().item()
+    steps = (_code(got) - _code(want)).abs().max().item()
+    wrong = transposed or steps > 1 or moved.float().mean() > 1e-3 or \
         not all(torch.allclose(a, b, rtol=1e-5) for a, b in ((mean, want_mean), (rstd, want_rstd),
                                                               (got_amax, want_amax)))
     if not wrong:
         return None
     import triton
     return (f"Triton {triton.__version__} compiled the LayerNorm cast kernel wrongly on this GPU ({moved.sum().item()} "
-            f"bytes differ from the PyTorch LayerNorm and cast, amax {got_amax.item():.6g} against "
+            f"bytes differ from the PyTorch LayerNorm and cast, by up to {steps} e4m3 steps, {transposed} bytes of the "
+            f"transposed copy from the bytes transposed, amax {got_amax.item():.6g} against "
             f"{want_amax.item():.6g})")
 
 
