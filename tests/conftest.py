@@ -340,3 +340,17 @@ def hopper(monkeypatch):
     from speedgpt.features import fp8
     monkeypatch.setattr(fp8, "capability", lambda device: (9, 0))
     return on("cuda")
+
+
+def hopper_ptx(kernel, signature, constexprs, divisible, num_warps):
+    """The PTX Triton makes of `kernel` (a triton.jit function) for a Hopper GPU (sm_90), compiled here without one:
+    signature {argument: Triton type}, the constexprs their values, `divisible` the arguments Triton may take as
+    multiples of 16 (pointers and the specialized integers, as a launch would). Skips the test without Triton."""
+    pytest.importorskip("triton", reason="needs Triton (its compiler)")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sig = {**signature, **{c: "constexpr" for c in constexprs}}
+    attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in divisible}
+    return triton.compile(ASTSource(kernel, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps}).asm["ptx"]

@@ -325,38 +325,24 @@ def test_the_kernel_in_the_interpreter():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
 
-def test_the_passes_with_a_transposed_copy_compile_without_byte_permutes():
+@pytest.mark.parametrize("e5m2,gelu,grad", [(False, False, False), (True, False, False), (False, True, False),
+                                           (True, False, True)], ids=["e4m3", "e5m2", "gelu", "gelu_backward"])
+def test_each_pass_with_a_transposed_copy_compiles_without_byte_permutes(e5m2, gelu, grad):
     """Each pass training runs with the transposed copy (the plain cast in both formats, GELU's, GELU's derivative's),
-    compiled for a Hopper GPU (sm_90) as run() launches it at a width that is a multiple of 16 (Triton's own compiler,
-    no GPU needed): its PTX has no byte permute (prmt). Triton 3.6 lays the float8 tile out for the transposed store
-    with them where it cannot recompute the cast in the store's layout (GELU's derivative at 64 x 64, 4 warps), and the
-    ptxas 12.8 and 12.9 it bundles mis-lower them: half the copy's bytes were foreign on an H100 (ptxas 13.0 was right;
-    benchmarks/results/h100.md). The byte checks themselves run on a GPU (tests/test_gpu.py)."""
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("needs Triton (its compiler)")
-    code = (f"import sys; sys.path[:0] = [{ROOT!r}]\n"
-            "import triton\n"
-            "from triton.backends.compiler import GPUTarget\n"
-            "from triton.compiler import ASTSource\n"
-            "from speedgpt.features import cast_kernel as ck\n"
-            "k = ck.kernel()\n"
-            "for e5m2, gelu, grad in ((False, False, False), (True, False, False), (False, True, False), "
-            "(True, False, True)):\n"
-            "    f8 = '*fp8e5' if e5m2 else '*fp8e4nv'\n"
-            "    sig = dict(x='*bf16', h='*bf16', out=f8, out_t=f8, scale='*fp32', amax='*fp32', n='i32', w='i32')\n"
-            "    sig.update((c, 'constexpr') for c in ('FMAX', 'E5M2', 'GELU', 'GELU_GRAD', 'TRANSPOSE', 'BLOCK_M', "
-            "'BLOCK_N'))\n"
-            "    tile, warps = (ck.GRAD_TILE, ck.GRAD_WARPS) if grad else ((ck.BLOCK_T, ck.BLOCK_T), 4)\n"
-            "    const = dict(FMAX=57344.0 if e5m2 else 448.0, E5M2=e5m2, GELU=gelu, GELU_GRAD=grad, TRANSPOSE=True, "
-            "BLOCK_M=tile[0], BLOCK_N=tile[1])\n"
-            "    attrs = {(i,): [['tt.divisibility', 16]] for i in (0, 1, 2, 3, 4, 5, 7)}\n"   # n (6) unspecialized
-            "    c = triton.compile(ASTSource(k, sig, const, attrs), target=GPUTarget('cuda', 90, 32), "
-            "options={'num_warps': warps})\n"
-            "    print(e5m2, gelu, grad, c.asm['ptx'].count('prmt'))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    counts = [line.split() for line in out.stdout.splitlines()]
-    assert len(counts) == 4 and all(c[-1] == "0" for c in counts), out.stdout
+    compiled for a Hopper GPU as run() launches it at a width that is a multiple of 16 (n unspecialized, as the
+    kernel says): its PTX has no byte permute (prmt). Triton 3.6 changes a float8 tile's layout with them where it
+    cannot recompute the cast in the store's layout (GELU's derivative at 64 x 64, 4 warps), and the ptxas 12.8 and
+    12.9 it bundles mis-lower them: half the transposed copy's bytes were foreign on an H100, none with ptxas 13.0 or
+    without permutes (benchmarks/results/h100.md). The bytes themselves are checked on a GPU (tests/test_gpu.py)."""
+    pytest.importorskip("triton", reason="needs Triton (its compiler)")
+    from conftest import hopper_ptx
+    f8 = "*fp8e5" if e5m2 else "*fp8e4nv"
+    tile, warps = (cast_kernel.GRAD_TILE, cast_kernel.GRAD_WARPS) if grad else ((cast_kernel.BLOCK_T,) * 2, 4)
+    ptx = hopper_ptx(cast_kernel.kernel(), dict(x="*bf16", h="*bf16", out=f8, out_t=f8, scale="*fp32", amax="*fp32",
+                                                n="i32", w="i32"),
+                     dict(FMAX=57344.0 if e5m2 else 448.0, E5M2=e5m2, GELU=gelu, GELU_GRAD=grad, TRANSPOSE=True,
+                          BLOCK_M=tile[0], BLOCK_N=tile[1]), ("x", "h", "out", "out_t", "scale", "amax", "w"), warps)
+    assert "st.global" in ptx and "prmt" not in ptx, ptx.count("prmt")
 
 
 def norm_gpt(folded, gelu=False):
