@@ -66,7 +66,7 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
      "check_mask=True checks the document mask: it needs packing"),
     (["--config", "config/fast.py", "--device=cpu"], ValueError,
      r"\[1\] fp8=True and fp8_head=True need a GPU .* this run is on the CPU: add --fp8=False --fp8_head=False "
-     r"and leave out fp8_recipe, fp8_min_dim where the command line gives them \(config/fast.py and "
+     r"and leave out fp8_recipe, fp8_min_dim, fp8_gelu_cast where the command line gives them \(config/fast.py and "
      r"config/gpt2-\*.py set fp8=True and fp8_head=True; --fp8=False drops their other FP8 settings\); "
      r"\[2\] head_kernel=True runs Triton kernels on a CUDA GPU; this run is on cpu: add --head_kernel=False;"
      r".* or train on a CPU at the quickstart's size \(python train.py\)$"),     # that way out once, at the end
