@@ -13,7 +13,7 @@ n_layer = 12
 n_head = 12
 n_embd = 768
 block_size = 1024
-batch_size = 64                     # 32 GB at peak; lower it on smaller GPUs (more micro-steps, same step)
+batch_size = 64                     # ~32 GB at peak; lower it on smaller GPUs (more micro-steps, same step)
 total_batch_size = 524288          # tokens per optimizer step, as GPT-2 / llm.c: 8 micro-steps of 64 x 1024 on one GPU
 dropout = 0.0
 bias = False
@@ -37,8 +37,8 @@ fp8_recipe = "tensorwise_delayed"   # ... delayed scales from the last steps' am
                                     # (BENCHMARKS.md, FP8)
 fp8_min_dim = 768                   # ... at GPT-2 124M's width too (the default 1024 leaves 768 wide in bf16)
 fp8_gelu_cast = True                # ... GELU in c_proj's input cast, its derivative in c_fc's gradient cast, one
-                                    # Triton pass each: +2.7% tokens/s on one H100, the loss within the seed spread
-                                    # (BENCHMARKS.md, "The roofline of a step")
+                                    # Triton pass each: +2.7% tokens/s on one H100 at one step per micro-batch, the
+                                    # loss within the seed spread (BENCHMARKS.md, "The roofline of a step")
 fused_ce_chunk = 65536              # one chunk per micro-batch (faster, more memory); with --compile=False give 16384:
                                     # uncompiled, a chunk holds ~4 float32 (chunk, vocab) temporaries
 packing = True

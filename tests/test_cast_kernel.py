@@ -164,21 +164,21 @@ def test_gelu_in_the_cast_reaches_every_block_of_a_gpt_and_keeps_its_checkpoint_
 
 @pytest.mark.parametrize("flag, extra, message", [
     ("fp8_gelu_cast", dict(activation="relu2"), "fp8_gelu_cast=True folds the MLP's GELU into the casts of the FP8 "
-     "Linears around it, and activation='relu2' is not the exact GELU: use --activation=gelu, or leave fp8_gelu_cast "
-     "out"),
+     "Linears around it, and activation='relu2' is not the exact GELU: use --activation=gelu, or add "
+     "--fp8_gelu_cast=False"),
     ("fp8_gelu_cast", dict(fp8_layers="qkv,fc"), "and the MLP's c_proj (4096 -> 1024) is not converted with "
      "fp8_layers='qkv,fc' and fp8_min_dim=1024: convert it (mlp_proj in fp8_layers, fp8_min_dim at most 1024), or "
-     "leave fp8_gelu_cast out"),
+     "add --fp8_gelu_cast=False"),
     ("fp8_gelu_cast", dict(fp8_layers="qkv"), "and the MLP's c_fc (1024 -> 4096) and c_proj (4096 -> 1024) are not "
      "converted with fp8_layers='qkv' and fp8_min_dim=1024: convert them (fc and mlp_proj in fp8_layers, fp8_min_dim "
-     "at most 1024), or leave fp8_gelu_cast out"),
+     "at most 1024), or add --fp8_gelu_cast=False"),
     ("fp8_gelu_cast", dict(bias=True), "and bias=True puts c_fc's bias between its matmul and GELU: use --bias=False, "
-     "or leave fp8_gelu_cast out"),
+     "or add --fp8_gelu_cast=False"),
     ("fp8_norm_cast", dict(norm="rmsnorm"), "fp8_norm_cast=True folds the LayerNorm into the cast of the FP8 Linear "
-     "it feeds, and norm='rmsnorm' is not LayerNorm: use --norm=layernorm, or leave fp8_norm_cast out"),
+     "it feeds, and norm='rmsnorm' is not LayerNorm: use --norm=layernorm, or add --fp8_norm_cast=False"),
     ("fp8_norm_cast", dict(fp8_layers="attn_proj,mlp_proj"), "and neither the qkv nor the fc Linear (1024 wide in) "
      "is converted with fp8_layers='attn_proj,mlp_proj' and fp8_min_dim=1024: convert them (qkv or fc in "
-     "fp8_layers, fp8_min_dim at most 1024), or leave fp8_norm_cast out"),
+     "fp8_layers, fp8_min_dim at most 1024), or add --fp8_norm_cast=False"),
 ])
 def test_a_fold_with_nothing_to_fold_is_refused_with_its_way_out(flag, extra, message, hopper):
     """fp8_gelu_cast without an exact GELU between two FP8 Linears (another activation, a Linear not converted,
@@ -212,33 +212,24 @@ def test_each_cast_flag_is_refused_where_it_would_do_nothing_or_cannot_run(flag,
                                          f"which needs a GPU .* on the CPU\\). Leave {flag} out$"):
         fp8.check(configurator.Config(**{flag: True}), on("cpu"))
     cast_kernel.check(configurator.Config(), torch.device("cpu"))          # off: nothing to check
-    with pytest.raises(ValueError, match=f"^{flag}=True runs Triton kernels on a CUDA GPU; this run is on cpu: leave "
-                                         f"{flag} out$"):
+    with pytest.raises(ValueError, match=f"^{flag}=True runs Triton kernels on a CUDA GPU; this run is on cpu: add "
+                                         f"--{flag}=False$"):
         cast_kernel.check(configurator.Config(**delayed), torch.device("cpu"))
     other = next(f for f in cast_kernel.FLAGS if f != flag)
     a, b = (f for f in cast_kernel.FLAGS if f in (flag, other))                 # named in FLAGS' order
     with pytest.raises(ValueError, match=f"^{a}=True and {b}=True run Triton kernels on a CUDA GPU; this run is on "
-                                         f"cpu: leave {a} and {b} out$"):
+                                         f"cpu: add --{a}=False --{b}=False$"):
         cast_kernel.check(configurator.Config(**delayed, **{other: True}), torch.device("cpu"))
     monkeypatch.setattr(fp8, "capability", lambda device: (9, 0))          # an FP8 GPU, stood in for
     with pytest.raises(ValueError, match=f"{flag}=True would do nothing with fp8_recipe='tensorwise_fused'"):
         fp8.check(configurator.Config(**{**delayed, "fp8_recipe": "tensorwise_fused"}), on("cuda"))
 
 
-def fake_ptxas(folder, release):
-    """An executable at folder/ptxas whose --version says `release` as ptxas says it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "ptxas"
-    path.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
-    path.chmod(0o755)
-    return str(path)
-
-
-def test_verify_runs_only_the_kernels_of_the_flags_given_and_names_a_wrong_transposed_copy(monkeypatch, tmp_path):
+def test_verify_runs_only_the_kernels_of_the_flags_given_and_names_a_wrong_transposed_copy(monkeypatch):
     """A kernel that writes a foreign byte into the transposed copy of GELU's derivative only (what an H100 showed):
     fp8_gelu_cast is refused in a line that names the derivative and the transposed copy; fp8_cast_kernel and
-    fp8_norm_cast, which never run that case, are not. The way out names the flag, and a CUDA 13 ptxas unless Triton
-    compiles with one already."""
+    fp8_norm_cast, which never run that case, are not. The way out names the flag (--X=False: a preset may have set
+    it), and a CUDA 13 ptxas unless Triton compiles with one already."""
     def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, out=None, gelu_input=None, **_):
         got = cast_kernel.reference(x, scale, amax, e5m2, gelu, gelu_input)
         got_t = got.t().contiguous()
@@ -248,28 +239,28 @@ def test_verify_runs_only_the_kernels_of_the_flags_given_and_names_a_wrong_trans
     monkeypatch.setattr(cast_kernel, "run", run)
     monkeypatch.setattr(cast_kernel, "_verify_norm", lambda *a: None)
     monkeypatch.setattr(cast_kernel, "_verified", {})
-    fake_ptxas(tmp_path / "triton" / "backends" / "nvidia" / "bin", "12.8")                   # the one it bundles
-    monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(__version__="3.6.0",     # its line names the version
-                                                                      __file__=str(tmp_path / "triton" / "__init__.py")))
-    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    ptxas = types.SimpleNamespace(version="12.8")                  # the ptxas Triton compiles with (triton.knobs)
+    monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(     # its line names the version
+        __version__="3.6.0", knobs=types.SimpleNamespace(nvidia=types.SimpleNamespace(ptxas=ptxas))))
     cpu = torch.device("cpu")
     problem = cast_kernel.verify(cpu, (40, 24), flags=("fp8_gelu_cast",))
-    assert problem and "GELU's derivative" in problem and "1 bytes of the transposed copy" in problem, problem
+    assert problem and "GELU's derivative" in problem and "1 in the transposed copy" in problem, problem
     assert cast_kernel.verify(cpu, (40, 24), flags=("fp8_cast_kernel",)) is None
     assert cast_kernel.verify(cpu, (40, 24), flags=("fp8_norm_cast",)) is None
     assert cast_kernel.verify(cpu, (40, 24)) == problem                        # every flag's cases by default
     monkeypatch.setattr(cast_kernel, "refuse_unready_kernel", lambda *a: None)      # as if on a CUDA GPU with Triton
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     cfg = configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_gelu_cast=True, fp8_norm_cast=True,
                               fp8_cast_kernel=True)
     with pytest.raises(ValueError) as e:                     # the way out names only the flag whose kernel is wrong
         cast_kernel.check(cfg, cpu)
     assert str(e.value).startswith("fp8_gelu_cast=True: ") and str(e.value).endswith(
-        "; leave fp8_gelu_cast out (the others passed), or set TRITON_PTXAS_PATH to a CUDA 13 ptxas (this Triton "
+        "; add --fp8_gelu_cast=False (the others passed), or set TRITON_PTXAS_PATH to a CUDA 13 ptxas (this Triton "
         "compiles with ptxas 12.8)"), str(e.value)
-    monkeypatch.setenv("TRITON_PTXAS_PATH", fake_ptxas(tmp_path / "cuda", "13.0"))
+    ptxas.version = "13.0"                                         # TRITON_PTXAS_PATH naming one already
     with pytest.raises(ValueError) as e:
         cast_kernel.check(cfg, cpu)
-    assert str(e.value).endswith("; leave fp8_gelu_cast out (the others passed)"), str(e.value)
+    assert str(e.value).endswith("; add --fp8_gelu_cast=False (the others passed)"), str(e.value)
 
 
 def test_the_kernel_in_the_interpreter():
@@ -327,21 +318,23 @@ def test_the_kernel_in_the_interpreter():
 
 @pytest.mark.parametrize("e5m2,gelu,grad", [(False, False, False), (True, False, False), (False, True, False),
                                            (True, False, True)], ids=["e4m3", "e5m2", "gelu", "gelu_backward"])
-def test_each_pass_with_a_transposed_copy_compiles_without_byte_permutes(e5m2, gelu, grad):
+def test_each_pass_with_a_transposed_copy_compiles_without_byte_permutes(e5m2, gelu, grad, monkeypatch):
     """Each pass training runs with the transposed copy (the plain cast in both formats, GELU's, GELU's derivative's),
-    compiled for a Hopper GPU as run() launches it at a width that is a multiple of 16 (n unspecialized, as the
-    kernel says): its PTX has no byte permute (prmt). Triton 3.6 changes a float8 tile's layout with them where it
-    cannot recompute the cast in the store's layout (GELU's derivative at 64 x 64, 4 warps), and the ptxas 12.8 and
-    12.9 it bundles mis-lower them: half the transposed copy's bytes were foreign on an H100, none with ptxas 13.0 or
-    without permutes (benchmarks/results/h100.md). The bytes themselves are checked on a GPU (tests/test_gpu.py)."""
+    launched as run() launches it (its tile, warps and arguments, recorded) at 124M's shape and compiled for a Hopper
+    GPU: its PTX has no byte permute (prmt). Triton 3.6 changes a float8 tile's layout with them where it cannot
+    recompute the cast in the store's layout (GELU's derivative at 64 x 64, 4 warps), or where it may take the row
+    count a multiple of 16, and the ptxas 12.8 and 12.9 it bundles mis-lower them: half the transposed copy's bytes
+    were foreign on an H100, none with ptxas 13.0 or without permutes (benchmarks/results/h100.md). The bytes
+    themselves are checked on a GPU (tests/test_gpu.py)."""
     pytest.importorskip("triton", reason="needs Triton (its compiler)")
-    from conftest import hopper_ptx
-    f8 = "*fp8e5" if e5m2 else "*fp8e4nv"
-    tile, warps = (cast_kernel.GRAD_TILE, cast_kernel.GRAD_WARPS) if grad else ((cast_kernel.BLOCK_T,) * 2, 4)
-    ptx = hopper_ptx(cast_kernel.kernel(), dict(x="*bf16", h="*bf16", out=f8, out_t=f8, scale="*fp32", amax="*fp32",
-                                                n="i32", w="i32"),
-                     dict(FMAX=57344.0 if e5m2 else 448.0, E5M2=e5m2, GELU=gelu, GELU_GRAD=grad, TRANSPOSE=True,
-                          BLOCK_M=tile[0], BLOCK_N=tile[1]), ("x", "h", "out", "out_t", "scale", "amax", "w"), warps)
+    from conftest import Launch, hopper_ptx
+    jit, launch = cast_kernel.kernel(), Launch()
+    monkeypatch.setattr(cast_kernel, "kernel", lambda: launch)
+    x = torch.zeros(65536, 768, dtype=torch.bfloat16)
+    cast_kernel.run(x, torch.tensor(1.0), torch.zeros(1), e5m2, gelu=gelu, transpose=True,
+                    gelu_input=torch.zeros_like(x) if grad else None)
+    bound = {**dict(zip([p.name for p in jit.params], launch.args)), **launch.kwargs}
+    ptx = hopper_ptx(jit, bound, bound.pop("num_warps"))
     assert "st.global" in ptx and "prmt" not in ptx, ptx.count("prmt")
 
 

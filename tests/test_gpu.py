@@ -423,7 +423,8 @@ def test_the_fp8_presets_path_never_recompiles(short_data, tmp_path, regional, p
     delayed scales, the FP8 fused head and its Triton softmax pass) over 10 steps and an evaluation: any
     recompilation is an error (torch._dynamo's error_on_recompile). cu_seqlens changes length every batch, and
     the amax history appears after the first step: both once cost a full recompile. cast_kernels: with
-    fp8_cast_kernel, fp8_gelu_cast and fp8_norm_cast (off in the presets until they measure faster) it trains too."""
+    fp8_cast_kernel, fp8_gelu_cast and fp8_norm_cast (config/fast.py sets fp8_gelu_cast; the others are off) it
+    trains too."""
     args = ["--compile=True", "--attention=auto", "--fp8=True", "--fp8_recipe=tensorwise_delayed",
             "--fp8_min_dim=128", "--fused_ce=True", "--fp8_head=True", "--head_kernel=True", "--max_iters=10"]
     if regional:

@@ -201,16 +201,21 @@ def verify_in_interpreter():
 
 @pytest.mark.parametrize("config", softmax_pass.GRAD_CONFIGS, ids=lambda c: "x".join(map(str, c)))
 def test_grad_fp8_compiles_without_byte_permutes(config):
-    """grad_fp8 at each tile shape it is tuned over, compiled for a Hopper GPU as shipped (n and vocab unspecialized,
-    V a multiple of 16): its PTX has no byte permute (prmt). With n specialized, Triton vectorizes the transposed
-    8-bit store through shared memory and 112 byte permutes at 128 x 64, which the ptxas Triton 3.6 bundles (12.8,
-    12.9) mis-lower: about 3 bytes in 8 of the copy were foreign on an H100 and an H200, none with ptxas 13.0
-    (benchmarks/results/long_run_h200.md; the cast kernel's GELU derivative showed the same, test_cast_kernel.py)."""
+    """grad_fp8 at each tile shape it is tuned over, launched as run() launches it (arguments recorded; n a multiple
+    of 16, as fast.py's 65,536-row chunk) and compiled for a Hopper GPU: its PTX has no byte permute (prmt). With n
+    specialized, Triton vectorizes the transposed 8-bit store through shared memory and 112 byte permutes at 128 x 64,
+    which the ptxas Triton 3.6 bundles (12.8, 12.9) mis-lower: about 3 bytes in 8 of the copy were foreign on an H100
+    and an H200, none with ptxas 13.0 (benchmarks/results/long_run_h200.md; the cast kernel's GELU derivative showed
+    the same, test_cast_kernel.py)."""
     pytest.importorskip("triton", reason="needs Triton (its compiler)")
-    from conftest import hopper_ptx
+    from conftest import Launch, hopper_ptx
+    built = Launch(), Launch(), Launch()
+    n, V = 1024, 1024                                  # V, like 50,304, a multiple of 16 (Triton may take it so)
+    softmax_pass.run(torch.zeros(n, V, dtype=torch.bfloat16), torch.zeros(n, dtype=torch.long), V - 24, 1.0,
+                     built=built)
+    jit = softmax_pass.kernels()[1].fn
     bm, bv, warps, variant = config
-    ptx = hopper_ptx(softmax_pass.kernels()[1].fn, dict(logits="*bf16", y="*i64", lse="*fp32", g="*u8", gt="*u8",
-                                                        n="i32", V="i32", vocab="i32", scale="fp32"),
-                     dict(BLOCK_M=bm, BLOCK_V=bv, VARIANT=variant, FP8=True), ("logits", "y", "lse", "g", "gt", "V"),
-                     warps)
+    bound = {**dict(zip([p.name for p in jit.params], built[1].args)), **built[1].kwargs, "BLOCK_M": bm,
+             "BLOCK_V": bv, "VARIANT": variant}
+    ptx = hopper_ptx(jit, bound, warps)
     assert "st.global" in ptx and "prmt" not in ptx, ptx.count("prmt")

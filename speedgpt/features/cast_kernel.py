@@ -36,7 +36,7 @@ transposed copy, and the row statistics the backward takes. fp8.convert makes th
 weight and bias stay its own, the checkpoint's keys unchanged) and hands the Linear the residual stream, in its own
 dtype (float32 under autocast, as LayerNorm reads it); the Linear's backward runs aten's LayerNorm backward from
 those statistics. Its layout change still takes byte permutes: on one H100 verify() refused it under Triton's own
-ptxas; under ptxas 13.0 it was right, and 8% slower end to end at 124M (benchmarks/results/h100.md), so it stays off.
+ptxas; under ptxas 13.0 it was right, and 7.8% slower end to end at 124M (benchmarks/results/h100.md), so it stays off.
 
 cast_amax is a torch custom op, so torch.compile keeps it one opaque call: on a CUDA GPU the Triton kernel,
 elsewhere the same math in PyTorch ops (reference: the tests' CPU path). check() refuses the flag where it cannot
@@ -69,35 +69,31 @@ def check(cfg, device):
     kernels right there (verify). fp8.check refuses them first without fp8 and with another recipe
     than the delayed one (the only one whose scale is known before the cast)."""
     on = [f for f in FLAGS if getattr(cfg, f)]
-    if on:
-        refuse_unready_kernel(on, device, lambda d: None, f"leave {' and '.join(on)} out")    # a CUDA GPU, Triton
+    if on:                    # "add --X=False": a preset may have set X (config/fast.py sets fp8_gelu_cast)
+        refuse_unready_kernel(on, device, lambda d: None, f"add {' '.join(f'--{f}=False' for f in on)}")
         wrong = [(f, problem) for f in on if (problem := verify(device, flags=(f,)))]
         if wrong:             # the way out names only the flags whose kernels are wrong here
             names = [f for f, _ in wrong]
-            raise ValueError(f"{' and '.join(f'{f}=True' for f in names)}: {wrong[0][1]}; leave {' and '.join(names)} "
-                             f"out" + (f" (the other{'s' if len(on) - len(names) > 1 else ''} passed)"
-                                       if len(names) < len(on) else "") + _ptxas_way_out())
+            raise ValueError(f"{' and '.join(f'{f}=True' for f in names)}: {wrong[0][1]}; add "
+                             f"{' '.join(f'--{f}=False' for f in names)}" +
+                             (f" (the other{'s' if len(on) - len(names) > 1 else ''} passed)"
+                              if len(names) < len(on) else "") + _ptxas_way_out(device))
 
 
-def _ptxas_way_out():
-    """The second way out of a wrong kernel: the ptxas Triton compiles with (TRITON_PTXAS_PATH, else its own), and
-    unless it is of CUDA 13 already, the advice to point TRITON_PTXAS_PATH at one (13.0 compiled every kernel here
-    right where Triton 3.6's own 12.8 and 12.9 did not)."""
-    import os
-    import re
-    import subprocess
-    import triton
-    path = os.environ.get("TRITON_PTXAS_PATH") or \
-        os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+def _ptxas_way_out(device):
+    """The second way out of a wrong kernel: unless the ptxas Triton compiles with for `device` (its own, or the one
+    TRITON_PTXAS_PATH names: Triton's choice, read from Triton) is of CUDA 13 already, the advice to name one (13.0
+    compiled every kernel here right where Triton 3.6's own 12.8 and 12.9 did not); "" where that cannot be told."""
     try:
-        version = re.findall(r"release (\d+)\.(\d+)", subprocess.run([path, "--version"], capture_output=True,
-                                                                       text=True, timeout=30).stdout)[-1]
-    except (OSError, IndexError, subprocess.SubprocessError):
-        version = None
-    if version and int(version[0]) >= 13:
+        import triton
+        blackwell = torch.cuda.get_device_capability(device)[0] >= 10     # Triton's own split (get_ptxas)
+        version = (triton.knobs.nvidia.ptxas_blackwell if blackwell else triton.knobs.nvidia.ptxas).version
+        if int(version.split(".")[0]) >= 13:
+            return ""
+    except Exception:         # an older Triton without knobs, a ptxas that cannot say its version
         return ""
-    said = f"ptxas {'.'.join(version)}" if version else f"{path}"
-    return f", or set TRITON_PTXAS_PATH to a CUDA 13 ptxas (this Triton compiles with {said})"
+    return (f", or set TRITON_PTXAS{'_BLACKWELL' if blackwell else ''}_PATH to a CUDA 13 ptxas (this Triton compiles "
+            f"with ptxas {version})")
 
 
 def kernel():
@@ -196,7 +192,7 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
     amax (a float32 tensor of one element, a view into a layer's history allowed) in place. transpose: returns
     (out, out_t), out_t (w, n) row-major the same bytes transposed. block: the tile (rows, columns), by default
     BLOCK_M x BLOCK_N, or BLOCK_T square with transpose (GRAD_TILE with gelu_input and transpose); num_warps: Triton's
-    (by default 4, GRAD_WARPS with GRAD_TILE). out: the tensors to write (verify's, filled first), else new ones."""
+    (by default 4, GRAD_WARPS at GRAD_TILE with gelu_input and transpose). out: the tensors to write (verify's, filled first), else new ones."""
     x = x.contiguous()
     h = x if gelu_input is None else gelu_input.contiguous()
     n, w = x.shape
@@ -204,8 +200,9 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
     if out is None:
         out = (torch.empty((n, w), dtype=dtype, device=x.device),) + \
             ((torch.empty((w, n), dtype=dtype, device=x.device),) if transpose else ())
-    grad_tile = transpose and gelu_input is not None and block is None
-    block_m, block_n = block or (GRAD_TILE if grad_tile else (BLOCK_T, BLOCK_T) if transpose else (BLOCK_M, BLOCK_N))
+    block_m, block_n = block or (GRAD_TILE if transpose and gelu_input is not None else
+                                 (BLOCK_T, BLOCK_T) if transpose else (BLOCK_M, BLOCK_N))
+    grad_tile = transpose and gelu_input is not None and (block_m, block_n) == GRAD_TILE
     grid = (-(-n // block_m), -(-w // block_n))
     kernel()[grid](x, h, out[0], out[-1], scale, amax, n, w, FMAX=torch.finfo(dtype).max, E5M2=e5m2, GELU=gelu,
                    GELU_GRAD=gelu_input is not None, TRANSPOSE=transpose, BLOCK_M=block_m, BLOCK_N=block_n,
@@ -320,9 +317,9 @@ def verify(device, shape=(1000, 1200), flags=FLAGS):
             import triton
             what = " after GELU" if gelu else " times GELU's derivative" if grad is not None else ""
             problem = (f"Triton {triton.__version__} compiled the cast kernel wrongly on this GPU ("
-                       f"{'e5m2' if e5m2 else 'e4m3'}{what}: {moved.sum().item()} bytes differ from the PyTorch cast"
-                       f", {transposed} bytes of the "
-                       f"transposed copy from the bytes transposed, amax {got_amax.item():.6g} against "
+                       f"{'e5m2' if e5m2 else 'e4m3'}{what}: {_bytes(moved.sum().item())} from the PyTorch cast, "
+                       f"{transposed} in the transposed copy from the bytes transposed, amax "
+                       f"{got_amax.item():.6g} against "
                        f"{want_amax.item():.6g})")
             break
     if problem is None and "fp8_norm_cast" in flags:
@@ -354,10 +351,15 @@ def _verify_norm(device, shape, gen):
     if not wrong:
         return None
     import triton
-    return (f"Triton {triton.__version__} compiled the LayerNorm cast kernel wrongly on this GPU ({moved.sum().item()} "
-            f"bytes differ from the PyTorch LayerNorm and cast, by up to {steps} e4m3 steps, {transposed} bytes of the "
-            f"transposed copy from the bytes transposed, amax {got_amax.item():.6g} against "
+    return (f"Triton {triton.__version__} compiled the LayerNorm cast kernel wrongly on this GPU ("
+            f"{_bytes(moved.sum().item())} from the PyTorch LayerNorm and cast, by up to {steps} e4m3 steps, "
+            f"{transposed} in the transposed copy from the bytes transposed, amax {got_amax.item():.6g} against "
             f"{want_amax.item():.6g})")
+
+
+def _bytes(n):
+    """'1 byte differs', '3 bytes differ'."""
+    return f"{n} byte differs" if n == 1 else f"{n} bytes differ"
 
 
 def _code(t):

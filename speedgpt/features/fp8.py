@@ -120,8 +120,8 @@ def check(cfg, proc):
     for flag in cast_kernel.FLAGS:
         if getattr(cfg, flag) and cfg.fp8_recipe != "tensorwise_delayed":
             raise ValueError(f"{flag}=True would do nothing with fp8_recipe={cfg.fp8_recipe!r}: only delayed "
-                             f"scales are known before the cast. Add --fp8_recipe=tensorwise_delayed, or leave "
-                             f"{flag} out")
+                             f"scales are known before the cast. Add --fp8_recipe=tensorwise_delayed, or "
+                             f"--{flag}=False")
     if cfg.fp8_gelu_cast and cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and block_width_ok(cfg):
         refuse_unfed_gelu(meta_model(cfg), cfg)         # none eligible at all: fp8's own refusal below says so
     if cfg.fp8_norm_cast and cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and block_width_ok(cfg) and \
@@ -133,7 +133,7 @@ def check(cfg, proc):
                f"{cfg.fp8_layers!r} and fp8_min_dim={cfg.fp8_min_dim}: convert them (qkv or fc in fp8_layers, "
                f"fp8_min_dim at most {cfg.n_embd})")
         raise ValueError(f"fp8_norm_cast=True folds the LayerNorm into the cast of the FP8 Linear it feeds, and {why}, "
-                         "or leave fp8_norm_cast out")
+                         "or add --fp8_norm_cast=False")
     if cfg.fp8_precast and proc.world > 1 and cfg.parallelism == "fsdp":
         raise ValueError("fp8_precast=True casts each whole weight after the optimizer step, where FSDP holds only "
                          "a shard of it: use --parallelism=ddp, or leave fp8_precast out")
@@ -253,7 +253,7 @@ def refuse_unfed_gelu(meta, cfg):
            f"({' and '.join(mlp.LINEARS[n] for n in missing)} in fp8_layers, fp8_min_dim at most {cfg.n_embd})"
            if missing else "bias=True puts c_fc's bias between its matmul and GELU: use --bias=False")
     raise ValueError(f"fp8_gelu_cast=True folds the MLP's GELU into the casts of the FP8 Linears around it, and "
-                     f"{why}, or leave fp8_gelu_cast out")
+                     f"{why}, or add --fp8_gelu_cast=False")
 
 
 class FoldedLayerNorm(torch.nn.LayerNorm):
