@@ -211,6 +211,9 @@ def test_each_cast_flag_is_refused_where_it_would_do_nothing_or_cannot_run(flag,
     with pytest.raises(ValueError, match=f"^{flag}=True would do nothing: it is a setting of the block Linears' FP8, "
                                          f"which needs a GPU .* on the CPU\\). Leave {flag} out$"):
         fp8.check(configurator.Config(**{flag: True}), on("cpu"))
+    with pytest.raises(ValueError, match=f"^fp8_head=True needs a GPU .* on the CPU: add --fp8_head=False and leave "
+                                         f"out {flag} where the command line gives them"):   # both at once
+        fp8.check(configurator.Config(fp8_head=True, fused_ce=True, **{flag: True}), on("cpu"))
     cast_kernel.check(configurator.Config(), torch.device("cpu"))          # off: nothing to check
     with pytest.raises(ValueError, match=f"^{flag}=True runs Triton kernels on a CUDA GPU; this run is on cpu: add "
                                          f"--{flag}=False$"):

@@ -93,7 +93,9 @@ def check(cfg, proc):
                              "converts. " + ("Add --fp8=True, or leave fp8_layers out" if capable else
                                              f"FP8 needs a GPU of compute capability 8.9 or newer (this run is on "
                                              f"{where()}): leave fp8_layers out"))
-    if not cfg.fp8:                   # fp8_recipe with fp8_head alone: refused below, worded for the head
+    # fp8_recipe with fp8_head alone: refused below, worded for the head; and where the head cannot run either, the
+    # device's refusal below names the head and these details at once (not one per try)
+    if not cfg.fp8 and not (cfg.fp8_head and not capable):
         blocks_only = (() if cfg.fp8_head else ("fp8_recipe",)) + ("fp8_min_dim", "fp8_precast",
                                                                    *cast_kernel.FLAGS)
         refuse_unused(cfg, blocks_only, "a setting of the block Linears' FP8" + ("" if capable else
