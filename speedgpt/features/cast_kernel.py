@@ -192,7 +192,8 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
     amax (a float32 tensor of one element, a view into a layer's history allowed) in place. transpose: returns
     (out, out_t), out_t (w, n) row-major the same bytes transposed. block: the tile (rows, columns), by default
     BLOCK_M x BLOCK_N, or BLOCK_T square with transpose (GRAD_TILE with gelu_input and transpose); num_warps: Triton's
-    (by default 4, GRAD_WARPS at GRAD_TILE with gelu_input and transpose). out: the tensors to write (verify's, filled first), else new ones."""
+    (by default 4, GRAD_WARPS at GRAD_TILE with gelu_input and transpose). out: the tensors to write (verify's, filled
+    first), else new ones."""
     x = x.contiguous()
     h = x if gelu_input is None else gelu_input.contiguous()
     n, w = x.shape
