@@ -298,8 +298,8 @@ class Loader:
             self.piece_starts = self.piece_ends - pieces
             self.n_rows = int(self.piece_ends[-1])
         if self.n_rows == 0:
-            raise ValueError(f"{split} shards in {data_dir} hold {n} tokens: too few for one row of "
-                             f"block_size {block_size}")
+            raise ValueError(f"{split} shards in {data_dir} hold {n} tokens, too few for one row of block_size "
+                             f"{block_size}: a smaller --block_size, or more data (data.py's --input, --val_frac)")
         # An epoch shorter than a batch repeats rows within it (each epoch's order in turn): a valid batch, so a
         # note, not an error (a tiny corpus to overfit is a fair test). Train only: an evaluation gives the
         # rows past the val split no targets (train.py's estimate_loss).

@@ -47,8 +47,11 @@ def check(cfg, proc):
     cfg = replace(cfg, document_mask=cfg.packing and cfg.document_mask)
     if cfg.sdpa_backend != "auto":
         if cfg.attention != "sdpa":
+            on = DEVICE_NAMES.get(device.type, device.type)
+            gpu = f", and attention={cfg.attention!r} needs a CUDA GPU: use 'sdpa' or 'naive' on {on}" \
+                if device.type != "cuda" and cfg.attention in ("flex", "varlen") else ""
             raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} applies to attention='sdpa' only, "
-                             f"not {cfg.attention!r}")
+                             f"not {cfg.attention!r}: leave sdpa_backend out{gpu}")
         if device.type != "cuda":       # first: off a GPU, the dtype and mask changes below would not help
             raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} picks a CUDA kernel: "
                              f"use sdpa_backend='auto' on {DEVICE_NAMES.get(device.type, device.type)}")

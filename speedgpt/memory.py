@@ -116,7 +116,8 @@ def estimate(cfg, vocab_size, world=1):
         stream being float32 under autocast) and recomputes one block at a time; 'selective' keeps the matmul and
         attention outputs: about half (measured: BENCHMARKS.md, Memory).
         FP8 tensorwise on every block Linear (fp8_layers all, or every kind block_linears has) keeps float8
-        inputs: FP8_TENSORWISE_ACTIVATIONS of the 34 C.
+        inputs: FP8_TENSORWISE_ACTIVATIONS of the 34 C. fp8_gelu_cast adds a byte per input of mlp_proj (the
+        transposed copy its weight gradient takes, made in the forward's cast: +2.3 GB measured at 124M, 32.1 GB).
     head: without fused_ce the (tokens, padded vocab) logits: uncompiled, in float32 with the log-softmax and
         the gradients of both (16 bytes an element: measured on the CPU, and the ladder's eager rungs);
         compiled, 6 bytes an element (measured at 124M, fused_ce off); with fused_ce one chunk's
@@ -145,6 +146,8 @@ def estimate(cfg, vocab_size, world=1):
         {k.strip() for k in layers.split(",")} >= {kind for _, kind, _ in model.block_linears()}
     if on("fp8") and float8_inputs and C >= on("fp8_min_dim", 0) and C % 16 == 0 and every_kind:
         per_layer *= FP8_TENSORWISE_ACTIVATIONS
+    if on("fp8") and on("fp8_gelu_cast"):     # mlp_proj keeps its input's transposed float8 copy too, made in the
+        per_layer += sum(m.in_features for _, kind, m in model.block_linears() if kind == "mlp_proj") / L   # cast
     if cfg.attention == "naive":
         per_layer += 5 * cfg.n_head * T
     if on("grad_checkpointing", "none") == "full":
@@ -229,6 +232,8 @@ def fits(cfg, vocab_size, device, world=1):
     description of the estimate otherwise ('not checked' with memory_check=False, or memory that cannot be
     read)."""
     device = torch.device(device)
+    if getattr(cfg, "fp8", False) and device.type != "cuda":     # refused beside this line (fp8.check, all at once
+        cfg = replace(cfg, fp8=False)                              # off a GPU): the size of the run then asked for
     est = estimate(cfg, vocab_size, world)
     if not cfg.memory_check:
         return f"memory: about {est.describe()}; not checked (memory_check=False)"

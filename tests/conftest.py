@@ -352,6 +352,24 @@ class Launch:
         self.args, self.kwargs = args, kwargs
 
 
+def in_interpreter(code):
+    """Run `code` (Python, with the checkout and tests/ on its path) in a fresh process with TRITON_INTERPRET=1 set
+    before Triton is imported: Triton binds its own jit helpers (in triton.language) to the interpreter at import, so
+    once another test has imported Triton, setting the variable here would no longer take effect. Triton 3.6's
+    interpreter takes int() of a scalar argument, which it holds as a one-element array and numpy 2.4 refuses to
+    convert (a loop bound such as range(0, w, BLOCK)): that process takes .item() instead."""
+    import subprocess
+    fix = ("import triton.runtime.interpreter as i\n"
+           "def patch(tensor, scope, patch=i._patch_lang_tensor):\n"
+           "    patch(tensor, scope)\n"
+           "    scope.set_attr(tensor, '__index__', lambda self: int(self.handle.data.item()))\n"
+           "i._patch_lang_tensor = patch\n")
+    path = f"import sys; sys.path[:0] = [{ROOT!r}, {os.path.join(ROOT, 'tests')!r}]\n"
+    out = subprocess.run([sys.executable, "-c", path + fix + code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+
 def hopper_ptx(kernel, bound, num_warps):
     """The PTX Triton makes of `kernel` (a triton.jit function) launched with `bound` ({parameter: the value a launch
     passes}, tensors on any device) for a Hopper GPU (sm_90), compiled here without one and specialized as a launch

@@ -3,9 +3,7 @@ its forward and backward and gives the step of the PyTorch ops (the op's CPU pat
 compiled; the flag is refused where it cannot work; the Triton kernel in Triton's interpreter. Its bytes on a GPU:
 tests/test_gpu.py."""
 import importlib.util
-import os
 import re
-import subprocess
 import sys
 import types
 
@@ -13,7 +11,7 @@ import pytest
 import torch
 
 import configurator
-from conftest import ROOT, on
+from conftest import in_interpreter, on
 from speedgpt.features import cast_kernel, fp8
 
 
@@ -275,7 +273,7 @@ def test_the_kernel_in_the_interpreter():
     without weight and bias) as norm_reference(), its row statistics too."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("needs Triton (for its interpreter)")
-    code = (f"import sys; sys.path[:0] = [{ROOT!r}]; import torch\n"
+    code = ("import torch\n"
             "from speedgpt.features import cast_kernel\n"
             "torch.manual_seed(0)\n"
             "x = (torch.randn(70, 200) * 2).bfloat16()\n"
@@ -314,9 +312,7 @@ def test_the_kernel_in_the_interpreter():
             "(amax, want_amax)))\n"
             "    a, w8 = out.float(), want.float()\n"
             "    assert ((a - w8).abs() <= 0.5 * w8.abs() + 2 ** -6).all()\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    in_interpreter(code)
 
 
 @pytest.mark.parametrize("e5m2,gelu,grad", [(False, False, False), (True, False, False), (False, True, False),

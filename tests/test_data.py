@@ -501,3 +501,11 @@ def test_a_bad_value_is_named_alone_with_the_way_out(tmp_path, capsys, argv, say
     assert "tokenizing" not in capsys.readouterr().err           # refused before any work, not after tokenizing
     data.main(["--input", str(tmp_path / "one.txt"), "--out", str(tmp_path / "o"), "--workers=1", "--val_frac=0"])
     assert json.load(open(tmp_path / "o" / "meta.json"))["val_docs"] == 0
+
+
+def test_a_split_too_short_for_one_row_names_the_way_out(byte_data):
+    n = data.Loader(str(byte_data), "val", 1, 64).n_rows * 64
+    with pytest.raises(ValueError, match=rf"^val shards in {byte_data} hold \d+ tokens, too few for one row of "
+                                         r"block_size \d+: a smaller --block_size, or more data \(data.py's --input, "
+                                         r"--val_frac\)$"):
+        data.Loader(str(byte_data), "val", 1, 2 * n)

@@ -423,8 +423,8 @@ def test_the_fp8_presets_path_never_recompiles(short_data, tmp_path, regional, p
     delayed scales, the FP8 fused head and its Triton softmax pass) over 10 steps and an evaluation: any
     recompilation is an error (torch._dynamo's error_on_recompile). cu_seqlens changes length every batch, and
     the amax history appears after the first step: both once cost a full recompile. cast_kernels: with
-    fp8_cast_kernel, fp8_gelu_cast and fp8_norm_cast (config/fast.py sets fp8_gelu_cast; the others are off) it
-    trains too."""
+    fp8_cast_kernel, fp8_gelu_cast and fp8_norm_cast (config/fast.py sets fp8_gelu_cast; the others are off;
+    fp8_norm_cast only where its kernel compiles right: norm_kernel_miscompiled) it trains too."""
     args = ["--compile=True", "--attention=auto", "--fp8=True", "--fp8_recipe=tensorwise_delayed",
             "--fp8_min_dim=128", "--fused_ce=True", "--fp8_head=True", "--head_kernel=True", "--max_iters=10"]
     if regional:
@@ -432,7 +432,7 @@ def test_the_fp8_presets_path_never_recompiles(short_data, tmp_path, regional, p
     if precast:
         args.append("--fp8_precast=True")
     if kernels:
-        args += ["--fp8_cast_kernel=True", "--fp8_gelu_cast=True", "--fp8_norm_cast=True"]
+        args += ["--fp8_cast_kernel=True", "--fp8_gelu_cast=True", f"--fp8_norm_cast={not norm_kernel_miscompiled()}"]
     with torch._dynamo.config.patch(error_on_recompile=True):
         losses = _gpu_run(short_data, tmp_path, *args)
     assert len(losses) == 10 and losses[-1] < losses[0]
@@ -853,6 +853,18 @@ def test_gelu_in_the_cast_gives_the_mlp_step_within_rounding():
     assert torch.allclose(*amaxes, rtol=1e-2)
 
 
+def norm_kernel_miscompiled():
+    """Why fp8_norm_cast's kernel cannot be right here, or "": its whole-row float8 tile changes layout with byte
+    permutes, which the ptxas Triton 3.6 bundles (12.8, 12.9) mis-lowers (its transposed copy wrong on an H100; right
+    with ptxas 13.0: benchmarks/results/h100.md); check() refuses the flag at start there, naming the way out."""
+    from speedgpt.features import cast_kernel
+    version = cast_kernel.ptxas_version(torch.device("cuda"))
+    if version and version.split(".")[0].isdigit() and int(version.split(".")[0]) < 13:
+        return (f"fp8_norm_cast's kernel needs a CUDA 13 ptxas (TRITON_PTXAS_PATH); this Triton compiles with "
+                f"ptxas {version}, whose byte permutes are wrong")
+    return ""
+
+
 @pytest.mark.parametrize("shape", [(4100, 1000), (65536, 768), (32768, 1280), (16384, 1600)])   # odd; 124M to 1.5B
 def test_the_layernorm_cast_kernel_gives_the_pytorch_layernorm_and_cast(shape):
     """fp8_norm_cast's kernel (speedgpt/features/cast_kernel.py, run_norm): on a float32 residual stream (an offset,
@@ -862,6 +874,8 @@ def test_the_layernorm_cast_kernel_gives_the_pytorch_layernorm_and_cast(shape):
     e4m3 step, under 1e-3 of them), the row statistics and the amax within 1e-5; without weight and bias too."""
     if torch.cuda.get_device_capability() < (8, 9) or importlib.util.find_spec("triton") is None:
         pytest.skip("float8 in Triton needs a GPU of compute capability 8.9+")
+    if norm_kernel_miscompiled():
+        pytest.skip(norm_kernel_miscompiled())
     from speedgpt.features import cast_kernel
     torch.manual_seed(0)
     n, w = shape

@@ -116,15 +116,9 @@ def test_compare_accepts_float8_rounding_and_names_anything_else():
 
 
 def in_interpreter(call):
-    """Run `call` (Python code using this module's helpers) in a fresh process with TRITON_INTERPRET=1 set before
-    Triton is imported: Triton binds its own jit helpers (in triton.language) to the interpreter at import, so
-    once another test has imported Triton, setting the variable here would no longer take effect."""
-    import os
-    code = (f"import sys; sys.path[:0] = [{ROOT!r}, {os.path.join(ROOT, 'tests')!r}]; "
-            f"import test_softmax_pass as t; {call}")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    """Run `call` (Python code using this module's helpers as t) in Triton's interpreter (conftest.in_interpreter)."""
+    from conftest import in_interpreter
+    in_interpreter(f"import test_softmax_pass as t; {call}")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (for its interpreter)")

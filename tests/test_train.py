@@ -4,6 +4,7 @@ divergence (the weights and the checkpoint kept, skipped steps bounded)."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from contextlib import nullcontext
@@ -115,7 +116,10 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--learning_rate=nan"], ValueError, "'learning_rate' .command line. must be a finite number, got 'nan'"),
     (["--min_lr=inf"], ValueError, "'min_lr' .command line. must be a finite number"),
     (["--profile=True", "--timing_warmup=1"], ValueError, "timing_warmup >= 2"),
-    (["--sdpa_backend=cudnn", "--attention=naive"], ValueError, "applies to attention='sdpa' only"),
+    (["--sdpa_backend=cudnn", "--attention=naive"], ValueError, "applies to attention='sdpa' only, not 'naive': "
+                                                                "leave sdpa_backend out$"),
+    (["--sdpa_backend=flash", "--attention=flex", "--device=cpu"], ValueError,      # both ways out in one line
+     "not 'flex': leave sdpa_backend out, and attention='flex' needs a CUDA GPU: use 'sdpa' or 'naive' on the CPU$"),
     (["--sdpa_backend=flash", "--device=cpu"], ValueError, "use sdpa_backend='auto' on the CPU"),
     (["--sdpa_backend=cudnn", "--dtype=bfloat16", "--device=cpu"], ValueError, "use sdpa_backend='auto' on the CPU"),
     (["--sdpa_backend=flash", "--dtype=bfloat16", "--packing=False", "--device=cpu"], ValueError,
@@ -165,6 +169,9 @@ def test_a_gpu_preset_on_the_cpu_is_refused_once_naming_every_change(tmp_path, m
                      r"--total_batch_size=0 .*; or train on a CPU at the quickstart's size \(python train.py\)$",
                      line), line
     assert not unprepared.exists() and not (tmp_path / "out" / "config.json").exists()
+    with pytest.raises(ValueError) as e:                  # [3] sized as the run will be without FP8, as [1] says
+        train.main(argv + ["--fp8=False", "--fp8_head=False"])
+    assert re.search(r"needs about [\d.]+ GB", str(e.value))[0] == re.search(r"needs about [\d.]+ GB", line)[0], line
     cfg = train.load_config(tiny_args(tmp_path / "data" / "stdlib_byte", tmp_path / "o", "--total_batch_size=131072"))
     assert train.check_flags(cfg, train.Proc(0, 0, 1, torch.device("cpu"))).total_batch_size == 131072
 
@@ -339,3 +346,15 @@ def test_a_rerun_of_a_finished_run_changes_nothing_and_says_so(byte_data, tmp_pa
     summary = train.main(tiny_args(byte_data, tmp_path / "target", *args, f"--target_val_loss={vals[8]}",
                                    "--init_from=resume"))
     assert summary["target_reached"]["step"] == 8 and summary["steps"] == 8
+
+
+def test_a_resume_onto_data_of_another_tokenizer_names_the_tokenizer_to_prepare(byte_data, tmp_path):
+    out = tmp_path / "o"
+    train.main(tiny_args(byte_data, out, "--max_iters=2"))
+    other = tmp_path / "gpt2_data"
+    shutil.copytree(byte_data, other)
+    meta = json.loads((other / "meta.json").read_text())
+    (other / "meta.json").write_text(json.dumps({**meta, "vocab_size": 50257, "tokenizer": "gpt2"}))
+    with pytest.raises(ValueError, match=r"^vocab_size 257 in the checkpoint, 50257 in data: give --data_dir data of "
+                                         r"`python data.py --tokenizer byte`$"):
+        train.main(tiny_args(other, out, "--max_iters=4", "--init_from=resume"))

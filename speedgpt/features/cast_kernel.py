@@ -37,6 +37,9 @@ weight and bias stay its own, the checkpoint's keys unchanged) and hands the Lin
 dtype (float32 under autocast, as LayerNorm reads it); the Linear's backward runs aten's LayerNorm backward from
 those statistics. Its layout change still takes byte permutes: on one H100 verify() refused it under Triton's own
 ptxas; under ptxas 13.0 it was right, and 7.8% slower end to end at 124M (benchmarks/results/h100.md), so it stays off.
+A version that casts and writes in chunks of 64 columns after the row statistics, whose PTX has no permutes, was
+still wrong at 65,536 x 768 under Triton's own ptxas (right at three other shapes, verify()'s among their kind, so
+the check at start might not have caught it): it was not kept.
 
 cast_amax is a torch custom op, so torch.compile keeps it one opaque call: on a CUDA GPU the Triton kernel,
 elsewhere the same math in PyTorch ops (reference: the tests' CPU path). check() refuses the flag where it cannot
@@ -80,18 +83,29 @@ def check(cfg, device):
                               if len(names) < len(on) else "") + _ptxas_way_out(device))
 
 
-def _ptxas_way_out(device):
-    """The second way out of a wrong kernel: unless the ptxas Triton compiles with for `device` (its own, or the one
-    TRITON_PTXAS_PATH names: Triton's choice, read from Triton) is of CUDA 13 already, the advice to name one (13.0
-    compiled every kernel here right where Triton 3.6's own 12.8 and 12.9 did not); "" where that cannot be told."""
+def ptxas_version(device):
+    """The version of the ptxas Triton compiles with for `device` (its own, or the one TRITON_PTXAS_PATH names:
+    Triton's choice, read from Triton), e.g. "12.8"; None where that cannot be told (an older Triton without knobs,
+    a ptxas that cannot say its version)."""
     try:
         import triton
         blackwell = torch.cuda.get_device_capability(device)[0] >= 10     # Triton's own split (get_ptxas)
-        version = (triton.knobs.nvidia.ptxas_blackwell if blackwell else triton.knobs.nvidia.ptxas).version
-        if int(version.split(".")[0]) >= 13:
+        return (triton.knobs.nvidia.ptxas_blackwell if blackwell else triton.knobs.nvidia.ptxas).version
+    except Exception:
+        return None
+
+
+def _ptxas_way_out(device):
+    """The second way out of a wrong kernel: unless ptxas_version(device) is of CUDA 13 already, the advice to name
+    one (13.0 compiled every kernel here right where Triton 3.6's own 12.8 and 12.9 did not); "" where that cannot
+    be told."""
+    version = ptxas_version(device)
+    try:
+        if version is None or int(version.split(".")[0]) >= 13:
             return ""
-    except Exception:         # an older Triton without knobs, a ptxas that cannot say its version
+    except ValueError:
         return ""
+    blackwell = torch.cuda.get_device_capability(device)[0] >= 10
     return (f", or set TRITON_PTXAS{'_BLACKWELL' if blackwell else ''}_PATH to a CUDA 13 ptxas (this Triton compiles "
             f"with ptxas {version})")
 
