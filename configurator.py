@@ -160,8 +160,9 @@ def model_keys():
 
 
 def feature_details():
-    """{a feature's flag: its keys that mean nothing without it}, each feature's DETAILS (speedgpt/features/): a
-    feature removed takes its keys with it. Imported here only (torch with it), as model_keys."""
+    """{a feature's flag, or "key=value": its keys that mean nothing without it (the flag False, the key another
+    value)}, each feature's DETAILS (speedgpt/features/): a feature removed takes its keys with it. Imported here
+    only (torch with it), as model_keys."""
     import importlib
     import pkgutil
     import speedgpt.features as features
@@ -386,12 +387,14 @@ def load_config(argv, with_explicit=False):
         given.update([key, *update])
         setter.update(dict.fromkeys(update, len(files)))
     # --fp8=False on gpt2-medium.py (or a later --config file setting it): the fp8_recipe set before goes too,
-    # else it would be refused as doing nothing; a detail set with or after the feature's False stays (refused)
-    for feature, details in (feature_details() if any(v is False for v in values.values()) else {}).items():
-        if feature in setter and values.get(feature) is False:
-            for key in details:
-                if setter.get(key, len(files) + 1) < setter[feature]:
-                    values.pop(key, None)
+    # else it would be refused as doing nothing; so does fast.py's fp8_gelu_cast with a later --activation=relu2
+    # ("activation=gelu" in fp8's DETAILS); a detail set with or after the feature's setting stays (refused)
+    for feature, details in feature_details().items():
+        key, _, needs = feature.partition("=")
+        if key in setter and (values.get(key) != needs if needs else values.get(key) is False):
+            for detail in details:
+                if setter.get(detail, len(files) + 1) < setter[key]:
+                    values.pop(detail, None)
     if values.get("packing") is False and values.get("document_mask") is True:    # each row is one document then
         if setter["document_mask"] >= setter["packing"]:
             raise ValueError("document_mask=True masks the documents packing puts in one row; with packing=False "

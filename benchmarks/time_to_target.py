@@ -229,7 +229,7 @@ RECIPE_KEYS = ("optimizer", "lr_schedule", "wsd_decay_frac")     # what a recipe
 # --blocks: GPT-2's block with one change of the field's (model.py's GPTConfig fields; docs/flags.md), and "modern",
 # all of them at once (modded-nanogpt's and nanochat's block has each)
 BLOCKS = {"rmsnorm": ["--norm=rmsnorm"], "rope": ["--rope=True"], "qk_norm": ["--qk_norm=True"],
-          "relu2": ["--activation=relu2", "--fp8_gelu_cast=False"],     # config/fast.py folds GELU into FP8's casts
+          "relu2": ["--activation=relu2"],
           "untied": ["--tie_embeddings=False"]}
 BLOCKS["modern"] = [flag for flags in BLOCKS.values() for flag in flags]
 BLOCK_KEYS = ("norm", "rope", "qk_norm", "activation", "tie_embeddings")

@@ -317,6 +317,17 @@ def test_turning_fp8_off_on_the_command_line_drops_the_presets_fp8_details():
     assert both.fp8_recipe == "rowwise_bf16_wgrad"
 
 
+def test_a_later_activation_drops_the_presets_gelu_cast():
+    """config/fast.py folds GELU into FP8's casts (fp8_gelu_cast); a later --activation=relu2 drops that detail as
+    --fp8=False drops FP8's ("activation=gelu" in fp8's DETAILS), --activation=gelu keeps it, and fp8_gelu_cast
+    given beside relu2 stays (fp8.check refuses it)."""
+    from configurator import load_config
+    assert load_config(["--config", "config/fast.py"]).fp8_gelu_cast is True
+    assert load_config(["--config", "config/fast.py", "--activation=relu2"]).fp8_gelu_cast is False
+    assert load_config(["--config", "config/fast.py", "--activation=gelu"]).fp8_gelu_cast is True
+    assert load_config(["--config", "config/fast.py", "--activation=relu2", "--fp8_gelu_cast=True"]).fp8_gelu_cast
+
+
 def test_a_later_config_file_turning_fp8_off_drops_the_earlier_files_fp8_details(tmp_path):
     """config/fast.py sets fp8_recipe and fp8_min_dim; a file laid over it with fp8 = False (a GPU without FP8) drops
     them as --fp8=False does; a detail set in that same file, or on the command line, stays (fp8.check refuses it)."""

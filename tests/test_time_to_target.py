@@ -395,7 +395,7 @@ def test_blocks_run_at_each_recipes_best_setting_at_every_seed(byte_data, tmp_pa
     assert [line.split(" | ")[0] for line in out[-3:]] == ["| adamw", "| adamw, rope", "| adamw, modern"]
     assert out[-2].split(" | ")[4] == "3.0 ± 0.0"
     assert "'recipe, block': that setting with the block of --blocks (model flags: rope --rope=True; modern " \
-           "--norm=rmsnorm --rope=True --qk_norm=True --activation=relu2 --fp8_gelu_cast=False --tie_embeddings=False)" \
+           "--norm=rmsnorm --rope=True --qk_norm=True --activation=relu2 --tie_embeddings=False)" \
         in out[-7]
     saved = json.loads((tmp_path / "time_to_target.json").read_text())
     assert len(saved["runs"]) == 2 + 1 + 4 and [r["recipe"] for r in saved["table"]] == ["adamw", "adamw, rope",
@@ -415,8 +415,8 @@ def test_blocks_are_refused_in_one_line_where_unknown_or_set_twice(tmp_path):
 @pytest.mark.parametrize("block", sorted(ttt.BLOCKS))
 def test_every_block_passes_the_presets_fp8_checks(block, monkeypatch):
     """Each block of BLOCKS laid over config/fast.py (the script's default --config) passes its FP8 checks on an FP8
-    GPU (stood in for; the kernels' own check is a GPU's): fast.py folds GELU into FP8's casts, so relu2 turns that
-    off, as the script's preflight would otherwise stop the --blocks rows."""
+    GPU (stood in for; the kernels' own check is a GPU's): fast.py folds GELU into FP8's casts, which a later
+    --activation=relu2 drops (fp8's DETAILS), as the script's preflight would otherwise stop the --blocks rows."""
     import torch
     from configurator import load_config
     from conftest import on

@@ -11,7 +11,8 @@ its stages loop over that list:
                                    eagerly even where the model is compiled (FP8's first amax history)
   step_hooks(model, cfg) -> [hook] optional: hook(applied) after every optimizer step, applied or skipped
   fp8_flops_per_token(model, cfg)  optional: the FLOPs per token that run in FP8 (measure.py's mfu_fp8)
-  DETAILS                          optional: {flag: keys that mean nothing without it} (configurator refuses them)
+  DETAILS                          optional: {flag, or "key=value": keys that mean nothing without it} (configurator
+                                   drops a preset's when a later setting turns it off, and refuses the rest)
 
   fp8.py                        FP8 training: block Linears (fp8) and the fused head's matmuls (fp8_head)
   softmax_pass.py               the fused head's softmax pass in Triton (head_kernel; checked by fused_ce.check)

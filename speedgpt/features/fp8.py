@@ -67,7 +67,8 @@ def none_eligible(cfg):
 
 
 # the keys that mean nothing without the flag
-DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast", *cast_kernel.FLAGS)}
+DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast", *cast_kernel.FLAGS),
+           "activation=gelu": ("fp8_gelu_cast",), "norm=layernorm": ("fp8_norm_cast",)}
 
 
 def check(cfg, proc):
