@@ -389,7 +389,7 @@ def load_config(argv, with_explicit=False):
     # --fp8=False on gpt2-medium.py (or a later --config file setting it): the fp8_recipe set before goes too,
     # else it would be refused as doing nothing; so does fast.py's fp8_gelu_cast with a later --activation=relu2
     # ("activation=gelu" in fp8's DETAILS); a detail set with or after the feature's setting stays (refused)
-    for feature, details in feature_details().items():
+    for feature, details in (feature_details() if files else {}).items():   # only a file sets before another
         key, _, needs = feature.partition("=")
         if key in setter and (values.get(key) != needs if needs else values.get(key) is False):
             for detail in details:
