@@ -290,17 +290,18 @@ def test_resume_messages_name_only_what_applies(byte_data, tmp_path, capsys):
 
 
 def test_a_resume_reads_the_checkpoints_data_and_optimizer_unless_set(byte_data, tmp_path, capsys):
-    """data_dir, packing, document_mask and the optimizer with its settings are the run's: `--init_from=resume`
-    alone continues on them (the loader's position is a position in that data) instead of the defaults."""
-    first = tiny_args(byte_data, tmp_path, "--max_iters=4", "--packing=False", "--optimizer=muon", "--muon_batched=False",
-                      "--muon_momentum=0.9")
+    """data_dir, packing, document_mask, batch_size and the optimizer with its settings are the run's:
+    `--init_from=resume` alone continues on them (the loader's position is a position in that data) instead of
+    the defaults."""
+    first = tiny_args(byte_data, tmp_path, "--max_iters=4", "--packing=False", "--optimizer=muon",
+                      "--muon_batched=False", "--muon_momentum=0.9", "--batch_size=2")
     train.main(first)
     again = [a for a in tiny_args(byte_data, tmp_path, "--max_iters=6", "--init_from=resume")
-             if not a.startswith("--data_dir=")]
+             if not a.startswith(("--data_dir=", "--batch_size="))]     # the micro-batch too: 2, not the default 16
     summary = train.main(again)
     assert summary["val_loss"] is not None
     cfg = json.loads((tmp_path / "config.json").read_text())
-    assert (cfg["data_dir"], cfg["packing"], cfg["optimizer"]) == (str(byte_data), False, "muon")
+    assert (cfg["data_dir"], cfg["packing"], cfg["optimizer"], cfg["batch_size"]) == (str(byte_data), False, "muon", 2)
     assert (cfg["muon_batched"], cfg["muon_momentum"]) == (False, 0.9)
     out = capsys.readouterr().out
     assert "resume: data_dir" not in out and "muon_batched False -> True" not in out
