@@ -298,8 +298,9 @@ class Loader:
             self.piece_starts = self.piece_ends - pieces
             self.n_rows = int(self.piece_ends[-1])
         if self.n_rows == 0:
+            val = ", or --eval_tokens=0 (no evaluation)" if split == "val" else ""
             raise ValueError(f"{split} shards in {data_dir} hold {n} tokens, too few for one row of block_size "
-                             f"{block_size}: a smaller --block_size, or more data (data.py's --input, --val_frac)")
+                             f"{block_size}: a smaller --block_size, or more data (data.py's --input, --val_frac){val}")
         # An epoch shorter than a batch repeats rows within it (each epoch's order in turn): a valid batch, so a
         # note, not an error (a tiny corpus to overfit is a fair test). Train only: an evaluation gives the
         # rows past the val split no targets (train.py's estimate_loss).
@@ -400,8 +401,8 @@ class Loader:
             raise ValueError("the loader state comes from an older data.py (rows drawn with replacement) and "
                              "cannot be continued exactly: start the run afresh")
         if state["rows_per_epoch"] != self.n_rows:
-            raise ValueError(f"the loader state is for data with {state['rows_per_epoch']} rows per epoch, this data "
-                             f"has {self.n_rows}: resume on the same data, block_size and packing")
+            raise ValueError(f"the loader state is for {state['rows_per_epoch']} rows an epoch, here {self.n_rows}: "
+                             "resume on the same data, block_size and packing, or start in another out_dir")
         while self._futures:                       # let the batches in flight finish, then discard them
             self._futures.popleft().result()
         self.seed, self._row = state["seed"], state["row"]

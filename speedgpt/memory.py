@@ -246,7 +246,10 @@ def fits(cfg, vocab_size, device, world=1):
     if need <= MARGIN * have:
         return f"memory: about {est.describe()}" + (f" x {sharing} processes" if sharing > 1 else "") + \
             f"; fits in {where}"
-    ways = ["lower --batch_size (total_batch_size keeps the step's tokens)", "or --block_size"]
+    fit = next((b for b in (cfg.batch_size >> i for i in range(1, cfg.batch_size.bit_length()))     # halving it
+                if estimate(replace(cfg, batch_size=b), vocab_size, world).total * sharing <= MARGIN * have), None)
+    ways = [f"lower --batch_size ({f'{fit} fits; ' if fit else ''}total_batch_size keeps the step's tokens)",
+            "or --block_size"]
     if getattr(cfg, "grad_checkpointing", "full") != "full":
         ways.append("or use --grad_checkpointing=full")
     if cfg.attention == "naive":

@@ -507,5 +507,14 @@ def test_a_split_too_short_for_one_row_names_the_way_out(byte_data):
     n = data.Loader(str(byte_data), "val", 1, 64).n_rows * 64
     with pytest.raises(ValueError, match=rf"^val shards in {byte_data} hold \d+ tokens, too few for one row of "
                                          r"block_size \d+: a smaller --block_size, or more data \(data.py's --input, "
-                                         r"--val_frac\)$"):
+                                         r"--val_frac\), or --eval_tokens=0 \(no evaluation\)$"):
         data.Loader(str(byte_data), "val", 1, 2 * n)
+
+
+def test_a_loader_state_of_other_data_is_refused_naming_both_ways_out(byte_data):
+    state = data.Loader(str(byte_data), "train", 2, 32).state_dict()
+    other = data.Loader(str(byte_data), "train", 2, 64)           # another block_size: another number of rows
+    with pytest.raises(ValueError, match=rf"^the loader state is for {state['rows_per_epoch']} rows an epoch, here "
+                                         rf"{other.n_rows}: resume on the same data, block_size and packing, or start "
+                                         r"in another out_dir$"):
+        other.load_state_dict(state)

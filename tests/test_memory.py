@@ -179,10 +179,14 @@ def test_the_reported_run_is_refused_on_a_24_gb_cpu_in_one_line(monkeypatch):
     assert re.fullmatch(
         rf"this run needs about {n} GB per process \(weights \+ optimizer {n} GB, activations {n} GB, head {n} GB\), "
         r"more than 90% of the 24\.0 GB cpu has available: on a CPU, the quickstart's size \(python train\.py; these "
-        r"steps are 524,288 tokens\), or lower --batch_size \(total_batch_size keeps the "
+        r"steps are 524,288 tokens\), or lower --batch_size \((\d+) fits; total_batch_size keeps the "
         r"step's tokens\), or --block_size, or use --grad_checkpointing=full, or a smaller --fused_ce_chunk; "
         r"--memory_check=False skips "
         r"this check", str(e.value)), str(e.value)
+    fit = int(re.search(r"--batch_size \((\d+) fits", str(e.value))[1])      # the largest half that fits, named
+    assert memory.fits(replace(reported_run(), batch_size=fit), GPT2_VOCAB, torch.device("cpu"), 1)
+    with pytest.raises(ValueError):
+        memory.fits(replace(reported_run(), batch_size=2 * fit), GPT2_VOCAB, torch.device("cpu"), 1)
 
 
 def test_memory_check_false_tries_anyway(monkeypatch):
