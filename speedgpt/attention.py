@@ -49,7 +49,8 @@ def check(cfg, proc):
         if cfg.attention != "sdpa":
             on = DEVICE_NAMES.get(device.type, device.type)
             gpu = f", and attention={cfg.attention!r} needs a CUDA GPU: use 'sdpa' or 'naive' on {on}" \
-                if device.type != "cuda" and cfg.attention in ("flex", "varlen") else ""
+                if cfg.attention in ("flex", "varlen") else f" (on {on} it picks no kernel)"
+            gpu = "" if device.type == "cuda" else gpu
             raise ValueError(f"sdpa_backend={cfg.sdpa_backend!r} applies to attention='sdpa' only, "
                              f"not {cfg.attention!r}: leave sdpa_backend out{gpu}")
         if device.type != "cuda":       # first: off a GPU, the dtype and mask changes below would not help

@@ -116,10 +116,12 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--learning_rate=nan"], ValueError, "'learning_rate' .command line. must be a finite number, got 'nan'"),
     (["--min_lr=inf"], ValueError, "'min_lr' .command line. must be a finite number"),
     (["--profile=True", "--timing_warmup=1"], ValueError, "timing_warmup >= 2"),
-    (["--sdpa_backend=cudnn", "--attention=naive"], ValueError, "applies to attention='sdpa' only, not 'naive': "
-                                                                "leave sdpa_backend out$"),
+    (["--sdpa_backend=cudnn", "--attention=naive"], ValueError,
+     r"applies to attention='sdpa' only, not 'naive': leave sdpa_backend out \(on the CPU it picks no kernel\)$"),
     (["--sdpa_backend=flash", "--attention=flex", "--device=cpu"], ValueError,      # both ways out in one line
      "not 'flex': leave sdpa_backend out, and attention='flex' needs a CUDA GPU: use 'sdpa' or 'naive' on the CPU$"),
+    (["--sdpa_backend=flash", "--attention=auto", "--device=cpu"], ValueError,      # not --attention=sdpa, refused next
+     "not 'auto': leave sdpa_backend out \\(on the CPU it picks no kernel\\)$"),
     (["--sdpa_backend=flash", "--device=cpu"], ValueError, "use sdpa_backend='auto' on the CPU"),
     (["--sdpa_backend=cudnn", "--dtype=bfloat16", "--device=cpu"], ValueError, "use sdpa_backend='auto' on the CPU"),
     (["--sdpa_backend=flash", "--dtype=bfloat16", "--packing=False", "--device=cpu"], ValueError,
