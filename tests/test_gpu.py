@@ -858,11 +858,8 @@ def norm_kernel_miscompiled():
     permutes, which the ptxas Triton 3.6 bundles (12.8, 12.9) mis-lowers (its transposed copy wrong on an H100; right
     with ptxas 13.0: benchmarks/results/h100.md); check() refuses the flag at start there, naming the way out."""
     from speedgpt.features import cast_kernel
-    version = cast_kernel.ptxas_version(torch.device("cuda"))
-    if version and version.split(".")[0].isdigit() and int(version.split(".")[0]) < 13:
-        return (f"fp8_norm_cast's kernel needs a CUDA 13 ptxas (TRITON_PTXAS_PATH); this Triton compiles with "
-                f"ptxas {version}, whose byte permutes are wrong")
-    return ""
+    way = cast_kernel.ptxas_way_out(torch.device("cuda"))       # "" with a CUDA 13 ptxas (or one it cannot tell)
+    return f"fp8_norm_cast's kernel is mis-lowered by this Triton's ptxas: {way[len(', or '):]}" if way else ""
 
 
 @pytest.mark.parametrize("shape", [(4100, 1000), (65536, 768), (32768, 1280), (16384, 1600)])   # odd; 124M to 1.5B

@@ -80,32 +80,21 @@ def check(cfg, device):
             raise ValueError(f"{' and '.join(f'{f}=True' for f in names)}: {wrong[0][1]}; add "
                              f"{' '.join(f'--{f}=False' for f in names)}" +
                              (f" (the other{'s' if len(on) - len(names) > 1 else ''} passed)"
-                              if len(names) < len(on) else "") + _ptxas_way_out(device))
+                              if len(names) < len(on) else "") + ptxas_way_out(device))
 
 
-def ptxas_version(device):
-    """The version of the ptxas Triton compiles with for `device` (its own, or the one TRITON_PTXAS_PATH names:
-    Triton's choice, read from Triton), e.g. "12.8"; None where that cannot be told (an older Triton without knobs,
-    a ptxas that cannot say its version)."""
+def ptxas_way_out(device):
+    """The second way out of a wrong kernel: unless the ptxas Triton compiles with for `device` (its own, or the one
+    TRITON_PTXAS_PATH names: Triton's choice, read from Triton) is of CUDA 13 already, the advice to name one (13.0
+    compiled every kernel here right where Triton 3.6's own 12.8 and 12.9 did not); "" where that cannot be told."""
     try:
         import triton
         blackwell = torch.cuda.get_device_capability(device)[0] >= 10     # Triton's own split (get_ptxas)
-        return (triton.knobs.nvidia.ptxas_blackwell if blackwell else triton.knobs.nvidia.ptxas).version
-    except Exception:
-        return None
-
-
-def _ptxas_way_out(device):
-    """The second way out of a wrong kernel: unless ptxas_version(device) is of CUDA 13 already, the advice to name
-    one (13.0 compiled every kernel here right where Triton 3.6's own 12.8 and 12.9 did not); "" where that cannot
-    be told."""
-    version = ptxas_version(device)
-    try:
-        if version is None or int(version.split(".")[0]) >= 13:
+        version = (triton.knobs.nvidia.ptxas_blackwell if blackwell else triton.knobs.nvidia.ptxas).version
+        if int(version.split(".")[0]) >= 13:
             return ""
-    except ValueError:
+    except Exception:         # an older Triton without knobs, a ptxas that cannot say its version
         return ""
-    blackwell = torch.cuda.get_device_capability(device)[0] >= 10
     return (f", or set TRITON_PTXAS{'_BLACKWELL' if blackwell else ''}_PATH to a CUDA 13 ptxas (this Triton compiles "
             f"with ptxas {version})")
 
