@@ -293,6 +293,12 @@ def test_the_kernel_in_the_interpreter():
             "out = cast_kernel.run(x, torch.tensor(100.0), amax, gelu=True).float()\n"
             "want = cast_kernel.reference(x, torch.tensor(100.0), want_amax, gelu=True).float()\n"
             "assert torch.allclose(amax, want_amax) and ((out - want).abs() <= 0.5 * want.abs() + 2 ** -6).all()\n"
+            # with the transposed copy: as 32-bit words at 68 rows (run() picks them for GELU), byte by byte at 70
+            "for rows in (68, 70):\n"
+            "    out, out_t = cast_kernel.run(x[:rows], torch.tensor(100.0), torch.zeros(1), gelu=True, transpose=True)\n"
+            "    assert torch.equal(out_t.view(torch.uint8), out.view(torch.uint8).t()), rows\n"
+            "    assert torch.equal(out.view(torch.uint8), cast_kernel.run(x[:rows], torch.tensor(100.0), torch.zeros(1), "
+            "gelu=True).view(torch.uint8)), rows\n"
             "h, amax, want_amax = (torch.randn(70, 200) * 2).bfloat16(), torch.zeros(1), torch.zeros(1)\n"
             "out = cast_kernel.run(x, torch.tensor(1000.0), amax, True, gelu_input=h).float()\n"  # its backward, e5m2
             "want = cast_kernel.reference(x, torch.tensor(1000.0), want_amax, True, gelu_input=h).float()\n"
@@ -332,9 +338,36 @@ def test_each_pass_with_a_transposed_copy_compiles_without_byte_permutes(e5m2, g
     x = torch.zeros(65536, 768, dtype=torch.bfloat16)
     cast_kernel.run(x, torch.tensor(1.0), torch.zeros(1), e5m2, gelu=gelu, transpose=True,
                     gelu_input=torch.zeros_like(x) if grad else None)
-    bound = {**dict(zip([p.name for p in jit.params], launch.args)), **launch.kwargs}
+    bound = {**dict(zip([p.name for p in jit.params], launch.args)), **launch.kwargs, "PTX": True}   # a GPU's launch
     ptx = hopper_ptx(jit, bound, bound.pop("num_warps"))
     assert "st.global" in ptx and "prmt" not in ptx, ptx.count("prmt")
+    # GELU's pass writes the copy as words whose bytes come from PTX's own cvt (Triton's float8 bytes made ~43% of
+    # them wrong on an H100), each converted beside a zero: not from a bitcast of Triton's float8 values
+    assert bound["WORDS"] == gelu and ("mov.f32 z, 0f00000000;" in ptx) == gelu
+
+
+def test_only_gelus_pass_writes_words_and_only_where_the_rows_make_whole_words(monkeypatch):
+    """run() writes the transposed copy as 32-bit words for GELU's forward pass (faster there, as fast or slower in
+    the other passes on one H100) where the row count is a multiple of 4, into the copy viewed as int32; byte by byte
+    otherwise, and with WORDS off."""
+    from conftest import Launch
+    launch = Launch()
+    monkeypatch.setattr(cast_kernel, "kernel", lambda: launch)
+    x = torch.zeros(68, 200, dtype=torch.bfloat16)
+    for rows, kwargs, words in ((68, {"gelu": True}, True), (70, {"gelu": True}, False), (68, {}, False),
+                                (68, {"e5m2": True, "gelu_input": x}, False)):
+        t = torch.zeros(rows, 200, dtype=torch.bfloat16)
+        kwargs = {k: (t if k == "gelu_input" else v) for k, v in kwargs.items()}
+        cast_kernel.run(t, torch.tensor(1.0), torch.zeros(1), transpose=True, **kwargs)
+        assert launch.kwargs["WORDS"] == words, (rows, kwargs)
+        assert launch.args[3].dtype == (torch.int32 if words else torch.float8_e5m2 if kwargs.get("e5m2") else
+                                        torch.float8_e4m3fn)
+        assert (launch.kwargs["BLOCK_M"], launch.kwargs["BLOCK_N"], launch.kwargs["num_warps"]) == \
+            (cast_kernel.WORD_TILE if words else (launch.kwargs["BLOCK_M"], launch.kwargs["BLOCK_N"],
+                                                  launch.kwargs["num_warps"]))
+    monkeypatch.setattr(cast_kernel, "WORDS", False)
+    cast_kernel.run(x, torch.tensor(1.0), torch.zeros(1), gelu=True, transpose=True)
+    assert not launch.kwargs["WORDS"]
 
 
 def norm_gpt(folded, gelu=False):

@@ -14,7 +14,8 @@ same ptxas versions (the ones Triton 3.6 bundles) mis-lower the byte permutes (P
 float8 tile's layout in registers and shared memory; ptxas 13.0 compiles both right (TRITON_PTXAS_PATH chooses it).
 So each pass is laid out to need none: the casts' layout change is of the bf16 input (Triton recomputes the cast),
 GELU's derivative's of a float8 tile whose layout needs no permutes (GRAD_TILE); a CPU test compiles each for sm_90
-and finds no prmt in its PTX, and verify() checks the bytes on the GPU at hand.
+and finds no prmt in its PTX, and verify() checks the bytes on the GPU at hand. GELU's pass (the costliest: its
+bytes-by-bytes layout recomputes the erf) writes the copy as 32-bit words instead (WORDS, below).
 Measured alone (benchmarks/fp8_cast.py; BENCHMARKS.md, "The roofline of a step"). Off by default until it measures
 faster end to end.
 
@@ -59,6 +60,15 @@ BLOCK_T = 64                     # square tiles with it: each program writes run
 # ptxas 12.8 and 12.9 Triton bundles mis-lower: half the copy's bytes were foreign at 65,536 x 768 on one H100
 # (ptxas 13.0 right). This tile's layout needs no permutes, and it ran as fast (benchmarks/results/h100.md).
 GRAD_TILE, GRAD_WARPS = (32, 64), 8
+# GELU's forward pass, the row count a multiple of 4 (every training run's tokens), writes the transposed copy as
+# 32-bit words: the tile is read as four tiles of every fourth row, each giving one byte of each word, so no float8
+# tile changes its layout (the words do, as any float32 transpose) and GELU is computed once per value. Each byte
+# comes from PTX's own cvt: taken from Triton's float8 value (a bitcast to uint8), ~43% of the copy's bytes were
+# wrong under ptxas 12.8, while words made of indices alone were right. On one H100 at 65,536 x 3,072: 0.43 ms
+# against 0.68; the other passes ran no faster as words (benchmarks/results/h100.md). False: bytes for every pass
+# (the A/B's baseline). WORD_TILE: (rows, columns, warps).
+WORDS = True
+WORD_TILE = (64, 128, 4)
 _kernel = []                     # the jit function, made once (Triton imported only where the flag is on)
 _verified = {}                   # (device, shape, flags) -> verify's answer, once per process
 
@@ -108,24 +118,51 @@ def kernel():
 
     @triton.jit(do_not_specialize=["n"])
     def cast_amax_kernel(x, h, out, out_t, scale, amax, n, w, FMAX: tl.constexpr, E5M2: tl.constexpr,
-                         GELU: tl.constexpr, GELU_GRAD: tl.constexpr, TRANSPOSE: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+                         GELU: tl.constexpr, GELU_GRAD: tl.constexpr, TRANSPOSE: tl.constexpr, WORDS: tl.constexpr,
+                         PTX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        # WORDS: the transposed copy in 32-bit words (out_t an int32 view (w, n / 4), n a multiple of 4), the tile
+        # taken as four tiles of every fourth row, each giving one byte of each word
+        PARTS: tl.constexpr = 4 if WORDS else 1
+        i = tl.arange(0, BLOCK_M // PARTS)[:, None]
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        mask = (rows < n) & (cols < w)
-        at = rows.to(tl.int64) * w + cols
-        y = tl.load(x + at, mask=mask, other=0.0).to(tl.float32)
-        if GELU:             # the exact (erf) GELU: benchmarks/fp8_cast.py times the cast fused with its producer
-            y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
-        if GELU_GRAD:        # x is the gradient of GELU(h): times GELU'(h) = Phi(h) + h phi(h), as aten's gelu_backward
-            g = tl.load(h + at, mask=mask, other=0.0).to(tl.float32)
-            y = y * (0.5 * (1.0 + tl.math.erf(g * 0.7071067811865476)) + g * 0.3989422804014327 * tl.exp(-0.5 * g * g))
-        tl.atomic_max(amax, tl.max(tl.max(tl.abs(y), 1), 0))
-        y = tl.clamp(y * tl.load(scale), -FMAX, FMAX)          # saturating, as fp8.saturate
-        y8 = y.to(tl.float8e5) if E5M2 else y.to(tl.float8e4nv)
-        tl.store(out + at, y8, mask=mask)
-        if TRANSPOSE:                                           # out_t (w, n): element (c, r) at c * n + r
-            tl.store(out_t + cols.to(tl.int64) * n + rows, y8, mask=mask)
+        s = tl.load(scale)
+        m = tl.zeros((), tl.float32)
+        word = tl.zeros((BLOCK_M // PARTS, BLOCK_N), tl.uint32)
+        for j in tl.static_range(PARTS):
+            rows = tl.program_id(0) * BLOCK_M + PARTS * i + j
+            mask = (rows < n) & (cols < w)
+            at = rows.to(tl.int64) * w + cols
+            y = tl.load(x + at, mask=mask, other=0.0).to(tl.float32)
+            if GELU:         # the exact (erf) GELU: benchmarks/fp8_cast.py times the cast fused with its producer
+                y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
+            if GELU_GRAD:    # x is the gradient of GELU(h): times GELU'(h) = Phi(h) + h phi(h), as aten's gelu_backward
+                g = tl.load(h + at, mask=mask, other=0.0).to(tl.float32)
+                y = y * (0.5 * (1.0 + tl.math.erf(g * 0.7071067811865476)) +
+                         g * 0.3989422804014327 * tl.exp(-0.5 * g * g))
+            m = tl.maximum(m, tl.max(tl.max(tl.abs(y), 1), 0))
+            y = tl.clamp(y * s, -FMAX, FMAX)                    # saturating, as fp8.saturate
+            y8 = y.to(tl.float8e5) if E5M2 else y.to(tl.float8e4nv)
+            tl.store(out + at, y8, mask=mask)
+            if WORDS:        # the byte, zero-extended to 32 bits: on a GPU (PTX) by PTX's own cvt to a float8 pair
+                if PTX:
+                    if E5M2:
+                        b = tl.inline_asm_elementwise("{ .reg .b16 t; .reg .f32 z; mov.f32 z, 0f00000000; "
+                                                      "cvt.rn.satfinite.e5m2x2.f32 t, z, $1; cvt.u32.u16 $0, t; }",
+                                                      "=r,r", [y], dtype=tl.uint32, is_pure=True, pack=1)
+                    else:
+                        b = tl.inline_asm_elementwise("{ .reg .b16 t; .reg .f32 z; mov.f32 z, 0f00000000; "
+                                                      "cvt.rn.satfinite.e4m3x2.f32 t, z, $1; cvt.u32.u16 $0, t; }",
+                                                      "=r,r", [y], dtype=tl.uint32, is_pure=True, pack=1)
+                else:        # Triton's interpreter (no PTX)
+                    b = y8.to(tl.uint8, bitcast=True).to(tl.uint32)
+                word = word | (b << (8 * j))
+            elif TRANSPOSE:                                     # out_t (w, n): element (c, r) at c * n + r
+                tl.store(out_t + cols.to(tl.int64) * n + rows, y8, mask=mask)
+        tl.atomic_max(amax, m)
+        if WORDS:                                               # word (c, r) at c * n / 4 + r
+            r4 = tl.program_id(0) * (BLOCK_M // 4) + i
+            tl.store(out_t + cols.to(tl.int64) * (n // 4) + r4, word.to(tl.int32, bitcast=True),
+                     mask=(r4 < n // 4) & (cols < w))
 
     @triton.jit(do_not_specialize=["n"])
     def norm_cast_amax_kernel(x, weight, bias, out, out_t, mean, rstd, scale, amax, n, w, eps, FMAX: tl.constexpr,
@@ -194,9 +231,9 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
     e4m3 (e5m2) with saturation, and folds its largest magnitude into
     amax (a float32 tensor of one element, a view into a layer's history allowed) in place. transpose: returns
     (out, out_t), out_t (w, n) row-major the same bytes transposed. block: the tile (rows, columns), by default
-    BLOCK_M x BLOCK_N, or BLOCK_T square with transpose (GRAD_TILE with gelu_input and transpose); num_warps: Triton's
-    (by default 4, GRAD_WARPS at GRAD_TILE with gelu_input and transpose). out: the tensors to write (verify's, filled
-    first), else new ones."""
+    BLOCK_M x BLOCK_N, or BLOCK_T square with transpose (GRAD_TILE with gelu_input and transpose; WORD_TILE with gelu,
+    transpose and n a multiple of 4, the copy then written as words); num_warps: Triton's (by default 4, GRAD_WARPS
+    at GRAD_TILE, WORD_TILE's with words). out: the tensors to write (verify's, filled first), else new ones."""
     x = x.contiguous()
     h = x if gelu_input is None else gelu_input.contiguous()
     n, w = x.shape
@@ -204,13 +241,19 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
     if out is None:
         out = (torch.empty((n, w), dtype=dtype, device=x.device),) + \
             ((torch.empty((w, n), dtype=dtype, device=x.device),) if transpose else ())
-    block_m, block_n = block or (GRAD_TILE if transpose and gelu_input is not None else
-                                 (BLOCK_T, BLOCK_T) if transpose else (BLOCK_M, BLOCK_N))
-    grad_tile = transpose and gelu_input is not None and (block_m, block_n) == GRAD_TILE
+    words = WORDS and transpose and gelu and n % 4 == 0
+    if words:
+        block_m, block_n, warps = WORD_TILE
+        block_m, block_n = block or (block_m, block_n)
+    else:
+        block_m, block_n = block or (GRAD_TILE if transpose and gelu_input is not None else
+                                     (BLOCK_T, BLOCK_T) if transpose else (BLOCK_M, BLOCK_N))
+        warps = GRAD_WARPS if transpose and gelu_input is not None and (block_m, block_n) == GRAD_TILE else 4
     grid = (-(-n // block_m), -(-w // block_n))
-    kernel()[grid](x, h, out[0], out[-1], scale, amax, n, w, FMAX=torch.finfo(dtype).max, E5M2=e5m2, GELU=gelu,
-                   GELU_GRAD=gelu_input is not None, TRANSPOSE=transpose, BLOCK_M=block_m, BLOCK_N=block_n,
-                   num_warps=num_warps or (GRAD_WARPS if grad_tile else 4))
+    kernel()[grid](x, h, out[0], out[-1].view(torch.int32) if words else out[-1], scale, amax, n, w,
+                   FMAX=torch.finfo(dtype).max, E5M2=e5m2, GELU=gelu, GELU_GRAD=gelu_input is not None,
+                   TRANSPOSE=transpose, WORDS=words, PTX=x.is_cuda, BLOCK_M=block_m, BLOCK_N=block_n,
+                   num_warps=num_warps or warps)
     return tuple(out) if transpose else out[0]
 
 
