@@ -30,7 +30,8 @@ bytes). Ways:
                         cast_kernel.py, the flag fp8_cast_kernel: 2-D tiles, each tile's max folded in with one
                         atomic max), for gelu, plain and gelu_backward; needs Triton on a GPU; and the same
                         with the transposed copy written in the same pass (what fp8_cast_kernel and
-                        fp8_gelu_cast run in training); for layernorm fp8_norm_cast's kernel (whole rows, the
+                        fp8_gelu_cast run in training; gelu's as 32-bit words, as shipped, and byte by
+                        byte, as the other passes write it); for layernorm fp8_norm_cast's kernel (whole rows, the
                         transposed copy and the row statistics; as it ships, and at 32 rows a program). Every
                         input here is bf16; in training the LayerNorm reads the float32 residual stream
 
@@ -107,6 +108,15 @@ def amax_of_float8(y8, scale):
     return top.view(E4M3).float() / scale
 
 
+def bytes_only(f):
+    """f() with cast_kernel's transposed copy written byte by byte (WORDS off)."""
+    words, cast_kernel.WORDS = cast_kernel.WORDS, False
+    try:
+        return f()
+    finally:
+        cast_kernel.WORDS = words
+
+
 def measure(tokens, width, device, iters, compiled=True, names=None):
     """Rows (dicts): producer, way, ms, share of the copy rate; for the producers `names` (default all)."""
     torch.manual_seed(0)
@@ -140,6 +150,9 @@ def measure(tokens, width, device, iters, compiled=True, names=None):
             fns["delayed + amax, Triton (ours)"] = lambda x, s: cast_kernel.run(x[:tokens], s, amax, **ours)
             fns["delayed + amax, transposed too, Triton (ours)"] = \
                 lambda x, s: cast_kernel.run(x[:tokens], s, amax, transpose=True, **ours)
+            if pname == "gelu":               # its copy as shipped is 32-bit words; byte by byte as the other passes
+                fns["delayed + amax, transposed too, Triton (ours), byte by byte"] = \
+                    lambda x, s: bytes_only(lambda: cast_kernel.run(x[:tokens], s, amax, transpose=True, **ours))
         for name, f in fns.items():
             ms = cuda_time_ms(lambda: f(x, scale), 3, iters, device)
             written = 2 if name == "bf16 out" or "transposed too" in name else 1      # bytes per element

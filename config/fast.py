@@ -38,7 +38,8 @@ fp8_recipe = "tensorwise_delayed"   # ... delayed scales from the last steps' am
 fp8_min_dim = 768                   # ... at GPT-2 124M's width too (the default 1024 leaves 768 wide in bf16)
 fp8_gelu_cast = True                # ... GELU in c_proj's input cast, its derivative in c_fc's gradient cast, one
                                     # Triton pass each: +3.0% tokens/s on one H100 at one step per micro-batch, the
-                                    # loss within the seed spread (BENCHMARKS.md, "The roofline of a step")
+                                    # loss within the seed spread, +3.2% more since its copy is written as words
+                                    # (BENCHMARKS.md, "The roofline of a step")
 fused_ce_chunk = 65536              # one chunk per micro-batch (faster, more memory); with --compile=False give 16384:
                                     # uncompiled, a chunk holds ~4 float32 (chunk, vocab) temporaries
 packing = True

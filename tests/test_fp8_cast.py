@@ -2,6 +2,7 @@
 import os
 import sys
 
+import pytest
 import torch
 
 from conftest import ROOT
@@ -24,7 +25,6 @@ def test_the_dynamic_ways_give_torchaos_cast_and_the_script_prints_every_row(cap
 
 
 def test_bad_sizes_and_producers_are_one_line():
-    import pytest
     with pytest.raises(SystemExit, match="--tokens 0, --iters -1: each must be at least 1"):
         fp8_cast.main(["--device", "cpu", "--eager", "--tokens", "0", "--iters", "-1"])
     with pytest.raises(SystemExit, match="unknown foo; the producers are"):
@@ -43,3 +43,12 @@ def test_the_amax_read_back_from_the_float8_bytes():
     got = fp8_cast.amax_of_float8(fp8_cast.cast(y, scale), scale)
     assert abs(got.item() - 11.3) <= 11.3 / 16
     assert abs(fp8_cast.amax_of_float8(fp8_cast.cast(y, scale * 100), scale * 100).item() - 0.16) < 1e-6
+
+
+def test_the_byte_by_byte_row_turns_the_words_off_for_its_call_alone():
+    """The gelu row "byte by byte" times cast_kernel with WORDS off, and leaves it as it was, after an error too."""
+    from speedgpt.features import cast_kernel
+    assert cast_kernel.WORDS and fp8_cast.bytes_only(lambda: cast_kernel.WORDS) is False and cast_kernel.WORDS
+    with pytest.raises(ZeroDivisionError):
+        fp8_cast.bytes_only(lambda: 1 / 0)
+    assert cast_kernel.WORDS
