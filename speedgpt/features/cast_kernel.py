@@ -47,6 +47,7 @@ elsewhere the same math in PyTorch ops (reference: the tests' CPU path). check()
 run, and runs the kernel once against reference() on the GPU at hand (verify), so that a Triton that miscompiles it
 stops the run before it starts instead of training on wrong bytes.
 """
+import itertools
 from typing import Optional
 
 import torch
@@ -326,7 +327,7 @@ def verify(device, shape=(1000, 1200), flags=FLAGS):
     """Run the kernels the flags of `flags` use as training runs them (with the transposed copy): fp8_cast_kernel's
     cast in both float8 formats, fp8_gelu_cast's with GELU in e4m3 and with GELU's derivative in e5m2 (its forward
     and backward), fp8_norm_cast's LayerNorm (_verify_norm), on random bf16 values (a shape its tiles do not divide,
-    some values past the range) and compare with reference(): None, or a line saying what differs. A flag is not
+    and two rows more; some values past the range) and compare with reference(): None, or a line saying what differs. A flag is not
     refused for a kernel it does not run. Each output starts as NaN bytes, so a value the kernel never wrote shows.
     Without GELU every byte and the amax must be equal. With it, Triton's erf and exp and PyTorch's may differ in the
     last bit, which moves a byte at a rounding boundary by one float8 step (under 1e-3 of them), and below -3, where
@@ -337,15 +338,18 @@ def verify(device, shape=(1000, 1200), flags=FLAGS):
     if key in _verified:
         return _verified[key]
     gen = torch.Generator(device).manual_seed(0)
-    x = (3 * torch.randn(shape, device=device, generator=gen)).bfloat16()
-    h = (3 * torch.randn(shape, device=device, generator=gen)).bfloat16()
+    # the shape and two rows more: GELU's pass writes its copy as words where the rows are a multiple of 4 (WORDS)
+    rows = (shape[0], shape[0] + 2)
+    x_all = (3 * torch.randn((rows[1], shape[1]), device=device, generator=gen)).bfloat16()
+    h_all = (3 * torch.randn((rows[1], shape[1]), device=device, generator=gen)).bfloat16()
     problem = None
-    for e5m2, gelu, derivative, scale in (case for f in flags for case in CASES[f]):
+    for (e5m2, gelu, derivative, scale), n in itertools.product((c for f in flags for c in CASES[f]), rows):
+        x, h = x_all[:n], h_all[:n]
         grad = h if derivative else None
         s = torch.tensor(scale, device=device)
         got_amax, want_amax = torch.zeros(1, device=device), torch.zeros(1, device=device)
         want = reference(x, s, want_amax, e5m2, gelu, grad)
-        nan = [torch.full(t, 0xFF, dtype=torch.uint8, device=device).view(want.dtype) for t in (shape, shape[::-1])]
+        nan = [torch.full(t, 0xFF, dtype=torch.uint8, device=device).view(want.dtype) for t in (x.shape, x.shape[::-1])]
         got, got_t = run(x, s, got_amax, e5m2, gelu=gelu, transpose=True, out=nan, gelu_input=grad)
         moved = (got.view(torch.uint8) != want.view(torch.uint8))
         transposed = (got_t.view(torch.uint8) != got.view(torch.uint8).t()).sum().item()
@@ -364,7 +368,8 @@ def verify(device, shape=(1000, 1200), flags=FLAGS):
             import triton
             what = " after GELU" if gelu else " times GELU's derivative" if grad is not None else ""
             problem = (f"Triton {triton.__version__} compiled the cast kernel wrongly on this GPU ("
-                       f"{'e5m2' if e5m2 else 'e4m3'}{what}: {_bytes(moved.sum().item())} from the PyTorch cast, "
+                       f"{'e5m2' if e5m2 else 'e4m3'}{what} at {n} x {shape[1]}: {_bytes(moved.sum().item())} "
+                       f"from the PyTorch cast, "
                        f"{transposed} in the transposed copy from the bytes transposed, amax "
                        f"{got_amax.item():.6g} against "
                        f"{want_amax.item():.6g})")
