@@ -64,10 +64,10 @@ GRAD_TILE, GRAD_WARPS = (32, 64), 8
 # GELU's forward pass, the row count a multiple of 4 (every training run's tokens), writes the transposed copy as
 # 32-bit words: the tile is read as four tiles of every fourth row, each giving one byte of each word, so no float8
 # tile changes its layout (the words do, as any float32 transpose) and GELU is computed once per value. Each byte
-# comes from PTX's own cvt: taken from Triton's float8 value (a bitcast to uint8), ~43% of the copy's bytes were
-# wrong under ptxas 12.8, while words made of indices alone were right. On one H100 at 65,536 x 3,072: 0.43 ms
-# against 0.68; the other passes ran no faster as words (benchmarks/results/h100.md). False: bytes for every pass
-# (the A/B's baseline). WORD_TILE: (rows, columns, warps).
+# comes from PTX's own cvt: taken from Triton's float8 value (a bitcast to uint8), much of the copy was wrong under
+# ptxas 12.8, while words made of indices alone were right. Faster for GELU's pass; the other passes ran no faster
+# as words (BENCHMARKS.md, "The roofline of a step"). False: bytes for every pass (the A/B's baseline). WORD_TILE:
+# (rows, columns, warps).
 WORDS = True
 WORD_TILE = (64, 128, 4)
 _kernel = []                     # the jit function, made once (Triton imported only where the flag is on)
