@@ -358,8 +358,9 @@ def make_out(out, parser):
 def main(argv=None):
     import configurator
     from configurator import FlagParser
-    parser = FlagParser(prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="config/fast.py")
+    parser = FlagParser(prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                        passes_on=configurator.Config.__dataclass_fields__)
+    parser.add_argument("--config", default="config/fast.py", help="the preset whose flags the ladder turns on")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per rung")
     parser.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps per rung (compile)")
     parser.add_argument("--start", type=int, default=1, help="first ladder rung to run (1 = baseline)")
@@ -370,9 +371,9 @@ def main(argv=None):
                     "config, steps, warm-up and arguments (a bench cut short continues)")
     parser.add_argument("--batch_size", type=int, default=16, help="micro-batch of every rung (the float32 "
                         "baseline's naive (T, T) attention must fit: 34 GB at 16 x 1024 for GPT-2 124M)")
-    parser.add_argument("--out", default="bench_out")
+    parser.add_argument("--out", default="bench_out", help="folder for the table (bench.md), its numbers and rows.jsonl")
     parser.add_bool("--find_max_batch", help="report the largest micro-batch that fits")
-    parser.add_argument("--max_batch", type=int, default=512)
+    parser.add_argument("--max_batch", type=int, default=512, help="the largest micro-batch --find_max_batch tries")
     parser.add_argument("extra", nargs="*", help="after --: train.py overrides for every rung, e.g. -- --n_layer=6 "
                         "--data_dir=data/stories_gpt2")
     args = parser.parse_args(argv)

@@ -18,6 +18,7 @@ them, each with a note.
 import argparse
 import ast
 import difflib
+import glob
 import os
 import re
 import sys
@@ -270,8 +271,9 @@ class FlagParser(argparse.ArgumentParser):
     flag answered with the closest known one, and every error one line, `error: ...` on stderr, exit
     status 2 (argparse's, for a usage error), without the usage block."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, passes_on=(), **kwargs):
         super().__init__(*args, allow_abbrev=False, **kwargs)
+        self.passes_on = set(passes_on)      # keys given to train.py after `--` (bench.py's): named so when before it
 
     def add_bool(self, name, help=None):
         """A bool flag as train.py takes one: --name (True), --name=True/False or --name True/False."""
@@ -299,6 +301,8 @@ class FlagParser(argparse.ArgumentParser):
             word = extra[0]
             if not word.startswith("--"):
                 self.error(f"cannot parse argument {word!r}: use --key=value or --key value")
+            if word[2:].split("=")[0] in self.passes_on:
+                self.error(f"{word.split('=')[0]} is train.py's: give it after `--` (python {self.prog} ... -- {word})")
             known = [o for a in self._actions for o in a.option_strings if o.startswith("--") and o != "--help"]
             self.error(f"unknown flag {word.split('=')[0]!r}: "
                        + did_you_mean(word.split("=")[0], known, f"python {self.prog} --help lists every flag"))
@@ -356,8 +360,11 @@ def load_config(argv, with_explicit=False):
     theirs, given = None, set()      # the first config file of nanoGPT's; every key set, nanoGPT's too
     for i, path in enumerate(files):
         if not os.path.isfile(path):
+            presets = sorted(glob.glob(os.path.join(os.path.dirname(path) or ".", "*.py")))[:12]
             raise FileNotFoundError(f"config file {path!r} "
-                                    + ("is a folder, not a file" if os.path.isdir(path) else "not found"))
+                                    + ("is a folder, not a file" if os.path.isdir(path) else "not found")
+                                    + (f" (beside it: {', '.join(presets)})" if presets and not os.path.isdir(path)
+                                       else ""))
         ns, how = {}, "config files are Python assignments, one key each (n_layer = 12), as config/*.py"
         if path.endswith((".json", ".jsonl")):      # a run's config.json is its record, not a config file
             raise ValueError(f"config file {path!r} is JSON: {how}; a run's config.json is a record of it")
@@ -398,7 +405,7 @@ def load_config(argv, with_explicit=False):
     if values.get("packing") is False and values.get("document_mask") is True:    # each row is one document then
         if setter["document_mask"] >= setter["packing"]:
             raise ValueError("document_mask=True masks the documents packing puts in one row; with packing=False "
-                             "each row holds one document: leave document_mask out, or packing=False")
+                             "each row holds one document: leave out document_mask, or packing=False to pack documents")
         values.pop("document_mask")                                      # a preset's, before packing=False
     explicit, defaults = set(values), {f.name: f.default for f in fields(Config)}
     if theirs:                       # beneath a config file of nanoGPT's: its defaults, as there

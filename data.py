@@ -426,10 +426,10 @@ def main(argv=None):
     parser.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"])
     parser.add_argument("--text_field", default="text",
                         help="the document's field (JSON) or column (parquet, datasets)")
-    parser.add_argument("--val_frac", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--val_frac", type=float, default=0.05, help="share of the documents held out for val")
+    parser.add_argument("--seed", type=int, default=1337, help="which documents go to val")
     parser.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: one per CPU)")
-    parser.add_argument("--shard_tokens", type=int, default=SHARD_TOKENS)
+    parser.add_argument("--shard_tokens", type=int, default=SHARD_TOKENS, help="tokens per .bin shard file")
     parser.add_argument("--max_tokens", type=int, default=None,
                         help="stop after the document that reaches this many tokens")
     parser.add_argument("--encoding", default="utf-8", help="of text and JSON inputs: a Python codec (latin-1, "

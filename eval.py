@@ -31,6 +31,7 @@ import torch
 from configurator import FlagParser
 from data import get_tokenizer
 from sample import load_model
+from speedgpt.checkpoint import checkpoint_file
 from speedgpt import hellaswag
 from speedgpt.distributed import leave, print0, setup_processes
 
@@ -46,7 +47,7 @@ def check_source(args):
     from configurator import HF_GPT2
     where = args.init_from
     if not where:
-        path = os.path.join(args.out_dir, "ckpt.pt")
+        path = checkpoint_file(args.out_dir)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no checkpoint at {path}: train first (python train.py --out_dir={args.out_dir})")
     elif where not in HF_GPT2 and os.path.isfile(where):      # a checkpoint file: the flag that takes it

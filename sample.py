@@ -21,7 +21,7 @@ import torch
 
 from configurator import FlagParser
 from model import GPT, GPTConfig
-from speedgpt.checkpoint import load_checkpoint, load_weights
+from speedgpt.checkpoint import checkpoint_file, load_checkpoint, load_weights
 from speedgpt.corpus import tokenizer_for
 
 
@@ -30,7 +30,7 @@ def load_model(out_dir, device):
     (eval.py): no dropout, no FP8 head. Without the document mask, attention varlen (bf16/fp16 kernels
     only) and flex on the CPU become sdpa, the same math. Raises FileNotFoundError (no checkpoint) or
     ValueError (unreadable, or weights that do not fit), each in one line."""
-    path = f"{out_dir}/ckpt.pt"
+    path = checkpoint_file(out_dir)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}: train first (python train.py --out_dir={out_dir})")
     ckpt = load_checkpoint(path, required=("model", "config", "meta"))   # no optimizer state needed
@@ -65,9 +65,11 @@ def whole(least, note=""):
 
 def main(argv=None):
     parser = FlagParser(prog="sample.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out_dir", default="out", help="folder holding ckpt.pt")
+    parser.add_argument("--out_dir", default="out", help="folder holding ckpt.pt, or a checkpoint file "
+                        "(a kept step: out/ckpt_step000500.pt)")
     parser.add_argument("--start", default="def ", help="prompt; FILE:path reads it from a file")
-    parser.add_argument("--num_samples", type=whole(1), default=2)
+    parser.add_argument("--num_samples", type=whole(1), help="samples to draw (default 2; 1 with --temperature=0, "
+                        "where every sample is the same)")
     parser.add_argument("--max_new_tokens", type=whole(1), default=300)
     parser.add_argument("--temperature", type=temperature, default=0.8,
                         help="a finite number >= 0; 0: greedy (the likeliest token each time; top_k does nothing)")
@@ -80,6 +82,7 @@ def main(argv=None):
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU, else Apple's MPS, else the CPU: "
                         "train.py's default) | cpu | cuda | cuda:N | mps")
     args = parser.parse_args(argv)
+    args.num_samples = args.num_samples or (1 if args.temperature == 0 else 2)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):

@@ -78,8 +78,9 @@ def check_flags(cfg, proc, skip=()):
         if module is hellaswag:                    # it may download its file: what is refused comes first
             if gpu_sized and refuse.found and cfg.eval_tokens > 65536:   # beside what is refused, what is slow here
                 refuse.found.append(ValueError(f"on a CPU, steps of {cfg.total_batch_size:,} tokens and evaluations of "
-                                               f"{cfg.eval_tokens:,} are slow: add --total_batch_size=0 (one "
-                                               "micro-batch a step) and --eval_tokens=16384"))
+                                               f"{cfg.eval_tokens:,} are slow (a GPU preset's micro-batch alone takes "
+                                               "minutes): add --total_batch_size=0 (one micro-batch a step) and "
+                                               "--eval_tokens=16384"))
             if gpu_sized:
                 refuse.raise_all(f"a GPU-sized run (steps of {cfg.total_batch_size:,} tokens) on the CPU",
                                  "train on a CPU at the quickstart's size (python train.py)", said=cpu_way)

@@ -92,6 +92,12 @@ def model_state(model, optimizer=None, cpu=True):
     return sd if optimizer is None else (sd, get_optimizer_state_dict(model, optimizer, options=opts))
 
 
+def checkpoint_file(out_dir):
+    """The checkpoint sampling and evaluation read: out_dir/ckpt.pt, or out_dir itself when it names a file (a kept
+    step, out/ckpt_step000500.pt, when ckpt.pt is damaged or a run's earlier model is wanted)."""
+    return out_dir if os.path.isfile(out_dir) else os.path.join(out_dir, "ckpt.pt")
+
+
 def load_checkpoint(path, required=CKPT_KEYS, missing=""):
     """The dict save_checkpoint wrote at `path` (on the CPU). Raises FileNotFoundError if there is none,
     ValueError if it cannot be read or lacks a key of `required` (a nanoGPT checkpoint, say); a resume
@@ -103,7 +109,8 @@ def load_checkpoint(path, required=CKPT_KEYS, missing=""):
     except Exception as e:
         others = [s for s, p in sorted(saved_steps(os.path.dirname(path) or ".").items())
                   if not os.path.samefile(p, path)]
-        hint = (f" The kept steps {', '.join(map(str, others))} may still load (train.py: --resume_from=STEP)"
+        hint = (f" The kept steps {', '.join(map(str, others))} may still load (train.py --resume_from={others[-1]}; "
+                f"sample.py and eval.py --out_dir={saved_steps(os.path.dirname(path) or '.')[others[-1]]})"
                 if others else "")
         raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?{hint}") from e
     missing = [k for k in required if k not in ckpt] if isinstance(ckpt, dict) else list(required)

@@ -159,7 +159,8 @@ def iter_texts(path, text_field="text", report=None):
     if path.startswith("hf:"):
         return _hf_dataset(path[3:], text_field, report)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"input {path} does not exist")
+        raise FileNotFoundError(f"input {path} does not exist: give a text, .jsonl or .parquet file, a folder of "
+                                "them, or hf:NAME for a Hugging Face dataset (docs/data.md)")
     if os.path.isdir(path) and (_prepared(path) or os.path.isfile(os.path.join(path, "train.bin"))):
         raise ValueError(f"input {path} is prepared data already (token shards, ours or nanoGPT's train.bin), not a "
                          f"corpus: train on it as it is, python train.py --data_dir={path}")
@@ -300,8 +301,10 @@ def _record_text(record, text_field, where):
     if isinstance(record, str):
         return record
     if not isinstance(record, dict) or text_field not in record:
+        texts = [k for k, v in record.items() if isinstance(v, str)] if isinstance(record, dict) else []
         raise ValueError(f"{where}: expected a JSON object with a {text_field!r} field, got "
-                         + (f"fields {', '.join(record)}" if isinstance(record, dict) else type(record).__name__))
+                         + (f"fields {', '.join(record)}" if isinstance(record, dict) else type(record).__name__)
+                         + (f": name the documents' field with --text_field (--text_field={texts[0]}?)" if texts else ""))
     if not isinstance(record[text_field], str):
         raise ValueError(f"{where}: {text_field!r} must be a string, got {type(record[text_field]).__name__}")
     return record[text_field]

@@ -324,6 +324,12 @@ def find_shards(data_dir, split):
     if not paths and os.path.isfile(os.path.join(data_dir, f"{split}.bin")):       # nanoGPT's folder
         paths = [os.path.join(data_dir, f"{split}.bin")]
     names = [] if paths else [n for n in os.listdir(data_dir) if not n.startswith(".")]
+    prepared = sorted(n for n in names if os.path.isfile(os.path.join(data_dir, n, "meta.json")))
+    if prepared:              # the folder above prepared data (data/ itself)
+        raise FileNotFoundError(f"data folder {data_dir!r} holds no shards but prepared data folder"
+                                f"{'s' * (len(prepared) > 1)} of its own: pass one, --data_dir="
+                                + " or ".join(os.path.join(data_dir, n) for n in prepared[:3])
+                                + (", ..." if len(prepared) > 3 else ""))
     if names and not any(n.endswith(".bin") or OUR_FILE.fullmatch(n) for n in names):    # a corpus, not shards
         out = os.path.join("data", os.path.basename(os.path.normpath(data_dir)))
         out += "_tokens" if os.path.realpath(out) == os.path.realpath(data_dir) else ""

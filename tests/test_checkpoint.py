@@ -5,6 +5,7 @@ leaving no temp file, and an out_dir that cannot be written refused before any w
 import json
 import math
 import os
+import re
 import shutil
 import sys
 
@@ -330,9 +331,18 @@ def test_a_corrupt_ckpt_pt_points_at_the_kept_checkpoints(byte_data, tmp_path):
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=8"))
     (tmp_path / "ckpt.pt").unlink()
     (tmp_path / "ckpt.pt").write_bytes(b"garbage")              # a file of its own, not the step file's link
+    import sample
+    kept = tmp_path / "ckpt_step000008.pt"
     with pytest.raises(ValueError, match=r"cannot be read \(UnpicklingError\); is it corrupt\? The kept steps 4, 8 may "
-                                         r"still load \(train.py: --resume_from=STEP\)"):
+                                         rf"still load \(train.py --resume_from=8; sample.py and eval.py "
+                                         rf"--out_dir={re.escape(str(kept))}\)$"):
         train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=10"))
+    # sampling takes a kept step's file as its out_dir (ckpt.pt is damaged): that step's model
+    model, _ = sample.load_model(str(kept), "cpu")
+    want = checkpoint.load_checkpoint(str(kept))["model"]
+    assert all(torch.equal(v, want[k]) for k, v in model.state_dict().items() if k in want)
+    with pytest.raises(ValueError, match="is it corrupt"):
+        sample.load_model(str(tmp_path), "cpu")
 
 
 def test_an_out_dir_that_cannot_be_made_names_why(tmp_path):

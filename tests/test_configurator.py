@@ -114,6 +114,8 @@ def run_script(main, argv, capsys):
     (bench.main, ["--step", "1"], "error: unknown flag '--step': did you mean --steps? "
                                   "(python bench.py --help lists every flag)"),
     (bench.main, ["--xyzzy"], "error: unknown flag '--xyzzy': python bench.py --help lists every flag"),
+    (bench.main, ["--n_layer=2"], "error: --n_layer is train.py's: give it after `--` (python bench.py ... -- "
+                                  "--n_layer=2)"),
     (sample.main, ["--start", "--num_samples=1"], "error: --start needs a value: --start=VALUE or --start VALUE "
                                                   "(a value that starts with -- takes the = form)"),
     (bench.main, ["--resume", "yes"], "error: argument --resume: must be True or False, got 'yes'"),
@@ -395,10 +397,17 @@ def test_document_mask_without_packing_is_refused_unless_packing_came_later(tmp_
     """document_mask=True with packing=False would do nothing (each row is one document): refused when set with or
     after packing=False; a config file's document_mask=True is dropped by a later --packing=False."""
     with pytest.raises(ValueError, match=r"^document_mask=True masks the documents packing puts in one row; .* "
-                                         r"leave document_mask out, or packing=False$"):
+                                         r"leave out document_mask, or packing=False to pack documents$"):
         configurator.load_config(["--packing=False", "--document_mask=True"])
     preset = tmp_path / "masked.py"
     preset.write_text("document_mask = True\n")
     cfg = configurator.load_config(["--config", str(preset), "--packing=False"])
     assert (cfg.packing, cfg.document_mask) == (False, True)      # the default; the run makes it False (attention)
     assert configurator.load_config(["--document_mask=False", "--packing=False"]).document_mask is False
+
+
+def test_a_missing_config_file_names_the_ones_beside_it():
+    """--config config/nope.py: the line names the presets in config/, so the user sees the right name."""
+    with pytest.raises(FileNotFoundError, match=r"^config file 'config/nope.py' not found \(beside it: "
+                                                r"config/baseline.py, .*config/fast.py, "):
+        configurator.load_config(["--config", "config/nope.py"])

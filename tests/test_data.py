@@ -82,7 +82,8 @@ def test_text_field_and_max_tokens(tmp_path):
     meta = data.prepare(str(tmp_path / "d.jsonl"), str(tmp_path / "o"), "byte", val_frac=0.0, workers=1,
                         text_field="body", max_tokens=100)
     assert meta["train_docs"] == 8 and meta["train_tokens"] == 104      # stops after the document reaching 100
-    with pytest.raises(ValueError, match=r"d.jsonl:1: expected a JSON object with a 'text' field"):
+    with pytest.raises(ValueError, match=r"d.jsonl:1: expected a JSON object with a 'text' field, got fields body: "
+                                         r"name the documents' field with --text_field \(--text_field=body\?\)$"):
         data.prepare(str(tmp_path / "d.jsonl"), str(tmp_path / "x"), "byte", workers=1)
 
 

@@ -71,6 +71,8 @@ def test_good_flags_sample(byte_data, tmp_path, capsys):
                      "--temperature=0", f"--seed={seed}", "--start=def"])
     zero = capsys.readouterr().out.split("-" * 60 + "\n")[:-1]
     assert zero == greedy[:1] * 4, (zero, greedy)
+    sample.main([f"--out_dir={tmp_path}", "--device=cpu", "--max_new_tokens=8", "--temperature=0", "--start=def"])
+    assert capsys.readouterr().out.split("-" * 60 + "\n")[:-1] == greedy[:1]     # greedy: one sample unless asked
 
 
 def test_kv_cache_flag(byte_data, tmp_path, capsys, monkeypatch):

@@ -113,6 +113,21 @@ def test_data_dir_given_a_corpus_file_suggests_a_command_that_works(tmp_path, mo
         data.find_shards("train_000000.bin", "train")
 
 
+def test_data_dir_given_the_folder_above_prepared_data_names_them(tmp_path, monkeypatch):
+    """--data_dir=data, which holds prepared folders (data.py's meta.json in each): the line names them to pass,
+    not a data.py command that would tokenize them again; the named folder trains."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("b_tokens", "a_tokens"):
+        os.makedirs(os.path.join("data", name))
+        data.write_shard(os.path.join("data", name, "train_000000.bin"), np.arange(100) % 7)
+        (tmp_path / "data" / name / "meta.json").write_text('{"vocab_size": 7}')
+    (tmp_path / "data" / "notes.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match=r"^data folder 'data' holds no shards but prepared data folders of "
+                                                r"its own: pass one, --data_dir=data/a_tokens or data/b_tokens$"):
+        data.find_shards("data", "train")
+    assert data.find_shards("data/a_tokens", "train") == ["data/a_tokens/train_000000.bin"]
+
+
 def test_data_dir_given_a_folder_of_text_suggests_preparing_it_elsewhere(tmp_path, monkeypatch):
     """A corpus folder passed as --data_dir: the data.py command that prepares it into data/NAME (not into
     itself, which data.py refuses), and that command works."""

@@ -167,7 +167,8 @@ def test_a_gpu_preset_on_the_cpu_is_refused_once_naming_every_change(tmp_path, m
                                                 "needs, at once: [1] fp8=True and fp8_head=True need a GPU"), line
     assert re.search(r"\[2\] head_kernel=True runs Triton kernels on a CUDA GPU.*; \[3\] this run needs about "
                      r"[\d.]+ GB per process .*; \[4\] could not load tiktoken's GPT-2 files .*; \[5\] on a CPU, steps "
-                     r"of 524,288 tokens and evaluations of 524,288 are slow: add "
+                     r"of 524,288 tokens and evaluations of 524,288 are slow \(a GPU preset's micro-batch alone "
+                     r"takes minutes\): add "
                      r"--total_batch_size=0 .*; or train on a CPU at the quickstart's size \(python train.py\)$",
                      line), line
     assert not unprepared.exists() and not (tmp_path / "out" / "config.json").exists()
