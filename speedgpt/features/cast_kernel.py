@@ -15,7 +15,7 @@ float8 tile's layout in registers and shared memory; ptxas 13.0 compiles both ri
 So each pass is laid out to need none: the casts' layout change is of the bf16 input (Triton recomputes the cast),
 GELU's derivative's of a float8 tile whose layout needs no permutes (GRAD_TILE); a CPU test compiles each for sm_90
 and finds no prmt in its PTX, and verify() checks the bytes on the GPU at hand. GELU's pass (the costliest: its
-bytes-by-bytes layout recomputes the erf) writes the copy as 32-bit words instead (WORDS, below).
+byte-by-byte layout recomputes the erf) writes the copy as 32-bit words instead (WORDS, below).
 Measured alone (benchmarks/fp8_cast.py; BENCHMARKS.md, "The roofline of a step"). Off by default until it measures
 faster end to end.
 
