@@ -183,7 +183,7 @@ def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
             print0(check_disk(cfg.out_dir, checkpoint_bytes(raw_model.num_params(non_embedding=False)),
                               cfg.keep_checkpoints))
     changed = ", ".join(f"{k}={v}" for k, v in non_defaults(cfg).items())
-    print0(f"config: {changed or 'the defaults'} (the rest are defaults; all in {cfg.out_dir}/config.json)")
+    print0(f"config: {changed or 'the defaults'} (set or derived; the rest default; all in {cfg.out_dir}/config.json)")
     flops_per_token, peak = raw_model.flops_per_token(), peak_flops_for(proc.device, cfg)
     fp8_flops = sum(f.fp8_flops_per_token(raw_model, cfg) for f in FEATURES if hasattr(f, "fp8_flops_per_token"))
     ideal_s = ideal_seconds_per_token(flops_per_token, fp8_flops, peak, peak_flops_for(proc.device, cfg, "fp8"))
