@@ -360,10 +360,10 @@ def load_config(argv, with_explicit=False):
     theirs, given = None, set()      # the first config file of nanoGPT's; every key set, nanoGPT's too
     for i, path in enumerate(files):
         if not os.path.isfile(path):
-            presets = sorted(glob.glob(os.path.join(os.path.dirname(path) or ".", "*.py")))[:12]
+            presets = sorted(glob.glob(os.path.join(os.path.dirname(path) or "config", "*.py")))[:12]
             raise FileNotFoundError(f"config file {path!r} "
                                     + ("is a folder, not a file" if os.path.isdir(path) else "not found")
-                                    + (f" (beside it: {', '.join(presets)})" if presets and not os.path.isdir(path)
+                                    + (f" (there are {', '.join(presets)})" if presets and not os.path.isdir(path)
                                        else ""))
         ns, how = {}, "config files are Python assignments, one key each (n_layer = 12), as config/*.py"
         if path.endswith((".json", ".jsonl")):      # a run's config.json is its record, not a config file

@@ -407,7 +407,9 @@ def test_document_mask_without_packing_is_refused_unless_packing_came_later(tmp_
 
 
 def test_a_missing_config_file_names_the_ones_beside_it():
-    """--config config/nope.py: the line names the presets in config/, so the user sees the right name."""
-    with pytest.raises(FileNotFoundError, match=r"^config file 'config/nope.py' not found \(beside it: "
-                                                r"config/baseline.py, .*config/fast.py, "):
-        configurator.load_config(["--config", "config/nope.py"])
+    """--config config/nope.py (or nope.py): the line names the presets in config/, so the user sees the right
+    name."""
+    for given in ("config/nope.py", "nope.py"):         # no folder given: config/'s (not the scripts beside it)
+        with pytest.raises(FileNotFoundError, match=rf"^config file '{given}' not found \(there are "
+                                                    r"config/baseline.py, .*config/fast.py, "):
+            configurator.load_config(["--config", given])
