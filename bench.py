@@ -16,6 +16,7 @@ trains on the same prepared data (the config's data_dir) and runs the real train
 """
 import argparse
 import csv
+import dataclasses
 import gc
 import json
 import os
@@ -359,7 +360,7 @@ def main(argv=None):
     import configurator
     from configurator import FlagParser
     parser = FlagParser(prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                        passes_on=configurator.Config.__dataclass_fields__)
+                        passes_on=[f.name for f in dataclasses.fields(configurator.Config)])
     parser.add_argument("--config", default="config/fast.py", help="the preset whose flags the ladder turns on")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per rung")
     parser.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps per rung (compile)")
@@ -371,7 +372,8 @@ def main(argv=None):
                     "config, steps, warm-up and arguments (a bench cut short continues)")
     parser.add_argument("--batch_size", type=int, default=16, help="micro-batch of every rung (the float32 "
                         "baseline's naive (T, T) attention must fit: 34 GB at 16 x 1024 for GPT-2 124M)")
-    parser.add_argument("--out", default="bench_out", help="folder for the table (bench.md), its numbers and rows.jsonl")
+    parser.add_argument("--out", default="bench_out", help="folder for the table (bench.md), its numbers and "
+                        "rows.jsonl")
     parser.add_bool("--find_max_batch", help="report the largest micro-batch that fits")
     parser.add_argument("--max_batch", type=int, default=512, help="the largest micro-batch --find_max_batch tries")
     parser.add_argument("extra", nargs="*", help="after --: train.py overrides for every rung, e.g. -- --n_layer=6 "

@@ -31,8 +31,8 @@ import torch
 from configurator import FlagParser
 from data import get_tokenizer
 from sample import load_model
-from speedgpt.checkpoint import checkpoint_file
 from speedgpt import hellaswag
+from speedgpt.checkpoint import checkpoint_file
 from speedgpt.distributed import leave, print0, setup_processes
 
 TOKENIZER_OF_VOCAB = {50257: "gpt2", 257: "byte"}        # a Hugging Face model's vocabulary -> our tokenizer

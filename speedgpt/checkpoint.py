@@ -107,11 +107,10 @@ def load_checkpoint(path, required=CKPT_KEYS, missing=""):
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        others = [s for s, p in sorted(saved_steps(os.path.dirname(path) or ".").items())
+        others = [(s, p) for s, p in sorted(saved_steps(os.path.dirname(path) or ".").items())
                   if not os.path.samefile(p, path)]
-        hint = (f" The kept steps {', '.join(map(str, others))} may still load (train.py --resume_from={others[-1]}; "
-                f"sample.py and eval.py --out_dir={saved_steps(os.path.dirname(path) or '.')[others[-1]]})"
-                if others else "")
+        hint = (f" The kept steps {', '.join(str(s) for s, _ in others)} may still load (train.py "
+                f"--resume_from={others[-1][0]}; sample.py and eval.py --out_dir={others[-1][1]})" if others else "")
         raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?{hint}") from e
     missing = [k for k in required if k not in ckpt] if isinstance(ckpt, dict) else list(required)
     if missing and isinstance(ckpt, dict) and "model_args" in ckpt:      # nanoGPT's: its weights start a run
