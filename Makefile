@@ -1,6 +1,7 @@
 # The two commands of a fresh machine; each sets up .venv first (once), then does its job:
 #   make quickstart   train the CPU quickstart (python train.py): core packages only; run again, it continues
-#                     out/ckpt.pt (--init_from=resume), or says the run is finished (rm -rf out: afresh)
+#                     out/ckpt.pt (--init_from=resume), or says the run is finished (rm -rf out: afresh);
+#                     ARGS= passes train.py flags (make quickstart ARGS=--max_iters=1000: train on past 500)
 #   make test         the test suite, with every optional package (make test-fast: without the slow tests)
 # make help lists every target; make clean removes what runs and tests leave (it keeps .venv and data/).
 # The venv is isolated: it sees only what it installs, so `pip install transformers` there resolves against
@@ -29,11 +30,12 @@ help:  ## this list
 
 # train.py refuses a new run over an existing checkpoint; a second quickstart means "go on", so it resumes
 # (a finished run says so and exits 0)
-quickstart: $(VENV)/.core  ## train the CPU quickstart (python train.py), or continue it (out/ckpt.pt)
+quickstart: $(VENV)/.core  ## train the CPU quickstart (python train.py), or continue it (out/ckpt.pt); ARGS=: its flags
 	@if [ -f out/ckpt.pt ]; then \
-	    echo "quickstart: out/ckpt.pt exists: continuing it (--init_from=resume; rm -rf out to start afresh)"; \
-	    echo "$(PY) train.py --init_from=resume"; $(PY) train.py --init_from=resume; \
-	else echo "$(PY) train.py"; $(PY) train.py; fi
+	    echo "quickstart: out/ckpt.pt exists: continuing it (--init_from=resume; rm -rf out to start afresh;" \
+	        "train.py's flags go in ARGS: make quickstart ARGS=--max_iters=1000)"; \
+	    echo "$(PY) train.py --init_from=resume $(ARGS)"; $(PY) train.py --init_from=resume $(ARGS); \
+	else echo "$(PY) train.py $(ARGS)"; $(PY) train.py $(ARGS); fi
 
 test: $(VENV)/.extra  ## the whole test suite, every optional package installed
 	$(PY) -m pytest -q tests

@@ -67,16 +67,35 @@ def import_transformers(why):
     return transformers
 
 
+def hub_unreachable(timeout=3.0):
+    """Why Hugging Face's hub cannot be reached ('' when it can): HF_HUB_OFFLINE set, or no connection to its
+    host (HF_ENDPOINT's, else huggingface.co) within `timeout` seconds. Asked before a download, because offline
+    the hub's client retries for some 20 s before it gives up."""
+    import socket
+    from urllib.parse import urlparse
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((url.hostname, url.port or (80 if url.scheme == "http" else 443)), timeout).close()
+        return ""
+    except OSError as e:
+        return f"{url.hostname} is not reachable ({type(e).__name__})"
+
+
 def _from_hub_or_folder(load, name_or_path):
     """load(name_or_path, **kw) for a folder; for a hub name the local cache first (no network: instant
-    offline), then a download. Raises FileNotFoundError (not there, offline and not cached) or
-    ValueError (unreadable) in one line."""
+    offline), then a download when the hub answers. Raises FileNotFoundError (not there, offline and not
+    cached) or ValueError (unreadable) in one line."""
     try:
         if os.path.isdir(name_or_path):
             return load(name_or_path)
         try:
             return load(name_or_path, local_files_only=True)
-        except OSError:
+        except OSError as cached:
+            why = hub_unreachable()
+            if why:
+                raise OSError(f"it is not in the Hugging Face cache and {why}") from cached
             return load(name_or_path)
     except OSError as e:
         where = ("" if os.path.isdir(name_or_path) else " Offline it must be in the Hugging Face cache "

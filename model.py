@@ -386,7 +386,7 @@ class GPT(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, progress=None):
         """Append max_new_tokens sampled tokens to idx (B, T): returns (B, T + max_new_tokens). Each is drawn
         from the logits of the last block_size tokens (nanoGPT's crop); the padded vocabulary is never
         sampled. use_cache: keep every layer's keys and values (KVCache), so that after a prefill of the
@@ -394,9 +394,10 @@ class GPT(nn.Module):
         outgrows block_size the window moves by one every token, and every key with it, so from there on
         each token is a forward of the last block_size tokens, with or without the cache. The output is
         the same either way (the same logits, up to rounding, and the same random draws in the same order).
-        temperature=0 is greedy decoding: the likeliest token each time (argmax; no random draw)."""
+        temperature=0 is greedy decoding: the likeliest token each time (argmax; no random draw). progress, when
+        given, is called with the count of tokens drawn so far after each one (sample.py's progress line)."""
         block_size, kv_cache = self.config.block_size, None
-        for _ in range(max_new_tokens):
+        for drawn in range(max_new_tokens):
             if kv_cache is not None and kv_cache[0].length < block_size:
                 logits, _ = self(idx[:, -1:], kv_cache=kv_cache)                 # one new position
             else:   # the prompt, or a moved window: a cache is made only while it has room for a new token
@@ -413,4 +414,6 @@ class GPT(nn.Module):
                     logits[logits < v[:, [-1]]] = -float("inf")
                 idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
+            if progress is not None:
+                progress(drawn + 1)
         return idx

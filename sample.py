@@ -16,6 +16,7 @@ import math
 import os
 import re
 import sys
+import time
 
 import torch
 
@@ -61,6 +62,23 @@ def whole(least, note=""):
             raise argparse.ArgumentTypeError(f"must be a whole number >= {least}{note}, got {text!r}")
         return int(text)
     return check
+
+
+class Progress:
+    """A line on stderr every EVERY seconds while a sample is drawn (a long --max_new_tokens on a CPU takes
+    minutes, the text comes only at its end): how many of its tokens, and how fast."""
+    EVERY, CLOCK = 5.0, staticmethod(time.perf_counter)
+
+    def __init__(self, sample, samples, tokens):
+        self.sample, self.samples, self.tokens = sample, samples, tokens
+        self.start = self.last = self.CLOCK()
+
+    def __call__(self, drawn):
+        now = self.CLOCK()
+        if now - self.last >= self.EVERY and drawn < self.tokens:
+            self.last = now
+            print(f"sample {self.sample + 1}/{self.samples}: {drawn:,} of {self.tokens:,} tokens "
+                  f"({drawn / (now - self.start):,.1f} tokens/s)", file=sys.stderr, flush=True)
 
 
 def main(argv=None):
@@ -127,9 +145,9 @@ def main(argv=None):
     if idx.size(1) > block_size:
         print(f"note: the prompt is {idx.size(1):,} tokens (with its end-of-text), longer than block_size="
               f"{block_size}: the model sees only its last {block_size} tokens", file=sys.stderr)
-    for _ in range(args.num_samples):
-        new = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k or None,
-                             use_cache=args.kv_cache)[0, idx.size(1):].tolist()
+    for i in range(args.num_samples):
+        new = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k or None, use_cache=args.kv_cache,
+                             progress=Progress(i, args.num_samples, args.max_new_tokens))[0, idx.size(1):].tolist()
         print(tok.decode(prompt + (new[:new.index(eot)] if eot in new else new)))
         print("-" * 60)
 

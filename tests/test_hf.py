@@ -96,6 +96,33 @@ def test_gpt2_name_reads_the_hugging_face_cache(hf_dir, tmp_path):
     assert float(r.stdout.splitlines()[-1]) == pytest.approx(want, abs=1e-3)
 
 
+def test_a_gpt2_name_offline_and_not_cached_fails_at_once_in_one_line(tmp_path, monkeypatch):
+    """init_from='gpt2' not in the cache with the hub unreachable: one line naming the cache and the way out,
+    without trying the download (whose client retries for some 20 s offline); with HF_HUB_OFFLINE, no probe."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path))                  # an empty cache
+    probed, downloads = [], []
+
+    def no_network(address, timeout):
+        probed.append(address)
+        raise OSError("network is unreachable")
+
+    def load(name, local_files_only=False, **kw):
+        if not local_files_only:
+            downloads.append(name)
+        raise OSError(f"{name} is not in the cache")
+    monkeypatch.setattr("socket.create_connection", no_network)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.example:8443")
+    with pytest.raises(FileNotFoundError, match=r"could not load 'gpt2' through transformers: it is not in the "
+                                                r"Hugging Face cache and hub.example is not reachable .*Offline it must"):
+        hf._from_hub_or_folder(load, "gpt2")
+    assert probed == [("hub.example", 8443)] and downloads == []
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE is set"):
+        hf._from_hub_or_folder(load, "gpt2")
+    assert len(probed) == 1 and downloads == []
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("attention", ["naive", "sdpa"])
 def test_train_main_loads_the_hf_model(byte_data, hf_dir, tmp_path, attention):

@@ -36,3 +36,21 @@ def test_clean_removes_runs_and_caches_and_keeps_the_venv_and_data(tmp_path):
     assert all((tmp_path / p).exists() for p in kept)
     assert not any((tmp_path / p.split("/")[0]).exists() for p in gone if not p.startswith("speedgpt"))
     assert not (tmp_path / "speedgpt" / "__pycache__").exists() and (tmp_path / "speedgpt").is_dir()
+
+
+def test_quickstart_passes_args_to_train_py_and_says_how_when_it_continues(tmp_path):
+    """A second `make quickstart` continues out/ckpt.pt; a finished run asks for a larger --max_iters, which make
+    takes as ARGS. A stand-in python (the venv made already) prints what it was given."""
+    (tmp_path / "requirements.txt").write_text("torch>=2.4\n")
+    os.makedirs(tmp_path / ".venv" / "bin")
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.write_text("#!/bin/sh\necho ran: \"$@\"\n")
+    python.chmod(0o755)
+    (tmp_path / ".venv" / ".core").write_text("")
+    os.utime(tmp_path / "requirements.txt", (1, 1))             # older than .core: the venv is up to date
+    assert "ran: train.py --max_iters=20" in make("quickstart", "ARGS=--max_iters=20", cwd=tmp_path)
+    os.makedirs(tmp_path / "out")
+    (tmp_path / "out" / "ckpt.pt").write_text("x")
+    out = make("quickstart", "ARGS=--max_iters=1000", cwd=tmp_path)
+    assert "ran: train.py --init_from=resume --max_iters=1000" in out
+    assert "make quickstart ARGS=--max_iters=1000" in out

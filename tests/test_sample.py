@@ -94,6 +94,26 @@ def test_kv_cache_flag(byte_data, tmp_path, capsys, monkeypatch):
     assert texts[0] == texts[1] == texts[2] and texts[0].startswith("def "), texts
 
 
+def test_a_long_sample_shows_its_progress_on_stderr(byte_data, tmp_path, capsys, monkeypatch):
+    """A line on stderr every Progress.EVERY seconds while a sample is drawn (a clock that moves 2 s a token here:
+    every third token), naming the sample, the tokens so far and the rate; none after the last token, and the
+    sample on stdout is as without it."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=1", "--eval_tokens=0"))
+    flags = [f"--out_dir={tmp_path}", "--device=cpu", "--num_samples=2", "--max_new_tokens=9", "--temperature=0",
+             "--seed=1"]
+    capsys.readouterr()
+    sample.main(flags[:3] + ["--max_new_tokens=9", "--temperature=0"])
+    plain = capsys.readouterr()
+    ticks = iter(range(0, 10**6, 2))
+    monkeypatch.setattr(sample.Progress, "CLOCK", staticmethod(lambda: next(ticks)))
+    sample.main(flags)
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert lines == ["sample 1/2: 3 of 9 tokens (0.5 tokens/s)", "sample 1/2: 6 of 9 tokens (0.5 tokens/s)",
+                     "sample 2/2: 3 of 9 tokens (0.5 tokens/s)", "sample 2/2: 6 of 9 tokens (0.5 tokens/s)"], err
+    assert out.split("-" * 60 + "\n")[0] == plain.out.split("-" * 60 + "\n")[0] and plain.err == ""
+
+
 def test_sample_says_what_it_does_with_odd_prompts(byte_data, tmp_path):
     """sample.py: a prompt longer than block_size is cropped with a note; a prompt file that is not UTF-8
     is one line, not a traceback."""
