@@ -8,8 +8,9 @@ is found out late: on a CPU the machine swaps for minutes before the kernel kill
 
 The estimate is a model of the peak, not a measurement: within 0.7x-1.2x of each peak measured on a GPU
 (torch.cuda.max_memory_allocated: the table in tests/test_memory.py, from BENCHMARKS.md "Memory" and
-benchmarks/results/; below 0.8x only the 350M preset's, whose peak rose since 1899cf0 for a reason not yet found)
-and of a CPU step's; with MARGIN it refuses only what clearly cannot fit.
+benchmarks/results/; below 0.8x only 350M's: the rowwise recipe's of 3f9797b, and bf01b54's, whose compiled graph
+kept each FP8 Linear's input twice, BENCHMARKS.md "A long run") and of a CPU step's; with MARGIN it refuses only
+what clearly cannot fit.
 """
 import json
 import os

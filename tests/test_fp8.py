@@ -295,6 +295,32 @@ def test_precast_weights_and_scales_give_exactly_the_casts_made_in_the_step(comp
     torch._dynamo.reset()
 
 
+def test_a_compiled_block_keeps_no_bf16_input_of_its_delayed_linears_for_the_backward():
+    """What a compiled GPT with delayed FP8 Linears keeps from its forward for the backward (its graphs' saved
+    tensors, seen by saved-tensor hooks): none of those Linears' bf16 inputs, (tokens, in_features), only what their
+    float8 casts need. With the amax folded in before the cast (84bb89c to bf01b54), Inductor's partition kept every
+    one of them: 7 bytes per token and width in each GPT-2 block on the GPU, 11 GB more at 350M (BENCHMARKS.md, "A
+    long run"). The two (tokens, n_embd) tensors the bf16 head keeps for its own backward remain."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=96, n_layer=2, n_head=2, n_embd=64))
+    assert len(fp8.convert(model, configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_min_dim=32))) == 8
+    for _, _, layer in model.block_linears():
+        layer.fp8_amax[:, 1] = torch.tensor([4.0, 1e-3])
+        layer.fp8_scaled = True                                 # the history's scales, as after the first step
+    saved = []
+
+    def pack(t):
+        saved.append((t.dtype, tuple(t.shape)))
+        return t
+    compiled, x = torch.compile(model), torch.randint(0, 96, (2, 64))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        _, loss = compiled(x, x)
+    loss.backward()
+    inputs = [s for s in saved if s[0] == torch.bfloat16 and s[1] in ((128, 64), (128, 256))]
+    assert len(saved) > 8 and len(inputs) <= 2, inputs          # 10 before: the 8 Linears' inputs too
+    torch._dynamo.reset()
+
+
 def test_a_run_with_precast_weights_trains_and_resumes_exactly_as_without(byte_data, tmp_path, monkeypatch):
     """train.py with tensorwise_delayed (float8 emulated on the CPU), two micro-batches per step: fp8_precast=True
     gives the losses of fp8_precast=False step for step, and its resume continues them exactly."""

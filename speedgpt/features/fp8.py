@@ -584,9 +584,10 @@ def delayed_cast(t, scale, amax, row, track, kernel, dtype=torch.float8_e4m3fn, 
     the gradient of GELU(h): cast_amax casts GELU(t), or t * GELU'(h), computed in the same pass, kernel or not."""
     if track and (kernel or gelu or gelu_input is not None):
         return cast_kernel.cast_amax(t, scale, amax, row, dtype == torch.float8_e5m2, gelu, gelu_input)
-    if track:
+    t8 = saturate(t, scale, dtype)        # cast first: with the amax folded in before it, Inductor's partition
+    if track:                             # kept t itself for the backward too (test_fp8.py, the saved tensors)
         amax[row, 0] = torch.maximum(amax[row, 0], t.abs().amax(dim=-1).amax().float())
-    return saturate(t, scale, dtype), None
+    return t8, None
 
 
 class DelayedFloat8Linear(RowwiseFloat8Linear):
