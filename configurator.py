@@ -405,7 +405,8 @@ def load_config(argv, with_explicit=False):
     if values.get("packing") is False and values.get("document_mask") is True:    # each row is one document then
         if setter["document_mask"] >= setter["packing"]:
             raise ValueError("document_mask=True masks the documents packing puts in one row; with packing=False "
-                             "each row holds one document: leave out document_mask, or packing=False to pack documents")
+                             "each row holds one document: leave out document_mask, or leave out packing=False "
+                             "(packing on, the mask applies)")
         values.pop("document_mask")                                      # a preset's, before packing=False
     explicit, defaults = set(values), {f.name: f.default for f in fields(Config)}
     if theirs:                       # beneath a config file of nanoGPT's: its defaults, as there

@@ -198,18 +198,19 @@ class Batch(NamedTuple):
 VARLEN_MAX_SEQS = 65535      # CUDA's grid limit in y and z, where FlashAttention-2's kernels put the sequence
 
 
-def varlen_metadata(doc_ids):
+def varlen_metadata(doc_ids, max_docs=None):
     """doc_ids (B, T) int -> cu_seqlens (n + 1,) int32 and position_ids (B, T) int64, for the n runs of
     equal doc_ids (each one sequence; a row's start always opens one, so no sequence spans two rows):
     cu_seqlens holds the flattened offset of each sequence, then B*T. Its length changes per batch: the
     loader marks it dynamic, so torch.compile compiles once for every length. position_ids restart at 0 at each sequence
-    start (model.position_ids' rule). Raises ValueError past VARLEN_MAX_SEQS sequences (the kernels' limit)."""
+    start (model.position_ids' rule). Raises ValueError past max_docs sequences (VARLEN_MAX_SEQS, the varlen kernels'
+    limit, where attention='varlen' runs; no limit elsewhere)."""
     B, T = doc_ids.shape
     start = np.ones((B, T), dtype=bool)
     start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
     offsets = np.flatnonzero(start)                                  # ascending flattened starts
-    if len(offsets) > VARLEN_MAX_SEQS:
-        raise ValueError(f"a batch of {len(offsets):,} documents exceeds the {VARLEN_MAX_SEQS:,} sequences a "
+    if max_docs is not None and len(offsets) > max_docs:
+        raise ValueError(f"a batch of {len(offsets):,} documents exceeds the {max_docs:,} sequences a "
                          "FlashAttention varlen call can take: lower batch_size, or use attention='flex'")
     cu_seqlens = np.append(offsets, B * T).astype(np.int32)
     t = np.arange(T)
@@ -238,7 +239,8 @@ class Loader:
     No target is -1 but padding's (see the convention above). The document mask is on with packing and
     `document_mask` both: batches then carry doc_ids, and varlen_metadata's cu_seqlens and position_ids,
     built here in the loader's thread rather than in the step; without it they are None and the model
-    attends causally across the whole row.
+    attends causally across the whole row. max_docs: the most documents a batch may hold (train.py gives
+    VARLEN_MAX_SEQS where attention='varlen' runs), else no limit.
 
     Without replacement: epoch e visits every row once, in the order np.random.default_rng([seed, e])
     .permutation(n_rows), a fresh order each epoch. All ranks walk one global sequence of rows: each
@@ -254,7 +256,7 @@ class Loader:
 
     def __init__(self, data_dir, split, batch_size, block_size, device="cpu", seed=0,
                  packing=True, document_mask=True, eot=None, rank=0, world_size=1, vocab_size=None,
-                 prefetch=2):
+                 prefetch=2, max_docs=None):
         meta = load_meta(data_dir, verbose=eot is None)
         self.paths = find_shards(data_dir, split)
         self.eot = meta["eot_id"] if eot is None else eot
@@ -264,7 +266,7 @@ class Loader:
         import torch      # here, not at the top: data.py prepares a corpus without loading torch
         self.B, self.T, self.device = batch_size, block_size, torch.device(device)
         self.packing, self.document_mask = packing, packing and document_mask
-        self.vocab_size, self.split, self.data_dir = vocab_size, split, data_dir
+        self.vocab_size, self.split, self.data_dir, self.max_docs = vocab_size, split, data_dir, max_docs
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         if type(seed) is not int or seed < 0:
@@ -361,7 +363,7 @@ class Loader:
         tensors = [torch.from_numpy(a) for a in (x, y)]
         if self.document_mask:             # doc_ids, varlen cu_seqlens and positions: here, not in the step
             doc_ids = doc_ids_from_tokens(x, self.eot)
-            tensors += [torch.from_numpy(a) for a in (doc_ids, *varlen_metadata(doc_ids))]
+            tensors += [torch.from_numpy(a) for a in (doc_ids, *varlen_metadata(doc_ids, self.max_docs))]
         if self._pin:
             tensors = [t.pin_memory() for t in tensors]
         return tensors, int((y != -1).sum())

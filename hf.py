@@ -28,7 +28,7 @@ import torch
 
 from configurator import HF_GPT2, FlagParser
 from model import GPT, GPTConfig
-from speedgpt.checkpoint import load_checkpoint, load_weights
+from speedgpt.checkpoint import checkpoint_file, load_checkpoint, load_weights
 from speedgpt.distributed import print0
 from speedgpt.shards import describe_os_error, folder_creation_error
 
@@ -340,16 +340,18 @@ def main(argv=None):
                                      f"init_from ({', '.join(HF_GPT2)} or a folder); this exports.")
     sub = parser.add_subparsers(dest="command")
     ex = sub.add_parser("export", help="write out_dir/ckpt.pt as a Hugging Face GPT-2 folder")
-    ex.add_argument("--out_dir", default="out", help="the training run's folder, holding ckpt.pt")
+    ex.add_argument("--out_dir", default="out", help="the training run's folder, holding ckpt.pt, or a kept step's "
+                    "file (out/ckpt_step000500.pt)")
     ex.add_argument("--to", default=None, help="the folder to write (default: OUT_DIR/hf)")
     args = parser.parse_args(argv)
     if args.command is None:                  # argparse's words ("arguments are required: command") name no command
         parser.error("hf.py needs a command: export (python hf.py export --out_dir=out writes out/hf); to fine-tune "
                      f"from GPT-2, train.py takes --init_from=gpt2 (or {', '.join(HF_GPT2[1:])}, a Hugging Face "
                      "folder)")
-    to = args.to or os.path.join(args.out_dir, "hf")
+    path = checkpoint_file(args.out_dir)
+    to = args.to or os.path.join(os.path.dirname(path), "hf")
     try:
-        export_hf(os.path.join(args.out_dir, "ckpt.pt"), to)
+        export_hf(path, to)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
     except OSError as e:

@@ -108,7 +108,7 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
                          f"give --data_dir data of `python data.py --tokenizer {ckpt['meta']['tokenizer']}`")
     args = dict(batch_size=cfg.batch_size, block_size=cfg.block_size, device=proc.device, packing=cfg.packing,
                 document_mask=cfg.document_mask, eot=meta["eot_id"], rank=proc.rank, world_size=proc.world,
-                vocab_size=meta["vocab_size"])
+                vocab_size=meta["vocab_size"], max_docs=data.VARLEN_MAX_SEQS if cfg.attention == "varlen" else None)
     train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, prefetch=grad_accum_steps, **args)
     val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **args) if cfg.eval_tokens > 0 else None
     counts = None if val_loader is None else torch.as_tensor(token_bytes(cfg.data_dir, meta), device=proc.device)

@@ -5,7 +5,7 @@
 #   torchrun --standalone --nproc_per_node=8 train.py --config config/gpt2-xl.py
 # Side by side with nanoGPT's own bench.py at the same micro-batch (BENCHMARKS.md, "The GPT-2 family"):
 #   python benchmarks/vs_nanogpt.py --nanogpt ../nanoGPT --sizes 1558m
-# Point data_dir at your corpus (docs/data.md); the stdlib corpus here is 31M tokens, for a first run.
+# Point data_dir at your corpus (docs/data.md); the stdlib corpus here is ~15M GPT-2 tokens, a first run.
 out_dir = "out-gpt2-xl"
 data_dir = "data/stdlib_gpt2"
 n_layer = 48

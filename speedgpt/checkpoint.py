@@ -284,7 +284,7 @@ def save_checkpoint(path, ckpt, keep=1, best=False, stale=()):
         if old != target:                      # a step file of the same name is this run's now
             os.remove(old)
     if gone:
-        steps = ", ".join(str(step_of(p)) for p in gone if STEP_FILE.search(p))
+        steps = ", ".join(str(s) for s in sorted(step_of(p) for p in gone if STEP_FILE.search(p)))
         best_too = any(os.path.basename(p) == "ckpt_best.pt" for p in gone)
         print(f"removed the checkpoints of the abandoned steps {steps}"
               + (" and their ckpt_best.pt" if best_too else "") if steps else "removed the abandoned ckpt_best.pt",

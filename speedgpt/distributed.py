@@ -54,7 +54,7 @@ def setup_processes(cfg):
     cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
     if cuda and not torch.cuda.is_available():
         why = "this torch is a CPU build" if torch.version.cuda is None else "no CUDA GPU is visible"
-        raise ValueError(f"device={cfg.device!r} but {why}: train on the CPU with --device=cpu (or leave --device out: "
+        raise ValueError(f"device={cfg.device!r} but {why}: run on the CPU with --device=cpu (or leave --device out: "
                          "auto picks a GPU when there is one)")
     # Apple's GPU (Metal), after CUDA: untested on real hardware; the features that need CUDA refuse it in
     # their checks, as they refuse the CPU (flex, varlen, FP8, compile_tuning, sdpa_backend)

@@ -44,9 +44,16 @@ def settle(cfg, explicit, proc, check_flags):
         if cfg.init_from != "scratch":
             from hf import check_tokens
             check_tokens(cfg.init_from, cfg.data_dir)
-        if cfg.save_checkpoints and "init_from" not in explicit and os.path.isfile(latest):
-            raise ValueError(f"{path} holds a run: continue it with --init_from=resume, or start afresh with "
-                             "--init_from=scratch (which replaces it) or another out_dir")
+        replaces = not ("init_from" in explicit and cfg.init_from == "scratch")    # only that says: replace it
+        if cfg.save_checkpoints and replaces and os.path.isfile(latest):
+            if cfg.init_from == "scratch":
+                raise ValueError(f"{path} holds a run: continue it with --init_from=resume, or start afresh with "
+                                 "--init_from=scratch (which replaces it) or another out_dir")
+            inside = os.path.dirname(os.path.abspath(cfg.init_from)) == os.path.abspath(cfg.out_dir)
+            raise ValueError(f"{path} holds a run, which a new run from {cfg.init_from} would replace (its "
+                             "checkpoints and metrics): continue it with --init_from=resume"
+                             + (", or from a kept step with --resume_from=STEP" if inside else "")
+                             + f", or give the new run another --out_dir (rm -rf {cfg.out_dir} to start it there)")
         return resolve_decay(cfg), None
     ckpt = load_checkpoint(path, missing=": nothing to resume (to start afresh, leave out --init_from=resume)")
     cfg, notes = resume_config(cfg, explicit, ckpt["config"], ckpt.get("tokens_per_step"), proc.world)

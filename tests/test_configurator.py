@@ -397,7 +397,8 @@ def test_document_mask_without_packing_is_refused_unless_packing_came_later(tmp_
     """document_mask=True with packing=False would do nothing (each row is one document): refused when set with or
     after packing=False; a config file's document_mask=True is dropped by a later --packing=False."""
     with pytest.raises(ValueError, match=r"^document_mask=True masks the documents packing puts in one row; .* "
-                                         r"leave out document_mask, or packing=False to pack documents$"):
+                                         r"leave out document_mask, or leave out packing=False "
+                                         r"\(packing on, the mask applies\)$"):
         configurator.load_config(["--packing=False", "--document_mask=True"])
     preset = tmp_path / "masked.py"
     preset.write_text("document_mask = True\n")

@@ -333,7 +333,7 @@ def test_a_device_that_is_not_here_names_the_way_out(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match=r"^device='cuda' but (this torch is a CPU build|no CUDA GPU is visible): "
-                                         r"train on the CPU with --device=cpu \(or leave --device out"):
+                                         r"run on the CPU with --device=cpu \(or leave --device out"):
         setup_processes(configurator.Config(device="cuda"))
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     with pytest.raises(ValueError, match=r"^device='mps' but Apple's MPS backend is not available here .*: use "

@@ -114,7 +114,8 @@ def test_a_gpt2_name_offline_and_not_cached_fails_at_once_in_one_line(tmp_path, 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "https://hub.example:8443")
     with pytest.raises(FileNotFoundError, match=r"could not load 'gpt2' through transformers: it is not in the "
-                                                r"Hugging Face cache and hub.example is not reachable .*Offline it must"):
+                                                r"Hugging Face cache and hub.example is not reachable "
+                                                r".*Offline it must"):
         hf._from_hub_or_folder(load, "gpt2")
     assert probed == [("hub.example", 8443)] and downloads == []
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -233,6 +234,11 @@ def test_export_with_bias_false_through_the_cli(byte_data, tmp_path):
         for attention in ("naive", "sdpa"):
             torch.testing.assert_close(got, model_from_ckpt(tmp_path / "ckpt.pt", attention)(idx)[0][..., :257],
                                        rtol=0, atol=1e-5)
+    kept = tmp_path / "ckpt_step000004.pt"                  # a kept step's file exports as sample.py reads it
+    hf.main(["export", f"--out_dir={kept}", f"--to={tmp_path / 'hf4'}"])
+    again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf4")).eval()
+    with torch.no_grad():
+        assert torch.equal(again(idx).logits, got)
 
 
 def fake_checkpoint(path, model, meta, **config):

@@ -5,12 +5,14 @@ import os
 import random
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 import data
+from configurator import load_config
 from speedgpt import attention as attn
 import train
 from conftest import (ROOT, assert_same_outputs, outputs_and_grads, packed_b_logits_and_grad, read_metrics,
@@ -259,11 +261,20 @@ def test_varlen_metadata_hand_built():
     assert len(twin) == 4 * 16 + 1 and twin[:len(want)].tolist() == want and (twin[len(want):] == 64).all()
 
 
-def test_varlen_metadata_refuses_more_sequences_than_the_kernels_take():
-    assert len(data.varlen_metadata(np.zeros((2, 8), dtype=np.int64))[0]) == 3   # two rows, two sequences
-    assert len(data.varlen_metadata(np.arange(65_535)[None])[0]) == 65_536      # one-token documents, at the limit
+def test_varlen_metadata_refuses_more_sequences_than_the_kernels_take_only_where_varlen_runs(byte_data):
+    """The varlen kernels take at most 65,535 sequences a call: the loader refuses a batch of more where train.py
+    runs attention='varlen' (max_docs), and nowhere else (sdpa, flex and naive have no such limit)."""
+    limit = data.VARLEN_MAX_SEQS
+    assert len(data.varlen_metadata(np.zeros((2, 8), dtype=np.int64), limit)[0]) == 3   # two rows, two sequences
+    assert len(data.varlen_metadata(np.arange(65_535)[None], limit)[0]) == 65_536  # one-token documents, the limit
+    many = np.arange(70_000 * 2).reshape(2, 70_000)
     with pytest.raises(ValueError, match="exceeds the 65,535 sequences"):
-        data.varlen_metadata(np.arange(70_000 * 2).reshape(2, 70_000))
+        data.varlen_metadata(many, limit)
+    assert len(data.varlen_metadata(many)[0]) == 140_001
+    proc = SimpleNamespace(device=torch.device("cpu"), rank=0, world=1, master=True)
+    for attention, want in (("sdpa", None), ("varlen", limit)):
+        cfg = load_config(["--device=cpu", f"--data_dir={byte_data}", f"--attention={attention}"])
+        assert train.build_data(cfg, proc, 1, None)[1].max_docs == want
 
 
 def test_varlen_paths_agree_with_sdpa_forward_and_grads(short_data):

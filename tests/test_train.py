@@ -258,6 +258,25 @@ def test_scratch_run_starts_a_fresh_metrics_file(byte_data, tmp_path):
     assert steps == [0, 1, 2, 3]
 
 
+def test_a_run_from_weights_never_replaces_the_run_in_its_out_dir(byte_data, tmp_path):
+    """init_from a checkpoint file (a kept step of the same folder, or another run's) into an out_dir that holds a
+    run is refused before any step, as a forgotten --init_from=resume is: it used to train and then delete the
+    folder's newer checkpoints, the one it started from among them, and its metrics. Nothing in the folder changes."""
+    train.main(tiny_args(byte_data, tmp_path / "a", "--max_iters=4", "--eval_interval=2", "--keep_checkpoints=3"))
+    before = {f: os.path.getsize(tmp_path / "a" / f) for f in os.listdir(tmp_path / "a")}
+    kept = tmp_path / "a" / "ckpt_step000002.pt"
+    assert kept.is_file()
+    with pytest.raises(ValueError, match=r"ckpt.pt holds a run, which a new run from .*ckpt_step000002.pt would "
+                                         r"replace .*--init_from=resume, or from a kept step with --resume_from=STEP"):
+        train.main(tiny_args(byte_data, tmp_path / "a", f"--init_from={kept}", "--max_iters=3"))
+    train.main(tiny_args(byte_data, tmp_path / "b", "--max_iters=2"))
+    with pytest.raises(ValueError, match=r"would replace .*--init_from=resume, or give the new run another --out_dir"):
+        train.main(tiny_args(byte_data, tmp_path / "a", f"--init_from={tmp_path / 'b' / 'ckpt.pt'}", "--max_iters=3"))
+    assert {f: os.path.getsize(tmp_path / "a" / f) for f in os.listdir(tmp_path / "a")} == before
+    train.main(tiny_args(byte_data, tmp_path / "c", f"--init_from={kept}", "--max_iters=3"))    # a new folder: fine
+    assert (tmp_path / "c" / "ckpt.pt").is_file()
+
+
 def test_an_unfinished_stdlib_folder_is_prepared_again(tmp_path):
     """A Ctrl-C during the first run's automatic preparation leaves data/stdlib_byte without meta.json:
     the next run prepares it again instead of refusing it forever."""
