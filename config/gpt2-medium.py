@@ -1,6 +1,6 @@
 # GPT-2 350M (gpt2-medium: 24 layers, 16 heads, 1024 wide, block_size 1024) on one H200 with the flags measured fastest
-# for this size (BENCHMARKS.md, "The GPT-2 family"): config/fast.py's flags, plus
-# compile_regional, a micro-batch of 64, FP8 for every block Linear (tensorwise, delayed scales)
+# for this size (BENCHMARKS.md, "The GPT-2 family"): config/fast.py's flags, with
+# compile_regional (one block compiled, reused) and a micro-batch of 64
 #   python train.py --config config/gpt2-medium.py
 #   torchrun --standalone --nproc_per_node=8 train.py --config config/gpt2-medium.py
 # Side by side with nanoGPT's own bench.py at the same micro-batch (BENCHMARKS.md, "The GPT-2 family"):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from speedgpt import refuse_unused
 from speedgpt.measure import size
 from speedgpt.shards import describe_os_error
 
@@ -34,7 +35,11 @@ CKPT_KEYS = ("model", "optimizer", "scaler", "step", "best_val_loss", "config", 
 
 def check(cfg, proc=None):
     """train.py's check: out_dir can be written (check_out_dir, on the first process only: the one that writes
-    there, and none other races it making and removing the folder). Returns cfg."""
+    there, and none other races it making and removing the folder); keep_checkpoints and async_checkpoint are
+    refused without checkpoints (they would do nothing). Returns cfg."""
+    if not cfg.save_checkpoints:
+        refuse_unused(cfg, ("keep_checkpoints", "async_checkpoint"), "a setting of the checkpoints",
+                      "--save_checkpoints=True")
     if proc is None or proc.master:
         check_out_dir(cfg.out_dir)
     elif os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):

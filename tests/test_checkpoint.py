@@ -105,6 +105,16 @@ def test_a_resume_from_an_older_step_keeps_it_and_leaves_one_history(byte_data, 
         checkpoint.resolve_resume(str(out), "10")
 
 
+@pytest.mark.parametrize("flag", ["--keep_checkpoints=5", "--async_checkpoint=False"])
+def test_checkpoint_settings_without_checkpoints_are_refused(byte_data, tmp_path, flag):
+    """keep_checkpoints or async_checkpoint with save_checkpoints=False would do nothing: one line, no step."""
+    key = flag[2:].split("=")[0]
+    with pytest.raises(ValueError, match=f"^{key}=.* would do nothing: it is a setting of the checkpoints. Add "
+                                         f"--save_checkpoints=True, or leave {key} out$"):
+        train.main(tiny_args(byte_data, tmp_path, "--save_checkpoints=False", flag))
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
 def test_the_last_good_step_is_found_without_loading_a_checkpoint(byte_data, tmp_path, monkeypatch):
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
     monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a whole checkpoint"))
