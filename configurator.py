@@ -183,9 +183,10 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def help_text():
-    """Every flag of Config, one per line: `--key=default  type  help`, the help being the comment beside
-    the field in this file, with the comment lines aligned under it. Raises AssertionError for a field without one."""
+def help_text(cfg=None):
+    """Every flag of Config, one per line: `--key=value  type  help`, the help being the comment beside the field in
+    this file, with the comment lines aligned under it; the value is cfg's (the config files and flags given with
+    --help), the default's where cfg leaves it or is None. Raises AssertionError for a field without one."""
     import inspect
     lines, notes, last = inspect.getsource(Config).splitlines(), {}, None
     for line in lines:
@@ -199,10 +200,13 @@ def help_text():
             last = None
     out = ["train.py's flags (--key=value or --key value; a bare --key of a bool: True; --config FILE, or FILE.py "
            "alone, applies a config file first, several in order, the later winning; nanoGPT's config files and keys "
-           "load too: docs/nanogpt.md). Defaults: the CPU quickstart."]
+           "load too: docs/nanogpt.md). Defaults: the CPU quickstart"
+           + ("; the values the config and flags given set are shown, each with its default." if cfg else ".")]
     for f in fields(Config):
         assert f.name in notes, f"Config.{f.name} has no help comment"
-        out.append(f"  --{f.name}={f.default}".ljust(32) + f" {f.type.__name__:5}  {notes[f.name]}")
+        value = f.default if cfg is None else getattr(cfg, f.name)
+        note = notes[f.name] + ("" if value == f.default else f" [default {f.default}]")
+        out.append(f"  --{f.name}={value}".ljust(32) + f" {f.type.__name__:5}  {note}")
     return "\n".join(out)
 
 

@@ -393,8 +393,9 @@ def main(argv=None):
     SIGINT/SIGTERM raise RunStopped after saving what can be saved."""
     global _setup_done
     argv = sys.argv[1:] if argv is None else argv
-    if "--help" in argv or "-h" in argv:
-        print(help_text())
+    if "--help" in argv or "-h" in argv:      # with --config: its values, so a preset is read (and checked) too
+        rest = [a for a in argv if a not in ("--help", "-h")]
+        print(help_text(load_config(rest) if rest else None))
         return None
     with warnings.catch_warnings(record=True) as caught:     # printed once, on rank 0
         warnings.simplefilter("always")

@@ -378,6 +378,20 @@ def test_help_lists_every_key_with_its_whole_comment():
     assert recipe.rstrip().endswith("tensorwise_fused | tensorwise_delayed (speedgpt/features/fp8.py's)")
 
 
+def test_help_with_a_config_shows_its_values_and_refuses_a_missing_one(capsys):
+    """train.py --config FILE --help lists the values FILE (and any flags) set, each with its default; one that is
+    not there is refused as a run would be: --help reads the preset."""
+    import train
+    train.main(["--config", "config/fast.py", "--batch_size=32", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    line = {ln.split("=")[0].strip(): ln for ln in lines[1:]}
+    assert line["--batch_size"].startswith("  --batch_size=32 ") and line["--batch_size"].endswith("[default 16]")
+    assert line["--fp8"].startswith("  --fp8=True ") and line["--fp8"].endswith("[default False]")
+    assert "[default" not in line["--seed"] and "each with its default" in lines[0]
+    with pytest.raises(FileNotFoundError, match="config file 'config/nope.py' not found"):
+        train.main(["--config", "config/nope.py", "--help"])
+
+
 def test_a_resume_that_leaves_wsd_drops_its_decay_share():
     """A WSD run resumed with --lr_schedule=cosine: the checkpoint's wsd_decay_frac is not kept (it would do nothing,
     and optim.check would refuse it as set), while a resume that stays on WSD keeps it."""
