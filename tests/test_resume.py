@@ -24,3 +24,13 @@ def test_a_resume_trains_with_the_optimizer_settings_it_says(byte_data, tmp_path
                          "--beta1=0.8"))
     assert seen[0] == [(0.5, (0.9, 0.99)), (0.0, (0.9, 0.99))]          # the checkpoint's, as not set
     assert seen[1] == [(0.2, (0.8, 0.99)), (0.0, (0.8, 0.99))]          # set on resume: the config's
+
+
+def test_a_resume_keeps_the_runs_max_iters_unless_given(byte_data, tmp_path, capsys):
+    """max_iters is the run's: a resume without it continues to the checkpoint's (a finished run says so and trains
+    nothing), not to the default's 500; --max_iters given trains on."""
+    common = [a for a in tiny_args(byte_data, tmp_path) if not a.startswith("--max_iters")]
+    train.main(common + ["--max_iters=4"])
+    assert train.main(common + ["--init_from=resume"])["finished"]
+    assert "is at step 4 = max_iters; to train on, give a larger --max_iters" in capsys.readouterr().out
+    assert train.main(common + ["--init_from=resume", "--max_iters=6"])["steps"] == 6
