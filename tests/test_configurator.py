@@ -281,7 +281,8 @@ def test_resume_messages_name_only_what_applies(byte_data, tmp_path, capsys):
     # default warmup_iters=30
     train.main([a.replace("--max_iters=3", "--max_iters=8") for a in short] + ["--init_from=resume"])
     out = capsys.readouterr().out
-    assert "resume: max_iters 3 -> 8" in out and "warning: warmup_iters" not in out and "(set explicitly)" not in out
+    assert "resume: max_iters 3 -> 8 (set explicitly)" in out and "warning: warmup_iters" not in out
+    assert out.count("(set explicitly)") == 1                   # max_iters alone: the default warmup_iters is not
     # a run that ended in warm-up (lr_decay_iters unresolved), resumed with another warm-up
     train.main(tiny_args(byte_data, tmp_path / "b", "--max_iters=3", "--warmup_iters=30"))
     capsys.readouterr()
