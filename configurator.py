@@ -449,6 +449,8 @@ def load_config(argv, with_explicit=False):
         raise ValueError("config key 'data_dir' must not be empty: give the folder data.py prepared "
                          "(--data_dir=data/NAME)")
     weights = os.path.isfile(os.path.join(cfg.init_from, "config.json")) or nanogpt.is_checkpoint(cfg.init_from)
+    if cfg.init_from.endswith(".pt") and not os.path.exists(cfg.init_from):
+        raise ValueError(f"init_from={cfg.init_from!r}: no such checkpoint file")
     if cfg.init_from not in ("scratch", "resume", *HF_GPT2) and not weights:
         raise ValueError(f"config key 'init_from' must be scratch, resume, {', '.join(HF_GPT2)}, a Hugging Face "
                          f"GPT-2 folder (with config.json) or a checkpoint file (nanoGPT's ckpt.pt, or ours), got "

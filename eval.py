@@ -32,7 +32,7 @@ from configurator import FlagParser
 from data import get_tokenizer
 from sample import load_model
 from speedgpt import hellaswag
-from speedgpt.checkpoint import checkpoint_file
+from speedgpt.checkpoint import checkpoint_file, no_checkpoint
 from speedgpt.distributed import leave, print0, setup_processes
 
 TOKENIZER_OF_VOCAB = {50257: "gpt2", 257: "byte"}        # a Hugging Face model's vocabulary -> our tokenizer
@@ -49,7 +49,7 @@ def check_source(args):
     if not where:
         path = checkpoint_file(args.out_dir)
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"no checkpoint at {path}: train first (python train.py --out_dir={args.out_dir})")
+            raise FileNotFoundError(no_checkpoint(args.out_dir))
     elif where not in HF_GPT2 and os.path.isfile(where):      # a checkpoint file: the flag that takes it
         raise FileNotFoundError(f"--init_from {where!r} is a file, not a Hugging Face folder: score a speedgpt run "
                                 f"with --out_dir {os.path.dirname(where) or '.'} (its ckpt.pt); a nanoGPT ckpt.pt "

@@ -22,7 +22,7 @@ import torch
 
 from configurator import FlagParser
 from model import GPT, GPTConfig
-from speedgpt.checkpoint import checkpoint_file, load_checkpoint, load_weights
+from speedgpt.checkpoint import checkpoint_file, load_checkpoint, load_weights, no_checkpoint
 from speedgpt.corpus import tokenizer_for
 
 
@@ -33,7 +33,7 @@ def load_model(out_dir, device):
     ValueError (unreadable, or weights that do not fit), each in one line."""
     path = checkpoint_file(out_dir)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no checkpoint at {path}: train first (python train.py --out_dir={out_dir})")
+        raise FileNotFoundError(no_checkpoint(out_dir))
     ckpt = load_checkpoint(path, required=("model", "config", "meta"))   # no optimizer state needed
     cfg, meta = ckpt["config"], ckpt["meta"]
     attention = "sdpa" if cfg["attention"] == "varlen" or \

@@ -99,8 +99,19 @@ def model_state(model, optimizer=None, cpu=True):
 
 def checkpoint_file(out_dir):
     """The checkpoint sampling and evaluation read: out_dir/ckpt.pt, or out_dir itself when it names a file (a kept
-    step, out/ckpt_step000500.pt, when ckpt.pt is damaged or a run's earlier model is wanted)."""
-    return out_dir if os.path.isfile(out_dir) else os.path.join(out_dir, "ckpt.pt")
+    step, out/ckpt_step000500.pt, when ckpt.pt is damaged or a run's earlier model is wanted; a .pt name that is
+    not there is that file, so the error names it)."""
+    return out_dir if os.path.isfile(out_dir) or out_dir.endswith(".pt") else os.path.join(out_dir, "ckpt.pt")
+
+
+def no_checkpoint(out_dir):
+    """The line for sampling or evaluating a checkpoint that is not there (checkpoint_file(out_dir)): a run to
+    train first, or, where out_dir names a step's file, the steps its folder keeps."""
+    path = checkpoint_file(out_dir)
+    if path != out_dir:
+        return f"no checkpoint at {path}: train first (python train.py --out_dir={out_dir})"
+    kept = ", ".join(str(s) for s in sorted(saved_steps(os.path.dirname(path) or ".")))
+    return f"no checkpoint at {path}: " + (f"its folder keeps the steps {kept}" if kept else "its folder keeps no step")
 
 
 def load_checkpoint(path, required=CKPT_KEYS, missing=""):

@@ -54,7 +54,8 @@ def settle(cfg, explicit, proc, check_flags):
             raise ValueError(f"{path} holds a run, which a new run from {cfg.init_from} would replace (its "
                              "checkpoints and metrics): continue it with --init_from=resume"
                              + (", or from a kept step with --resume_from=STEP" if inside else "")
-                             + f", or give the new run another --out_dir (rm -rf {cfg.out_dir} to start it there)")
+                             + ", or give the new run another --out_dir"
+                             + ("" if inside else f" (rm -rf {cfg.out_dir} to start it there)"))
         return resolve_decay(cfg), None
     ckpt = load_checkpoint(path, missing=": nothing to resume (to start afresh, leave out --init_from=resume)")
     cfg, notes = resume_config(cfg, explicit, ckpt["config"], ckpt.get("tokens_per_step"), proc.world)

@@ -353,6 +353,9 @@ def test_a_corrupt_ckpt_pt_points_at_the_kept_checkpoints(byte_data, tmp_path):
     assert all(torch.equal(v, want[k]) for k, v in model.state_dict().items() if k in want)
     with pytest.raises(ValueError, match="is it corrupt"):
         sample.load_model(str(tmp_path), "cpu")
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint at .*ckpt_step000009.pt: its folder keeps the steps "
+                                                r"4, 8$"):                  # the file it names, not a folder's ckpt.pt
+        sample.load_model(str(tmp_path / "ckpt_step000009.pt"), "cpu")
 
 
 def test_an_out_dir_that_cannot_be_made_names_why(tmp_path):

@@ -267,14 +267,18 @@ def test_a_run_from_weights_never_replaces_the_run_in_its_out_dir(byte_data, tmp
     kept = tmp_path / "a" / "ckpt_step000002.pt"
     assert kept.is_file()
     with pytest.raises(ValueError, match=r"ckpt.pt holds a run, which a new run from .*ckpt_step000002.pt would "
-                                         r"replace .*--init_from=resume, or from a kept step with --resume_from=STEP"):
+                                         r"replace .*--init_from=resume, or from a kept step with --resume_from=STEP, "
+                                         r"or give the new run another --out_dir$"):    # no rm -rf: it holds the file
         train.main(tiny_args(byte_data, tmp_path / "a", f"--init_from={kept}", "--max_iters=3"))
     train.main(tiny_args(byte_data, tmp_path / "b", "--max_iters=2"))
-    with pytest.raises(ValueError, match=r"would replace .*--init_from=resume, or give the new run another --out_dir"):
+    with pytest.raises(ValueError, match=r"would replace .*--init_from=resume, or give the new run another --out_dir "
+                                         r"\(rm -rf .* to start it there\)$"):
         train.main(tiny_args(byte_data, tmp_path / "a", f"--init_from={tmp_path / 'b' / 'ckpt.pt'}", "--max_iters=3"))
     assert {f: os.path.getsize(tmp_path / "a" / f) for f in os.listdir(tmp_path / "a")} == before
     train.main(tiny_args(byte_data, tmp_path / "c", f"--init_from={kept}", "--max_iters=3"))    # a new folder: fine
     assert (tmp_path / "c" / "ckpt.pt").is_file()
+    with pytest.raises(ValueError, match=r"^init_from='.*ckpt_step000009.pt': no such checkpoint file$"):
+        train.main(tiny_args(byte_data, tmp_path / "d", f"--init_from={tmp_path / 'a' / 'ckpt_step000009.pt'}"))
 
 
 def test_an_unfinished_stdlib_folder_is_prepared_again(tmp_path):
