@@ -16,7 +16,7 @@ holds (out, in), so they are transposed; the embedding (tied to the output head 
 rows there and padded_vocab_size here, the padding zeros (model.py keeps padded ids out of the
 softmax); activation 'gelu_tanh' is HF's "gelu_new" (GPT-2's tanh approximation), 'gelu' is "gelu".
 GPT-2's format holds GPT-2's blocks only: export refuses a model trained with another (GPT2_BLOCKS: rmsnorm,
-rope, qk_norm, an untied head; relu2 through ACTIVATION_TO_HF), in one line naming the setting.
+rope, qk_norm, an untied head; relu2 through ACTIVATION_TO_HF), in one line naming every such setting.
 transformers (with safetensors, which it uses for the weights) is imported only by these functions.
 """
 import json
@@ -266,15 +266,16 @@ def export_hf(ckpt_path, to):
     ckpt.pop("optimizer")                                  # twice the weights, and not exported
     cfg, meta = ckpt["config"], ckpt["meta"]
     c = GPTConfig.from_dict(cfg, meta["vocab_size"], attention="sdpa")      # a key the checkpoint predates: default
-    for key, (gpt2, has) in GPT2_BLOCKS.items():
-        if getattr(c, key) != gpt2:
-            raise ValueError(f"{ckpt_path} was trained with {key}={getattr(c, key)!r}, which Hugging Face's GPT-2 "
-                             f"cannot hold (it has {has}): only a model trained with {key}={gpt2!r} exports; "
-                             "sample.py and eval.py read the checkpoint itself")
+    foreign = [(key, getattr(c, key), has, repr(gpt2)) for key, (gpt2, has) in GPT2_BLOCKS.items()
+               if getattr(c, key) != gpt2]
     if c.activation not in ACTIVATION_TO_HF:
-        raise ValueError(f"{ckpt_path} was trained with activation={c.activation!r}, which Hugging Face's GPT-2 "
-                         f"cannot hold (it has {' or '.join(ACTIVATION_TO_HF)}): sample.py and eval.py read the "
-                         "checkpoint itself")
+        foreign.append(("activation", c.activation, " or ".join(ACTIVATION_TO_HF),
+                        " or ".join(map(repr, ACTIVATION_TO_HF))))
+    if foreign:                                            # every one at once: a user retrains once, not once each
+        raise ValueError(f"{ckpt_path} was trained with " + ", ".join(f"{k}={v!r}" for k, v, _, _ in foreign)
+                         + ", which Hugging Face's GPT-2 cannot hold (it has " + "; ".join(h for _, _, h, _ in foreign)
+                         + "): only a model trained with " + ", ".join(f"{k}={g}" for k, _, _, g in foreign)
+                         + " exports; sample.py and eval.py read the checkpoint itself")
     transformers = import_transformers("export")
     model = GPT(c).eval()
     load_weights(model, ckpt, ckpt_path)

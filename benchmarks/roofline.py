@@ -392,17 +392,37 @@ def table(rows, top):
     return out
 
 
+def positive(text):
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: a positive integer")
+    return value
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", help="a train.py out_dir holding profile_trace.json.gz and config.json")
     p.add_argument("--json", help="also write the rows here")
-    p.add_argument("--top", type=int, default=25, help="rows to print (the rest summed in one)")
-    p.add_argument("--no-measure", action="store_true", help="measure the floors on the CPU (for the smoke test)")
-    p.add_argument("--copy-mb", type=int, default=2048, help="size of the copy that measures the bandwidth")
-    p.add_argument("--matmul-n", type=int, default=8192, help="n of the n^3 bf16 and e4m3 matmuls that measure the "
-                   "rates")
+    p.add_argument("--top", type=positive, default=25, help="rows to print (the rest summed in one)")
+    p.add_argument("--no-measure", action="store_true", help="measure the floors on the CPU (for the smoke test: "
+                   "small sizes unless given)")
+    p.add_argument("--copy-mb", type=positive, help="size of the copy that measures the bandwidth (2048; 8 with "
+                   "--no-measure)")
+    p.add_argument("--matmul-n", type=positive, help="n of the n^3 bf16 and e4m3 matmuls that measure the rates "
+                   "(8192; 64 with --no-measure)")
     args = p.parse_args(argv)
+    args.copy_mb = args.copy_mb or (8 if args.no_measure else 2048)
+    args.matmul_n = args.matmul_n or (64 if args.no_measure else 8192)
+    if not os.path.isdir(args.out_dir):
+        sys.exit(f"error: no folder {args.out_dir}: give the out_dir of a train.py run with --profile=True (see this "
+                 "script's header)")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        sys.exit(f"error: --json {args.json}: its folder does not exist; create it or write elsewhere")
     trace, cfg_path = (os.path.join(args.out_dir, f) for f in ("profile_trace.json.gz", "config.json"))
     for f in (trace, cfg_path):
         if not os.path.isfile(f):

@@ -36,7 +36,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vs_nanogpt import ROOT, ours, peer, run, run_status  # noqa: E402
+from vs_nanogpt import ROOT, gpu_check, ours, peer, run, run_status  # noqa: E402
 
 T = 1024
 WARMUP = 5                       # steps left out of llm.c's median, as vs_nanogpt.ours' --timing_warmup=5
@@ -211,10 +211,14 @@ def main(argv=None):
     p.add_argument("--no_build", action="store_true", help="time the train_gpt2cu an earlier --build_only left in "
                    "--llmc instead of building it again")
     args = p.parse_args(argv)
-    if not args.llmc or not os.path.isfile(os.path.join(args.llmc, "train_gpt2.cu")):
+    if not args.llmc:
+        sys.exit("error: --llmc is missing: give --llmc PATH, a clone of https://github.com/karpathy/llm.c")
+    if not os.path.isfile(os.path.join(args.llmc, "train_gpt2.cu")):
         sys.exit(f"error: no train_gpt2.cu in {args.llmc!r}: give --llmc PATH, a clone of "
                  "https://github.com/karpathy/llm.c")
-    if not args.build_only and (not args.nanogpt or not os.path.isfile(os.path.join(args.nanogpt, "bench.py"))):
+    if not args.build_only and not args.nanogpt:
+        sys.exit("error: --nanogpt is missing: give --nanogpt PATH, a clone of https://github.com/karpathy/nanoGPT")
+    if not args.build_only and not os.path.isfile(os.path.join(args.nanogpt, "bench.py")):
         sys.exit(f"error: no nanoGPT bench.py in {args.nanogpt!r}: give --nanogpt PATH, a clone of "
                  "https://github.com/karpathy/nanoGPT")
     try:
@@ -237,6 +241,11 @@ def main(argv=None):
     if args.no_build and not (os.path.isfile(built) and os.path.isfile(built + HOW)):
         sys.exit(f"error: --no_build, but no train_gpt2cu and {os.path.basename(built) + HOW} in {args.llmc}: "
                  "build it there first with --build_only")
+    if args.iters <= WARMUP or args.timeout < 1:
+        sys.exit(f"error: --iters {args.iters} / --timeout {args.timeout}: more than {WARMUP} steps (the warm-up left "
+                 "out) and a positive number of seconds")
+    if not args.build_only:
+        gpu_check("vs_llmc.py", args.ours_args)
     os.makedirs(args.out, exist_ok=True)
     out = os.path.abspath(args.out)
     if args.build_only:
@@ -281,6 +290,8 @@ def main(argv=None):
     rows.append(("ours: config/fast.py --total_batch_size=0", args.batch, tps, "ours.log"))
     print(f"\nGPT-2 124M, T={T}, one optimizer step per micro-batch; logs in {out}\n")
     print("\n".join(table(rows)))
+    if not any(r[2] for r in rows):
+        sys.exit(f"error: every run failed: see the logs in {out}")
     return rows
 
 

@@ -312,14 +312,23 @@ def main(argv=None):
     p.add_argument("--out", default="bench_out/vs_modded", help="the logs and vs_modded.json")
     p.add_argument("--timeout", type=positive, default=3600, help="seconds each run may take")
     args = p.parse_args(argv)
-    if args.target is None or not math.isfinite(args.target) or args.target <= 0:
+    if args.target is None:
+        sys.exit("error: --target is missing: give the val loss to reach, fixed before the runs (the one given to "
+                 "time_to_target.py), e.g. --target 3.5")
+    if not math.isfinite(args.target) or args.target <= 0:
         sys.exit(f"error: --target {args.target}: give the val loss to reach, a positive number fixed before the runs "
                  "(the one given to time_to_target.py), e.g. --target 3.5")
-    script = os.path.join(args.modded or "", "train_gpt.py")
-    if not args.modded or not os.path.isfile(script):
+    if not args.modded:
+        sys.exit("error: --modded is missing: give --modded PATH, a clone of "
+                 "https://github.com/KellerJordan/modded-nanogpt")
+    script = os.path.join(args.modded, "train_gpt.py")
+    if not os.path.isfile(script):
         sys.exit(f"error: no train_gpt.py in {args.modded!r}: give --modded PATH, a clone of "
                  "https://github.com/KellerJordan/modded-nanogpt")
-    if not args.data_dir or not os.path.isdir(args.data_dir):
+    if not args.data_dir:
+        sys.exit("error: --data_dir is missing: give our prepared GPT-2 folder (python data.py --input CORPUS "
+                 "--out DIR --tokenizer gpt2)")
+    if not os.path.isdir(args.data_dir):
         sys.exit(f"error: --data_dir {args.data_dir!r} is not a folder: give our prepared GPT-2 folder "
                  "(python data.py --input CORPUS --out DIR --tokenizer gpt2)")
     edits = {k: v for k, v in (("val_loss_every", args.val_every),

@@ -122,26 +122,41 @@ def main(argv=None):
     if args.fetch:
         fetch(args.fetch)
         args.nanogpt = args.nanogpt or args.fetch
-    if not args.nanogpt or not os.path.isfile(os.path.join(args.nanogpt, "bench.py")):
+    if not args.nanogpt:
+        sys.exit(f"error: --nanogpt is missing: give --nanogpt PATH (a clone of {NANOGPT_URL}) or --fetch DIR")
+    if not os.path.isfile(os.path.join(args.nanogpt, "bench.py")):
         sys.exit(f"error: no nanoGPT bench.py in {args.nanogpt!r}: give --nanogpt PATH (a clone of {NANOGPT_URL}) "
                  "or --fetch DIR")
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     bad = [s for s in sizes if s not in SIZES]
     if bad or not sizes:
         sys.exit(f"error: --sizes {args.sizes!r}: unknown {', '.join(bad) or 'empty'}; the sizes are {', '.join(SIZES)}")
+    try:
+        peer_batches = [int(x) for x in args.peer_batches.split(",") if x.strip()]
+    except ValueError:
+        peer_batches = [0]
+    if args.batch < 0 or min(peer_batches, default=1) < 1:
+        sys.exit(f"error: --batch {args.batch} / --peer_batches {args.peer_batches!r}: positive micro-batches "
+                 "(comma-separated for --peer_batches), e.g. --batch 32 --peer_batches 16,64")
+    if args.iters < 6 or args.timeout < 1:
+        sys.exit(f"error: --iters {args.iters} / --timeout {args.timeout}: at least 6 steps (5 of them warm-up) and "
+                 "a positive number of seconds")
+    gpu_check("vs_nanogpt.py", args.ours_args)
     os.makedirs(args.out, exist_ok=True)
     rows = ["| size | micro-batch | peer tok/s | ours tok/s | ratio | MFU | peak GB | first step |",
             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    measured = []
     for size in sizes:
         batch = args.batch or SIZES[size][4]
         peer_runs = {b: peer(args.nanogpt, size, b, os.path.join(args.out, f"peer_{size}_b{b}.log"), args.timeout)
-                     for b in dict.fromkeys([batch] + [int(x) for x in args.peer_batches.split(",") if x])}
+                     for b in dict.fromkeys([batch] + peer_batches)}
         for b, tps in peer_runs.items():
             print(f"{size}: nanoGPT bench.py batch {b}: {tps:,} tok/s" + ("" if tps else " (failed: see its log)"),
                   flush=True)
         s = ours(size, batch, args.iters, args.ours_args.split(), os.path.join(args.out, f"ours_{size}"),
                  os.path.join(args.out, f"ours_{size}.log"), args.timeout)
         best = max(peer_runs.values())
+        measured.append(s is not None or best > 0)
         if s is None:
             rows.append(f"| {size} | {batch} | {best:,} | failed (see {args.out}/ours_{size}.log) | | | | |")
             continue
@@ -152,6 +167,16 @@ def main(argv=None):
         rows.append(f"| {size} | {batch} | {peer_col} | {tps:,.0f} | {ratio} | {100 * (s.get('median_mfu') or 0):.1f}% | "
                     f"{s.get('mem_gb') or 0:.1f} | {s.get('first_step_s') or 0:.0f} s |")
     print("\n".join(rows))
+    if not any(measured):
+        sys.exit(f"error: every run failed: see the logs in {args.out}")
+
+
+def gpu_check(script, ours_args):
+    """Exit in one line on a machine without a CUDA GPU, before anything is written: the peers and the presets run
+    there. --ours_args with --device=cpu lets the script itself run on a CPU (its tests, with stand-in peers)."""
+    import torch
+    if not torch.cuda.is_available() and "--device=cpu" not in ours_args.split():
+        sys.exit(f"error: {script} times trainers on a CUDA GPU, and this machine has none: run it on one")
 
 
 if __name__ == "__main__":

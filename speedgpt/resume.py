@@ -120,6 +120,11 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
         kept.pop("wsd_decay_frac", None)
     if "time_budget" in explicit and cfg.time_budget:     # the decay runs on the budget now: no step horizon
         kept.pop("lr_decay_iters", None)
+    if saved.get("time_budget") and not kept.get("time_budget", cfg.time_budget) and "lr_decay_iters" not in explicit \
+            and kept.get("lr_schedule", cfg.lr_schedule) != "constant":
+        raise ValueError(f"time_budget=0: this run's learning rate ran on its time_budget={saved['time_budget']:g} "
+                         "minutes of training, and has no step at which a decay over steps would resume it: give "
+                         "a larger --time_budget to train on, or set the new horizon with --lr_decay_iters=N")
     if kept.get("lr_decay_iters") == 0 and not kept.get("time_budget", cfg.time_budget):
         # unresolved: an older checkpoint, or a run that ended in warm-up (a time budget's horizon is the budget)
         started = Config(**{k: saved[k] for k in ("max_iters", "warmup_iters")})
@@ -147,6 +152,11 @@ def resume_changes(cfg, explicit, saved):
             " (0 resolved: decay to the end of the run)" if k == "lr_decay_iters" else ""
     changes = [f"{k} {saved[k]!r} -> {v!r}{why(k)}" for k, v in asdict(cfg).items()
                if k in saved and saved[k] != v and k not in ("init_from", "resume_from")]   # this command's own
+    if not cfg.time_budget and cfg.lr_schedule != "constant" and cfg.max_iters < cfg.lr_decay_iters:
+        changes.append(f"the run ends at max_iters={cfg.max_iters} before its decay does (lr_decay_iters="
+                       f"{cfg.lr_decay_iters}): the learning rate of its last step is "
+                       f"{optim.lr_at(cfg.max_iters - 1, cfg):.2e}, not min_lr={cfg.min_lr} (add "
+                       f"--lr_decay_iters={cfg.max_iters} to decay by then)")
     if 0 < cfg.lr_decay_iters < cfg.max_iters:       # 0: a run still in warm-up decays to its end
         changes.append(f"the learning rate decays until lr_decay_iters={cfg.lr_decay_iters}, then stays at "
                        f"min_lr={cfg.min_lr} up to max_iters={cfg.max_iters} (set --lr_decay_iters to decay over "

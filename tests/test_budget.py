@@ -175,6 +175,31 @@ def test_a_resume_given_a_budget_leaves_its_step_horizon(byte_data, tmp_path):
     assert 4 < summary["steps"] < 100000 and summary["train_seconds"] >= done + 0.6 - 5e-4
 
 
+def test_a_resume_that_turns_the_budget_off_is_refused_unless_it_names_a_step_horizon(byte_data, tmp_path,
+                                                                                      fake_clock):
+    """A budgeted run's rate ran on its clock: turned off at a resume, the decay would restart over the run's large
+    max_iters, back near the peak. Refused in one line before any step, unless --lr_decay_iters names the horizon."""
+    train.main(budget_args(byte_data, tmp_path))
+    with pytest.raises(ValueError, match=r"^time_budget=0: this run's learning rate ran on its time_budget=0.1 "
+                                         r"minutes of training, .*--lr_decay_iters=N$"):
+        train.main(budget_args(byte_data, tmp_path, "--init_from=resume", "--time_budget=0", "--max_iters=20"))
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 6
+    fake_clock["calls"] = 0
+    train.main(budget_args(byte_data, tmp_path, "--init_from=resume", "--time_budget=0", "--max_iters=8",
+                           "--lr_decay_iters=8"))
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 8
+
+
+def test_a_resume_that_ends_before_the_decay_says_where_the_rate_stops(byte_data, tmp_path, capsys):
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=12"))       # keeps steps 4, 8 and 12 (eval_interval=4)
+    capsys.readouterr()
+    train.main(tiny_args(byte_data, tmp_path, "--resume_from=4", "--max_iters=6"))
+    cfg = load_config(tiny_args(byte_data, tmp_path, "--max_iters=6", "--warmup_iters=2", "--lr_decay_iters=12"))
+    assert f"resume: the run ends at max_iters=6 before its decay does (lr_decay_iters=12): the learning rate of " \
+           f"its last step is {optim.lr_at(5, cfg):.2e}, not min_lr={cfg.min_lr} (add --lr_decay_iters=6 to decay " \
+           "by then)" in capsys.readouterr().out
+
+
 def test_help_shows_the_flag():
     out = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True).stdout
     assert "--time_budget=0.0" in out and "minutes of training" in out

@@ -169,6 +169,21 @@ def test_export_refuses_a_block_gpt2_does_not_have(tmp_path, monkeypatch, key, v
     hf.export_hf(str(tmp_path / "gpt2.pt"), str(tmp_path / "hf"))
 
 
+def test_export_names_every_block_gpt2_does_not_have_at_once(tmp_path):
+    """A model with several foreign blocks hears of all of them in the one line, not one per attempt."""
+    shape = dict(vocab_size=257, block_size=32, n_layer=1, n_head=2, n_embd=32)
+    fake_checkpoint(tmp_path / "ckpt.pt", GPT(GPTConfig(**shape, **{k: v for k, v, _ in GPT2_CANNOT})),
+                    {"tokenizer": "byte", "vocab_size": 257, "eot_id": 256})
+    with pytest.raises(ValueError) as e:
+        hf.export_hf(str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"))
+    line = str(e.value)
+    assert "\n" not in line and line.endswith("sample.py and eval.py read the checkpoint itself")
+    for key, value, has in GPT2_CANNOT:
+        assert f"{key}={value!r}" in line and re.search(has, line), (key, line)
+    assert "only a model trained with norm='layernorm', rope=False, qk_norm=False, tie_embeddings=True, " \
+           "activation='gelu_tanh' or 'gelu' exports" in line
+
+
 def test_gpt2_weights_bring_gpt2s_blocks():
     """init_from a GPT-2: its blocks (LayerNorm, learned positions, no QK-norm, the tied head) replace a config that
     asks for others, as its shape does, so the weights are loaded into the architecture they were trained in."""

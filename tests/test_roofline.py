@@ -3,6 +3,7 @@ operation that launched it, and each floor is the class's work at the rate measu
 import gzip
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -145,6 +146,31 @@ def test_the_table_puts_each_class_against_its_measured_floor(run_dir, capsys):
 def test_a_folder_without_a_trace_is_refused_in_one_line(tmp_path):
     with pytest.raises(SystemExit, match="profile_trace.json.gz is missing: run train.py with --profile=True"):
         roofline.main([str(tmp_path), "--no-measure"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--copy-mb", "-1"], r"argument --copy-mb: -1: a positive integer"),
+    (["--matmul-n", "0"], r"argument --matmul-n: 0: a positive integer"),
+    (["--top", "x"], r"argument --top: x: a positive integer"),
+])
+def test_bad_sizes_are_refused_before_any_work(run_dir, argv, message, capsys):
+    with pytest.raises(SystemExit):
+        roofline.main([str(run_dir), "--no-measure", *argv])
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_missing_folder_or_json_folder_is_refused_in_one_line_before_any_work(run_dir, tmp_path):
+    with pytest.raises(SystemExit, match=f"^error: no folder {tmp_path / 'none'}: give the out_dir of a train.py run"):
+        roofline.main([str(tmp_path / "none"), "--no-measure"])
+    with pytest.raises(SystemExit, match=r"^error: --json .*/nodir/x.json: its folder does not exist"):
+        roofline.main([str(run_dir), "--no-measure", "--json", str(tmp_path / "nodir" / "x.json")])
+
+
+def test_no_measure_takes_small_sizes_unless_given(run_dir, capsys):
+    roofline.main([str(run_dir), "--no-measure"])             # the GPU's 8192^3 and 2 GB would take minutes here
+    assert "(64^3)" in capsys.readouterr().out
+    roofline.main([str(run_dir), "--no-measure", "--matmul-n", "32"])
+    assert "(32^3)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("content", [b"garbage", gzip.compress(b"{}"), gzip.compress(b'{"traceEvents": 3}')])

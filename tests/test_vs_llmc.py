@@ -188,7 +188,7 @@ def test_the_table_gives_each_side_against_ours():
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "no train_gpt2.cu in None: give --llmc PATH"),
+    ([], r"^error: --llmc is missing: give --llmc PATH, a clone of https://github.com/karpathy/llm.c$"),
     (["--llmc", "/nonexistent"], "no train_gpt2.cu in '/nonexistent'"),
 ])
 def test_bad_input_is_refused_in_one_line(argv, message):
@@ -204,6 +204,17 @@ def test_bad_batches_and_frontends_are_refused_in_one_line(fake_llmc, fake_nanog
             vs_llmc.main(base + ["--llmc_batches", bad])
     with pytest.raises(SystemExit, match="--batch 0: a positive micro-batch"):
         vs_llmc.main(base + ["--batch", "0"])
+    with pytest.raises(SystemExit, match=r"^error: --nanogpt is missing: give --nanogpt PATH"):
+        vs_llmc.main(base[:2])
+    with pytest.raises(SystemExit, match=r"^error: --iters 5 / --timeout 900: more than 5 steps"):
+        vs_llmc.main(base + ["--iters", "5"])
+    import torch
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: False)
+        with pytest.raises(SystemExit, match=r"^error: vs_llmc.py times trainers on a CUDA GPU, and this machine "
+                                             r"has none: run it on one$"):
+            vs_llmc.main(base)
+    assert not (tmp_path / "out").exists()
     with pytest.raises(SystemExit, match=f"no include/cudnn_frontend.h in {tmp_path}: give --cudnn_frontend PATH"):
         vs_llmc.main(base + ["--cudnn_frontend", str(tmp_path)])
 
@@ -215,7 +226,7 @@ def test_one_run_builds_llmc_runs_all_three_sides_and_prints_one_table(fake_llmc
     (llmc / "fail_cudnn").write_text("")
     out = tmp_path / "out"
     tiny = ("--n_layer=1 --n_head=2 --n_embd=32 --compile=False --fp8=False --fp8_head=False --head_kernel=False "
-            "--dtype=float32")
+            "--dtype=float32 --device=cpu")
     rows = vs_llmc.main(["--llmc", str(llmc), "--cudnn_frontend", str(frontend), "--nanogpt", str(fake_nanogpt),
                          "--batch", "1", "--llmc_batches", "1,2", "--iters", "7", "--data_dir", str(byte_data),
                          "--ours_args", tiny, "--out", str(out), "--timeout", "300"])
@@ -252,7 +263,7 @@ def test_build_only_builds_and_a_no_build_run_times_that_binary(fake_llmc, fake_
     assert not (tmp_path / "out" / "nanogpt.log").exists() and not (tmp_path / "out" / "prep.log").exists()
     (llmc / "Makefile").write_text("train_gpt2cu:\n\texit 1\n")       # a build now would fail: it must not happen
     tiny = ("--n_layer=1 --n_head=2 --n_embd=32 --compile=False --fp8=False --fp8_head=False --head_kernel=False "
-            "--dtype=float32")
+            "--dtype=float32 --device=cpu")
     rows = vs_llmc.main(run_args + ["--no_build", "--batch", "1", "--llmc_batches", "1", "--iters", "7",
                                     "--ours_args", tiny])
     assert rows[1] == ("llm.c train_gpt2cu, cuDNN", 1, round(1024 / 4.5e-3), "llmc_b1.log")

@@ -233,9 +233,9 @@ def test_its_row_stands_in_time_to_targets_table():
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], r"--target None: give the val loss to reach"),
-    (["--target", "3.28"], r"no train_gpt.py in None: give --modded PATH, a clone of "
-                           r"https://github.com/KellerJordan/modded-nanogpt"),
+    ([], r"^error: --target is missing: give the val loss to reach"),
+    (["--target", "3.28"], r"^error: --modded is missing: give --modded PATH, a clone of "
+                           r"https://github.com/KellerJordan/modded-nanogpt$"),
     (["--target", "3.28", "--modded", "/nonexistent"], r"no train_gpt.py in '/nonexistent'"),
     (["--target", "3.28", "--runs", "0"], r"argument --runs: 0: a positive integer"),
 ])
@@ -251,6 +251,8 @@ def test_what_it_cannot_run_is_refused_in_one_line_before_any_data_is_written(mo
             str(tmp_path / "out")]
     with pytest.raises(SystemExit, match="--data_dir '/nonexistent' is not a folder"):
         vs_modded.main(base[:4] + ["--data_dir", "/nonexistent"])
+    with pytest.raises(SystemExit, match=r"^error: --data_dir is missing: give our prepared GPT-2 folder"):
+        vs_modded.main(base[:4])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match=r"^error: modded-nanogpt's train_gpt.py needs a CUDA GPU .*: run this on "
                                          r"one$"):

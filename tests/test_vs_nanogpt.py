@@ -35,12 +35,40 @@ def test_a_peer_without_its_timing_line_counts_zero(fake_nanogpt, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "no nanoGPT bench.py in None: give --nanogpt PATH"),
+    ([], r"^error: --nanogpt is missing: give --nanogpt PATH"),
     (["--nanogpt", "/nonexistent"], "no nanoGPT bench.py in '/nonexistent'"),
 ])
 def test_bad_input_is_refused_in_one_line(argv, message):
     with pytest.raises(SystemExit, match=message):
         vs_nanogpt.main(argv)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch", "-1"], r"^error: --batch -1 / --peer_batches '': positive micro-batches"),
+    (["--peer_batches", "16,x"], r"^error: --batch 0 / --peer_batches '16,x': positive micro-batches"),
+    (["--peer_batches", "0"], r"--peer_batches '0': positive micro-batches"),
+    (["--iters", "5"], r"^error: --iters 5 / --timeout 900: at least 6 steps"),
+])
+def test_bad_numbers_are_refused_in_one_line_before_anything_is_written(fake_nanogpt, tmp_path, argv, message):
+    with pytest.raises(SystemExit, match=message):
+        vs_nanogpt.main(["--nanogpt", str(fake_nanogpt), "--out", str(tmp_path / "out"), *argv])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_machine_without_a_gpu_is_refused_before_anything_is_written(fake_nanogpt, tmp_path, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match=r"^error: vs_nanogpt.py times trainers on a CUDA GPU, and this machine has "
+                                         r"none: run it on one$"):
+        vs_nanogpt.main(["--nanogpt", str(fake_nanogpt), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_whose_every_side_failed_exits_with_an_error(fake_nanogpt, tmp_path, monkeypatch):
+    monkeypatch.setattr(vs_nanogpt, "peer", lambda *a: 0)
+    monkeypatch.setattr(vs_nanogpt, "ours", lambda *a: None)
+    with pytest.raises(SystemExit, match=f"^error: every run failed: see the logs in {tmp_path / 'out'}$"):
+        vs_nanogpt.main(["--nanogpt", str(fake_nanogpt), "--out", str(tmp_path / "out"), "--ours_args=--device=cpu"])
 
 
 def test_an_unknown_size_is_refused_naming_the_sizes(fake_nanogpt):
