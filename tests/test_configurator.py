@@ -430,13 +430,3 @@ def test_a_missing_config_file_names_the_ones_beside_it():
                                                     r"config/baseline.py, .*config/fast.py, "):
             configurator.load_config(["--config", given])
 
-
-def test_a_wsd_share_under_one_step_is_refused_in_one_line():
-    """wsd_decay_frac x the horizon under one step would leave the rate at its peak to the last step."""
-    from configurator import Config
-    from speedgpt import optim
-    with pytest.raises(ValueError, match=r"^wsd_decay_frac=1e-09 of 100 steps is no step of decay: the rate would "
-                                         r"stay at its peak to the end; give at least 0.01$"):
-        optim.check(Config(lr_schedule="wsd", wsd_decay_frac=1e-9, max_iters=100), on("cpu"))
-    optim.check(Config(lr_schedule="wsd", wsd_decay_frac=0.01, max_iters=100), on("cpu"))
-    optim.check(Config(lr_schedule="wsd", wsd_decay_frac=1e-9, max_iters=100, time_budget=5.0), on("cpu"))
