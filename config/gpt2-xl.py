@@ -12,7 +12,7 @@ n_layer = 48
 n_head = 25
 n_embd = 1600
 block_size = 1024
-batch_size = 32                     # 32 x 1024 tokens per micro-batch: 16 micro-steps on one GPU; 102 GB at peak:
+batch_size = 32                     # 32 x 1024 tokens a micro-batch: 16 micro-steps on one GPU; 102 GB peak at bf01b54:
                                     # 16 on an 80 GB GPU (65 GB)
 total_batch_size = 524288          # tokens per optimizer step, as GPT-2 / llm.c (micro-steps derived and printed)
 dropout = 0.0
