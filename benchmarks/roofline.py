@@ -421,8 +421,9 @@ def main(argv=None):
     if not os.path.isdir(args.out_dir):
         sys.exit(f"error: no folder {args.out_dir}: give the out_dir of a train.py run with --profile=True (see this "
                  "script's header)")
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        sys.exit(f"error: --json {args.json}: its folder does not exist; create it or write elsewhere")
+    if args.json and (os.path.isdir(args.json) or not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
+        sys.exit(f"error: --json {args.json}: " + ("a folder, not a file" if os.path.isdir(args.json) else
+                                                   "its folder does not exist") + "; give a file name to write")
     trace, cfg_path = (os.path.join(args.out_dir, f) for f in ("profile_trace.json.gz", "config.json"))
     for f in (trace, cfg_path):
         if not os.path.isfile(f):

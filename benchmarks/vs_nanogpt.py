@@ -119,29 +119,35 @@ def main(argv=None):
     p.add_argument("--out", default="bench_out/vs_nanogpt", help="folder for the logs and our run folders")
     p.add_argument("--timeout", type=int, default=900, help="seconds each process may take")
     args = p.parse_args(argv)
-    if args.fetch:
-        fetch(args.fetch)
-        args.nanogpt = args.nanogpt or args.fetch
-    if not args.nanogpt:
+    if not args.nanogpt and not args.fetch:
         sys.exit(f"error: --nanogpt is missing: give --nanogpt PATH (a clone of {NANOGPT_URL}) or --fetch DIR")
-    if not os.path.isfile(os.path.join(args.nanogpt, "bench.py")):
-        sys.exit(f"error: no nanoGPT bench.py in {args.nanogpt!r}: give --nanogpt PATH (a clone of {NANOGPT_URL}) "
-                 "or --fetch DIR")
+
+    def check_clone():
+        if not os.path.isfile(os.path.join(args.nanogpt, "bench.py")):
+            sys.exit(f"error: no nanoGPT bench.py in {args.nanogpt!r}: give --nanogpt PATH (a clone of {NANOGPT_URL}) "
+                     "or --fetch DIR")
+    if not args.fetch:
+        check_clone()
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     bad = [s for s in sizes if s not in SIZES]
     if bad or not sizes:
         sys.exit(f"error: --sizes {args.sizes!r}: unknown {', '.join(bad) or 'empty'}; the sizes are {', '.join(SIZES)}")
+    if args.batch < 0:
+        sys.exit(f"error: --batch {args.batch}: a positive micro-batch (0, the default: each preset's)")
     try:
         peer_batches = [int(x) for x in args.peer_batches.split(",") if x.strip()]
     except ValueError:
         peer_batches = [0]
-    if args.batch < 0 or min(peer_batches, default=1) < 1:
-        sys.exit(f"error: --batch {args.batch} / --peer_batches {args.peer_batches!r}: positive micro-batches "
-                 "(comma-separated for --peer_batches), e.g. --batch 32 --peer_batches 16,64")
+    if min(peer_batches, default=1) < 1:
+        sys.exit(f"error: --peer_batches {args.peer_batches!r}: positive micro-batches, comma-separated, e.g. 16,64")
     if args.iters < 6 or args.timeout < 1:
         sys.exit(f"error: --iters {args.iters} / --timeout {args.timeout}: at least 6 steps (5 of them warm-up) and "
                  "a positive number of seconds")
     gpu_check("vs_nanogpt.py", args.ours_args)
+    if args.fetch:                            # online, after every check that needs no clone
+        fetch(args.fetch)
+        args.nanogpt = args.nanogpt or args.fetch
+        check_clone()
     os.makedirs(args.out, exist_ok=True)
     rows = ["| size | micro-batch | peer tok/s | ours tok/s | ratio | MFU | peak GB | first step |",
             "|---|---:|---:|---:|---:|---:|---:|---:|"]

@@ -31,6 +31,7 @@ from speedgpt.measure import size
 from speedgpt.shards import describe_os_error
 
 CKPT_KEYS = ("model", "optimizer", "scaler", "step", "best_val_loss", "config", "meta", "loader", "rng")
+KEPT_ON_RESUME = ("keep_checkpoints",)    # a resume keeps the run's unless set: the default's would prune its steps
 
 
 def check(cfg, proc=None):

@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 
 import data
 from configurator import Config, check_schedule, model_keys
-from speedgpt import budget, evaluation, nanogpt, optim
+from speedgpt import budget, checkpoint, evaluation, nanogpt, optim
 from speedgpt.checkpoint import checkpoint_step, load_checkpoint, remove_stale_tmp, resolve_resume, saved_steps
 from speedgpt.distributed import print0
 
@@ -21,9 +21,10 @@ RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: 
 def kept_keys():
     """The keys a resumed run takes from its checkpoint unless set explicitly: the schedule's (optim, budget), the
     data's (the loader's position is a position in them), as their modules declare them, the micro-batch (a
-    step of total_batch_size=0 is one: left out, the default's would change it or be refused against it) and
-    max_iters (a resume continues the run it names; training on past its end is asked for with --max_iters)."""
-    return optim.KEPT_ON_RESUME + budget.KEPT_ON_RESUME + data.KEPT_ON_RESUME + ("batch_size", "max_iters")
+    step of total_batch_size=0 is one: left out, the default's would change it or be refused against it), the count
+    of kept checkpoints (the default's would prune the run's older ones) and max_iters (a resume continues the run it names; training on past its end is asked for with --max_iters)."""
+    return optim.KEPT_ON_RESUME + budget.KEPT_ON_RESUME + data.KEPT_ON_RESUME + checkpoint.KEPT_ON_RESUME + \
+        ("batch_size", "max_iters")
 
 
 def settle(cfg, explicit, proc, check_flags):
@@ -118,9 +119,12 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
     kept = {k: saved[k] for k in kept_keys() if k not in explicit and k in saved}
     if "lr_schedule" in explicit and cfg.lr_schedule != "wsd":     # the saved WSD decay share would do nothing
         kept.pop("wsd_decay_frac", None)
+    if "save_checkpoints" in explicit and not cfg.save_checkpoints:     # the saved count would be refused as unused
+        kept.pop("keep_checkpoints", None)
     if "time_budget" in explicit and cfg.time_budget:     # the decay runs on the budget now: no step horizon
         kept.pop("lr_decay_iters", None)
-    if saved.get("time_budget") and not kept.get("time_budget", cfg.time_budget) and "lr_decay_iters" not in explicit \
+    named = "lr_decay_iters" in explicit and cfg.lr_decay_iters > 0       # 0 would be the run's large max_iters again
+    if saved.get("time_budget") and not kept.get("time_budget", cfg.time_budget) and not named \
             and kept.get("lr_schedule", cfg.lr_schedule) != "constant":
         raise ValueError(f"time_budget=0: this run's learning rate ran on its time_budget={saved['time_budget']:g} "
                          "minutes of training, and has no step at which a decay over steps would resume it: give "

@@ -183,6 +183,8 @@ def test_a_resume_that_turns_the_budget_off_is_refused_unless_it_names_a_step_ho
     with pytest.raises(ValueError, match=r"^time_budget=0: this run's learning rate ran on its time_budget=0.1 "
                                          r"minutes of training, .*--lr_decay_iters=N$"):
         train.main(budget_args(byte_data, tmp_path, "--init_from=resume", "--time_budget=0", "--max_iters=20"))
+    with pytest.raises(ValueError, match=r"^time_budget=0: "):          # 0: the run's max_iters again, not a horizon
+        train.main(budget_args(byte_data, tmp_path, "--init_from=resume", "--time_budget=0", "--lr_decay_iters=0"))
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 6
     fake_clock["calls"] = 0
     train.main(budget_args(byte_data, tmp_path, "--init_from=resume", "--time_budget=0", "--max_iters=8",

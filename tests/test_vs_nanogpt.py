@@ -44,9 +44,9 @@ def test_bad_input_is_refused_in_one_line(argv, message):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--batch", "-1"], r"^error: --batch -1 / --peer_batches '': positive micro-batches"),
-    (["--peer_batches", "16,x"], r"^error: --batch 0 / --peer_batches '16,x': positive micro-batches"),
-    (["--peer_batches", "0"], r"--peer_batches '0': positive micro-batches"),
+    (["--batch", "-1"], r"^error: --batch -1: a positive micro-batch \(0, the default: each preset's\)$"),
+    (["--peer_batches", "16,x"], r"^error: --peer_batches '16,x': positive micro-batches, comma-separated"),
+    (["--peer_batches", "0"], r"^error: --peer_batches '0': positive micro-batches"),
     (["--iters", "5"], r"^error: --iters 5 / --timeout 900: at least 6 steps"),
 ])
 def test_bad_numbers_are_refused_in_one_line_before_anything_is_written(fake_nanogpt, tmp_path, argv, message):
@@ -62,6 +62,19 @@ def test_a_machine_without_a_gpu_is_refused_before_anything_is_written(fake_nano
                                          r"none: run it on one$"):
         vs_nanogpt.main(["--nanogpt", str(fake_nanogpt), "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_fetch_comes_after_every_check_that_needs_no_clone(tmp_path, monkeypatch):
+    """--fetch goes online: a bad number or a machine without a GPU is refused first, nothing fetched or written."""
+    import torch
+    fetched = []
+    monkeypatch.setattr(vs_nanogpt, "fetch", fetched.append)
+    with pytest.raises(SystemExit, match=r"^error: --iters 2 / --timeout 900"):
+        vs_nanogpt.main(["--fetch", str(tmp_path / "clone"), "--iters", "2", "--out", str(tmp_path / "out")])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match=r"^error: vs_nanogpt.py times trainers on a CUDA GPU"):
+        vs_nanogpt.main(["--fetch", str(tmp_path / "clone"), "--out", str(tmp_path / "out")])
+    assert fetched == [] and not (tmp_path / "out").exists()
 
 
 def test_a_run_whose_every_side_failed_exits_with_an_error(fake_nanogpt, tmp_path, monkeypatch):
