@@ -404,8 +404,10 @@ def positive(text):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from configurator import FlagParser          # every refusal one line, as the project's other scripts
+    p = FlagParser(prog="benchmarks/roofline.py", description=__doc__.split("\n\n")[0],
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", help="a train.py out_dir holding profile_trace.json.gz and config.json")
     p.add_argument("--json", help="also write the rows here")
     p.add_argument("--top", type=positive, default=25, help="rows to print (the rest summed in one)")
