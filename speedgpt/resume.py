@@ -151,6 +151,9 @@ def resume_changes(cfg, explicit, saved):
     """Lines describing each key of the resumed run's `cfg` that differs from the checkpoint's config
     `saved`, and where the learning rate goes from here."""
     def why(k):
+        if k == "time_budget" and 0 < saved[k] < cfg.time_budget and cfg.lr_schedule != "constant":
+            return " (set explicitly: the decay stretches over the larger budget, so the rate goes back to an " \
+                   "earlier point of its curve)"
         return " (set explicitly)" if k in kept_keys() and k in explicit else \
             " (the decay runs on time_budget)" if k == "lr_decay_iters" and cfg.time_budget else \
             " (0 resolved: decay to the end of the run)" if k == "lr_decay_iters" else ""

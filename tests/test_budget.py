@@ -133,7 +133,10 @@ def test_a_resume_continues_the_clock_and_honours_the_budgets_total(byte_data, t
     assert train.main(budget_args(byte_data, cut, "--init_from=resume"))["finished"]
     assert "has spent its 0.10 of time_budget=0.1 min; to train on, give a larger --time_budget" \
         in capsys.readouterr().out
+    capsys.readouterr()
     train.main(budget_args(byte_data, cut, "--init_from=resume", "--time_budget=0.15"))     # more time: more steps
+    assert "resume: time_budget 0.1 -> 0.15 (set explicitly: the decay stretches over the larger budget, so the " \
+           "rate goes back to an earlier point of its curve)" in capsys.readouterr().out
     assert torch.load(cut / "ckpt.pt", weights_only=True)["step"] > 6
 
 
