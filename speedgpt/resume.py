@@ -22,7 +22,8 @@ def kept_keys():
     """The keys a resumed run takes from its checkpoint unless set explicitly: the schedule's (optim, budget), the
     data's (the loader's position is a position in them), as their modules declare them, the micro-batch (a
     step of total_batch_size=0 is one: left out, the default's would change it or be refused against it), the count
-    of kept checkpoints (the default's would prune the run's older ones) and max_iters (a resume continues the run it names; training on past its end is asked for with --max_iters)."""
+    of kept checkpoints (the default's would prune the run's older ones) and max_iters (a resume continues the run
+    it names; training on past its end is asked for with --max_iters)."""
     return optim.KEPT_ON_RESUME + budget.KEPT_ON_RESUME + data.KEPT_ON_RESUME + checkpoint.KEPT_ON_RESUME + \
         ("batch_size", "max_iters")
 
