@@ -255,7 +255,9 @@ def base_argv(args, recipe):
 def settings(args, recipe, base):
     """The sweep of `recipe`: [{"batch_tokens", "lr_scale", "lr": {key: value}}] (a --blocks row's setting adds
     "block": its name in BLOCKS), the peak learning rates `base`'s
-    (a train.py Config) times each scale; for adamw min_lr keeps its share of learning_rate."""
+    (a train.py Config) times each scale; for adamw min_lr keeps its share of learning_rate. A step smaller than the
+    preset's micro-batch (a whole number of rows) gets "batch_size", the micro-batch of that step: the sweep can go
+    below the preset's micro-batch without --train_args changing every run's."""
     key = RECIPES[recipe][1]
     out = []
     for batch in args.batch_tokens:
@@ -264,6 +266,8 @@ def settings(args, recipe, base):
             if key == "learning_rate":
                 lr["min_lr"] = base.min_lr * scale
             out.append({"batch_tokens": batch, "lr_scale": scale, "lr": lr})
+            if batch < base.batch_size * base.block_size and batch % base.block_size == 0:
+                out[-1]["batch_size"] = batch // base.block_size
     return out
 
 
@@ -275,6 +279,7 @@ def train_argv(args, recipe, setting, seed, data_dir, out_dir):
               [f"--max_iters={steps}", f"--lr_decay_iters={steps}"])
     return [*base_argv(args, recipe), f"--data_dir={os.path.abspath(data_dir)}",
             f"--out_dir={os.path.abspath(out_dir)}", f"--total_batch_size={batch}", *length,
+            *([f"--batch_size={setting['batch_size']}"] if "batch_size" in setting else []),
             f"--warmup_iters={round(args.warmup_frac * steps)}",
             f"--eval_interval={args.eval_every // batch}", f"--seed={seed}", "--eval_tokens=1000000000",
             "--save_checkpoints=False", "--hellaswag=off", *(f"--{k}={v!r}" for k, v in setting["lr"].items()),
@@ -390,7 +395,8 @@ class Store:
         if key in self.rows:
             self.reused += 1
             r = self.rows[key]
-            return result(r["recipe"], {k: r[k] for k in ("batch_tokens", "lr_scale", "lr", "block") if k in r},
+            return result(r["recipe"], {k: r[k] for k in ("batch_tokens", "batch_size", "lr_scale", "lr", "block")
+                                        if k in r},
                           r["seed"], r["evals"], target, r["compile_s"])
         row = train()
         append_record(self.path, {"key": key, "row": row})

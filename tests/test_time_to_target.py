@@ -6,9 +6,12 @@ import json
 import os
 import re
 import sys
+import types
+from dataclasses import asdict
 
 import pytest
 
+import configurator
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -425,3 +428,33 @@ def test_every_block_passes_the_presets_fp8_checks(block, monkeypatch):
     monkeypatch.setattr(cast_kernel, "refuse_unready_kernel", lambda *a: None)       # Triton there, its kernels right
     monkeypatch.setattr(cast_kernel, "verify", lambda *a, **k: None)
     fp8.check(load_config(["--config", "config/fast.py", *ttt.BLOCKS[block]]), on(torch.device("cuda")))
+
+
+def test_speedrun_preset_is_the_sweeps_winning_run():
+    """config/speedrun.py laid over config/fast.py trains what the sweep measured (its header's numbers): the muon
+    recipe at 65,536 tokens per step and its default muon_lr, 12,582,912 tokens with --warmup_frac 0.2, the settings
+    a run of `time_to_target.py --target 3.3 --tokens 12582912 --batch_tokens 65536,...` gives train.py, but for the
+    folders, seed, evaluation and checkpoints, which leave the training as it was."""
+    args = types.SimpleNamespace(config="config/fast.py", train_args=[], tokens=12582912, minutes=0.0,
+                                 warmup_frac=0.2, eval_every=1048576)
+    setting = {"batch_tokens": 65536, "lr_scale": 1.0, "lr": {"muon_lr": 0.02}}
+    swept = configurator.load_config(ttt.train_argv(args, "muon", setting, 1337, "data", "out"))
+    preset = configurator.load_config(["--config", "config/fast.py", "--config", "config/speedrun.py"])
+    apart = {"out_dir", "data_dir", "seed", "eval_interval", "eval_tokens", "save_checkpoints", "hellaswag"}
+    assert [c.lr_decay_iters or c.max_iters for c in (swept, preset)] == [192, 192]     # 0: max_iters
+    differ = {k for k, v in asdict(swept).items() if v != asdict(preset)[k]} - apart - {"lr_decay_iters"}
+    assert not differ, f"config/speedrun.py differs from the measured run in {sorted(differ)}"
+
+
+def test_a_step_below_the_presets_micro_batch_takes_a_smaller_micro_batch():
+    """--batch_tokens below config/fast.py's micro-batch of 64 x 1024 (the sweep's note: widen it downwards) runs at
+    a micro-batch of that step, which train.py's batch plan takes; the preset's own step and larger keep its 64."""
+    from speedgpt.distributed import plan_batch
+    args = types.SimpleNamespace(config="config/fast.py", train_args=[], tokens=12582912, minutes=0.0,
+                                 warmup_frac=0.2, eval_every=1048576, batch_tokens=[32768, 65536, 131072],
+                                 lr_scales=[1.0])
+    base = configurator.load_config(ttt.base_argv(args, "muon"))
+    runs = {s["batch_tokens"]: configurator.load_config(ttt.train_argv(args, "muon", s, 1, "d", "o"))
+            for s in ttt.settings(args, "muon", base)}
+    assert {batch: cfg.batch_size for batch, cfg in runs.items()} == {32768: 32, 65536: 64, 131072: 64}
+    assert [plan_batch(cfg, 1) for cfg in runs.values()] == [1, 1, 2]
