@@ -309,8 +309,9 @@ def train_run(args, recipe, setting, seed, data_dir):
     return result(recipe, setting, seed, curve, args.target, summary.get("compile_s"))
 
 
-# what a run's result depends on besides its flags: the training code (a changed file makes every stored run stale)
-CODE = ("train.py", "model.py", "data.py", "configurator.py", "speedgpt", "config")
+# what a run's result depends on besides its flags: the training code (a changed file makes every stored run stale).
+# Not config/: run_key holds what a preset sets, so a new preset or a header's numbers keep the stored runs.
+CODE = ("train.py", "model.py", "data.py", "configurator.py", "speedgpt")
 
 
 def code_hash(root=ROOT):

@@ -370,7 +370,8 @@ def test_the_code_hash_follows_the_training_code(tmp_path):
         (tmp_path / folder / "a.py").write_text("y = 2\n")
     before = ttt.code_hash(str(tmp_path))
     (tmp_path / "README.md").write_text("docs\n")
-    assert ttt.code_hash(str(tmp_path)) == before        # not training code
+    (tmp_path / "config" / "a.py").write_text("# measured: ...\ny = 2\n")
+    assert ttt.code_hash(str(tmp_path)) == before        # not training code; a preset counts by what it sets (run_key)
     (tmp_path / "speedgpt" / "a.py").write_text("y = 3\n")
     assert ttt.code_hash(str(tmp_path)) != before
 
