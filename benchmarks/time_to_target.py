@@ -13,9 +13,10 @@ the runs, over several seeds. One command, one table.
    run the yardstick). Every evaluation is on the whole val split, the same tokens for every run.
 3. The sweep, at the first of --seeds: for each recipe of --recipes (adamw: --config as shipped, AdamW + cosine; muon:
    config/muon.py laid over it, Muon + WSD), every tokens per optimizer step of --batch_tokens (train.py's
-   total_batch_size) with every peak learning rate of --lr_scales (times the recipe's own: learning_rate for adamw,
-   muon_lr for muon; min_lr keeps its share), each run on the same --tokens (its steps follow, and its schedule's
-   horizon), warming up over --warmup_frac of its steps and evaluated every --eval_every tokens.
+   total_batch_size; a step below the preset's micro-batch is one micro-batch of that many rows) with every peak
+   learning rate of --lr_scales (times the recipe's own: learning_rate for adamw, muon_lr for muon; min_lr keeps
+   its share), each run on the same --tokens (its steps follow, and its schedule's horizon), warming up over
+   --warmup_frac of its steps and evaluated every --eval_every tokens.
    With --minutes M, each run trains M minutes of training time instead (train.py's time_budget: the schedule
    decays over the time, max_iters only a bound), with the warm-up and evaluations of the --tokens runs.
 4. The best setting of each recipe: the one that reached the target in the fewest seconds of training (then the
@@ -365,6 +366,10 @@ def run_key(args, recipe, setting, seed, data, code, device):
     return hashlib.sha256(json.dumps([settings, data, code, device], default=str).encode()).hexdigest()
 
 
+def number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 class Store:
     """--out/runs.jsonl: every finished run of ours, one line each (its key and its row), appended as it ends. With
     resume, a run whose key is there is taken from it instead of trained again: a sweep stopped midway (a timeout,
@@ -382,8 +387,10 @@ class Store:
         for entry in entries:
             row = entry.get("row")
             if not (isinstance(entry.get("key"), str) and isinstance(row, dict) and all(k in row for k in self.ROW)
-                    and isinstance(row["evals"], list)
-                    and all(isinstance(e, list) and len(e) == 4 for e in row["evals"])):
+                    and isinstance(row["evals"], list) and isinstance(row["lr"], dict)
+                    and all(isinstance(e, list) and len(e) == 4 and all(map(number, e)) for e in row["evals"])
+                    and all(map(number, (row["batch_tokens"], row["lr_scale"], row["seed"], *row["lr"].values())))
+                    and (row["compile_s"] is None or number(row["compile_s"]))):
                 bad += 1                    # not a row this script wrote whole
                 continue
             row["evals"] = [tuple(e) for e in row["evals"]]
@@ -520,7 +527,7 @@ def preflight(args, recipes, data_dir):
     from dataclasses import replace
     import torch
     import train
-    from configurator import load_config
+    from configurator import Config, load_config
     from speedgpt import memory
     from speedgpt.distributed import Proc, plan_batch
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -530,6 +537,12 @@ def preflight(args, recipes, data_dir):
         try:
             with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
+                plain = load_config(base_argv(args, "adamw"))          # the preset and --train_args alone
+                given = [f"{k}={getattr(plain, k)!r}" for k in RECIPE_KEYS if getattr(plain, k) != getattr(Config, k)]
+                if given:                   # else the table would name one recipe and the runs train another
+                    sys.exit(f"error: --config {args.config} sets {', '.join(given)}, which the recipes set (adamw: "
+                             "AdamW with a cosine schedule; muon: config/muon.py): give a size preset such as "
+                             "config/fast.py and choose the recipe with --recipes")
                 base = load_config(base_argv(args, recipe))
                 flop = memory.meta_model(base, vocab).flops_per_token() * args.tokens
                 if device.type == "cpu" and flop > CPU_RUN_FLOP:    # a GPU's work: said before its refusals
@@ -537,6 +550,14 @@ def preflight(args, recipes, data_dir):
                              f"{args.tokens:,} tokens) would train {flop / 1e12:,.0f} TFLOP, hours each: this "
                              "benchmark measures a GPU. A small run on a CPU (python train.py prepares "
                              f"data/stdlib_byte first): {CPU_EXAMPLE}")
+                rows, micro = base.block_size, base.batch_size * base.block_size
+                for step in args.batch_tokens:          # whole rows a micro-batch, whole micro-batches a step
+                    if step % (rows if step < micro else micro):
+                        sys.exit(f"error: --batch_tokens {step:,} is not a multiple of " + (
+                            f"block_size {rows:,}: a step below the preset's micro-batch ({base.batch_size} x {rows:,} "
+                            "tokens) runs as one micro-batch of whole rows" if step < micro else
+                            f"the preset's micro-batch ({base.batch_size} x {rows:,} = {micro:,} tokens): give "
+                            "multiples of it (or of a smaller --train_args=--batch_size)"))
                 sweeps[recipe] = settings(args, recipe, base)
                 # the largest step first: a GPU-sized step on a CPU gets every refusal in one line (train.py's)
                 for setting in sorted(sweeps[recipe], key=lambda setting: -setting["batch_tokens"]):
@@ -567,7 +588,8 @@ def main(argv=None):
     p.add_argument("--target", type=float, help="the val loss to reach, fixed before the runs (required)")
     p.add_argument("--recipes", default="adamw,muon", help="comma-separated: " + ", ".join(RECIPES))
     p.add_argument("--batch_tokens", default="65536,131072,262144,524288",
-                   help="tokens per optimizer step to sweep (train.py's total_batch_size), comma-separated")
+                   help="tokens per optimizer step to sweep (train.py's total_batch_size), comma-separated: "
+                   "multiples of the preset's micro-batch, or below it multiples of block_size (a smaller micro-batch)")
     p.add_argument("--lr_scales", default="0.5,1,2", help="peak learning rates to sweep, as multiples of each "
                    "recipe's own (adamw: learning_rate, with min_lr; muon: muon_lr), comma-separated")
     p.add_argument("--tokens", type=int, default=100 * 524288, help="tokens of every run (a multiple of every "
@@ -607,18 +629,25 @@ def main(argv=None):
         sys.exit(f"error: --blocks {','.join(args.blocks)!r}: the blocks are {', '.join(BLOCKS)}")
     args.batch_tokens = sorted(ints(args.batch_tokens, "--batch_tokens"))
     args.seeds = ints(args.seeds, "--seeds")
+    raw_scales = args.lr_scales
     try:
         args.lr_scales = sorted(dict.fromkeys(float(v) for v in args.lr_scales.split(",") if v.strip()))
     except ValueError:
         args.lr_scales = []
-    if not args.lr_scales or not all(math.isfinite(v) and v > 0 for v in args.lr_scales):
-        sys.exit("error: --lr_scales: comma-separated positive multiples of each recipe's learning rate, e.g. 0.5,1,2")
+    if not args.lr_scales or not all(math.isfinite(v) and 0 < v <= 1e6 for v in args.lr_scales):
+        sys.exit(f"error: --lr_scales {raw_scales!r}: comma-separated positive multiples (at most 1e6) of each "
+                 "recipe's learning rate, e.g. 0.5,1,2")
+    default_eval = not args.eval_every
     args.eval_every = args.eval_every or args.tokens // 10
     for flag, value in (("--tokens", args.tokens), ("--eval_every", args.eval_every)):
         odd = [b for b in args.batch_tokens if value <= 0 or value % b]
         if odd:
-            sys.exit(f"error: {flag} {value:,} is not a positive multiple of --batch_tokens {odd[0]:,}: every run "
-                     "takes whole steps on the same tokens")
+            given = "--eval_every's default (a tenth of --tokens)" if flag == "--eval_every" and default_eval else flag
+            sys.exit(f"error: {given} {value:,} is not a positive multiple of --batch_tokens {odd[0]:,}: every run "
+                     "takes whole steps on the same tokens" + ("; give --eval_every" if given != flag else ""))
+    if args.eval_every > args.tokens and not args.minutes:
+        sys.exit(f"error: --eval_every {args.eval_every:,} is more than --tokens {args.tokens:,}: no evaluation "
+                 "before the last; give at most --tokens")
     if args.tokens // args.eval_every > 1000:
         sys.exit(f"error: --eval_every {args.eval_every:,}: more than 1,000 evaluations of --tokens {args.tokens:,}")
     if not math.isfinite(args.minutes) or args.minutes < 0:
@@ -653,6 +682,9 @@ def main(argv=None):
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         sys.exit(f"error: cannot create --out {args.out}: {e.strerror}; choose another --out")
+    if os.path.isdir(os.path.join(args.out, "runs.jsonl")):
+        sys.exit(f"error: {os.path.join(args.out, 'runs.jsonl')} is a folder, where the runs are kept: move it or "
+                 "choose another --out")
     try:
         sweeps = preflight(args, recipes, args.data_dir or os.path.join(args.out, "data"))
     except SystemExit:                        # refused: leave no empty folder behind
@@ -677,7 +709,7 @@ def main(argv=None):
         swept += rows
         chosen[recipe] = best(rows, by_time=not args.minutes)
     for recipe, top in chosen.items():      # the best setting at every seed
-        setting = {k: top[k] for k in ("batch_tokens", "lr_scale", "lr")}
+        setting = {k: top[k] for k in ("batch_tokens", "batch_size", "lr_scale", "lr") if k in top}
         seeded[recipe] = [top] + [run(recipe, setting, seed) for seed in args.seeds[1:]]
         print(f"seeds: {recipe} done", flush=True)
         for block in args.blocks:           # each block at that setting, every seed

@@ -248,7 +248,10 @@ def fits(cfg, vocab_size, device, world=1):
     if need <= MARGIN * have:
         return f"memory: about {est.describe()}" + (f" x {sharing} processes" if sharing > 1 else "") + \
             f"; fits in {where}"
-    fit = next((b for b in (cfg.batch_size >> i for i in range(1, cfg.batch_size.bit_length()))     # halving it
+    rows = cfg.total_batch_size // (cfg.block_size * world) if cfg.total_batch_size else 0     # a step's, per process
+    smaller = ([b for b in range(cfg.batch_size - 1, 0, -1) if rows % b == 0] if rows else    # that divide the step
+               [cfg.batch_size >> i for i in range(1, cfg.batch_size.bit_length())])          # else halving it
+    fit = next((b for b in smaller
                 if estimate(replace(cfg, batch_size=b), vocab_size, world).total * sharing <= MARGIN * have), None)
     ways = [f"lower --batch_size ({f'{fit} fits; ' if fit else ''}total_batch_size keeps the step's tokens)",
             "or --block_size"]
@@ -273,9 +276,9 @@ def fits(cfg, vocab_size, device, world=1):
 
 
 def cpu_way_out(cfg, device):
-    """The way out for a GPU-sized run (steps over 65,536 tokens) on the CPU, for a refusal's line: the
-    quickstart's size; '' elsewhere."""
-    if device.type != "cpu" or cfg.total_batch_size <= 65536:
+    """The way out for a GPU-sized run (steps of 65,536 tokens or more: config/speedrun.py's too) on the CPU, for a
+    refusal's line: the quickstart's size; '' elsewhere."""
+    if device.type != "cpu" or cfg.total_batch_size < 65536:
         return ""
     return f"on a CPU, the quickstart's size (python train.py; these steps are {cfg.total_batch_size:,} tokens)"
 

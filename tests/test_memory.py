@@ -197,6 +197,20 @@ def test_the_reported_run_is_refused_on_a_24_gb_cpu_in_one_line(monkeypatch):
         memory.fits(replace(reported_run(), batch_size=2 * fit), GPT2_VOCAB, torch.device("cpu"), 1)
 
 
+def test_the_batch_size_named_divides_the_step(monkeypatch):
+    """The micro-batch named as fitting is one the step's rows divide (train.py's batch plan takes it): at 64 rows a
+    step and a micro-batch of 48, not 24 (48 halved)."""
+    from speedgpt.distributed import plan_batch
+    monkeypatch.setattr(memory, "available", lambda device: 24e9)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cfg = replace(reported_run(), batch_size=48, total_batch_size=64 * 1024)
+    with pytest.raises(ValueError) as e:
+        memory.fits(cfg, GPT2_VOCAB, torch.device("cpu"), 1)
+    fit = int(re.search(r"--batch_size \((\d+) fits", str(e.value))[1])
+    assert 64 % fit == 0 and plan_batch(replace(cfg, batch_size=fit), 1) == 64 // fit
+    assert memory.fits(replace(cfg, batch_size=fit), GPT2_VOCAB, torch.device("cpu"), 1)
+
+
 def test_memory_check_false_tries_anyway(monkeypatch):
     def unread(device):
         raise AssertionError("memory_check=False reads no memory")

@@ -177,7 +177,16 @@ def test_a_failed_run_stops_it_in_one_line(byte_data, tmp_path):
     (["--target", "3", "--recipes", "sgd"], "--recipes 'sgd': the recipes are adamw, muon"),
     (["--target", "3", "--seeds", "x"], "--seeds 'x': comma-separated positive integers"),
     (["--target", "3", "--batch_tokens", "0,512"], "--batch_tokens '0,512': comma-separated positive integers"),
-    (["--target", "3", "--lr_scales", "1,-2"], "--lr_scales: comma-separated positive multiples"),
+    (["--target", "3", "--lr_scales", "1,-2"], "--lr_scales '1,-2': comma-separated positive multiples"),
+    (["--target", "3", "--lr_scales", "1e300"], r"--lr_scales '1e300': comma-separated positive multiples \(at most"),
+    (["--target", "3", "--tokens", "2048", "--batch_tokens", "256"],
+     r"--eval_every's default \(a tenth of --tokens\) 204 is not a positive multiple .*; give --eval_every$"),
+    (["--target", "3", "--tokens", "2048", "--batch_tokens", "256", "--eval_every", "4096"],
+     "--eval_every 4,096 is more than --tokens 2,048"),
+    (["--target", "3", "--config", "config/muon.py"],          # the table would say adamw and the runs train Muon
+     r"--config config/muon.py sets optimizer='muon', lr_schedule='wsd', which the recipes set"),
+    (["--target", "3", "--config", "", "--batch_tokens", "6144", "--tokens", "12288", "--eval_every", "6144"],
+     r"--batch_tokens 6,144 is not a multiple of the preset's micro-batch \(16 x 256 = 4,096 tokens\)"),
     (["--target", "3", "--tokens", "1000000"],
      r"--tokens 1,000,000 is not a positive multiple of --batch_tokens 65,536"),
     (["--target", "3", "--eval_every", "100"], r"--eval_every 100 is not a positive multiple of --batch_tokens 65,536"),
@@ -193,7 +202,7 @@ def test_a_failed_run_stops_it_in_one_line(byte_data, tmp_path):
     (["--target", "3", "--data_dir", "/nonexistent"], "--data_dir '/nonexistent' is not a prepared folder"),
     (["--target", "3", "--config", "config/none.py"], "the adamw runs: config file 'config/none.py' not found"),
     (["--target", "3", "--config", "", "--batch_tokens", "1000", "--tokens", "2000", "--eval_every", "1000"],
-     r"the adamw runs: total_batch_size=1,000 tokens is not a multiple of batch_size x block_size"),
+     r"--batch_tokens 1,000 is not a multiple of block_size 256: a step below the preset's micro-batch"),
 ])
 def test_bad_input_is_refused_in_one_line(argv, message, tmp_path):
     """Each refusal comes before the corpus is prepared (nothing in --out but the folder)."""
@@ -356,10 +365,13 @@ def test_a_stored_row_that_lacks_what_the_table_needs_is_passed_over(byte_data, 
             "--n_layer=1 --n_head=2 --n_embd=32 --block_size=64 --batch_size=4", "--out", str(tmp_path), "--resume"]
     ttt.main(argv)
     [entry] = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    wrong = json.loads(json.dumps(entry))
+    wrong["row"]["evals"][1][1] = "x"                   # JSON, but not a loss the table can print
     del entry["row"]["compile_s"]
-    (tmp_path / "runs.jsonl").write_bytes(json.dumps(entry).encode() + b"\n\xff\xfe not json\n")
+    (tmp_path / "runs.jsonl").write_bytes(json.dumps(entry).encode() + b"\n\xff\xfe not json\n" +
+                                          json.dumps(wrong).encode() + b"\n")
     ttt.main(argv)
-    assert calls == [1, 1] and "2 line(s) that are not a run passed over" in capsys.readouterr().out
+    assert calls == [1, 1] and "3 line(s) that are not a run passed over" in capsys.readouterr().out
 
 
 def test_the_code_hash_follows_the_training_code(tmp_path):
@@ -459,3 +471,22 @@ def test_a_step_below_the_presets_micro_batch_takes_a_smaller_micro_batch():
             for s in ttt.settings(args, "muon", base)}
     assert {batch: cfg.batch_size for batch, cfg in runs.items()} == {32768: 32, 65536: 64, 131072: 64}
     assert [plan_batch(cfg, 1) for cfg in runs.values()] == [1, 1, 2]
+
+
+def test_the_best_step_below_the_micro_batch_keeps_its_micro_batch_at_every_seed(byte_data, tmp_path, monkeypatch):
+    """The sweep's best at a step below the preset's micro-batch (4 x 64 tokens here) runs its other seeds and its
+    --blocks rows at that step's micro-batch too, each run's flags through train.py's batch plan."""
+    from speedgpt.distributed import plan_batch
+    plans = []
+
+    def fake(args, recipe, setting, seed, data_dir):
+        plans.append((setting["batch_tokens"], seed, setting.get("block"),
+                      plan_batch(configurator.load_config(ttt.train_argv(args, recipe, setting, seed, "d", "o")), 1)))
+        hit = 1.0 if setting["batch_tokens"] == 128 else 2.0          # the small step reaches the target first
+        return ttt.result(recipe, setting, seed, [(0, 5.0, 0, 0.0), (4, 2.0, 1024, hit)], args.target, 1.0)
+    monkeypatch.setattr(ttt, "train_run", fake)
+    ttt.main(["--target", "2.5", "--config", "", "--data_dir", str(byte_data), "--recipes", "adamw", "--batch_tokens",
+              "128,256", "--lr_scales", "1", "--seeds", "1,2", "--tokens", "2048", "--eval_every", "1024",
+              "--blocks", "rope", "--train_args", "--n_layer=1 --n_head=2 --n_embd=32 --block_size=64 --batch_size=4",
+              "--out", str(tmp_path)])
+    assert plans == [(128, 1, None, 1), (256, 1, None, 1), (128, 2, None, 1), (128, 1, "rope", 1), (128, 2, "rope", 1)]
