@@ -18,6 +18,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from speedgpt.distributed import print0
+
 now = time.perf_counter          # the clock's source; tests set a fake one
 
 
@@ -50,6 +52,19 @@ def describe_end(cfg, seconds):
         return f"time_budget={cfg.time_budget:g} min spent ({seconds / 60:.2f} min of training): the last evaluation"
     return (f"max_iters={cfg.max_iters} reached after {describe(cfg, seconds)}: the learning rate had not finished "
             "its decay (give a larger --max_iters)")
+
+
+def warn_max_iters_first(cfg, step, steps, seconds, before):
+    """Print (rank 0) a warning once `steps` steps of this start, up to `step`, have taken the clock from `before` to
+    `seconds`, if at that rate max_iters will end the budgeted run before its budget, the decay unfinished (said
+    again at the end: describe_end); returns the line or None."""
+    end = seconds + (cfg.max_iters - step) * (seconds - before) / max(steps, 1)
+    if not cfg.time_budget or end >= 0.95 * 60 * cfg.time_budget:
+        return None
+    line = (f"warning: at this rate max_iters={cfg.max_iters} ends the run after about {describe(cfg, end)}, "
+            "before its learning rate has decayed: give a larger --max_iters (under a budget, only a bound)")
+    print0(line)
+    return line
 
 
 class Clock:

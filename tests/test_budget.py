@@ -107,6 +107,19 @@ def test_a_budgeted_run_ends_at_its_budget_on_the_clock_and_its_rate_follows_it(
     assert "step 6: time_budget=0.1 min spent (0.10 min of training): the last evaluation" in capsys.readouterr().out
 
 
+def test_a_max_iters_that_ends_the_budget_early_is_said_once_its_rate_is_known(byte_data, tmp_path, fake_clock,
+                                                                               capsys):
+    """1 s a step against a budget of 6 s: max_iters=4 ends the run after about 4 s (0.07 min), said after this
+    start's first timing_warmup steps, besides the end's line; max_iters=1000 is a bound the budget comes first to."""
+    train.main(budget_args(byte_data, tmp_path, "--max_iters=4"))
+    out = capsys.readouterr().out
+    assert out.count("warning: at this rate max_iters=4 ends the run after about 0.07 of time_budget=0.1 min, before "
+                     "its learning rate has decayed: give a larger --max_iters") == 1
+    assert "max_iters=4 reached after 0.07 of time_budget=0.1 min" in out
+    train.main(budget_args(byte_data, tmp_path / "bound"))
+    assert "warning: at this rate" not in capsys.readouterr().out
+
+
 def test_a_resume_continues_the_clock_and_honours_the_budgets_total(byte_data, tmp_path, fake_clock, capsys):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     train.main(budget_args(byte_data, whole))
