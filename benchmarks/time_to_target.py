@@ -390,7 +390,9 @@ class Store:
                     and isinstance(row["evals"], list) and isinstance(row["lr"], dict)
                     and all(isinstance(e, list) and len(e) == 4 and all(map(number, e)) for e in row["evals"])
                     and all(map(number, (row["batch_tokens"], row["lr_scale"], row["seed"], *row["lr"].values())))
-                    and (row["compile_s"] is None or number(row["compile_s"]))):
+                    and (row["compile_s"] is None or number(row["compile_s"])) and isinstance(row["recipe"], str)
+                    and (type(row.get("batch_size", 1)) is int and row.get("batch_size", 1) > 0)   # it sets a flag
+                    and isinstance(row.get("block", ""), str)):
                 bad += 1                    # not a row this script wrote whole
                 continue
             row["evals"] = [tuple(e) for e in row["evals"]]

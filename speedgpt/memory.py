@@ -248,13 +248,14 @@ def fits(cfg, vocab_size, device, world=1):
     if need <= MARGIN * have:
         return f"memory: about {est.describe()}" + (f" x {sharing} processes" if sharing > 1 else "") + \
             f"; fits in {where}"
-    rows = cfg.total_batch_size // (cfg.block_size * world) if cfg.total_batch_size else 0     # a step's, per process
-    smaller = ([b for b in range(cfg.batch_size - 1, 0, -1) if rows % b == 0] if rows else    # that divide the step
-               [cfg.batch_size >> i for i in range(1, cfg.batch_size.bit_length())])          # else halving it
+    rows, partial = divmod(cfg.total_batch_size, cfg.block_size * world)        # a step's rows, per process
+    smaller = ([] if partial else [b for b in range(cfg.batch_size - 1, 0, -1) if rows % b == 0] if rows else
+               [cfg.batch_size >> i for i in range(1, cfg.batch_size.bit_length())])   # else halving it
     fit = next((b for b in smaller
                 if estimate(replace(cfg, batch_size=b), vocab_size, world).total * sharing <= MARGIN * have), None)
-    ways = [f"lower --batch_size ({f'{fit} fits; ' if fit else ''}total_batch_size keeps the step's tokens)",
-            "or --block_size"]
+    keeps = "total_batch_size keeps the step's tokens" if cfg.total_batch_size else \
+        "with total_batch_size=0 the step shrinks with it: give --total_batch_size to keep it"
+    ways = [f"lower --batch_size ({f'{fit} fits; ' if fit else ''}{keeps})", "or --block_size"]
     if getattr(cfg, "grad_checkpointing", "full") != "full":
         ways.append("or use --grad_checkpointing=full")
     if cfg.attention == "naive":

@@ -209,6 +209,13 @@ def test_the_batch_size_named_divides_the_step(monkeypatch):
     fit = int(re.search(r"--batch_size \((\d+) fits", str(e.value))[1])
     assert 64 % fit == 0 and plan_batch(replace(cfg, batch_size=fit), 1) == 64 // fit
     assert memory.fits(replace(cfg, batch_size=fit), GPT2_VOCAB, torch.device("cpu"), 1)
+    with pytest.raises(ValueError) as e:                # a step of partial rows: no micro-batch divides it
+        memory.fits(replace(cfg, total_batch_size=64 * 1024 - 8), GPT2_VOCAB, torch.device("cpu"), 1)
+    assert "lower --batch_size (total_batch_size keeps the step's tokens)" in str(e.value)
+    with pytest.raises(ValueError) as e:                # one micro-batch a step: lowering it lowers the step
+        memory.fits(replace(cfg, total_batch_size=0), GPT2_VOCAB, torch.device("cpu"), 1)
+    assert re.search(r"lower --batch_size \(24 fits; with total_batch_size=0 the step shrinks with it: give "
+                     r"--total_batch_size to keep it\)", str(e.value)), str(e.value)
 
 
 def test_memory_check_false_tries_anyway(monkeypatch):

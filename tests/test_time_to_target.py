@@ -365,13 +365,14 @@ def test_a_stored_row_that_lacks_what_the_table_needs_is_passed_over(byte_data, 
             "--n_layer=1 --n_head=2 --n_embd=32 --block_size=64 --batch_size=4", "--out", str(tmp_path), "--resume"]
     ttt.main(argv)
     [entry] = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
-    wrong = json.loads(json.dumps(entry))
+    wrong, flag = json.loads(json.dumps(entry)), json.loads(json.dumps(entry))
     wrong["row"]["evals"][1][1] = "x"                   # JSON, but not a loss the table can print
+    flag["row"]["batch_size"] = "x"                     # nor a micro-batch a run's flags can take
     del entry["row"]["compile_s"]
     (tmp_path / "runs.jsonl").write_bytes(json.dumps(entry).encode() + b"\n\xff\xfe not json\n" +
-                                          json.dumps(wrong).encode() + b"\n")
+                                          json.dumps(wrong).encode() + b"\n" + json.dumps(flag).encode() + b"\n")
     ttt.main(argv)
-    assert calls == [1, 1] and "3 line(s) that are not a run passed over" in capsys.readouterr().out
+    assert calls == [1, 1] and "4 line(s) that are not a run passed over" in capsys.readouterr().out
 
 
 def test_the_code_hash_follows_the_training_code(tmp_path):
