@@ -366,6 +366,10 @@ def run_key(args, recipe, setting, seed, data, code, device):
     return hashlib.sha256(json.dumps([settings, data, code, device], default=str).encode()).hexdigest()
 
 
+# a run's setting: settings()'s keys (batch_size only below the preset's micro-batch); a --blocks row adds "block"
+SETTING = ("batch_tokens", "batch_size", "lr_scale", "lr")
+
+
 def number(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -405,8 +409,7 @@ class Store:
         if key in self.rows:
             self.reused += 1
             r = self.rows[key]
-            return result(r["recipe"], {k: r[k] for k in ("batch_tokens", "batch_size", "lr_scale", "lr", "block")
-                                        if k in r},
+            return result(r["recipe"], {k: r[k] for k in (*SETTING, "block") if k in r},
                           r["seed"], r["evals"], target, r["compile_s"])
         row = train()
         append_record(self.path, {"key": key, "row": row})
@@ -711,7 +714,7 @@ def main(argv=None):
         swept += rows
         chosen[recipe] = best(rows, by_time=not args.minutes)
     for recipe, top in chosen.items():      # the best setting at every seed
-        setting = {k: top[k] for k in ("batch_tokens", "batch_size", "lr_scale", "lr") if k in top}
+        setting = {k: top[k] for k in SETTING if k in top}
         seeded[recipe] = [top] + [run(recipe, setting, seed) for seed in args.seeds[1:]]
         print(f"seeds: {recipe} done", flush=True)
         for block in args.blocks:           # each block at that setting, every seed
