@@ -4,6 +4,12 @@ scale: how many passes over the activations each costs, and so which way a recip
 
     python benchmarks/fp8_cast.py [--producers gelu]   # 774M's shapes: 32 x 1024 tokens, 1280 wide (MLP 5120)
     python benchmarks/fp8_cast.py --device cpu --eager --tokens 64 --width 32 --iters 1   # the smoke test
+    python benchmarks/fp8_cast.py --tiles [--tokens 65536 --width 768]   # our GELU passes at each tile of TILES
+
+--tiles times fp8_gelu_cast's two passes (GELU's forward, e4m3; its derivative, e5m2; the transposed copy written,
+as words or byte by byte) at each tile of TILES, each first checked against the PyTorch reference at the shape
+timed (cast_kernel.check_pass: a tile ptxas compiles wrongly prints what differs instead of a time). The tile that
+ships is cast_kernel's WORD_TILE (forward) and GRAD_TILE, GRAD_WARPS (backward).
 
 Producers (what makes the tensor cast): `layernorm` (LayerNorm of a bf16 residual, the qkv and fc inputs), `gelu`
 (GELU of the fc output, mlp_proj's input, 4x wide), `plain` (a bf16 tensor as is: the attention output),
@@ -161,6 +167,40 @@ def measure(tokens, width, device, iters, compiled=True, names=None):
     return rows
 
 
+# (pass, words, (rows, columns), warps): the ones that ship first; rows a multiple of 4 (and rows / 4 a power of 2)
+# with words
+TILES = [("gelu", True, (64, 128), 4), ("gelu", True, (64, 128), 8), ("gelu", True, (128, 128), 8),
+         ("gelu", True, (128, 64), 4), ("gelu", True, (32, 128), 4), ("gelu", True, (64, 256), 8),
+         ("gelu", True, (128, 256), 8), ("gelu", True, (256, 128), 8), ("gelu", False, (64, 64), 4),
+         ("gelu_backward", False, (32, 64), 8), ("gelu_backward", False, (32, 64), 4),
+         ("gelu_backward", False, (64, 64), 8), ("gelu_backward", False, (32, 128), 8),
+         ("gelu_backward", False, (16, 128), 4), ("gelu_backward", True, (64, 128), 4),
+         ("gelu_backward", True, (64, 128), 8), ("gelu_backward", True, (128, 128), 8),
+         ("gelu_backward", True, (32, 128), 4), ("gelu_backward", True, (128, 64), 4)]
+
+
+def tiles(tokens, width, device, iters):
+    """Rows (dicts) of TILES at tokens x 4 width: pass, tile, warps, words, ms (None where check_pass found the bytes
+    wrong), share of the copy rate, what differs."""
+    torch.manual_seed(0)
+    w, rows = 4 * width, []
+    x, h = (3 * torch.randn(tokens, w, device=device)).bfloat16(), (3 * torch.randn(tokens, w, device=device)).bfloat16()
+    out = torch.empty_like(x)
+    copy = cuda_time_ms(lambda: out.copy_(x), 3, iters, device)
+    amax = torch.zeros(1, device=device)
+    for name, words, block, warps in TILES:
+        e5m2, grad = name == "gelu_backward", h if name == "gelu_backward" else None
+        s = torch.tensor(57344.0 / 6 if e5m2 else 448.0 / 6, device=device)
+        kw = dict(gelu=grad is None, gelu_input=grad, block=block, num_warps=warps, words=words)
+        problem = cast_kernel.check_pass(x, s, e5m2, grad is None, grad, block, warps, words)
+        ms = None if problem else cuda_time_ms(lambda: cast_kernel.run(x, s, amax, e5m2, transpose=True, **kw),
+                                               3, iters, device)
+        moved = 2 + (2 if grad is not None else 0) + 2           # bytes per element: read, read h, two float8 out
+        rows.append({"pass": name, "shape": f"{tokens}x{w}", "tile": f"{block[0]} x {block[1]}", "warps": warps,
+                     "words": words, "ms": ms, "copy_share": ms and copy * moved / 4 / ms, "problem": problem})
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -171,6 +211,8 @@ def main(argv=None):
     p.add_argument("--eager", action="store_true", help="without torch.compile (the smoke test)")
     p.add_argument("--producers", default="layernorm,gelu,plain,gelu_backward",
                    help="comma-separated: " + ", ".join(producers(1)))
+    p.add_argument("--tiles", action="store_true", help="our GELU passes at each tile of TILES (needs Triton; "
+                   "--device cpu runs Triton's interpreter where TRITON_INTERPRET=1)")
     args = p.parse_args(argv)
     bad = [f"--{k} {getattr(args, k)}" for k in ("tokens", "width", "iters") if getattr(args, k) < 1]
     if bad:
@@ -186,6 +228,22 @@ def main(argv=None):
     if unknown or not names:
         raise SystemExit(f"error: --producers {args.producers!r}: unknown {', '.join(unknown) or 'empty'}; "
                          f"the producers are {', '.join(producers(1))}")
+    if args.tiles:
+        if not importlib.util.find_spec("triton"):
+            raise SystemExit("error: --tiles times our Triton kernels: install Triton (it comes with torch's CUDA "
+                             "builds)")
+        rows = tiles(args.tokens, args.width, device, args.iters)
+        shipped = {("gelu", cast_kernel.WORD_TILE[:2], cast_kernel.WORD_TILE[2], True),
+                   ("gelu_backward", cast_kernel.GRAD_TILE, cast_kernel.GRAD_WARPS, False)}
+        print("| pass | tokens x width | tile (rows x columns) | warps | transposed copy | ms | share of the copy "
+              "rate |\n|---|---|---|---:|---|---:|---:|")
+        for r, (name, words, block, warps) in zip(rows, TILES):
+            mark = " (ships)" if (name, block, warps, words) in shipped else ""
+            cells = (f"{r['ms']:.3f} | {r['copy_share']:.2f}" if r["ms"] is not None else
+                     f"wrong: {r['problem']} |")
+            print(f"| {r['pass']} | {r['shape']} | {r['tile']}{mark} | {r['warps']} | "
+                  f"{'words' if words else 'bytes'} | {cells} |")
+        return rows
     rows = measure(args.tokens, args.width, device, args.iters, not args.eager, names)
     print("| producer | tokens x width | way | ms | share of the copy rate |\n|---|---|---|---:|---:|")
     for r in rows:

@@ -321,6 +321,39 @@ def test_the_kernel_in_the_interpreter():
     in_interpreter(code)
 
 
+def test_every_tile_of_the_sweep_in_the_interpreter():
+    """Each tile benchmarks/fp8_cast.py --tiles times (GELU's pass and its derivative's, the copy as words or byte by
+    byte, words for the derivative too) in Triton's interpreter at a shape no tile divides: the transposed copy is
+    the bytes transposed, the bytes are the pass's without the copy, every value as reference() casts it to the
+    interpreter's float8 rounding, the amax reference()'s. words=True with rows not a multiple of 4 is refused."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("needs Triton (for its interpreter)")
+    code = ("import sys, os, torch\n"
+            "sys.path.insert(0, os.path.join(os.getcwd(), 'benchmarks'))\n"
+            "import fp8_cast\n"
+            "from speedgpt.features import cast_kernel\n"
+            "torch.manual_seed(0)\n"
+            "x, h = ((torch.randn(68, 200) * 2).bfloat16() for _ in range(2))\n"
+            "for name, words, block, warps in fp8_cast.TILES:\n"
+            "    grad = h if name == 'gelu_backward' else None\n"
+            "    e5m2, s = grad is not None, torch.tensor(1000.0 if grad is not None else 100.0)\n"
+            "    kw = dict(gelu=grad is None, gelu_input=grad, block=block, num_warps=warps)\n"
+            "    amax, want_amax = torch.zeros(1), torch.zeros(1)\n"
+            "    out, out_t = cast_kernel.run(x, s, amax, e5m2, transpose=True, words=words, **kw)\n"
+            "    assert torch.equal(out_t.view(torch.uint8), out.view(torch.uint8).t()), (name, block, words)\n"
+            "    alone = cast_kernel.run(x, s, torch.zeros(1), e5m2, **kw)\n"
+            "    assert torch.equal(out.view(torch.uint8), alone.view(torch.uint8)), (name, block, words)\n"
+            "    want = cast_kernel.reference(x, s, want_amax, e5m2, grad is None, grad).float()\n"
+            "    assert torch.allclose(amax, want_amax), (name, block)\n"
+            "    assert ((out.float() - want).abs() <= 0.5 * want.abs() + 2 ** -6).all(), (name, block, words)\n"
+            "try:\n"
+            "    cast_kernel.run(x[:66], torch.tensor(1.0), torch.zeros(1), gelu=True, transpose=True, words=True)\n"
+            "    raise AssertionError('66 rows as words')\n"
+            "except ValueError as e:\n"
+            "    assert 'a multiple of 4 (got 66)' in str(e), e\n")
+    in_interpreter(code)
+
+
 @pytest.mark.parametrize("e5m2,gelu,grad", [(False, False, False), (True, False, False), (False, True, False),
                                            (True, False, True)], ids=["e4m3", "e5m2", "gelu", "gelu_backward"])
 def test_each_pass_with_a_transposed_copy_compiles_without_byte_permutes(e5m2, gelu, grad, monkeypatch):

@@ -52,3 +52,40 @@ def test_the_byte_by_byte_row_turns_the_words_off_for_its_call_alone():
     with pytest.raises(ZeroDivisionError):
         fp8_cast.bytes_only(lambda: 1 / 0)
     assert cast_kernel.WORDS
+
+
+def test_the_tile_sweep_marks_the_tiles_that_ship_and_prints_a_wrong_tile_instead_of_its_time(monkeypatch, capsys):
+    """--tiles: one row per entry of TILES, the two that ship (cast_kernel's WORD_TILE, GRAD_TILE at GRAD_WARPS)
+    marked and first of their pass; a tile whose bytes check_pass finds wrong prints what differs and no time; each
+    checked at the scale and format of its pass. The kernel is stood in for (it needs Triton on a GPU)."""
+    import importlib.util
+    from speedgpt.features import cast_kernel
+    checked = []
+
+    def check_pass(x, s, e5m2, gelu, grad, block, warps, words):
+        checked.append((e5m2, gelu, grad is not None, s.item()))
+        return "3 bytes differ" if block == (128, 256) else None
+    monkeypatch.setattr(cast_kernel, "check_pass", check_pass)
+    monkeypatch.setattr(cast_kernel, "run", lambda x, *a, **k: x.add(1))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else
+                        find_spec(name, *a))
+    rows = fp8_cast.main(["--device", "cpu", "--tiles", "--tokens", "8", "--width", "4", "--iters", "1"])
+    out = capsys.readouterr().out.splitlines()
+    assert len(rows) == len(fp8_cast.TILES) and out[2:] and len(out) == 2 + len(rows)
+    marked = [line for line in out if "(ships)" in line]
+    assert len(marked) == 2 and marked == [out[2], out[2 + [r["pass"] for r in rows].index("gelu_backward")]]
+    assert f"| {cast_kernel.WORD_TILE[0]} x {cast_kernel.WORD_TILE[1]} (ships) | {cast_kernel.WORD_TILE[2]} | words" \
+        in marked[0]
+    wrong = [line for line in out if "wrong: 3 bytes differ" in line]
+    assert len(wrong) == 1 and "128 x 256" in wrong[0] and [r["ms"] for r in rows].count(None) == 1
+    scale = lambda v: torch.tensor(v).item()                      # float32, as the sweep makes it
+    assert set(checked) == {(False, True, False, scale(448.0 / 6)), (True, False, True, scale(57344.0 / 6))}
+
+
+def test_the_tile_sweep_without_triton_is_one_line(monkeypatch):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else find_spec(name, *a))
+    with pytest.raises(SystemExit, match="^error: --tiles times our Triton kernels: install Triton"):
+        fp8_cast.main(["--device", "cpu", "--tiles"])

@@ -226,7 +226,7 @@ def norm_reference(x, weight, bias, eps, scale, amax):
 
 
 def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out=None, gelu_input=None,
-        num_warps=None):
+        num_warps=None, words=None):
     """The kernel on x (n, w), a CUDA tensor (or a CPU one under TRITON_INTERPRET=1): returns x (gelu: GELU(x);
     gelu_input h, x's shape: x * GELU'(h), GELU's backward) times scale (a 0-dim float32 tensor) cast to float8
     e4m3 (e5m2) with saturation, and folds its largest magnitude into
@@ -234,7 +234,9 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
     (out, out_t), out_t (w, n) row-major the same bytes transposed. block: the tile (rows, columns), by default
     BLOCK_M x BLOCK_N, or BLOCK_T square with transpose (GRAD_TILE with gelu_input and transpose; WORD_TILE with gelu,
     transpose and n a multiple of 4, the copy then written as words); num_warps: Triton's (by default 4, GRAD_WARPS
-    at GRAD_TILE, WORD_TILE's with words). out: the tensors to write (verify's, filled first), else new ones."""
+    at GRAD_TILE, WORD_TILE's with words). words: the copy as words (True; n a multiple of 4) or bytes (False) for
+    any pass, overriding the rule above (benchmarks/fp8_cast.py --tiles). out: the tensors to write (verify's, filled
+    first), else new ones."""
     x = x.contiguous()
     h = x if gelu_input is None else gelu_input.contiguous()
     n, w = x.shape
@@ -242,7 +244,11 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
     if out is None:
         out = (torch.empty((n, w), dtype=dtype, device=x.device),) + \
             ((torch.empty((w, n), dtype=dtype, device=x.device),) if transpose else ())
-    words = WORDS and transpose and gelu and n % 4 == 0
+    if words is None:
+        words = WORDS and transpose and gelu and n % 4 == 0
+    elif words and not (transpose and n % 4 == 0):
+        raise ValueError(f"words=True writes the transposed copy as 32-bit words: it needs transpose=True and a row "
+                         f"count that is a multiple of 4 (got {n})")
     if words:
         block_m, block_n, warps = WORD_TILE
         block_m, block_n = block or (block_m, block_n)
@@ -327,12 +333,8 @@ def verify(device, shape=(1000, 1200), flags=FLAGS):
     """Run the kernels the flags of `flags` use as training runs them (with the transposed copy): fp8_cast_kernel's
     cast in both float8 formats, fp8_gelu_cast's with GELU in e4m3 and with GELU's derivative in e5m2 (its forward
     and backward), fp8_norm_cast's LayerNorm (_verify_norm), on random bf16 values (a shape its tiles do not divide,
-    and two rows more; some values past the range) and compare with reference(): None, or a line saying what differs. A flag is not
-    refused for a kernel it does not run. Each output starts as NaN bytes, so a value the kernel never wrote shows.
-    Without GELU every byte and the amax must be equal. With it, Triton's erf and exp and PyTorch's may differ in the
-    last bit, which moves a byte at a rounding boundary by one float8 step (under 1e-3 of them), and below -3, where
-    1 + erf(h / sqrt 2) cancels in float32, by more: there both stay below the bound GELU (or its derivative) has
-    there. Leaves the global RNG as it was."""
+    and two rows more; some values past the range) and compare with reference() (check_pass): None, or a line saying
+    what differs. A flag is not refused for a kernel it does not run. Leaves the global RNG as it was."""
     flags = (flags,) if isinstance(flags, str) else tuple(flags)
     key = (device, shape, flags)
     if key in _verified:
@@ -344,40 +346,50 @@ def verify(device, shape=(1000, 1200), flags=FLAGS):
     h_all = (3 * torch.randn((rows[1], shape[1]), device=device, generator=gen)).bfloat16()
     problem = None
     for (e5m2, gelu, derivative, scale), n in itertools.product((c for f in flags for c in CASES[f]), rows):
-        x, h = x_all[:n], h_all[:n]
-        grad = h if derivative else None
-        s = torch.tensor(scale, device=device)
-        got_amax, want_amax = torch.zeros(1, device=device), torch.zeros(1, device=device)
-        want = reference(x, s, want_amax, e5m2, gelu, grad)
-        nan = [torch.full(t, 0xFF, dtype=torch.uint8, device=device).view(want.dtype) for t in (x.shape, x.shape[::-1])]
-        got, got_t = run(x, s, got_amax, e5m2, gelu=gelu, transpose=True, out=nan, gelu_input=grad)
-        moved = (got.view(torch.uint8) != want.view(torch.uint8))
-        transposed = (got_t.view(torch.uint8) != got.view(torch.uint8).t()).sum().item()
-        wrong = transposed
-        if gelu or grad is not None:
-            sane = (x if gelu else grad) > -3
-            # the cancelled tail: |GELU(x)| <= 0.0041 there, |GELU'(h)| <= 0.0119 (each a quarter added for rounding,
-            # and one smallest subnormal, which a smaller value may round up to)
-            tail = scale * 1.25 * (0.0041 if gelu else 0.0119 * x.float().abs()) + (2 ** -16 if e5m2 else 2 ** -9)
-            far = (_code(got) - _code(want)).abs()[sane].max().item() > 1 or moved[sane].float().mean() > 1e-3
-            wrong += int(far) + int(not bool((got.float().abs() <= tail)[~sane].all())) + \
-                int(not torch.allclose(got_amax, want_amax, rtol=1e-6))
-        else:
-            wrong += moved.sum().item() + int(not torch.equal(got_amax, want_amax))
-        if wrong:
-            import triton
-            what = " after GELU" if gelu else " times GELU's derivative" if grad is not None else ""
-            problem = (f"Triton {triton.__version__} compiled the cast kernel wrongly on this GPU ("
-                       f"{'e5m2' if e5m2 else 'e4m3'}{what} at {n} x {shape[1]}: {_bytes(moved.sum().item())} "
-                       f"from the PyTorch cast, "
-                       f"{transposed} in the transposed copy from the bytes transposed, amax "
-                       f"{got_amax.item():.6g} against "
-                       f"{want_amax.item():.6g})")
+        problem = check_pass(x_all[:n], torch.tensor(scale, device=device), e5m2, gelu,
+                             h_all[:n] if derivative else None)
+        if problem:
             break
     if problem is None and "fp8_norm_cast" in flags:
         problem = _verify_norm(device, shape, gen)
     _verified[key] = problem
     return problem
+
+
+def check_pass(x, s, e5m2, gelu, grad, block=None, num_warps=None, words=None):
+    """run() with the transposed copy on x (bf16; with grad: GELU's derivative at grad) at scale s against
+    reference() at the tile (block, num_warps, words: run()'s; None: as shipped): None, or a line saying what
+    differs. Each output starts as NaN bytes, so a value the kernel never wrote shows. Without GELU every byte and
+    the amax must be equal. With it, Triton's erf and exp and PyTorch's may differ in the last bit, which moves a byte
+    at a rounding boundary by one float8 step (under 1e-3 of them), and below -3, where 1 + erf(h / sqrt 2) cancels
+    in float32, by more: there both stay below the bound GELU (or its derivative) has there."""
+    device = x.device
+    got_amax, want_amax = torch.zeros(1, device=device), torch.zeros(1, device=device)
+    want = reference(x, s, want_amax, e5m2, gelu, grad)
+    nan = [torch.full(t, 0xFF, dtype=torch.uint8, device=device).view(want.dtype) for t in (x.shape, x.shape[::-1])]
+    got, got_t = run(x, s, got_amax, e5m2, gelu=gelu, transpose=True, out=nan, gelu_input=grad, block=block,
+                     num_warps=num_warps, words=words)
+    moved = (got.view(torch.uint8) != want.view(torch.uint8))
+    transposed = (got_t.view(torch.uint8) != got.view(torch.uint8).t()).sum().item()
+    wrong = transposed
+    if gelu or grad is not None:
+        sane = (x if gelu else grad) > -3
+        # the cancelled tail: |GELU(x)| <= 0.0041 there, |GELU'(h)| <= 0.0119 (each a quarter added for rounding,
+        # and one smallest subnormal, which a smaller value may round up to)
+        tail = s * 1.25 * (0.0041 if gelu else 0.0119 * x.float().abs()) + (2 ** -16 if e5m2 else 2 ** -9)
+        far = (_code(got) - _code(want)).abs()[sane].max().item() > 1 or moved[sane].float().mean() > 1e-3
+        wrong += int(far) + int(not bool((got.float().abs() <= tail)[~sane].all())) + \
+            int(not torch.allclose(got_amax, want_amax, rtol=1e-6))
+    else:
+        wrong += moved.sum().item() + int(not torch.equal(got_amax, want_amax))
+    if not wrong:
+        return None
+    import triton
+    what = " after GELU" if gelu else " times GELU's derivative" if grad is not None else ""
+    return (f"Triton {triton.__version__} compiled the cast kernel wrongly on this GPU ({'e5m2' if e5m2 else 'e4m3'}"
+            f"{what} at {x.shape[0]} x {x.shape[1]}: {_bytes(moved.sum().item())} from the PyTorch cast, "
+            f"{transposed} in the transposed copy from the bytes transposed, amax {got_amax.item():.6g} against "
+            f"{want_amax.item():.6g})")
 
 
 def _verify_norm(device, shape, gen):
