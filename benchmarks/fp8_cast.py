@@ -9,7 +9,7 @@ scale: how many passes over the activations each costs, and so which way a recip
 --tiles times fp8_gelu_cast's two passes (GELU's forward, e4m3; its derivative, e5m2; the transposed copy written,
 as words or byte by byte) at each tile of TILES, each first checked against the PyTorch reference at the shape
 timed (cast_kernel.check_pass: a tile ptxas compiles wrongly prints what differs instead of a time). The tile that
-ships is cast_kernel's WORD_TILE (forward) and GRAD_TILE, GRAD_WARPS (backward).
+ships is cast_kernel's WORD_TILE (forward) and BYTE_TILE, BYTE_WARPS (backward).
 
 Producers (what makes the tensor cast): `layernorm` (LayerNorm of a bf16 residual, the qkv and fc inputs), `gelu`
 (GELU of the fc output, mlp_proj's input, 4x wide), `plain` (a bf16 tensor as is: the attention output),
@@ -234,7 +234,7 @@ def main(argv=None):
                              "builds)")
         rows = tiles(args.tokens, args.width, device, args.iters)
         shipped = {("gelu", cast_kernel.WORD_TILE[:2], cast_kernel.WORD_TILE[2], True),
-                   ("gelu_backward", cast_kernel.GRAD_TILE, cast_kernel.GRAD_WARPS, False)}
+                   ("gelu_backward", cast_kernel.BYTE_TILE, cast_kernel.BYTE_WARPS, False)}
         print("| pass | tokens x width | tile (rows x columns) | warps | transposed copy | ms | share of the copy "
               "rate |\n|---|---|---|---:|---|---:|---:|")
         for r, (name, words, block, warps) in zip(rows, TILES):

@@ -304,7 +304,7 @@ def test_the_kernel_in_the_interpreter():
             "want = cast_kernel.reference(x, torch.tensor(1000.0), want_amax, True, gelu_input=h).float()\n"
             "assert torch.allclose(amax, want_amax) and ((out - want).abs() <= 0.5 * want.abs() + 2 ** -6).all()\n"
             "t8, t8_t = cast_kernel.run(x, torch.tensor(1000.0), torch.zeros(1), True, transpose=True, gelu_input=h)\n"
-            "assert torch.equal(t8_t.view(torch.uint8), t8.view(torch.uint8).t())\n"     # its own tile (GRAD_TILE)
+            "assert torch.equal(t8_t.view(torch.uint8), t8.view(torch.uint8).t())\n"     # the byte tile (BYTE_TILE)
             "assert ((t8.float() - want).abs() <= 0.5 * want.abs() + 2 ** -6).all()\n"
             # fp8_norm_cast's kernel
             "r, w, b = 3 * torch.randn(70, 200) + 1, 1 + 0.2 * torch.randn(200), 0.1 * torch.randn(200)\n"

@@ -55,7 +55,7 @@ def test_the_byte_by_byte_row_turns_the_words_off_for_its_call_alone():
 
 
 def test_the_tile_sweep_marks_the_tiles_that_ship_and_prints_a_wrong_tile_instead_of_its_time(monkeypatch, capsys):
-    """--tiles: one row per entry of TILES, the two that ship (cast_kernel's WORD_TILE, GRAD_TILE at GRAD_WARPS)
+    """--tiles: one row per entry of TILES, the two that ship (cast_kernel's WORD_TILE, BYTE_TILE at BYTE_WARPS)
     marked and first of their pass; a tile whose bytes check_pass finds wrong prints what differs and no time; each
     checked at the scale and format of its pass. The kernel is stood in for (it needs Triton on a GPU)."""
     import importlib.util

@@ -12,9 +12,9 @@ The transposed store is byte by byte: Triton's vectorized 8-bit transposed store
 mis-lower (softmax_pass.py says how), so the kernel is compiled without assuming the row count a multiple of 16. The
 same ptxas versions (the ones Triton 3.6 bundles) mis-lower the byte permutes (PTX prmt) with which Triton changes a
 float8 tile's layout in registers and shared memory; ptxas 13.0 compiles both right (TRITON_PTXAS_PATH chooses it).
-So each pass is laid out to need none: the casts' layout change is of the bf16 input (Triton recomputes the cast),
-GELU's derivative's of a float8 tile whose layout needs no permutes (GRAD_TILE); a CPU test compiles each for sm_90
-and finds no prmt in its PTX, and verify() checks the bytes on the GPU at hand. GELU's pass (the costliest: its
+So each pass is laid out to need none: every pass that writes its copy byte by byte runs one tile whose float8
+layout needs no permutes under Triton 3.6 or 3.9 (BYTE_TILE); a CPU test compiles each for sm_90 and finds no prmt in
+its PTX, and verify() checks the bytes on the GPU at hand. GELU's pass (the costliest: its
 byte-by-byte layout recomputes the erf) writes the copy as 32-bit words instead (WORDS, below).
 Measured alone (benchmarks/fp8_cast.py; BENCHMARKS.md, "The roofline of a step"). Off by default until it measures
 faster end to end.
@@ -27,8 +27,8 @@ its own writing a bf16 tensor that the cast then reads. Inductor already fuses G
 those casts, so what the kernel saves there is the amax's second read and the transposing kernel of the weight
 gradient (benchmarks/fp8_cast.py times both), without splitting the LayerNorm's fused cast as fp8_cast_kernel does
 for the other layers. GELU and its derivative are computed in float32 and cast once, as compiled code does (no
-bfloat16 rounding between them). The backward's pass runs its own tile (GRAD_TILE): at the square one, Triton changes
-the float8 tile's layout for the transposed store with byte permutes that Triton's own ptxas mis-lowers (above).
+bfloat16 rounding between them). The backward's pass runs BYTE_TILE: at the square one, Triton changes the float8
+tile's layout for the transposed store with byte permutes that Triton's own ptxas mis-lowers (above).
 
 fp8_norm_cast=True does the same for the LayerNorm in front of the qkv and fc Linears, whose casts Inductor fuses
 into the LayerNorm kernel (which fp8_cast_kernel's plain cast splits): one program per BLOCK rows holds each whole
@@ -55,12 +55,12 @@ import torch
 from speedgpt import refuse_unready_kernel
 
 BLOCK_M, BLOCK_N = 32, 128       # the tile benchmarks/fp8_cast.py measured without the transposed copy (rows, columns)
-BLOCK_T = 64                     # square tiles with it: each program writes runs of BLOCK_T bytes in both layouts
-# GELU's derivative (two bf16 inputs) with the transposed copy: 32 x 64 tiles, 8 warps. At BLOCK_T x BLOCK_T and 4
-# warps Triton 3.6 changes the float8 tile's layout for the transposed store with byte permutes (PTX prmt), which the
-# ptxas 12.8 and 12.9 Triton bundles mis-lower: half the copy's bytes were foreign at 65,536 x 768 on one H100
-# (ptxas 13.0 right). This tile's layout needs no permutes, and it ran as fast (benchmarks/results/h100.md).
-GRAD_TILE, GRAD_WARPS = (32, 64), 8
+# Every pass that writes the transposed copy byte by byte: 32 x 64 tiles, 8 warps. At 64 x 64 and 4 warps Triton 3.6
+# changes GELU's derivative's float8 tile's layout for the transposed store with byte permutes (PTX prmt), and Triton
+# 3.9 the plain cast's too, which the ptxas 12.8 and 12.9 they bundle mis-lower: half the copy's bytes were foreign
+# at 65,536 x 768 on one H100 (ptxas 13.0 right). This tile's layout needs none under either, and GELU's derivative
+# ran as fast at it (benchmarks/results/h100.md).
+BYTE_TILE, BYTE_WARPS = (32, 64), 8
 # GELU's forward pass, the row count a multiple of 4 (every training run's tokens), writes the transposed copy as
 # 32-bit words: the tile is read as four tiles of every fourth row, each giving one byte of each word, so no float8
 # tile changes its layout (the words do, as any float32 transpose) and GELU is computed once per value. Each byte
@@ -232,9 +232,8 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
     e4m3 (e5m2) with saturation, and folds its largest magnitude into
     amax (a float32 tensor of one element, a view into a layer's history allowed) in place. transpose: returns
     (out, out_t), out_t (w, n) row-major the same bytes transposed. block: the tile (rows, columns), by default
-    BLOCK_M x BLOCK_N, or BLOCK_T square with transpose (GRAD_TILE with gelu_input and transpose; WORD_TILE with gelu,
-    transpose and n a multiple of 4, the copy then written as words); num_warps: Triton's (by default 4, GRAD_WARPS
-    at GRAD_TILE, WORD_TILE's with words). words: the copy as words (True; n a multiple of 4) or bytes (False) for
+    BLOCK_M x BLOCK_N, or with transpose BYTE_TILE (WORD_TILE with gelu and n a multiple of 4, the copy then written
+    as words); num_warps: Triton's (by default 4, BYTE_WARPS at BYTE_TILE, WORD_TILE's with words). words: the copy as words (True; n a multiple of 4) or bytes (False) for
     any pass, overriding the rule above (benchmarks/fp8_cast.py --tiles). out: the tensors to write (verify's, filled
     first), else new ones."""
     x = x.contiguous()
@@ -253,9 +252,8 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
         block_m, block_n, warps = WORD_TILE
         block_m, block_n = block or (block_m, block_n)
     else:
-        block_m, block_n = block or (GRAD_TILE if transpose and gelu_input is not None else
-                                     (BLOCK_T, BLOCK_T) if transpose else (BLOCK_M, BLOCK_N))
-        warps = GRAD_WARPS if transpose and gelu_input is not None and (block_m, block_n) == GRAD_TILE else 4
+        block_m, block_n = block or (BYTE_TILE if transpose else (BLOCK_M, BLOCK_N))
+        warps = BYTE_WARPS if transpose and (block_m, block_n) == BYTE_TILE else 4
     grid = (-(-n // block_m), -(-w // block_n))
     kernel()[grid](x, h, out[0], out[-1].view(torch.int32) if words else out[-1], scale, amax, n, w,
                    FMAX=torch.finfo(dtype).max, E5M2=e5m2, GELU=gelu, GELU_GRAD=gelu_input is not None,
