@@ -9,7 +9,9 @@ scale: how many passes over the activations each costs, and so which way a recip
 --tiles times fp8_gelu_cast's two passes (GELU's forward, e4m3; its derivative, e5m2; the transposed copy written,
 as words or byte by byte) at each tile of TILES, each first checked against the PyTorch reference at the shape
 timed (cast_kernel.check_pass: a tile ptxas compiles wrongly prints what differs instead of a time). The tile that
-ships is cast_kernel's WORD_TILE (forward) and BYTE_TILE, BYTE_WARPS (backward).
+ships is cast_kernel's WORD_TILE (forward) and BYTE_TILE, BYTE_WARPS (backward). On a CPU it runs in Triton's
+interpreter (TRITON_INTERPRET=1), whose float8 rounding is not a GPU's: there only the transposed copy is checked
+(the bytes transposed), and the times say nothing of a GPU's.
 
 Producers (what makes the tensor cast): `layernorm` (LayerNorm of a bf16 residual, the qkv and fc inputs), `gelu`
 (GELU of the fc output, mlp_proj's input, 4x wide), `plain` (a bf16 tensor as is: the attention output),
@@ -179,8 +181,22 @@ TILES = [("gelu", True, (64, 128), 4), ("gelu", True, (64, 128), 8), ("gelu", Tr
          ("gelu_backward", True, (32, 128), 4), ("gelu_backward", True, (128, 64), 4)]
 
 
+def tile_check(device):
+    """check_pass's signature: on a GPU check_pass itself; in Triton's interpreter (a CPU), whose float8 rounding is
+    not a GPU's, the transposed copy alone against the bytes transposed."""
+    if device.type == "cuda":
+        return cast_kernel.check_pass
+
+    def copy_only(x, s, e5m2, gelu, grad, block, warps, words):
+        out, out_t = cast_kernel.run(x, s, torch.zeros(1), e5m2, gelu=gelu, transpose=True, gelu_input=grad,
+                                     block=block, num_warps=warps, words=words)
+        n = (out_t.view(torch.uint8) != out.view(torch.uint8).t()).sum().item()
+        return f"{n} bytes of the transposed copy differ from the bytes transposed" if n else None
+    return copy_only
+
+
 def tiles(tokens, width, device, iters):
-    """Rows (dicts) of TILES at tokens x 4 width: pass, tile, warps, words, ms (None where check_pass found the bytes
+    """Rows (dicts) of TILES at tokens x 4 width: pass, tile, warps, words, ms (None where tile_check found the bytes
     wrong), share of the copy rate, what differs."""
     torch.manual_seed(0)
     w, rows = 4 * width, []
@@ -192,7 +208,7 @@ def tiles(tokens, width, device, iters):
         e5m2, grad = name == "gelu_backward", h if name == "gelu_backward" else None
         s = torch.tensor(57344.0 / 6 if e5m2 else 448.0 / 6, device=device)
         kw = dict(gelu=grad is None, gelu_input=grad, block=block, num_warps=warps, words=words)
-        problem = cast_kernel.check_pass(x, s, e5m2, grad is None, grad, block, warps, words)
+        problem = tile_check(device)(x, s, e5m2, grad is None, grad, block, warps, words)
         ms = None if problem else cuda_time_ms(lambda: cast_kernel.run(x, s, amax, e5m2, transpose=True, **kw),
                                                3, iters, device)
         moved = 2 + (2 if grad is not None else 0) + 2           # bytes per element: read, read h, two float8 out
@@ -211,8 +227,8 @@ def main(argv=None):
     p.add_argument("--eager", action="store_true", help="without torch.compile (the smoke test)")
     p.add_argument("--producers", default="layernorm,gelu,plain,gelu_backward",
                    help="comma-separated: " + ", ".join(producers(1)))
-    p.add_argument("--tiles", action="store_true", help="our GELU passes at each tile of TILES (needs Triton; "
-                   "--device cpu runs Triton's interpreter where TRITON_INTERPRET=1)")
+    p.add_argument("--tiles", action="store_true", help="our GELU passes at each tile of TILES, --tokens a multiple "
+                   "of 4 (needs Triton; on a CPU its interpreter, TRITON_INTERPRET=1)")
     args = p.parse_args(argv)
     bad = [f"--{k} {getattr(args, k)}" for k in ("tokens", "width", "iters") if getattr(args, k) < 1]
     if bad:
@@ -220,7 +236,9 @@ def main(argv=None):
     try:
         device = torch.device(args.device)
     except RuntimeError:
-        raise SystemExit(f"error: --device {args.device!r}: cuda, cuda:N or cpu") from None
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
+        raise SystemExit(f"error: --device {args.device!r}: cuda, cuda:N or cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: no CUDA device: add --device cpu (the CPU's rates say nothing of a GPU's)")
     names = [n.strip() for n in args.producers.split(",") if n.strip()]
@@ -229,13 +247,25 @@ def main(argv=None):
         raise SystemExit(f"error: --producers {args.producers!r}: unknown {', '.join(unknown) or 'empty'}; "
                          f"the producers are {', '.join(producers(1))}")
     if args.tiles:
+        given = [f for f, on in (("--producers", args.producers != p.get_default("producers")),
+                                 ("--eager", args.eager)) if on]
+        if given:
+            raise SystemExit(f"error: --tiles times the two GELU passes alone, not compiled: drop {' and '.join(given)}")
+        if args.tokens % 4:
+            raise SystemExit(f"error: --tokens {args.tokens}: --tiles writes the forward's copy as 32-bit words, four "
+                             "rows each: give a multiple of 4 (every training run's micro-batch is)")
         if not importlib.util.find_spec("triton"):
-            raise SystemExit("error: --tiles times our Triton kernels: install Triton (it comes with torch's CUDA "
-                             "builds)")
+            raise SystemExit("error: --tiles times our Triton kernels: pip install triton (CUDA builds of torch bring "
+                             "it; on a CPU add TRITON_INTERPRET=1 for its interpreter)")
+        if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise SystemExit("error: --tiles on a CPU runs Triton's interpreter: set TRITON_INTERPRET=1 (its times "
+                             "and float8 rounding say nothing of a GPU's), or run it on a CUDA GPU")
         rows = tiles(args.tokens, args.width, device, args.iters)
+        if device.type == "cpu":
+            print("Triton's interpreter: the transposed copy checked, not the bytes; times not a GPU's")
         shipped = {("gelu", cast_kernel.WORD_TILE[:2], cast_kernel.WORD_TILE[2], True),
                    ("gelu_backward", cast_kernel.BYTE_TILE, cast_kernel.BYTE_WARPS, False)}
-        print("| pass | tokens x width | tile (rows x columns) | warps | transposed copy | ms | share of the copy "
+        print("| pass | rows x columns | tile (rows x columns) | warps | transposed copy | ms | share of the copy "
               "rate |\n|---|---|---|---:|---|---:|---:|")
         for r, (name, words, block, warps) in zip(rows, TILES):
             mark = " (ships)" if (name, block, warps, words) in shipped else ""

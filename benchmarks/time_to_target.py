@@ -548,6 +548,11 @@ def preflight(args, recipes, data_dir):
                     sys.exit(f"error: --config {args.config} sets {', '.join(given)}, which the recipes set (adamw: "
                              "AdamW with a cosine schedule; muon: config/muon.py): give a size preset such as "
                              "config/fast.py and choose the recipe with --recipes")
+                blocks = [f"{k}={getattr(plain, k)!r}" for k in BLOCK_KEYS if getattr(plain, k) != getattr(Config, k)]
+                if blocks and args.blocks:  # else the rows named GPT-2's block would train another
+                    sys.exit(f"error: --config {args.config} sets {', '.join(blocks)}, which --blocks sets for its "
+                             "rows (the rows without a block are GPT-2's): give a preset of GPT-2's block such as "
+                             "config/fast.py, or leave --blocks out")
                 base = load_config(base_argv(args, recipe))
                 flop = memory.meta_model(base, vocab).flops_per_token() * args.tokens
                 if device.type == "cpu" and flop > CPU_RUN_FLOP:    # a GPU's work: said before its refusals

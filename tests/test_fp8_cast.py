@@ -65,13 +65,14 @@ def test_the_tile_sweep_marks_the_tiles_that_ship_and_prints_a_wrong_tile_instea
     def check_pass(x, s, e5m2, gelu, grad, block, warps, words):
         checked.append((e5m2, gelu, grad is not None, s.item()))
         return "3 bytes differ" if block == (128, 256) else None
-    monkeypatch.setattr(cast_kernel, "check_pass", check_pass)
+    monkeypatch.setattr(fp8_cast, "tile_check", lambda device: check_pass)
     monkeypatch.setattr(cast_kernel, "run", lambda x, *a, **k: x.add(1))
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else
                         find_spec(name, *a))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     rows = fp8_cast.main(["--device", "cpu", "--tiles", "--tokens", "8", "--width", "4", "--iters", "1"])
-    out = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out.splitlines()[1:]                 # after the interpreter's line
     assert len(rows) == len(fp8_cast.TILES) and out[2:] and len(out) == 2 + len(rows)
     marked = [line for line in out if "(ships)" in line]
     assert len(marked) == 2 and marked == [out[2], out[2 + [r["pass"] for r in rows].index("gelu_backward")]]
@@ -83,9 +84,26 @@ def test_the_tile_sweep_marks_the_tiles_that_ship_and_prints_a_wrong_tile_instea
     assert set(checked) == {(False, True, False, scale(448.0 / 6)), (True, False, True, scale(57344.0 / 6))}
 
 
-def test_the_tile_sweep_without_triton_is_one_line(monkeypatch):
+def test_the_tile_sweeps_refusals_are_one_line(monkeypatch):
+    """Without Triton, on a CPU without the interpreter, with rows the forward's words cannot take, with the
+    producers' flags, on a device other than a GPU or the CPU: one line each, naming the way out."""
     import importlib.util
     find_spec = importlib.util.find_spec
+    tiles = ["--device", "cpu", "--tiles"]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else find_spec(name, *a))
-    with pytest.raises(SystemExit, match="^error: --tiles times our Triton kernels: install Triton"):
-        fp8_cast.main(["--device", "cpu", "--tiles"])
+    with pytest.raises(SystemExit, match="^error: --tiles times our Triton kernels: pip install triton .*"
+                                         "TRITON_INTERPRET=1"):
+        fp8_cast.main(tiles)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else
+                        find_spec(name, *a))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit, match="^error: --tiles on a CPU runs Triton's interpreter: set TRITON_INTERPRET=1"):
+        fp8_cast.main(tiles)
+    with pytest.raises(SystemExit, match="^error: --tokens 66: --tiles .* give a multiple of 4"):
+        fp8_cast.main(tiles + ["--tokens", "66"])
+    with pytest.raises(SystemExit, match="^error: --tiles times the two GELU passes alone, not compiled: drop "
+                                         "--producers and --eager$"):
+        fp8_cast.main(tiles + ["--producers", "gelu", "--eager"])
+    for device in ("mps", "meta"):
+        with pytest.raises(SystemExit, match=f"^error: --device '{device}': cuda, cuda:N or cpu$"):
+            fp8_cast.main(["--device", device, "--eager"])

@@ -426,6 +426,12 @@ def test_blocks_are_refused_in_one_line_where_unknown_or_set_twice(tmp_path):
     with pytest.raises(SystemExit, match="--train_args sets --rope, which --blocks sets for its rows: leave it out of "
                                          "--train_args, or --blocks out$"):
         ttt.main(["--target", "3", "--blocks", "rope", "--train_args=--rope=True", "--out", str(tmp_path / "a")])
+    preset = tmp_path / "rms.py"                 # a preset that sets a block: its rows "without a block" would not be
+    preset.write_text('norm = "rmsnorm"\nrope = True\n')                                             # GPT-2's
+    with pytest.raises(SystemExit, match=f"--config {preset} sets norm='rmsnorm', rope=True, which --blocks sets for "
+                                         "its rows .*: give a preset of GPT-2's block such as config/fast.py, or leave "
+                                         "--blocks out$"):
+        ttt.main(["--target", "3", "--config", str(preset), "--blocks", "qk_norm", "--out", str(tmp_path / "a")])
     assert not (tmp_path / "a").exists()
 
 
