@@ -200,7 +200,7 @@ def tiles(tokens, width, device, iters):
     wrong), share of the copy rate, what differs."""
     torch.manual_seed(0)
     w, rows = 4 * width, []
-    x, h = (3 * torch.randn(tokens, w, device=device)).bfloat16(), (3 * torch.randn(tokens, w, device=device)).bfloat16()
+    x, h = ((3 * torch.randn(tokens, w, device=device)).bfloat16() for _ in range(2))
     out = torch.empty_like(x)
     copy = cuda_time_ms(lambda: out.copy_(x), 3, iters, device)
     amax = torch.zeros(1, device=device)
@@ -250,7 +250,8 @@ def main(argv=None):
         given = [f for f, on in (("--producers", args.producers != p.get_default("producers")),
                                  ("--eager", args.eager)) if on]
         if given:
-            raise SystemExit(f"error: --tiles times the two GELU passes alone, not compiled: drop {' and '.join(given)}")
+            raise SystemExit("error: --tiles times the two GELU passes alone, not compiled: drop "
+                             + " and ".join(given))
         if args.tokens % 4:
             raise SystemExit(f"error: --tokens {args.tokens}: --tiles writes the forward's copy as 32-bit words, four "
                              "rows each: give a multiple of 4 (every training run's micro-batch is)")

@@ -233,9 +233,9 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
     amax (a float32 tensor of one element, a view into a layer's history allowed) in place. transpose: returns
     (out, out_t), out_t (w, n) row-major the same bytes transposed. block: the tile (rows, columns), by default
     BLOCK_M x BLOCK_N, or with transpose BYTE_TILE (WORD_TILE with gelu and n a multiple of 4, the copy then written
-    as words); num_warps: Triton's (by default 4, BYTE_WARPS at BYTE_TILE, WORD_TILE's with words). words: the copy as words (True; n a multiple of 4) or bytes (False) for
-    any pass, overriding the rule above (benchmarks/fp8_cast.py --tiles). out: the tensors to write (verify's, filled
-    first), else new ones."""
+    as words); num_warps: Triton's (by default 4, BYTE_WARPS at BYTE_TILE, WORD_TILE's with words). words: the copy
+    as words (True; n a multiple of 4) or bytes (False) for any pass, overriding the rule above
+    (benchmarks/fp8_cast.py --tiles). out: the tensors to write (verify's, filled first), else new ones."""
     x = x.contiguous()
     h = x if gelu_input is None else gelu_input.contiguous()
     n, w = x.shape
