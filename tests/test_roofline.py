@@ -141,6 +141,12 @@ def test_the_table_puts_each_class_against_its_measured_floor(run_dir, capsys):
     assert [r["above_ms"] for r in rows] == sorted((r["above_ms"] for r in rows), reverse=True)
     out = capsys.readouterr().out
     assert "| class | calls | ms |" in out and "| all |" in out
+    attention = sum(r["ms"] for r in rows if r["kind"] == "attention")
+    best = sum(min(r["ms"], r["floor_ms"]) if r["floor_ms"] is not None else r["ms"] for r in rows
+               if r["kind"] != "attention")
+    assert roofline.at_floors(rows, kept=("attention",)) == pytest.approx(best + attention)
+    assert roofline.at_floors(rows) < roofline.at_floors(rows, kept=("attention",)) <= sum(r["ms"] for r in rows)
+    assert f"every class but attention, attention as it ran: {best + attention:.2f} ms" in out
 
 
 def test_a_folder_without_a_trace_is_refused_in_one_line(tmp_path):
@@ -194,6 +200,27 @@ def test_fp8_casts_and_transposes_are_rows_of_their_own():
     assert gemm["kind"] == "GEMM" and gemm["flops"] == 2 * 64 * 32 * 48
     assert classes["Triton fused elementwise: triton_poi_fused_gelu"]["kind"] == "Triton"    # no float8: as before
     assert not [n for n in classes if n.startswith("other") and "copy" in n]
+
+
+def test_other_ops_count_what_they_write_where_their_inputs_tell():
+    """The floor of an "other" row is its bytes at the copy rate: our GELU pass (speedgpt::cast_amax) reads x (and
+    h, backward) and writes two float8 copies of x, which its recorded inputs do not show; an in-place add_ reads
+    and writes its first input; copy_ only writes its first. Counting inputs alone made the GELU pass's floor 0.6
+    of its bytes (2.56x its floor at 124M instead of about 1.5x)."""
+    bf16, f32 = "c10::BFloat16", "float"
+    events = [
+        op("speedgpt::cast_amax", 5000, 50, **{"Input Dims": [[64, 48], [], [16, 1], [], [], [], [64, 48]],
+                                               "Input type": [bf16, f32, f32, "Scalar", "Scalar", "Scalar", bf16]}),
+        launch(5010, 20), kernel("cast_amax_kernel", 5100, 30, 20),
+        op("aten::add_", 5200, 50, **{"Input Dims": [[64, 48], [64, 48], []], "Input type": [f32, f32, "Scalar"]}),
+        launch(5210, 21), kernel("void at::native::vectorized_elementwise_kernel<add>", 5300, 10, 21),
+        op("aten::copy_", 5400, 50, **{"Input Dims": [[64, 48], [64, 48], []], "Input type": [f32, f32, "Scalar"]}),
+        launch(5410, 22), kernel("void at::native::vectorized_elementwise_kernel<copy>", 5500, 10, 22)]
+    classes = roofline.classify(events)
+    n = 64 * 48
+    assert classes["other: speedgpt::cast_amax"]["bytes"] == 2 * n + 16 * 4 + 2 * n + 2 * n    # x, amax, h, copies
+    assert classes["other: aten::add_"]["bytes"] == 3 * 4 * n
+    assert classes["other: aten::copy_"]["bytes"] == 2 * 4 * n
 
 
 def test_float8_gemms_get_a_second_floor_at_fp8s_own_peak(tmp_path, capsys):
