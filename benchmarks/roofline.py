@@ -47,9 +47,11 @@ It sums the kernels by class:
                   (a lower bound of what they move)
 
 and prints a Markdown table sorted by milliseconds above the floor, per optimizer step: time, work, floor,
-time / floor (and for GEMMs the peak floor and time / peak floor). The floors are what no version of that kernel
-class could beat; the sum of the gaps is what a perfect implementation of every class would gain. --no-measure (or
-no GPU) measures on the CPU instead, for the smoke test (tests/test_roofline.py); its floors are then the CPU's.
+time / floor (and for GEMMs the peak floor and time / peak floor), then the totals by kind, and last the step with
+each class at its floor or its time, whichever is less (at_floors), with and without attention at its floor: what
+faster kernels doing the same work could give (a GEMM counts no faster than its shape alone, and fusing work across
+classes is not priced). --no-measure (or no GPU) measures on the CPU instead, for the smoke test
+(tests/test_roofline.py); its floors are then the CPU's.
 """
 import argparse
 import gzip
@@ -159,20 +161,23 @@ def args_bytes(op, written=()):
 # our custom ops that write float8 copies of their first input (x8 and the transposed x8_t, one byte per element
 # each), beside the row statistics of the LayerNorm's: their writes, which the recorded inputs do not show
 CAST_OPS = {"speedgpt::cast_amax": 0, "speedgpt::norm_cast_amax": 8}     # bytes per row written besides the copies
-NOT_READ_IN_PLACE = ("aten::copy_", "aten::fill_", "aten::zero_")    # in place, but the first input is only written
+# in place, but the first input only written (copies, fills, random fills), or only its indexed part touched (index and
+# scatter ops): their inputs alone, as any other op
+NOT_READ_IN_PLACE = re.compile(r"aten::(copy|fill|zero|normal|uniform|bernoulli|random|exponential|geometric|"
+                               r"log_normal|cauchy|_?index\w*|scatter\w*|masked_scatter|put)_$")
 
 
 def op_bytes(op):
     """Bytes an "other" operation moves, as far as its recorded inputs tell: the inputs read; an in-place ATen op
-    (add_, mul_, ...: the name ends in _) writes its first input too; our cast passes write two float8 copies of
-    their first input (and the LayerNorm's its row statistics)."""
+    (add_, mul_, ...: the name ends in _; not NOT_READ_IN_PLACE) writes its first input too; our cast passes write two
+    float8 copies of their first input (and the LayerNorm's its row statistics)."""
     name = op.get("name", "") if op else ""
     if name in CAST_OPS:
         dims = op.get("args", {}).get("Input Dims", [[]])[0]
-        rows, n = (dims[0], math.prod(dims)) if isinstance(dims, list) and dims and \
+        rows, n = (math.prod(dims[:-1]), math.prod(dims)) if isinstance(dims, list) and dims and \
             all(isinstance(d, int) for d in dims) else (0, 0)
         return args_bytes(op) + 2 * n + CAST_OPS[name] * rows
-    in_place = name.startswith("aten::") and name.endswith("_") and name not in NOT_READ_IN_PLACE
+    in_place = name.startswith("aten::") and name.endswith("_") and not NOT_READ_IN_PLACE.match(name)
     return args_bytes(op, written=(0,) if in_place else ())
 
 
@@ -413,14 +418,16 @@ def table(rows, top):
     t, f = sum(r["ms"] for r in rows), sum(r["floor_ms"] or 0 for r in rows)
     out.append(f"| all | {t:.2f} | {f:.2f} | {t / f:.2f}x |" if f else f"| all | {t:.2f} | n/a | n/a |")
     best, kept = at_floors(rows), at_floors(rows, kept=("attention",))
-    out += ["", f"Every class at its floor (none slower than it ran): {best:.2f} ms, the step {t / best:.3f}x as fast; "
-            f"every class but attention, attention as it ran: {kept:.2f} ms, {t / kept:.3f}x."]
+    if best > 0:
+        out += ["", f"Every class at its floor (none slower than it ran): {best:.2f} ms, the step {t / best:.3f}x as "
+                f"fast; every class but attention, attention as it ran: {kept:.2f} ms, {t / kept:.3f}x."]
     return out
 
 
 def at_floors(rows, kept=()):
     """ms of the step with each class at its floor or its time, whichever is less (a class without a floor, or of a
-    kind in `kept`, as it ran): the most any change to the kernels of the other classes could give."""
+    kind in `kept`, as it ran): what faster kernels doing the same work in the other classes could give at most (a
+    GEMM no faster than its shape alone; work fused across classes is not priced)."""
     return sum(r["ms"] if r["floor_ms"] is None or r["kind"] in kept else min(r["ms"], r["floor_ms"]) for r in rows)
 
 
@@ -463,8 +470,15 @@ def main(argv=None):
         if not os.path.isfile(f):
             sys.exit(f"error: {f} is missing: run train.py with --profile=True and --out_dir={args.out_dir} first "
                      "(see this script's header)")
-    with open(cfg_path) as f:
-        cfg = json.load(f)
+    try:
+        with open(cfg_path) as f:
+            cfg = json.load(f)
+        missing = [k for k in ("batch_size", "block_size", "n_layer", "n_embd") if k not in cfg]
+        problem = f"no {', '.join(missing)}" if missing else None
+    except (ValueError, TypeError) as e:                    # not JSON, or JSON but not an object
+        problem = f"{type(e).__name__}: {e}"
+    if problem:
+        sys.exit(f"error: {cfg_path} is not a train.py config ({problem}): profile again with train.py --profile=True")
     import torch
     device = torch.device("cuda" if torch.cuda.is_available() and not args.no_measure else "cpu")
     ms = timer(device)

@@ -221,6 +221,21 @@ def test_other_ops_count_what_they_write_where_their_inputs_tell():
     assert classes["other: speedgpt::cast_amax"]["bytes"] == 2 * n + 16 * 4 + 2 * n + 2 * n    # x, amax, h, copies
     assert classes["other: aten::add_"]["bytes"] == 3 * 4 * n
     assert classes["other: aten::copy_"]["bytes"] == 2 * 4 * n
+    f32 = {"Input Dims": [[64, 48]], "Input type": ["float"]}
+    for name in ("aten::fill_", "aten::zero_", "aten::normal_", "aten::uniform_"):      # written only
+        assert roofline.op_bytes({"name": name, "args": f32}) == 4 * n, name
+    index_put = {"Input Dims": [[64, 48], [[8]], [8, 48]], "Input type": ["float", "TensorList", "float"]}
+    for name in ("aten::index_put_", "aten::_index_put_impl_", "aten::scatter_add_"):    # not the whole of self twice
+        assert roofline.op_bytes({"name": name, "args": index_put}) == 4 * n + 4 * 8 + 4 * 8 * 48, name
+    norm = {"Input Dims": [[64, 48], [48], [48]], "Input type": ["float", "float", "float"]}
+    assert roofline.op_bytes({"name": "speedgpt::norm_cast_amax", "args": norm}) == 4 * n + 2 * 4 * 48 + 2 * n + 8 * 64
+
+
+def test_a_config_that_is_not_train_pys_is_refused_in_one_line(run_dir):
+    for content, why in (("garbage", "JSONDecodeError"), ('{"batch_size": 2}', "no block_size, n_layer, n_embd")):
+        (run_dir / "config.json").write_text(content)
+        with pytest.raises(SystemExit, match=rf"config.json is not a train.py config \({why}.*: profile again"):
+            roofline.main([str(run_dir), "--no-measure"])
 
 
 def test_float8_gemms_get_a_second_floor_at_fp8s_own_peak(tmp_path, capsys):
