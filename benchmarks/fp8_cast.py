@@ -174,6 +174,7 @@ def measure(tokens, width, device, iters, compiled=True, names=None):
 TILES = [("gelu", True, (64, 128), 4), ("gelu", True, (64, 128), 8), ("gelu", True, (128, 128), 8),
          ("gelu", True, (128, 64), 4), ("gelu", True, (32, 128), 4), ("gelu", True, (64, 256), 8),
          ("gelu", True, (128, 256), 8), ("gelu", True, (256, 128), 8), ("gelu", False, (64, 64), 4),
+         ("gelu", False, (32, 64), 8),
          ("gelu_backward", False, (32, 64), 8), ("gelu_backward", False, (32, 64), 4),
          ("gelu_backward", False, (64, 64), 8), ("gelu_backward", False, (32, 128), 8),
          ("gelu_backward", False, (16, 128), 4), ("gelu_backward", True, (64, 128), 4),
