@@ -460,7 +460,8 @@ def main(argv=None):
     args.copy_mb = args.copy_mb or (8 if args.no_measure else 2048)
     args.matmul_n = args.matmul_n or (64 if args.no_measure else 8192)
     if not os.path.isdir(args.out_dir):
-        sys.exit(f"error: no folder {args.out_dir}: give the out_dir of a train.py run with --profile=True (see this "
+        what = "a file, not a folder" if os.path.isfile(args.out_dir) else "no folder"
+        sys.exit(f"error: {what}: {args.out_dir}: give the out_dir of a train.py run with --profile=True (see this "
                  "script's header)")
     if args.json and (os.path.isdir(args.json) or not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
         sys.exit(f"error: --json {args.json}: " + ("a folder, not a file" if os.path.isdir(args.json) else

@@ -166,8 +166,10 @@ def test_bad_sizes_are_refused_before_any_work(run_dir, argv, message, capsys):
 
 
 def test_a_missing_folder_or_json_folder_is_refused_in_one_line_before_any_work(run_dir, tmp_path):
-    with pytest.raises(SystemExit, match=f"^error: no folder {tmp_path / 'none'}: give the out_dir of a train.py run"):
+    with pytest.raises(SystemExit, match=f"^error: no folder: {tmp_path / 'none'}: give the out_dir of a train.py run"):
         roofline.main([str(tmp_path / "none"), "--no-measure"])
+    with pytest.raises(SystemExit, match="^error: a file, not a folder: .*config.json: give the out_dir of a train"):
+        roofline.main([str(run_dir / "config.json"), "--no-measure"])
     with pytest.raises(SystemExit, match=r"^error: --json .*/nodir/x.json: its folder does not exist; give a file"):
         roofline.main([str(run_dir), "--no-measure", "--json", str(tmp_path / "nodir" / "x.json")])
     with pytest.raises(SystemExit, match=rf"^error: --json {tmp_path}: a folder, not a file; give a file name"):
