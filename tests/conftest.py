@@ -357,8 +357,9 @@ def in_interpreter(code):
     before Triton is imported: Triton binds its own jit helpers (in triton.language) to the interpreter at import, so
     once another test has imported Triton, setting the variable here would no longer take effect. Triton 3.6's
     interpreter takes int() of a scalar argument, which it holds as a one-element array and numpy 2.4 refuses to
-    convert (a loop bound such as range(0, w, BLOCK)): that process takes .item() instead."""
+    convert (a loop bound such as range(0, w, BLOCK)): that process takes .item() instead. Skips without Triton."""
     import subprocess
+    pytest.importorskip("triton", reason="needs Triton (for its interpreter)")
     fix = ("import triton.runtime.interpreter as i\n"
            "def patch(tensor, scope, patch=i._patch_lang_tensor):\n"
            "    patch(tensor, scope)\n"

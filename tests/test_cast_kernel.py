@@ -271,8 +271,6 @@ def test_the_kernel_in_the_interpreter():
     are compared on a GPU only), the transposed copy the same bytes transposed, and the same bytes without it; GELU
     in front (e4m3) and GELU's derivative (e5m2) as reference() computes them; the LayerNorm kernel (with and
     without weight and bias) as norm_reference(), its row statistics too."""
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("needs Triton (for its interpreter)")
     code = ("import torch\n"
             "from speedgpt.features import cast_kernel\n"
             "torch.manual_seed(0)\n"
@@ -326,8 +324,6 @@ def test_every_tile_of_the_sweep_in_the_interpreter():
     byte, words for the derivative too) in Triton's interpreter at a shape no tile divides: the transposed copy is
     the bytes transposed, the bytes are the pass's without the copy, every value as reference() casts it to the
     interpreter's float8 rounding, the amax reference()'s. words=True with rows not a multiple of 4 is refused."""
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("needs Triton (for its interpreter)")
     code = ("import sys, os, torch\n"
             "sys.path.insert(0, os.path.join(os.getcwd(), 'benchmarks'))\n"
             "import fp8_cast\n"
