@@ -2,7 +2,6 @@
 its forward and backward and gives the step of the PyTorch ops (the op's CPU path is its reference), eager and
 compiled; the flag is refused where it cannot work; the Triton kernel in Triton's interpreter. Its bytes on a GPU:
 tests/test_gpu.py."""
-import importlib.util
 import re
 import sys
 import types
