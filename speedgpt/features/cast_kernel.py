@@ -13,7 +13,7 @@ mis-lower (softmax_pass.py says how), so the kernel is compiled without assuming
 same ptxas versions (the ones Triton 3.6 bundles) mis-lower the byte permutes (PTX prmt) with which Triton changes a
 float8 tile's layout in registers and shared memory; ptxas 13.0 compiles both right (TRITON_PTXAS_PATH chooses it).
 So each pass is laid out to need none: the passes that write their copy byte by byte run a tile whose float8
-layout needs no permutes under Triton 3.6 (BYTE_TILE, under 3.9 too; GELU_BYTE_TILE); a CPU test compiles each for
+layout needs no permutes under Triton 3.6 or 3.9 (BYTE_TILE); a CPU test compiles each for
 sm_90 and finds no prmt in its PTX, and verify() checks the bytes on the GPU at hand. GELU's pass (the costliest: its
 byte-by-byte layout recomputes the erf) writes the copy as 32-bit words instead (WORDS, below).
 Measured alone (benchmarks/fp8_cast.py; BENCHMARKS.md, "The roofline of a step"). Off by default until it measures
@@ -57,14 +57,10 @@ from speedgpt import refuse_unready_kernel
 BLOCK_M, BLOCK_N = 32, 128       # the tile benchmarks/fp8_cast.py measured without the transposed copy (rows, columns)
 # Every pass that writes the transposed copy byte by byte: 32 x 64 tiles, 8 warps. At 64 x 64 and 4 warps Triton 3.6
 # changes GELU's derivative's float8 tile's layout for the transposed store with byte permutes (PTX prmt), and Triton
-# 3.9 the plain cast's too, which the ptxas 12.8 and 12.9 they bundle mis-lower: half the copy's bytes were foreign
-# at 65,536 x 768 on one H100 (ptxas 13.0 right). This tile's layout needs none under either, and GELU's derivative
-# ran as fast at it (benchmarks/results/h100.md).
+# 3.9 the plain cast's and GELU's too, which the ptxas 12.8 and 12.9 they bundle mis-lower: half the copy's bytes
+# were foreign at 65,536 x 768 on one H100 (ptxas 13.0 right). This tile's layout needs none under either, and GELU's
+# derivative ran as fast at it (benchmarks/results/h100.md).
 BYTE_TILE, BYTE_WARPS = (32, 64), 8
-# GELU's forward pass where the rows are not a multiple of 4 (its copy then byte by byte) keeps the tile checked on a
-# GPU, 64 x 64 at 4 warps: Triton 3.9 lays it out with permutes too (3.6 does not); BYTE_TILE, which has none under
-# either, replaces it once tests/test_gpu.py has checked its bytes on a GPU.
-GELU_BYTE_TILE = (64, 64), 4
 # GELU's forward pass, the row count a multiple of 4 (every training run's tokens), writes the transposed copy as
 # 32-bit words: the tile is read as four tiles of every fourth row, each giving one byte of each word, so no float8
 # tile changes its layout (the words do, as any float32 transpose) and GELU is computed once per value. Each byte
@@ -236,9 +232,9 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
     e4m3 (e5m2) with saturation, and folds its largest magnitude into
     amax (a float32 tensor of one element, a view into a layer's history allowed) in place. transpose: returns
     (out, out_t), out_t (w, n) row-major the same bytes transposed. block: the tile (rows, columns), by default
-    BLOCK_M x BLOCK_N, or with transpose BYTE_TILE (with gelu GELU_BYTE_TILE, and WORD_TILE where n is a multiple of
-    4, the copy then written as words); num_warps: Triton's (by default 4, the tile's own with transpose). words: the copy
-    as words (True; n a multiple of 4) or bytes (False) for any pass, overriding the rule above
+    BLOCK_M x BLOCK_N, or with transpose BYTE_TILE (with gelu WORD_TILE where n is a multiple of 4, the copy then
+    written as words); num_warps: Triton's (by default 4, the tile's own with transpose). words: the copy as words
+    (True; n a multiple of 4) or bytes (False) for any pass, overriding the rule above
     (benchmarks/fp8_cast.py --tiles). out: the tensors to write (verify's, filled first), else new ones."""
     x = x.contiguous()
     h = x if gelu_input is None else gelu_input.contiguous()
@@ -256,9 +252,8 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
         block_m, block_n, warps = WORD_TILE
         block_m, block_n = block or (block_m, block_n)
     else:
-        tile, tile_warps = GELU_BYTE_TILE if gelu else (BYTE_TILE, BYTE_WARPS)
-        block_m, block_n = block or (tile if transpose else (BLOCK_M, BLOCK_N))
-        warps = tile_warps if transpose and (block_m, block_n) == tile else 4
+        block_m, block_n = block or (BYTE_TILE if transpose else (BLOCK_M, BLOCK_N))
+        warps = BYTE_WARPS if transpose and (block_m, block_n) == BYTE_TILE else 4
     grid = (-(-n // block_m), -(-w // block_n))
     kernel()[grid](x, h, out[0], out[-1].view(torch.int32) if words else out[-1], scale, amax, n, w,
                    FMAX=torch.finfo(dtype).max, E5M2=e5m2, GELU=gelu, GELU_GRAD=gelu_input is not None,

@@ -45,10 +45,9 @@ from speedgpt import refuse_unready_kernel
 # measured in BENCHMARKS.md ("The FP8 head's softmax pass"). verify() and tests/test_gpu.py watch for a return.
 # Neither kernel specializes on vocab (it only masks), so verify() at one vocabulary runs the binaries of all.
 STATS_CONFIGS = ((8, 256, 8, 0), (1, 4096, 8, 0), (4, 256, 4, 1), (2, 1024, 8, 1))
-# Triton 3.9 lays grad_fp8's 64 x 64 shape out with byte permutes (tests/test_softmax_pass.py compiles each shape
-# for sm_90 and finds them there; 3.6 does not), which verify() would catch on the GPU; 32 x 64 at 8 warps has none
-# under either, and replaces it once tests/test_gpu.py has checked its bytes on a GPU.
-GRAD_CONFIGS = ((128, 64, 4, 1), (64, 64, 4, 1))
+# grad_fp8's second shape is 32 x 64 at 8 warps: Triton 3.9 lays 64 x 64 at 4 warps out with byte permutes (3.6
+# does not), and this one has none under either (tests/test_softmax_pass.py compiles each shape for sm_90 to see).
+GRAD_CONFIGS = ((128, 64, 4, 1), (32, 64, 8, 1))
 ROWS_CONFIGS = ((8, 512, 4, 1), (16, 256, 4, 1), (4, 1024, 8, 1))    # grad into one row-major (bf16) copy
 
 _kernels = {}                    # (stats, grad, rows configs) -> (row_stats, grad_fp8, grad_rows)
