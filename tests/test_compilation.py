@@ -44,3 +44,51 @@ def test_compile_tuning_turns_on_inductors_tuner():
         compilation.compile_model(model, tuning=True)
         assert inductor_config.coordinate_descent_tuning is True
     assert inductor_config.coordinate_descent_tuning is False
+
+
+def test_persistent_rows_keeps_rows_up_to_its_width_whole_and_leaves_the_rest_to_inductor():
+    """compile_persistent_rows: Inductor's heuristics, but a row reduction (INNER) of at most the width is
+    persistent; Inductor's own rule says no at 1,280 (774M's LayerNorm) and yes at 1,024. Other reductions and wider
+    rows get Inductor's answer. The factory Inductor's config holds pickles (its compile cache's key, torch 2.11) and
+    names the width (uuid: the key, torch 2.13); compile_model sets it, and this thread's heuristics, and the test
+    puts both back. (The kernels it changes are Triton's, so a CPU compile cannot show them: tests/test_gpu.py
+    compiles a LayerNorm on a GPU.)"""
+    import pickle
+    import sympy
+    import torch._inductor.config as inductor_config
+    from torch._inductor.choices import InductorChoices
+    from torch._inductor.runtime.hints import ReductionHint
+    from torch._inductor.sizevars import SizeVarAllocator
+    from torch._inductor.virtualized import V
+    from model import GPT, GPTConfig
+    from speedgpt.features import compilation
+
+    class Features:                  # what the heuristic reads of a kernel
+        def __init__(self, width, hint=ReductionHint.INNER):
+            self.reduction_numel, self.numel, self.hint = sympy.Integer(width), sympy.Integer(4096 * width), hint
+
+        def get_reduction_hint(self, *args):
+            return self.hint
+
+    class Graph:
+        sizevars = SizeVarAllocator()
+    ours, inductors = compilation.persistent_rows_choices(2048), InductorChoices()
+    with V.set_graph_handler(Graph()):
+        assert [inductors.should_use_persistent_reduction(Features(w), False) for w in (1024, 1280)] == [True, False]
+        assert [ours.should_use_persistent_reduction(Features(w), False) for w in (768, 1280, 1600, 2048, 3072)] == \
+            [True, True, True, True, False]
+        assert ours.should_use_persistent_reduction(Features(1280, ReductionHint.DEFAULT), False) is False
+        with inductor_config.patch({"triton.persistent_reductions": False}):
+            assert ours.should_use_persistent_reduction(Features(1280), False) is False
+    assert ours.uuid() != compilation.persistent_rows_choices(4096).uuid()
+    before = V.choices
+    try:
+        with inductor_config.patch(inductor_choices_class=None):
+            compilation.compile_model(GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8)),
+                                      persistent_rows=2048)
+            factory = inductor_config.inductor_choices_class
+            assert factory().uuid() == ours.uuid() == pickle.loads(pickle.dumps(factory))().uuid()
+            assert V.choices.uuid() == ours.uuid()
+        assert inductor_config.inductor_choices_class is None
+    finally:
+        V.set_choices_handler(before)

@@ -231,6 +231,34 @@ def test_regional_compile_gives_whole_model_compiles_loss_and_gradients(short_da
     assert len(losses) == 6 and losses[-1] < losses[0]
 
 
+def test_persistent_rows_compiles_a_wide_layernorm_in_one_pass_with_the_same_result():
+    """compile_persistent_rows=2048 at 774M's width (1,280): the compiled LayerNorm (float32 in, as the residual
+    stream under autocast, bf16 out, as before an FP8 cast) is one persistent kernel (triton_per_), where
+    Inductor's own rule loops over the row (triton_red_), and both give eager's values within bf16 rounding."""
+    import re
+    from torch._inductor.utils import run_and_get_code
+    from speedgpt.features.compilation import persistent_rows_choices
+    from torch._inductor.virtualized import V
+    import torch._inductor.config as inductor_config
+    torch.manual_seed(0)
+    x, w, b = torch.randn(4096, 1280, device="cuda"), torch.randn(1280, device="cuda"), torch.randn(1280, device="cuda")
+
+    def norm(x):
+        y = torch.nn.functional.layer_norm(x, (1280,), w, b).to(torch.bfloat16)
+        return y, y.float().abs().amax()
+    want = norm(x)
+    kernels = {}
+    for width in (0, 2048):
+        torch._dynamo.reset()
+        choices = persistent_rows_choices(width) if width else V.choices
+        with inductor_config.patch(fx_graph_cache=False), V.set_choices_handler(choices):
+            got, (code,) = run_and_get_code(torch.compile(norm), x)
+        kernels[width] = {name[:10] for name in re.findall(r"def (triton_\w*native_layer_norm\w*)\(", code)}
+        torch.testing.assert_close(got[0].float(), want[0].float(), rtol=1.6e-2, atol=1e-2)    # bf16: 8 bits
+        torch.testing.assert_close(got[1], want[1], rtol=1.6e-2, atol=0)
+    assert kernels == {0: {"triton_red"}, 2048: {"triton_per"}}, kernels      # the LayerNorm's kernels
+
+
 def test_fused_ce_compiles_and_matches_the_plain_head():
     """fused_ce (LinearCrossEntropy) under torch.compile with fullgraph=True (no graph break), bf16
     autocast, chunks that do not divide the 1,024 tokens: the plain head's loss and gradients."""
@@ -503,10 +531,7 @@ def test_fp8_mm_is_torchaos_tensorwise_on_the_gpu():
 
 
 def _torchrun(nproc, args):
-    import os
     import subprocess
-    import sys
-    from conftest import ROOT
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py",
            *map(str, args)]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,

@@ -21,7 +21,8 @@ its stages loop over that list:
                                 with the LayerNorm in them; fp8.check)
   fused_ce.py                   the output head and cross-entropy as one function (fused_ce)
   activation_checkpointing.py   recompute blocks in the backward (grad_checkpointing)
-  compilation.py                torch.compile, whole model or per block (compile, compile_regional, compile_tuning)
+  compilation.py                torch.compile, whole model or per block (compile, compile_regional, compile_tuning,
+                                compile_persistent_rows)
   parallel.py                   DDP / FSDP (parallelism): the last transform, a wrapper (wrap) rather than apply
 
 Bookkeeping (speedgpt/checkpoint.py, measure.py, memory.py, evaluation.py, resume.py, distributed.py) never imports
