@@ -87,12 +87,19 @@ def settings(args, extra):
 def finished_rungs(args, extra):
     """{rung name: row} of the rows.jsonl under --out with the same settings (for --resume), else {}."""
     path = os.path.join(args.out, "rows.jsonl")
-    if not args.resume or not os.path.exists(path):
+    if not args.resume:
+        return {}
+    if not os.path.exists(path):
+        print(f"note: --resume: no {path} to take rungs from (is --out the earlier bench's?): every rung runs")
         return {}
     rows, bad = read_records(path)
     if bad:
         print(f"note: {path}: line(s) {', '.join(map(str, bad))} are not a row (cut by a stop?): passed over")
-    return {r["rung"]: r for r in rows if r.get("ok") and "rung" in r and r.get("settings") == settings(args, extra)}
+    done = {r["rung"]: r for r in rows if r.get("ok") and "rung" in r and r.get("settings") == settings(args, extra)}
+    if not done:
+        print(f"note: --resume: no finished rung in {path} ran with these settings (config, steps, warm-up, "
+              "train.py flags): every rung runs")
+    return done
 
 
 def run_rung(name, overrides, args, extra, done=None):

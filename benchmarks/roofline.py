@@ -474,8 +474,13 @@ def main(argv=None):
     try:
         with open(cfg_path) as f:
             cfg = json.load(f)
-        missing = [k for k in ("batch_size", "block_size", "n_layer", "n_embd") if k not in cfg]
-        problem = f"no {', '.join(missing)}" if missing else None
+        keys = ("batch_size", "block_size", "n_layer", "n_embd")
+        missing = [k for k in keys if k not in cfg]
+        wrong = [f"{k}={cfg[k]!r}" for k in keys if k in cfg and not (type(cfg[k]) is int and cfg[k] > 0)]
+        if not isinstance(cfg.get("total_batch_size", 0), int):
+            wrong.append(f"total_batch_size={cfg['total_batch_size']!r}")
+        problem = f"no {', '.join(missing)}" if missing else f"{', '.join(wrong)}, not a positive integer" \
+            if wrong else None
     except (ValueError, TypeError) as e:                    # not JSON, or JSON but not an object
         problem = f"{type(e).__name__}: {e}"
     if problem:

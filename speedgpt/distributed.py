@@ -87,8 +87,11 @@ def setup_processes(cfg):
 
 def check(cfg, proc):
     """Raise ValueError for a dtype that proc.device cannot compute in: bfloat16 on a GPU without it (before
-    Ampere), or on Apple's MPS before macOS 14. Returns cfg."""
+    Ampere), or on Apple's MPS before macOS 14; and for tf32 off a CUDA GPU, where it does nothing. Returns cfg."""
     device = proc.device
+    if cfg.tf32 and device.type != "cuda":
+        raise ValueError(f"tf32=True lets an NVIDIA GPU's float32 matmuls run in TF32; on {device.type} it would do "
+                         "nothing: leave it out")
     if cfg.dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ValueError(f"dtype='bfloat16' is not supported on {torch.cuda.get_device_name(device)}; use float16")
     if cfg.dtype == "bfloat16" and device.type == "mps" and not torch.backends.mps.is_macos_or_newer(14, 0):

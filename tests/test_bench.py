@@ -254,3 +254,18 @@ def test_sigterm_stops_the_rung_under_way_too(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def test_resume_with_nothing_to_take_says_so(tmp_path, capsys):
+    """--resume where --out holds no rows.jsonl (a mistyped --out), or only rows of other settings: one note line,
+    then every rung runs (a bench that always passes --resume keeps working)."""
+    import argparse
+    args = argparse.Namespace(resume=True, out=str(tmp_path), config="config/fast.py", steps=2, warmup=1)
+    assert bench.finished_rungs(args, []) == {}
+    assert f"note: --resume: no {tmp_path / 'rows.jsonl'} to take rungs from" in capsys.readouterr().out
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"rung": "baseline", "ok": True,
+                                                     "settings": bench.settings(args, ["--n_layer=2"])}) + "\n")
+    assert bench.finished_rungs(args, []) == {}
+    assert "no finished rung in" in capsys.readouterr().out
+    assert list(bench.finished_rungs(args, ["--n_layer=2"])) == ["baseline"]
+    assert capsys.readouterr().out == ""

@@ -234,7 +234,12 @@ def test_other_ops_count_what_they_write_where_their_inputs_tell():
 
 
 def test_a_config_that_is_not_train_pys_is_refused_in_one_line(run_dir):
-    for content, why in (("garbage", "JSONDecodeError"), ('{"batch_size": 2}', "no block_size, n_layer, n_embd")):
+    sized = '"block_size": 256, "n_layer": 4'
+    for content, why in (("garbage", "JSONDecodeError"), ('{"batch_size": 2}', "no block_size, n_layer, n_embd"),
+                         ('{"batch_size": "x", %s, "n_embd": null}' % sized,
+                          "batch_size='x', n_embd=None, not a positive integer"),
+                         ('{"batch_size": 2, %s, "n_embd": 128, "total_batch_size": 1.5}' % sized,
+                          "total_batch_size=1.5, not a positive integer")):
         (run_dir / "config.json").write_text(content)
         with pytest.raises(SystemExit, match=rf"config.json is not a train.py config \({why}.*: profile again"):
             roofline.main([str(run_dir), "--no-measure"])

@@ -105,6 +105,8 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
      r"fp8_recipe='tensorwise_fused' would do nothing: .* which needs a GPU .* Leave fp8_recipe out$"),
     (["--fp8_min_dim=512"], ValueError, "fp8_min_dim=512 would do nothing"),
     (["--compile=True", "--compile_tuning=True"], ValueError, "on cpu it would do nothing: leave it out"),
+    (["--tf32=True"], ValueError, "^tf32=True lets an NVIDIA GPU's float32 matmuls run in TF32; on cpu it would do "
+     "nothing: leave it out$"),
     (["--compile=True", "--compile_persistent_rows=2048"], ValueError,
      "^compile_persistent_rows=2048 lays out the Triton kernels compiled for a GPU; on cpu it would do nothing"),
     (["--compile=True", "--compile_persistent_rows=-1"], ValueError,
