@@ -473,7 +473,8 @@ def check_schedule(cfg):
     decay = (cfg.lr_decay_iters or cfg.max_iters) if decays else cfg.max_iters
     if decays and cfg.min_lr > cfg.learning_rate:
         raise ValueError(f"min_lr={cfg.min_lr} is above learning_rate={cfg.learning_rate}: the schedule decays to "
-                         f"min_lr; give --min_lr at most {cfg.learning_rate} (a tenth of it, as GPT-2's recipes)")
+                         f"min_lr; give --min_lr at most {cfg.learning_rate}"
+                         + (" (a tenth of it, as GPT-2's recipes)" if cfg.learning_rate else ""))
     if decays and cfg.lr_decay_iters and cfg.lr_decay_iters <= cfg.warmup_iters < cfg.max_iters:
         raise ValueError(f"lr_decay_iters={cfg.lr_decay_iters} must exceed warmup_iters={cfg.warmup_iters}: "
                          "the rate would fall from its peak to min_lr in one step")

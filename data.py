@@ -404,7 +404,7 @@ class Loader:
                              "cannot be continued exactly: start the run afresh")
         if state["rows_per_epoch"] != self.n_rows:
             raise ValueError(f"the loader state is for {state['rows_per_epoch']} rows an epoch, here {self.n_rows}: "
-                             "resume on the same data, block_size and packing, or start in another out_dir")
+                             "resume on the same data_dir, block_size and packing, or start in another out_dir")
         while self._futures:                       # let the batches in flight finish, then discard them
             self._futures.popleft().result()
         self.seed, self._row = state["seed"], state["row"]

@@ -516,6 +516,6 @@ def test_a_loader_state_of_other_data_is_refused_naming_both_ways_out(byte_data)
     state = data.Loader(str(byte_data), "train", 2, 32).state_dict()
     other = data.Loader(str(byte_data), "train", 2, 64)           # another block_size: another number of rows
     with pytest.raises(ValueError, match=rf"^the loader state is for {state['rows_per_epoch']} rows an epoch, here "
-                                         rf"{other.n_rows}: resume on the same data, block_size and packing, or start "
-                                         r"in another out_dir$"):
+                                         rf"{other.n_rows}: resume on the same data_dir, block_size and packing, or "
+                                         r"start in another out_dir$"):
         other.load_state_dict(state)
