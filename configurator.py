@@ -117,6 +117,7 @@ class Config:
     fp8_cast_kernel: bool = False          # tensorwise_delayed: each cast and its amax in one Triton pass (GPU)
     fp8_gelu_cast: bool = False            # tensorwise_delayed: the MLP's GELU (and its derivative) in the casts (GPU)
     fp8_norm_cast: bool = False            # tensorwise_delayed: the LayerNorm before qkv and fc in their casts (GPU)
+    fp8_gelu_erf: str = "exact"            # exact | fast: the erf of fp8_gelu_cast's passes (fast: 1.5e-7 off)
     fp8_head: bool = False                 # the fused head's matmuls in float8 (needs fused_ce; Ada/Hopper)
     head_kernel: bool = False              # the fused head's softmax pass in Triton (speedgpt/features/softmax_pass.py)
     fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward
@@ -127,7 +128,7 @@ class Config:
 CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backend=("auto", "flash", "cudnn"),
                dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
                fp8_recipe=("tensorwise", "rowwise", "rowwise_bf16_wgrad", "tensorwise_fused",
-                           "tensorwise_delayed"), parallelism=("ddp", "fsdp"),
+                           "tensorwise_delayed"), parallelism=("ddp", "fsdp"), fp8_gelu_erf=("exact", "fast"),
                hellaswag=("off", "on", "auto"),
                optimizer=("adamw", "muon"), lr_schedule=("cosine", "wsd", "constant"))
 DERIVED = "it is derived: set total_batch_size, the tokens per optimizer step for the whole job"

@@ -64,7 +64,7 @@ def test_the_kernel_path_gives_the_step_of_the_pytorch_ops(compiled, op_calls):
     assert torch.equal(amax[:, 1], torch.tensor([2.0, 1e-3]))             # the history untouched
 
 
-def gelu_mlp(fused, dtype=torch.bfloat16):
+def gelu_mlp(fused, dtype=torch.bfloat16, erf="exact"):
     """A GPT's MLP (model.py) with c_fc and c_proj converted to delayed FP8 layers (fp8_gelu_cast as `fused`), their
     histories set (a little above this test's amaxes) so that the scales are known before the cast."""
     import types
@@ -75,7 +75,7 @@ def gelu_mlp(fused, dtype=torch.bfloat16):
     m.mlp = model.MLP(types.SimpleNamespace(n_embd=64, bias=False, activation="gelu", dropout=0.0)).to(dtype)
     m.block_linears = lambda: [("mlp.c_fc", "fc", m.mlp.c_fc), ("mlp.c_proj", "mlp_proj", m.mlp.c_proj)]
     fp8.convert(m, configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_min_dim=32,
-                                       fp8_gelu_cast=fused))
+                                       fp8_gelu_cast=fused, fp8_gelu_erf=erf))
     for lin, history in ((m.mlp.c_fc, [8.0, 1.3]), (m.mlp.c_proj, [5.0, 4.5])):
         lin.fp8_amax[:, 1] = torch.tensor(history)
         lin.fp8_scaled = True
@@ -135,6 +135,31 @@ def test_gelu_in_the_cast_without_scales_gives_the_mlp_step_bit_for_bit(op_calls
     assert op_calls == []
     for a, b in zip(*outs):
         assert torch.equal(a, b)
+
+
+def test_the_fast_erf_reaches_both_casts_of_gelu_in_the_cast_and_is_refused_without_them(monkeypatch):
+    """fp8_gelu_erf='fast': convert marks both Linears around the MLP's GELU, and the cast of c_proj's input
+    (forward) and of c_fc's output gradient (backward) hand the op fast_erf=True; 'exact' (the default) hands False.
+    The values of the fast erf: the interpreter test below, and tests/test_gpu.py on a GPU. Without fp8_gelu_cast
+    the setting would do nothing and is refused in one line naming the way out."""
+    calls, op = [], cast_kernel.cast_amax
+
+    def recorded(x, scale, amax, row, e5m2, gelu=False, gelu_input=None, fast_erf=False):
+        calls.append((gelu, gelu_input is not None, fast_erf))
+        return op(x, scale, amax, row, e5m2, gelu, gelu_input)
+    monkeypatch.setattr(cast_kernel, "cast_amax", recorded)
+    x = torch.randn(64, 64).bfloat16().requires_grad_()
+    for erf in ("fast", "exact"):
+        mlp = gelu_mlp(True, erf=erf)
+        assert mlp.c_fc.fp8_fast_erf == mlp.c_proj.fp8_fast_erf == (erf == "fast")
+        mlp(x).sum().backward()
+        assert calls == [(True, False, erf == "fast"), (False, True, erf == "fast")], calls
+        calls.clear()
+    monkeypatch.setattr(fp8, "capability", lambda device: (9, 0))          # an FP8 GPU, stood in for
+    with pytest.raises(ValueError, match="^fp8_gelu_erf='fast' would do nothing: it is the erf of fp8_gelu_cast's "
+                                         "Triton passes. Add --fp8_gelu_cast=True, or leave fp8_gelu_erf out$"):
+        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", n_embd=1024, n_head=16,
+                                      fp8_gelu_erf="fast"), on("cuda"))
 
 
 def test_gelu_in_the_cast_reaches_every_block_of_a_gpt_and_keeps_its_checkpoint_keys():
@@ -296,12 +321,25 @@ def test_the_kernel_in_the_interpreter():
             "    assert torch.equal(out_t.view(torch.uint8), out.view(torch.uint8).t()), rows\n"
             "    assert torch.equal(out.view(torch.uint8), cast_kernel.run(x[:rows], torch.tensor(100.0), torch.zeros(1), "
             "gelu=True).view(torch.uint8)), rows\n"
+            # fp8_gelu_erf='fast': the cheaper erf, within the same rounding of the exact GELU
+            "for rows in (68, 70):\n"
+            "    amax = torch.zeros(1)\n"
+            "    out, out_t = cast_kernel.run(x[:rows], torch.tensor(100.0), amax, gelu=True, transpose=True, "
+            "fast_erf=True)\n"
+            "    assert torch.equal(out_t.view(torch.uint8), out.view(torch.uint8).t()), rows\n"
+            "    w8 = want[:rows]\n"
+            "    assert torch.allclose(amax, want_amax) and ((out.float() - w8).abs() <= 0.5 * w8.abs() + 2 ** -6).all()\n"
             "h, amax, want_amax = (torch.randn(70, 200) * 2).bfloat16(), torch.zeros(1), torch.zeros(1)\n"
             "out = cast_kernel.run(x, torch.tensor(1000.0), amax, True, gelu_input=h).float()\n"  # its backward, e5m2
             "want = cast_kernel.reference(x, torch.tensor(1000.0), want_amax, True, gelu_input=h).float()\n"
             "assert torch.allclose(amax, want_amax) and ((out - want).abs() <= 0.5 * want.abs() + 2 ** -6).all()\n"
             "t8, t8_t = cast_kernel.run(x, torch.tensor(1000.0), torch.zeros(1), True, transpose=True, gelu_input=h)\n"
             "assert torch.equal(t8_t.view(torch.uint8), t8.view(torch.uint8).t())\n"     # the byte tile (BYTE_TILE)
+            "assert ((t8.float() - want).abs() <= 0.5 * want.abs() + 2 ** -6).all()\n"
+            "amax = torch.zeros(1)\n"                                    # and with the fast erf
+            "t8, t8_t = cast_kernel.run(x, torch.tensor(1000.0), amax, True, transpose=True, gelu_input=h, "
+            "fast_erf=True)\n"
+            "assert torch.equal(t8_t.view(torch.uint8), t8.view(torch.uint8).t()) and torch.allclose(amax, want_amax)\n"
             "assert ((t8.float() - want).abs() <= 0.5 * want.abs() + 2 ** -6).all()\n"
             # fp8_norm_cast's kernel
             "r, w, b = 3 * torch.randn(70, 200) + 1, 1 + 0.2 * torch.randn(200), 0.1 * torch.randn(200)\n"
@@ -349,26 +387,31 @@ def test_every_tile_of_the_sweep_in_the_interpreter():
     in_interpreter(code)
 
 
-@pytest.mark.parametrize("e5m2,gelu,grad", [(False, False, False), (True, False, False), (False, True, False),
-                                           (True, False, True)], ids=["e4m3", "e5m2", "gelu", "gelu_backward"])
-def test_each_pass_with_a_transposed_copy_compiles_without_byte_permutes(e5m2, gelu, grad, monkeypatch):
+@pytest.mark.parametrize("e5m2,gelu,grad,fast", [(False, False, False, False), (True, False, False, False),
+                                                (False, True, False, False), (True, False, True, False),
+                                                (False, True, False, True), (True, False, True, True)],
+                         ids=["e4m3", "e5m2", "gelu", "gelu_backward", "gelu_fast_erf", "gelu_backward_fast_erf"])
+def test_each_pass_with_a_transposed_copy_compiles_without_byte_permutes(e5m2, gelu, grad, fast, monkeypatch):
     """Each pass training runs with the transposed copy (the plain cast in both formats, GELU's, GELU's derivative's),
     launched as run() launches it (its tile, warps and arguments, recorded) at 124M's shape and compiled for a Hopper
     GPU: its PTX has no byte permute (prmt). Triton 3.6 changes a float8 tile's layout with them where it cannot
     recompute the cast in the store's layout (GELU's derivative at 64 x 64, 4 warps), or where it may take the row
     count a multiple of 16, and the ptxas 12.8 and 12.9 it bundles mis-lower them: half the transposed copy's bytes
     were foreign on an H100, none with ptxas 13.0 or without permutes (benchmarks/results/h100.md). The bytes
-    themselves are checked on a GPU (tests/test_gpu.py)."""
+    themselves are checked on a GPU (tests/test_gpu.py). With fp8_gelu_erf='fast' GELU's passes take no erf from
+    libdevice."""
     pytest.importorskip("triton", reason="needs Triton (its compiler)")
     from conftest import Launch, hopper_ptx
     jit, launch = cast_kernel.kernel(), Launch()
     monkeypatch.setattr(cast_kernel, "kernel", lambda: launch)
     x = torch.zeros(65536, 768, dtype=torch.bfloat16)
     cast_kernel.run(x, torch.tensor(1.0), torch.zeros(1), e5m2, gelu=gelu, transpose=True,
-                    gelu_input=torch.zeros_like(x) if grad else None)
+                    gelu_input=torch.zeros_like(x) if grad else None, fast_erf=fast)
     bound = {**dict(zip([p.name for p in jit.params], launch.args)), **launch.kwargs, "PTX": True}   # a GPU's launch
     ptx = hopper_ptx(jit, bound, bound.pop("num_warps"))
     assert "st.global" in ptx and "prmt" not in ptx, ptx.count("prmt")
+    libdevice_erf = (gelu or grad) and not fast         # its erff's labels name it; the fast erf's reciprocal shows
+    assert bound["FAST_ERF"] == fast and ("erf" in ptx.lower()) == libdevice_erf and ("rcp.approx" in ptx) == fast
     # GELU's pass writes the copy as words whose bytes come from PTX's own cvt (Triton's float8 bytes made ~43% of
     # them wrong on an H100), each converted beside a zero: not from a bitcast of Triton's float8 values
     assert bound["WORDS"] == gelu and ("mov.f32 z, 0f00000000;" in ptx) == gelu

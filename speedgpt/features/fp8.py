@@ -67,8 +67,9 @@ def none_eligible(cfg):
 
 
 # the keys that mean nothing without the flag
-DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast", *cast_kernel.FLAGS),
-           "activation=gelu": ("fp8_gelu_cast",), "norm=layernorm": ("fp8_norm_cast",)}
+DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast", *cast_kernel.FLAGS, "fp8_gelu_erf"),
+           "activation=gelu": ("fp8_gelu_cast", "fp8_gelu_erf"), "norm=layernorm": ("fp8_norm_cast",),
+           "fp8_gelu_cast": ("fp8_gelu_erf",)}
 
 
 def check(cfg, proc):
@@ -98,7 +99,7 @@ def check(cfg, proc):
     # device's refusal below names the head and these details at once (not one per try)
     if not cfg.fp8 and not (cfg.fp8_head and not capable):
         blocks_only = (() if cfg.fp8_head else ("fp8_recipe",)) + ("fp8_min_dim", "fp8_precast",
-                                                                   *cast_kernel.FLAGS)
+                                                                   *cast_kernel.FLAGS, "fp8_gelu_erf")
         refuse_unused(cfg, blocks_only, "a setting of the block Linears' FP8" + ("" if capable else
                       f", which needs a GPU of compute capability 8.9 or newer (this run is on {where()})"),
                       "--fp8=True" if capable else None)
@@ -125,6 +126,8 @@ def check(cfg, proc):
             raise ValueError(f"{flag}=True would do nothing with fp8_recipe={cfg.fp8_recipe!r}: only delayed "
                              f"scales are known before the cast. Add --fp8_recipe=tensorwise_delayed, or "
                              f"--{flag}=False")
+    if not cfg.fp8_gelu_cast:
+        refuse_unused(cfg, ("fp8_gelu_erf",), "the erf of fp8_gelu_cast's Triton passes", "--fp8_gelu_cast=True")
     if cfg.fp8_gelu_cast and cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and block_width_ok(cfg):
         refuse_unfed_gelu(meta_model(cfg), cfg)         # none eligible at all: fp8's own refusal below says so
     if cfg.fp8_norm_cast and cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and block_width_ok(cfg) and \
@@ -225,6 +228,7 @@ def convert(model, cfg):
         for owner, act_name, producer, consumer in fed:
             setattr(owner, act_name, torch.nn.Identity())
             producer.fp8_gelu_out, consumer.fp8_gelu = True, True
+            producer.fp8_fast_erf = consumer.fp8_fast_erf = cfg.fp8_gelu_erf == "fast"
     if cfg.fp8_norm_cast:
         fed = norm_fed(model, cfg)
         if not fed:
@@ -526,7 +530,8 @@ class _DelayedLinear(torch.autograd.Function):
     lowering of _scaled_mm, which on the GPU want each scale a tensor of its own."""
 
     @staticmethod
-    def forward(ctx, x, w, amax, scaled, track, kernel, gelu, gelu_out, norm_eps, norm_w, norm_b, scales, w8, w8_t):
+    def forward(ctx, x, w, amax, scaled, track, kernel, gelu, gelu_out, fast_erf, norm_eps, norm_w, norm_b, scales, w8,
+                w8_t):
         fused = track and scaled            # the scales known before the cast: GELU or the norm can join it
         r = stats = None
         if norm_eps is not None:
@@ -544,12 +549,13 @@ class _DelayedLinear(torch.autograd.Function):
         if r is not None and fused:
             x8, x8_t, *stats = cast_kernel.norm_cast_amax(r, norm_w, norm_b, norm_eps, scale, amax, 0)
         else:
-            x8, x8_t = delayed_cast(x, scale, amax, 0, track, kernel, gelu=gelu and fused)
+            x8, x8_t = delayed_cast(x, scale, amax, 0, track, kernel, gelu=gelu and fused, fast_erf=fast_erf)
         xs = scale.reciprocal()
         y = scaled_mm(x8, xs, w8.t(), ws, w.dtype)
         ctx.save_for_backward(x8 if x8_t is None else x8_t, xs, w8 if scales is None else w8_t, ws, scales,
                               y if gelu_out else None, r, norm_w, norm_b, *(stats or (None, None)))
         ctx.amax, ctx.scaled, ctx.track, ctx.kernel, ctx.x_transposed = amax, scaled, track, kernel, x8_t is not None
+        ctx.fast_erf = fast_erf
         return y
 
     @staticmethod
@@ -562,7 +568,8 @@ class _DelayedLinear(torch.autograd.Function):
             scale = scale_for(amax[1, 1:].amax() if ctx.scaled else dy.abs().amax(dim=-1).amax(), e5m2)
         else:
             scale = scales[1]
-        (dy8, dy8_t), dys = delayed_cast(dy, scale, amax, 1, ctx.track, ctx.kernel, e5m2, gelu_input=h), \
+        (dy8, dy8_t), dys = delayed_cast(dy, scale, amax, 1, ctx.track, ctx.kernel, e5m2, gelu_input=h,
+                                         fast_erf=ctx.fast_erf), \
             scale.reciprocal()
         w8_col = None if scales is None else w8.t()                 # w8_t (K, N) seen as (N, K) column-major
         x8, x8_col = (None, x8.t()) if ctx.x_transposed else (x8, None)        # x8_t (K, M) seen column-major
@@ -572,18 +579,20 @@ class _DelayedLinear(torch.autograd.Function):
             dx, dnw, dnb = torch.ops.aten.native_layer_norm_backward(
                 dx.to(r.dtype), r, [r.size(-1)], mean, rstd, norm_w, norm_b,
                 [True, norm_w is not None, norm_b is not None])
-        return dx, dw, *[None] * 7, dnw, dnb, None, None, None
+        return dx, dw, *[None] * 8, dnw, dnb, None, None, None
 
 
-def delayed_cast(t, scale, amax, row, track, kernel, dtype=torch.float8_e4m3fn, gelu=False, gelu_input=None):
+def delayed_cast(t, scale, amax, row, track, kernel, dtype=torch.float8_e4m3fn, gelu=False, gelu_input=None,
+                 fast_erf=False):
     """(t8, t8_t): t (M, K) cast to dtype at `scale` (a 0-dim float32 tensor), saturating; with track, t's amax
     folded into amax[row, 0] (the step's running max) too. kernel (fp8_cast_kernel): both in one pass,
     cast_kernel.cast_amax (one Triton kernel on the GPU), which writes t8_t (K, M), the transposed copy the weight
     gradient takes, in the same pass; otherwise t8_t is None (tensorwise_grads transposes), and Inductor compiles
     the cast and a reduction for the amax. fp8_gelu_cast (with track): gelu, t is GELU's input; gelu_input h, t is
-    the gradient of GELU(h): cast_amax casts GELU(t), or t * GELU'(h), computed in the same pass, kernel or not."""
+    the gradient of GELU(h): cast_amax casts GELU(t), or t * GELU'(h), computed in the same pass, kernel or not;
+    fast_erf (fp8_gelu_erf='fast'): with the kernel's cheaper erf."""
     if track and (kernel or gelu or gelu_input is not None):
-        return cast_kernel.cast_amax(t, scale, amax, row, dtype == torch.float8_e5m2, gelu, gelu_input)
+        return cast_kernel.cast_amax(t, scale, amax, row, dtype == torch.float8_e5m2, gelu, gelu_input, fast_erf)
     t8 = saturate(t, scale, dtype)        # cast first: with the amax folded in before it, Inductor's partition
     if track:                             # kept t itself for the backward too (test_fp8.py, the saved tensors)
         amax[row, 0] = torch.maximum(amax[row, 0], t.abs().amax(dim=-1).amax().float())
@@ -603,13 +612,15 @@ class DelayedFloat8Linear(RowwiseFloat8Linear):
     fp8_cast_kernel = False
     fp8_gelu = False             # fp8_gelu_cast, c_proj: x is GELU's input (convert made the MLP's act an identity)
     fp8_gelu_out = False         # fp8_gelu_cast, c_fc: the output is GELU's input (its derivative in the backward)
+    fp8_fast_erf = False         # fp8_gelu_erf='fast': those passes' erf by the kernel's cheaper formula
 
     def mm(self, x, w):
         cast = self.fp8_precast if self.fp8_precast is not None and self.fp8_scaled else (None, None, None)
         norm = (self.fp8_norm[0].eps, self.fp8_norm[0].weight, self.fp8_norm[0].bias) if self.fp8_norm else \
             (None, None, None)
         return self.matmul.apply(x, w, self.fp8_amax, self.fp8_scaled, self.training and torch.is_grad_enabled(),
-                                 self.fp8_cast_kernel, self.fp8_gelu, self.fp8_gelu_out, *norm, *cast)
+                                 self.fp8_cast_kernel, self.fp8_gelu, self.fp8_gelu_out, self.fp8_fast_erf, *norm,
+                                 *cast)
 
     def get_extra_state(self):
         return self.fp8_amax.detach().clone()
