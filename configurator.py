@@ -104,7 +104,7 @@ class Config:
     compile: bool = False                  # torch.compile the model
     compile_regional: bool = False         # compile one block, reused by all (and the head): compile time flat in depth
     compile_tuning: bool = False           # Inductor times tile sizes of each generated kernel (longer first compile)
-    compile_persistent_rows: int = 0       # Inductor keeps rows of up to this many values whole in its row reductions
+    compile_persistent_rows: int = 0       # rows of up to this many values (<= 16384) kept whole in reductions (GPU)
     seed: int = 1337                       # initial weights, data order, dropout
     peak_flops: float = 0.0                # FLOP/s for MFU; 0: the GPU's entry in speedgpt/measure.py's PEAK_FLOPS
     grad_checkpointing: str = "none"       # none | full | selective: recompute blocks in the backward (less memory)

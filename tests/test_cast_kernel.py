@@ -286,6 +286,25 @@ def test_verify_runs_only_the_kernels_of_the_flags_given_and_names_a_wrong_trans
     with pytest.raises(ValueError) as e:
         cast_kernel.check(cfg, cpu)
     assert str(e.value).endswith("; add --fp8_gelu_cast=False (the others passed)"), str(e.value)
+    # with fp8_gelu_erf='fast' the way out takes it too (alone it would be refused as doing nothing) ...
+    fast = configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_gelu_cast=True, fp8_norm_cast=True,
+                               fp8_cast_kernel=True, fp8_gelu_erf="fast")
+    with pytest.raises(ValueError) as e:
+        cast_kernel.check(fast, cpu)
+    assert str(e.value).endswith("; add --fp8_gelu_cast=False --fp8_gelu_erf=exact (the others passed)"), str(e.value)
+    # ... and where only the fast erf's passes are wrong, the way out is the exact erf
+    monkeypatch.setattr(cast_kernel, "_verified", {})
+    monkeypatch.setattr(cast_kernel, "run", lambda *a, fast_erf=False, **k: run(*a, **k) if fast_erf else
+                        right(*a, **k))
+
+    def right(x, scale, amax, e5m2=False, gelu=False, transpose=False, out=None, gelu_input=None, **_):
+        got = cast_kernel.reference(x, scale, amax, e5m2, gelu, gelu_input)
+        return got, got.t().contiguous()
+    with pytest.raises(ValueError, match=r"^fp8_gelu_erf='fast': Triton .* times GELU's derivative with "
+                                         r"fp8_gelu_erf='fast' .*; add --fp8_gelu_erf=exact \(the exact erf's passes "
+                                         r"are right here\)$"):
+        cast_kernel.check(fast, cpu)
+    cast_kernel.check(cfg, cpu)                                              # the exact erf: every pass right
 
 
 def test_the_kernel_in_the_interpreter():

@@ -92,3 +92,19 @@ def test_persistent_rows_keeps_rows_up_to_its_width_whole_and_leaves_the_rest_to
         assert inductor_config.inductor_choices_class is None
     finally:
         V.set_choices_handler(before)
+
+
+@pytest.mark.parametrize("rows", [-1, 16385])
+def test_persistent_rows_outside_its_range_is_refused_on_a_gpu_and_any_value_off_one(rows):
+    """compile_persistent_rows outside 0..16,384 is refused in one line naming the range and a value to try, on a
+    CUDA device; off one any value is refused first as doing nothing there (a value to try would be refused next)."""
+    import configurator
+    from conftest import on
+    from speedgpt.features import compilation
+    cfg = configurator.Config(compile=True, compile_persistent_rows=rows)
+    with pytest.raises(ValueError, match=rf"^compile_persistent_rows={rows}: the widest row .* from 1 to 16,384 "
+                                         r"values \(0: Inductor's own 1,024\); try 2048$"):
+        compilation.check(cfg, on("cuda"))
+    with pytest.raises(ValueError, match=rf"^compile_persistent_rows={rows} lays out .* on cpu it would do nothing"):
+        compilation.check(cfg, on("cpu"))
+    compilation.check(configurator.Config(compile=True, compile_persistent_rows=2048), on("cuda"))

@@ -109,8 +109,8 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
      "nothing: leave it out$"),
     (["--compile=True", "--compile_persistent_rows=2048"], ValueError,
      "^compile_persistent_rows=2048 lays out the Triton kernels compiled for a GPU; on cpu it would do nothing"),
-    (["--compile=True", "--compile_persistent_rows=-1"], ValueError,
-     r"^compile_persistent_rows=-1: the widest row .* from 1 to 16,384 values \(0: Inductor's own 1,024\); try 2048$"),
+    (["--compile=True", "--compile_persistent_rows=-1"], ValueError,       # any value: first, no value helps here
+     "^compile_persistent_rows=-1 lays out the Triton kernels compiled for a GPU; on cpu it would do nothing"),
     (["--init_from=resume"], FileNotFoundError, "ckpt.pt"),
     (["--batch_size=0"], ValueError, "'batch_size' must be positive"),
     (["--max_iters=-1"], ValueError, "'max_iters' must be >= 0"),

@@ -83,14 +83,21 @@ def check(cfg, device):
     kernels right there (verify). fp8.check refuses them first without fp8 and with another recipe
     than the delayed one (the only one whose scale is known before the cast)."""
     on = [f for f in FLAGS if getattr(cfg, f)]
+    fast = cfg.fp8_gelu_erf == "fast"
+
+    def off(flags):           # fp8_gelu_erf goes with fp8_gelu_cast: alone it is refused as doing nothing
+        return " ".join(f"--{f}=False" for f in flags) + \
+            (" --fp8_gelu_erf=exact" if fast and "fp8_gelu_cast" in flags else "")
     if on:                    # "add --X=False": a preset may have set X (config/fast.py sets fp8_gelu_cast)
-        refuse_unready_kernel(on, device, lambda d: None, f"add {' '.join(f'--{f}=False' for f in on)}")
-        fast = cfg.fp8_gelu_erf == "fast"
+        refuse_unready_kernel(on, device, lambda d: None, f"add {off(on)}")
         wrong = [(f, problem) for f in on if (problem := verify(device, flags=(f,), fast_erf=fast))]
+        if wrong and fast and [f for f, _ in wrong] == ["fp8_gelu_cast"] and \
+                verify(device, flags=("fp8_gelu_cast",)) is None:      # only the fast erf's passes are wrong
+            raise ValueError(f"fp8_gelu_erf='fast': {wrong[0][1]}; add --fp8_gelu_erf=exact (the exact erf's "
+                             "passes are right here)")
         if wrong:             # the way out names only the flags whose kernels are wrong here
             names = [f for f, _ in wrong]
-            raise ValueError(f"{' and '.join(f'{f}=True' for f in names)}: {wrong[0][1]}; add "
-                             f"{' '.join(f'--{f}=False' for f in names)}" +
+            raise ValueError(f"{' and '.join(f'{f}=True' for f in names)}: {wrong[0][1]}; add {off(names)}" +
                              (f" (the other{'s' if len(on) - len(names) > 1 else ''} passed)"
                               if len(names) < len(on) else "") + ptxas_way_out(device))
 

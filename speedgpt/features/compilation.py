@@ -29,13 +29,13 @@ def check(cfg, proc):
     Triton kernels Inductor generates there. Returns cfg."""
     device = proc.device
     rows = cfg.compile_persistent_rows
+    for flag, what in (("compile_tuning", "tunes"), ("compile_persistent_rows", "lays out")):
+        if getattr(cfg, flag) and device is not None and device.type != "cuda":     # first: no value would help
+            raise ValueError(f"{flag}={getattr(cfg, flag)} {what} the Triton kernels compiled for a GPU; on "
+                             f"{device.type} it would do nothing: leave it out")
     if not 0 <= rows <= PERSISTENT_ROWS_MAX:
         raise ValueError(f"compile_persistent_rows={rows}: the widest row Inductor's reductions keep whole, from 1 to "
                          f"{PERSISTENT_ROWS_MAX:,} values (0: Inductor's own 1,024); try 2048")
-    for flag, what in (("compile_tuning", "tunes"), ("compile_persistent_rows", "lays out")):
-        if getattr(cfg, flag) and device is not None and device.type != "cuda":     # first: compile would not help
-            raise ValueError(f"{flag}={getattr(cfg, flag)} {what} the Triton kernels compiled for a GPU; on "
-                             f"{device.type} it would do nothing: leave it out")
     what = {"compile_regional": "chooses how the model is compiled", "compile_tuning": "tunes the compiled kernels",
             "compile_persistent_rows": "lays out the compiled kernels"}
     need = [k for k in what if getattr(cfg, k) and not cfg.compile]

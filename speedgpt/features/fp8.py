@@ -127,7 +127,8 @@ def check(cfg, proc):
                              f"scales are known before the cast. Add --fp8_recipe=tensorwise_delayed, or "
                              f"--{flag}=False")
     if not cfg.fp8_gelu_cast:
-        refuse_unused(cfg, ("fp8_gelu_erf",), "the erf of fp8_gelu_cast's Triton passes", "--fp8_gelu_cast=True")
+        refuse_unused(cfg, ("fp8_gelu_erf",), "the erf of fp8_gelu_cast's Triton passes",   # which need GELU
+                      "--fp8_gelu_cast=True" if cfg.activation == "gelu" else None)
     if cfg.fp8_gelu_cast and cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and block_width_ok(cfg):
         refuse_unfed_gelu(meta_model(cfg), cfg)         # none eligible at all: fp8's own refusal below says so
     if cfg.fp8_norm_cast and cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and block_width_ok(cfg) and \
