@@ -5,6 +5,7 @@ scale: how many passes over the activations each costs, and so which way a recip
     python benchmarks/fp8_cast.py [--producers gelu]   # 774M's shapes: 32 x 1024 tokens, 1280 wide (MLP 5120)
     python benchmarks/fp8_cast.py --device cpu --eager --tokens 64 --width 32 --iters 1   # the smoke test
     python benchmarks/fp8_cast.py --tiles [--tokens 65536 --width 768]   # our GELU passes at each tile of TILES
+    python benchmarks/fp8_cast.py --tiles --fast_erf     # each tile with fp8_gelu_erf='fast''s erf too
 
 --tiles times fp8_gelu_cast's two passes (GELU's forward, e4m3; its derivative, e5m2; the transposed copy written,
 as words or byte by byte) at each tile of TILES, each first checked against the PyTorch reference at the shape
@@ -48,6 +49,7 @@ element written) over that time as a share of a plain copy's rate measured here.
 """
 import argparse
 import importlib.util
+import itertools
 import os
 import sys
 
@@ -188,33 +190,35 @@ def tile_check(device):
     if device.type == "cuda":
         return cast_kernel.check_pass
 
-    def copy_only(x, s, e5m2, gelu, grad, block, warps, words):
+    def copy_only(x, s, e5m2, gelu, grad, block, warps, words, fast_erf=False):
         out, out_t = cast_kernel.run(x, s, torch.zeros(1), e5m2, gelu=gelu, transpose=True, gelu_input=grad,
-                                     block=block, num_warps=warps, words=words)
+                                     block=block, num_warps=warps, words=words, fast_erf=fast_erf)
         n = (out_t.view(torch.uint8) != out.view(torch.uint8).t()).sum().item()
         return f"{n} bytes of the transposed copy differ from the bytes transposed" if n else None
     return copy_only
 
 
-def tiles(tokens, width, device, iters):
-    """Rows (dicts) of TILES at tokens x 4 width: pass, tile, warps, words, ms (None where tile_check found the bytes
-    wrong), share of the copy rate, what differs."""
+def tiles(tokens, width, device, iters, erfs=(False,)):
+    """Rows (dicts) of TILES at tokens x 4 width, each tile once per entry of erfs (fast_erf: False, True): pass,
+    tile, warps, words, erf, ms (None where tile_check found the bytes wrong), share of the copy rate, what differs."""
     torch.manual_seed(0)
     w, rows = 4 * width, []
     x, h = ((3 * torch.randn(tokens, w, device=device)).bfloat16() for _ in range(2))
     out = torch.empty_like(x)
     copy = cuda_time_ms(lambda: out.copy_(x), 3, iters, device)
     amax = torch.zeros(1, device=device)
-    for name, words, block, warps in TILES:
+    for (name, words, block, warps), fast in itertools.product(TILES, erfs):
         e5m2, grad = name == "gelu_backward", h if name == "gelu_backward" else None
         s = torch.tensor(57344.0 / 6 if e5m2 else 448.0 / 6, device=device)
-        kw = dict(gelu=grad is None, gelu_input=grad, block=block, num_warps=warps, words=words)
-        problem = tile_check(device)(x, s, e5m2, grad is None, grad, block, warps, words)
+        erf = {"fast_erf": True} if fast else {}
+        kw = dict(gelu=grad is None, gelu_input=grad, block=block, num_warps=warps, words=words, **erf)
+        problem = tile_check(device)(x, s, e5m2, grad is None, grad, block, warps, words, **erf)
         ms = None if problem else cuda_time_ms(lambda: cast_kernel.run(x, s, amax, e5m2, transpose=True, **kw),
                                                3, iters, device)
         moved = 2 + (2 if grad is not None else 0) + 2           # bytes per element: read, read h, two float8 out
-        rows.append({"pass": name, "shape": f"{tokens}x{w}", "tile": f"{block[0]} x {block[1]}", "warps": warps,
-                     "words": words, "ms": ms, "copy_share": ms and copy * moved / 4 / ms, "problem": problem})
+        rows.append({"pass": name, "shape": f"{tokens}x{w}", "block": block, "tile": f"{block[0]} x {block[1]}",
+                     "warps": warps, "words": words, "erf": "fast" if fast else "exact", "ms": ms,
+                     "copy_share": ms and copy * moved / 4 / ms, "problem": problem})
     return rows
 
 
@@ -230,6 +234,8 @@ def main(argv=None):
                    help="comma-separated: " + ", ".join(producers(1)))
     p.add_argument("--tiles", action="store_true", help="our GELU passes at each tile of TILES, --tokens a multiple "
                    "of 4 (needs Triton; on a CPU its interpreter, TRITON_INTERPRET=1)")
+    p.add_argument("--fast_erf", action="store_true", help="with --tiles: each tile with fp8_gelu_erf='fast''s erf "
+                   "too, a row after the exact erf's")
     args = p.parse_args(argv)
     bad = [f"--{k} {getattr(args, k)}" for k in ("tokens", "width", "iters") if getattr(args, k) < 1]
     if bad:
@@ -247,6 +253,8 @@ def main(argv=None):
     if unknown or not names:
         raise SystemExit(f"error: --producers {args.producers!r}: unknown {', '.join(unknown) or 'empty'}; "
                          f"the producers are {', '.join(producers(1))}")
+    if args.fast_erf and not args.tiles:
+        raise SystemExit("error: --fast_erf times our GELU passes with fp8_gelu_erf='fast''s erf: add --tiles")
     if args.tiles:
         given = [f for f, on in (("--producers", args.producers != p.get_default("producers")),
                                  ("--eager", args.eager)) if on]
@@ -262,19 +270,19 @@ def main(argv=None):
         if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise SystemExit("error: --tiles on a CPU runs Triton's interpreter: set TRITON_INTERPRET=1 (its times "
                              "and float8 rounding say nothing of a GPU's), or run it on a CUDA GPU")
-        rows = tiles(args.tokens, args.width, device, args.iters)
+        rows = tiles(args.tokens, args.width, device, args.iters, (False, True) if args.fast_erf else (False,))
         if device.type == "cpu":
             print("Triton's interpreter: the transposed copy checked, not the bytes; times not a GPU's")
         shipped = {("gelu", cast_kernel.WORD_TILE[:2], cast_kernel.WORD_TILE[2], True),
                    ("gelu_backward", cast_kernel.BYTE_TILE, cast_kernel.BYTE_WARPS, False)}
-        print("| pass | rows x columns | tile (rows x columns) | warps | transposed copy | ms | share of the copy "
-              "rate |\n|---|---|---|---:|---|---:|---:|")
-        for r, (name, words, block, warps) in zip(rows, TILES):
-            mark = " (ships)" if (name, block, warps, words) in shipped else ""
+        print("| pass | rows x columns | tile (rows x columns) | warps | transposed copy | erf | ms | share of the "
+              "copy rate |\n|---|---|---|---:|---|---|---:|---:|")
+        for r in rows:
+            mark = " (ships)" if (r["pass"], r["block"], r["warps"], r["words"]) in shipped else ""
             cells = (f"{r['ms']:.3f} | {r['copy_share']:.2f}" if r["ms"] is not None else
                      f"wrong: {r['problem']} |")
             print(f"| {r['pass']} | {r['shape']} | {r['tile']}{mark} | {r['warps']} | "
-                  f"{'words' if words else 'bytes'} | {cells} |")
+                  f"{'words' if r['words'] else 'bytes'} | {r['erf']} | {cells} |")
         return rows
     rows = measure(args.tokens, args.width, device, args.iters, not args.eager, names)
     print("| producer | tokens x width | way | ms | share of the copy rate |\n|---|---|---|---:|---:|")

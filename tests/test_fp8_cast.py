@@ -62,9 +62,11 @@ def test_the_tile_sweep_marks_the_tiles_that_ship_and_prints_a_wrong_tile_instea
     from speedgpt.features import cast_kernel
     checked = []
 
-    def check_pass(x, s, e5m2, gelu, grad, block, warps, words):
+    def check_pass(x, s, e5m2, gelu, grad, block, warps, words, fast_erf=False):
         checked.append((e5m2, gelu, grad is not None, s.item()))
+        erfs.append(fast_erf)
         return "3 bytes differ" if block == (128, 256) else None
+    erfs = []
     monkeypatch.setattr(fp8_cast, "tile_check", lambda device: check_pass)
     monkeypatch.setattr(cast_kernel, "run", lambda x, *a, **k: x.add(1))
     find_spec = importlib.util.find_spec
@@ -82,6 +84,13 @@ def test_the_tile_sweep_marks_the_tiles_that_ship_and_prints_a_wrong_tile_instea
     assert len(wrong) == 1 and "128 x 256" in wrong[0] and [r["ms"] for r in rows].count(None) == 1
     scale = lambda v: torch.tensor(v).item()                      # float32, as the sweep makes it
     assert set(checked) == {(False, True, False, scale(448.0 / 6)), (True, False, True, scale(57344.0 / 6))}
+    # --fast_erf: each tile twice, the exact erf's row then the fast erf's, each checked with its erf
+    erfs.clear()
+    fast = fp8_cast.main(["--device", "cpu", "--tiles", "--fast_erf", "--tokens", "8", "--width", "4", "--iters", "1"])
+    out = capsys.readouterr().out.splitlines()[3:]
+    assert [r["erf"] for r in fast] == ["exact", "fast"] * len(fp8_cast.TILES) and erfs == [False, True] * len(
+        fp8_cast.TILES)
+    assert [line.split(" | ")[5] for line in out] == [r["erf"] for r in fast] and sum("(ships)" in o for o in out) == 4
 
 
 def test_the_tile_sweeps_refusals_are_one_line(monkeypatch):
@@ -104,6 +113,8 @@ def test_the_tile_sweeps_refusals_are_one_line(monkeypatch):
     with pytest.raises(SystemExit, match="^error: --tiles times the two GELU passes alone, not compiled: drop "
                                          "--producers and --eager$"):
         fp8_cast.main(tiles + ["--producers", "gelu", "--eager"])
+    with pytest.raises(SystemExit, match="^error: --fast_erf times our GELU passes .*: add --tiles$"):
+        fp8_cast.main(["--device", "cpu", "--fast_erf"])
     for device in ("mps", "meta"):
         with pytest.raises(SystemExit, match=f"^error: --device '{device}': cuda, cuda:N or cpu$"):
             fp8_cast.main(["--device", device, "--eager"])
