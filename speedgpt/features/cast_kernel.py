@@ -42,6 +42,10 @@ A version that casts and writes in chunks of 64 columns after the row statistics
 still wrong at 65,536 x 768 under Triton's own ptxas (right at three other shapes, verify()'s among their kind, so
 the check at start might not have caught it): it was not kept.
 
+fp8_gelu_erf='fast' computes GELU's erf in both GELU passes by Abramowitz and Stegun's 7.1.26 (|error| <= 1.5e-7)
+instead of libdevice's erff, which holds most of their instructions (BENCHMARKS.md, "The roofline of a step"); the
+exact path's code is unchanged. Off until it measures faster end to end.
+
 cast_amax is a torch custom op, so torch.compile keeps it one opaque call: on a CUDA GPU the Triton kernel,
 elsewhere the same math in PyTorch ops (reference: the tests' CPU path). check() refuses the flag where it cannot
 run, and runs the kernel once against reference() on the GPU at hand (verify), so that a Triton that miscompiles it
@@ -270,7 +274,7 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
     written as words); num_warps: Triton's (by default 4, the tile's own with transpose). words: the copy as words
     (True; n a multiple of 4) or bytes (False) for any pass, overriding the rule above
     (benchmarks/fp8_cast.py --tiles). out: the tensors to write (verify's, filled first), else new ones. fast_erf:
-    GELU and its derivative with fp8_gelu_erf='fast''s erf (Abramowitz and Stegun 7.1.26, |error| <= 1.5e-7)."""
+    GELU and its derivative with the fast erf (fp8_gelu_erf='fast': Abramowitz and Stegun 7.1.26, |error| <= 1.5e-7)."""
     x = x.contiguous()
     h = x if gelu_input is None else gelu_input.contiguous()
     n, w = x.shape
@@ -292,8 +296,8 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
     grid = (-(-n // block_m), -(-w // block_n))
     kernel()[grid](x, h, out[0], out[-1].view(torch.int32) if words else out[-1], scale, amax, n, w,
                    FMAX=torch.finfo(dtype).max, E5M2=e5m2, GELU=gelu, GELU_GRAD=gelu_input is not None,
-                   FAST_ERF=fast_erf and (gelu or gelu_input is not None), TRANSPOSE=transpose, WORDS=words, PTX=x.is_cuda, BLOCK_M=block_m, BLOCK_N=block_n,
-                   num_warps=num_warps or warps)
+                   FAST_ERF=fast_erf and (gelu or gelu_input is not None), TRANSPOSE=transpose, WORDS=words,
+                   PTX=x.is_cuda, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps or warps)
     return tuple(out) if transpose else out[0]
 
 
@@ -370,7 +374,7 @@ def verify(device, shape=(1000, 1200), flags=FLAGS, fast_erf=False):
     and backward), fp8_norm_cast's LayerNorm (_verify_norm), on random bf16 values (a shape its tiles do not divide,
     and two rows more; some values past the range) and compare with reference() (check_pass): None, or a line saying
     what differs. A flag is not refused for a kernel it does not run. fast_erf: GELU's passes with
-    fp8_gelu_erf='fast''s erf. Leaves the global RNG as it was."""
+    the fast erf (fp8_gelu_erf='fast'). Leaves the global RNG as it was."""
     flags = (flags,) if isinstance(flags, str) else tuple(flags)
     key = (device, shape, flags, fast_erf)
     if key in _verified:
