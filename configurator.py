@@ -364,6 +364,19 @@ def load_config(argv, with_explicit=False):
             overrides.append((key, "True" if raw is None else raw))     # a bare bool flag: True
     values, setter = {}, {}          # setter: key -> the source that set it last (files in order, then overrides)
     theirs, given = None, set()      # the first config file of nanoGPT's; every key set, nanoGPT's too
+    placed, theirs_set = {}, {}      # our key -> [(a key that set it, its value, where)]; nanoGPT's keys read
+
+    def assign(key, value, where, i):        # one key of file i (or the command line: len(files)) set
+        if key in nanogpt.KEYS:
+            update, said = nanogpt.translate(key, value, where)
+            theirs_set[key] = (value, where, said, update)
+        else:
+            update = {key: _typed(key, value, where)}
+        values.update(update)
+        given.update([key, *update])
+        setter.update(dict.fromkeys(update, i))
+        for k in update:
+            placed.setdefault(k, []).append((key, value, where))
     for i, path in enumerate(files):
         if not os.path.isfile(path):
             presets = sorted(glob.glob(os.path.join(os.path.dirname(path) or "config", "*.py")))[:12]
@@ -384,21 +397,17 @@ def load_config(argv, with_explicit=False):
             raise ValueError(f"config file {path!r} sets no key: {how}")
         theirs = theirs or (path if any(k in nanogpt.KEYS for k in keys) else None)
         for k in keys:
-            update = nanogpt.translate(k, ns[k], path) if k in nanogpt.KEYS else {k: _typed(k, ns[k], path)}
-            values.update(update)
-            given.update([k, *update])
-            setter.update(dict.fromkeys(update, i))
+            assign(k, ns[k], path, i)
     for key, raw in overrides:
         want = {f.name: f.type for f in fields(Config)}.get(key)
         try:
             value = raw if want is str else ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             value = raw
-        update = nanogpt.translate(key, value, "command line") if key in nanogpt.KEYS else \
-            {key: _typed(key, value, "command line")}
-        values.update(update)
-        given.update([key, *update])
-        setter.update(dict.fromkeys(update, len(files)))
+        assign(key, value, "command line", len(files))
+    for key, (value, where, said, update) in theirs_set.items():     # a key of ours set after one of nanoGPT's
+        same = [(k, o, v) for k in update for o, v, w in placed[k] if w == where and o != key]
+        nanogpt.settle(key, value, where, said, same, {k: placed[k][-1] for k in update if placed[k][-1][0] != key})
     # --fp8=False on gpt2-medium.py (or a later --config file setting it): the fp8_recipe set before goes too,
     # else it would be refused as doing nothing; so does fast.py's fp8_gelu_cast with a later --activation=relu2
     # ("activation=gelu" in fp8's DETAILS); a detail set with or after the feature's setting stays (refused)

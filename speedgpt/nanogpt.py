@@ -2,7 +2,9 @@
 karpathy/nanoGPT's files, read as they are (docs/nanogpt.md has the table).
 
 Config keys: configurator.load_config hands each key of nanoGPT's train.py that speedgpt spells or counts
-otherwise to translate(), which returns our keys and says in one note what the key became (KEYS); a key of
+otherwise to translate(), which returns our keys and the note saying what the key became (KEYS), said by settle()
+once every source is read: one of our keys given beside it in the same place is refused; a later place's wins,
+and the note says so. A key of
 nanoGPT's sample.py or bench.py given to train.py is refused, naming the flag to use (ELSEWHERE). A config file
 that sets one of nanoGPT's own keys is nanoGPT's: the keys it leaves out take nanoGPT's defaults (DEFAULTS, from
 its train.py), as they would there, except the machine's (device, dtype, compile), which stay ours.
@@ -48,8 +50,8 @@ def _dataset(value, where):
 
 def _decay_lr(value, where):
     if _typed("decay_lr", value, bool, where):
-        return {}, "decay_lr=True: lr_schedule=cosine, as nanoGPT's (warmup_iters, then cosine down to min_lr at " \
-                   "lr_decay_iters)"
+        return {"lr_schedule": "cosine"}, "decay_lr=True: lr_schedule=cosine, as nanoGPT's (warmup_iters, then " \
+                                          "cosine down to min_lr at lr_decay_iters)"
     return {"lr_schedule": "constant", "warmup_iters": 0}, \
         "decay_lr=False -> lr_schedule='constant', warmup_iters=0 (learning_rate at every step, as nanoGPT's)"
 
@@ -100,12 +102,26 @@ MACHINE = {"device": None, "dtype": "bfloat16", "compile": True}
 
 
 def translate(key, value, where):
-    """{our key: value} for nanoGPT's `key` (one of KEYS) set to `value` in `where` (a file or 'command line'), and
-    its note said (PerBatch values: by resolve). Raises TypeError for a value of the wrong type."""
+    """({our key: value}, its note or None) for nanoGPT's `key` (one of KEYS) set to `value` in `where` (a file or
+    'command line'); settle() says the note. Raises TypeError for a value of the wrong type."""
     ours, said = KEYS[key](value, where)
-    if said:
-        note(f"nanoGPT's {said}")
-    return ours
+    return ours, said and f"nanoGPT's {said}"
+
+
+def settle(key, value, where, said, same, later):
+    """Say the note of nanoGPT's `key`=`value` (from `where`) once every source is read. `same`: (our key it sets,
+    another key that sets it in `where` too, that key's value): two spellings of one setting, refused (ValueError).
+    `later`: each of its keys that a later place (the command line after a file) set -> (the key that did, its
+    value, where): that wins, and the note says so; resolve() says a PerBatch's note when nothing replaced it."""
+    if same:
+        ours, other, v = same[0]
+        raise ValueError(f"{key}={value!r} and {other}={v!r} ({where}) both set {ours} (nanoGPT's key and ours): "
+                         "give one of them")
+    wins = ", ".join(f"{other}={v!r} ({place})" for other, v, place in dict.fromkeys(later.values()))
+    if said and wins:
+        note(f"{said}; {wins}, given after it, wins")
+    elif said or wins:
+        note(said or f"nanoGPT's {key}={value!r} ({where}) is replaced by {wins}, given after it")
 
 
 def refusal(key, where):

@@ -4,6 +4,7 @@ way out; a data folder as its data/shakespeare_char/prepare.py writes one (train
 with a config like its train_shakespeare_char.py, and sampled from in characters; its ckpt.pt (written here in its
 format) starting a run with the same logits, a resume from it refused. The files are stand-ins written here; with
 NANOGPT_DIR set to a nanoGPT checkout, its own config files are read too and its model.py gives the same logits."""
+import ast
 import importlib.util
 import os
 import pickle
@@ -193,6 +194,41 @@ def test_a_key_without_an_equivalent_is_refused_with_the_way_out(argv, error, me
     with pytest.raises(error) as e:
         configurator.load_config(argv)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("argv, ours", [
+    (["--eval_only=True", "--max_iters=20"], "max_iters"),           # trained 20 steps, saved none, before
+    (["--save_checkpoints=True", "--eval_only=True"], "save_checkpoints"),     # either order
+    (["--decay_lr=False", "--warmup_iters=5"], "warmup_iters"),
+    (["--decay_lr=True", "--lr_schedule=wsd"], "lr_schedule"),
+    (["--data_dir=data/a", "--dataset=b"], "data_dir"),
+    (["--eval_iters=5", "--eval_tokens=0"], "eval_tokens"),
+    (["--gradient_accumulation_steps=2", "--total_batch_size=256"], "total_batch_size"),
+])
+def test_a_key_of_nanogpts_and_ours_for_the_same_setting_in_one_place_are_refused(tmp_path, argv, ours):
+    with pytest.raises(ValueError, match=rf"\(command line\) both set {ours} \(nanoGPT's key and ours\): give one of "
+                                         r"them$"):
+        configurator.load_config(argv)
+    path = tmp_path / "both.py"                   # in one config file too
+    lines = [(k, v if k in ("data_dir", "dataset", "lr_schedule") else ast.literal_eval(v)) for k, v in
+             (a[2:].split("=", 1) for a in argv)]
+    path.write_text("".join(f"{k} = {v!r}\n" for k, v in lines))
+    with pytest.raises(ValueError, match=rf"\({path}\) both set {ours} "):
+        configurator.load_config([str(path)])
+
+
+def test_our_key_on_the_command_line_beats_nanogpts_in_a_file_and_the_note_says_so(tmp_path):
+    path = tmp_path / "eval_gpt2.py"
+    path.write_text("eval_only = True\ndataset = 'owt'\ngradient_accumulation_steps = 2\n")
+    cfg, said = notes([str(path), "--max_iters=20", "--data_dir=data/mine", "--total_batch_size=4096"])
+    assert (cfg.max_iters, cfg.save_checkpoints, cfg.data_dir, cfg.total_batch_size) == (20, False, "data/mine", 4096)
+    assert "nanoGPT's eval_only=True -> max_iters=0, save_checkpoints=False (one evaluation, then the run ends); " \
+           "max_iters=20 (command line), given after it, wins" in said
+    assert any(s.startswith("nanoGPT's dataset='owt' -> data_dir='data/owt'") and
+               s.endswith("; data_dir='data/mine' (command line), given after it, wins") for s in said), said
+    assert f"nanoGPT's gradient_accumulation_steps=2 ({path}) is replaced by total_batch_size=4096 (command line), " \
+           "given after it" in said
+    assert not any("-> total_batch_size" in s for s in said)          # the replaced count says no note of its own
 
 
 def nanogpt_checkpoint(model, path, **model_args):
