@@ -214,44 +214,86 @@ def first_rung_refusal(args, extra):
     return None
 
 
+def plan(args, fp8_blocks_skip=None):
+    """What bench() runs: [(rung name, train.py's overrides, why it is skipped or None)] of the ladder from --start,
+    and [(row name, overrides)] of the leave-one-out rows (--loo) from all on."""
+    cuda, config, ladder = torch.cuda.is_available(), {}, []
+    marks = placeholders(cuda)
+    for i, (name, change) in enumerate(LADDER, start=1):
+        config = {**config, **{k: marks.get(v, v) if isinstance(v, str) else v for k, v in change.items()}}
+        skip = fp8_blocks_skip if name == "+ FP8 blocks" else \
+            "FP8 needs a GPU of compute capability 8.9+" if "FP8" in name and not fp8_supported() else None
+        if i >= args.start:
+            ladder.append((name, dict(config), skip))
+    all_on = {**config, "fp8": config["fp8"] and not fp8_blocks_skip,
+              "fp8_head": config["fp8_head"] and fp8_supported()}
+    loo = []
+    for change, undo in UNDO.items():
+        if change not in (args.loo or ()) or \
+                change == "FP8 head" and not all_on["fp8_head"] or change == "FP8 blocks" and not all_on["fp8"]:
+            continue
+        loo_config = {**all_on, **undo}
+        if loo_config["dtype"] == "float32" and loo_config["attention"] == "varlen":
+            loo_config["attention"] = "flex"       # FlashAttention's varlen kernels take bf16/fp16 only
+        loo.append((f"all on - {change}", loo_config))
+    return ladder, loo
+
+
+def rung_refusal(args, extra, fp8_blocks_skip=None):
+    """None, or the line refusing the bench before any rung runs because train.py would refuse one of the rungs
+    plan() runs (its every check for this device, but the data's, the memory estimate's, which
+    first_rung_refusal makes with bench.py's advice, and the output folder's): a config file's setting of a
+    feature that a later rung turns on, say, which this device cannot run."""
+    import contextlib
+    import io
+    import warnings
+
+    import configurator
+    import train
+    from speedgpt.distributed import Proc
+    ladder, loo = plan(args, fp8_blocks_skip)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    for name, config, skip in [*ladder, *((n, c, None) for n, c in loo)]:
+        if skip:
+            continue
+        flags = [f"--{k}={v}" for k, v in {**config, "max_iters": args.steps + args.warmup,
+                                            "timing_warmup": args.warmup, "eval_tokens": 0}.items()]
+        try:       # quietly: the rung says its notes, warnings and "attention: ..." lines when it runs
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                cfg = configurator.load_config(["--config", args.config, *extra, *flags])
+                train.check_flags(cfg, Proc(0, 0, 1, device), skip=(train.memory, train.data, train.checkpoint))
+        except (ValueError, TypeError) as e:
+            return f"the rung {name!r} would be refused: {e}"
+        finally:
+            torch.cuda.empty_cache()        # what a kernel's check at start (verify) held: the rungs' memory
+    return None
+
+
 def bench(args, extra, fp8_blocks_skip=None):
     """The ladder, then the leave-one-out pass; fp8_blocks_skip: why the FP8 blocks rung is skipped, or None."""
     cuda = torch.cuda.is_available()
-    marks = placeholders(cuda)
     done = finished_rungs(args, extra)
     if not args.resume and os.path.exists(os.path.join(args.out, "rows.jsonl")):
         os.remove(os.path.join(args.out, "rows.jsonl"))             # a new bench starts its rows afresh
-    rungs, config = [], {}
-    for i, (name, change) in enumerate(LADDER, start=1):
-        config = {**config, **{k: marks.get(v, v) if isinstance(v, str) else v for k, v in change.items()}}
-        if i < args.start:
-            continue
-        skip = fp8_blocks_skip if name == "+ FP8 blocks" else \
-            "FP8 needs a GPU of compute capability 8.9+" if "FP8" in name and not fp8_supported() else None
+    ladder, leave_one_out = plan(args, fp8_blocks_skip)
+    rungs = []
+    for name, config, skip in ladder:
         if skip:
             rungs.append({"rung": name, "ok": False, "error": f"skipped: {skip}"})
             continue
-        rungs.append(run_rung(name, dict(config), args, extra, done))
+        rungs.append(run_rung(name, config, args, extra, done))
         if not rungs[-1]["ok"]:                     # every later rung builds on this one: stop here
             raise SystemExit(failed_line(rungs[-1], args.batch_size, cuda))
-    all_on = {**config, "fp8": config["fp8"] and not fp8_blocks_skip,
-              "fp8_head": config["fp8_head"] and fp8_supported()}
     ok = [r for r in rungs if r["ok"]]
     for prev, r in zip([None] + ok, ok):
         r["x_prev"] = prev and r["tokens_per_sec"] / prev["tokens_per_sec"]
         r["x_base"] = r["tokens_per_sec"] / ok[0]["tokens_per_sec"]
     loo = []
-    if args.loo and ok:
+    if ok:
         full = ok[-1]
-        for change, undo in UNDO.items():
-            if change not in args.loo:
-                continue
-            if change == "FP8 head" and not all_on["fp8_head"] or change == "FP8 blocks" and not all_on["fp8"]:
-                continue
-            loo_config = {**all_on, **undo}
-            if loo_config["dtype"] == "float32" and loo_config["attention"] == "varlen":
-                loo_config["attention"] = "flex"       # FlashAttention's varlen kernels take bf16/fp16 only
-            r = run_rung(f"all on - {change}", loo_config, args, extra, done)
+        for name, loo_config in leave_one_out:
+            r = run_rung(name, loo_config, args, extra, done)
             if not r["ok"]:
                 raise SystemExit(failed_line(r, args.batch_size, cuda))
             r["x_prev"] = full["tokens_per_sec"] / r["tokens_per_sec"]    # what this change is worth
@@ -433,7 +475,7 @@ def main(argv=None):
     extra = ["--total_batch_size=0", f"--batch_size={args.batch_size}", *args.extra]
     stdlib = not torch.cuda.is_available() and not any(a.split("=")[0] == "--data_dir" for a in args.extra)
     extra += ["--data_dir=data/stdlib_byte"] if stdlib else []
-    refused = first_rung_refusal(args, extra)
+    refused = first_rung_refusal(args, extra) or rung_refusal(args, extra, fp8_blocks_skipped(cfg))
     if refused:
         parser.error(refused)
     make_out(args.out, parser)

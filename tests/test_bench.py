@@ -150,6 +150,22 @@ def test_a_first_rung_that_does_not_fit_is_refused_before_any_rung_runs(tmp_path
         is None
 
 
+def test_a_later_rung_that_train_py_would_refuse_is_refused_before_any_rung_runs(tmp_path, capsys, monkeypatch):
+    """A config file's setting of a feature that only a later rung turns on (compile_persistent_rows: the rungs before
+    torch.compile's drop it with compile=False) is checked at start as that rung's train.py checks it, not found
+    after the baseline and bf16 rungs ran."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)       # a CPU's bench, on a GPU machine too
+    (tmp_path / "mine.py").write_text("compile_persistent_rows = 2048\n")
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--steps", "1", "--no_loo", "--batch_size", "4", "--config", str(tmp_path / "mine.py"), "--out",
+                    str(tmp_path / "b"), "--", "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err == ["error: the rung '+ torch.compile' would be refused: compile_persistent_rows="
+                                         "2048 lays out the Triton kernels compiled for a GPU; on cpu it would do "
+                                         "nothing: leave it out"], err
+    assert not (tmp_path / "b").exists()
+
+
 def test_an_out_that_cannot_be_made_is_one_line(tmp_path, capsys):
     (tmp_path / "afile").write_text("")
     with pytest.raises(SystemExit):

@@ -2,6 +2,7 @@
 its forward and backward and gives the step of the PyTorch ops (the op's CPU path is its reference), eager and
 compiled; the flag is refused where it cannot work; the Triton kernel in Triton's interpreter. Its bytes on a GPU:
 tests/test_gpu.py."""
+import dataclasses
 import re
 import sys
 import types
@@ -210,6 +211,22 @@ def test_a_fold_with_nothing_to_fold_is_refused_with_its_way_out(flag, extra, me
                               **extra)
     with pytest.raises(ValueError, match=re.escape(message) + "$"):
         fp8.check(cfg, hopper)
+
+
+@pytest.mark.parametrize("extra", [dict(activation="relu2"), dict(bias=True), dict(fp8_layers="qkv"),
+                                   dict(fp8_recipe="tensorwise_fused"), dict(dtype="float16"),
+                                   dict(dtype="float16", fp8_precast=True)])
+def test_a_way_out_with_the_fast_erf_is_not_refused_next(extra, hopper):
+    """With fp8_gelu_erf='fast' beside fp8_gelu_cast, a refusal's last way out turns both off (fp8_gelu_erf alone
+    is refused as doing nothing), and the config it gives passes fp8.check: no loop of refusals."""
+    cfg = configurator.Config(**{**dict(fp8=True, fp8_recipe="tensorwise_delayed", n_embd=1024, n_head=16,
+                                        fp8_gelu_cast=True, fp8_gelu_erf="fast"), **extra})
+    with pytest.raises(ValueError) as e:
+        fp8.check(cfg, hopper)
+    last = str(e.value).rsplit(", or ", 1)[1]
+    assert "--fp8_gelu_cast=False --fp8_gelu_erf=exact" in last, str(e.value)
+    way = dict(re.findall(r"--(\w+)=(\w+)", last))
+    fp8.check(dataclasses.replace(cfg, **{k: {"False": False}.get(v, v) for k, v in way.items()}), hopper)
 
 
 def test_evaluation_records_nothing_and_skips_the_kernel(monkeypatch):

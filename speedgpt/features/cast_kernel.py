@@ -82,6 +82,13 @@ FLAGS = ("fp8_cast_kernel", "fp8_gelu_cast", "fp8_norm_cast")
 NORM_WIDTH = 8192                # fp8_norm_cast holds a whole row per program: n_embd at most this
 
 
+def way_off(cfg, flags):
+    """The flags that turn `flags` (of FLAGS, or fp8_precast) off, for a refusal's way out: fp8_gelu_erf goes with
+    fp8_gelu_cast, since alone it is refused as doing nothing (no loop of refusals)."""
+    return " ".join(f"--{f}=False" for f in flags) + \
+        (" --fp8_gelu_erf=exact" if cfg.fp8_gelu_erf != "exact" and "fp8_gelu_cast" in flags else "")
+
+
 def check(cfg, device):
     """Raise ValueError naming the way out unless the flags of FLAGS set True can run: Triton on a CUDA GPU, and the
     kernels right there (verify). fp8.check refuses them first without fp8 and with another recipe
@@ -89,9 +96,8 @@ def check(cfg, device):
     on = [f for f in FLAGS if getattr(cfg, f)]
     fast = cfg.fp8_gelu_erf == "fast"
 
-    def off(flags):           # fp8_gelu_erf goes with fp8_gelu_cast: alone it is refused as doing nothing
-        return " ".join(f"--{f}=False" for f in flags) + \
-            (" --fp8_gelu_erf=exact" if fast and "fp8_gelu_cast" in flags else "")
+    def off(flags):
+        return way_off(cfg, flags)
     if on:                    # "add --X=False": a preset may have set X (config/fast.py sets fp8_gelu_cast)
         refuse_unready_kernel(on, device, lambda d: None, f"add {off(on)}")
         wrong = [(f, problem) for f in on if (problem := verify(device, flags=(f,), fast_erf=fast))]

@@ -125,7 +125,7 @@ def check(cfg, proc):
         if getattr(cfg, flag) and cfg.fp8_recipe != "tensorwise_delayed":
             raise ValueError(f"{flag}=True would do nothing with fp8_recipe={cfg.fp8_recipe!r}: only delayed "
                              f"scales are known before the cast. Add --fp8_recipe=tensorwise_delayed, or "
-                             f"--{flag}=False")
+                             f"{cast_kernel.way_off(cfg, [flag])}")
     if not cfg.fp8_gelu_cast:
         refuse_unused(cfg, ("fp8_gelu_erf",), "the erf of fp8_gelu_cast's Triton passes",   # which need GELU
                       "--fp8_gelu_cast=True" if cfg.activation == "gelu" else None)
@@ -145,9 +145,11 @@ def check(cfg, proc):
         raise ValueError("fp8_precast=True casts each whole weight after the optimizer step, where FSDP holds only "
                          "a shard of it: use --parallelism=ddp, or leave fp8_precast out")
     if cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and cfg.dtype == "float16":
+        delayed_only = [k for k in ("fp8_precast", *cast_kernel.FLAGS) if getattr(cfg, k)]   # refused with fused
         raise ValueError("fp8_recipe='tensorwise_delayed' with dtype=float16: the loss scale moves the gradients' "
                          "amax from step to step, which scales from earlier steps cannot follow; use --dtype=bfloat16"
-                         + ("" if cfg.fp8_precast else ", or --fp8_recipe=tensorwise_fused"))
+                         ", or --fp8_recipe=tensorwise_fused" + (f" {cast_kernel.way_off(cfg, delayed_only)}"
+                                                                 if delayed_only else ""))
     if cfg.fp8_head and not cfg.fp8 and cfg.fp8_recipe != "tensorwise":
         raise ValueError(f"fp8_recipe={cfg.fp8_recipe!r} would do nothing: the FP8 head is tensorwise only, and "
                          f"fp8=False converts no block. Add --fp8=True for {cfg.fp8_recipe} blocks, "
@@ -261,7 +263,7 @@ def refuse_unfed_gelu(meta, cfg):
            f"({' and '.join(mlp.LINEARS[n] for n in missing)} in fp8_layers, fp8_min_dim at most {cfg.n_embd})"
            if missing else "bias=True puts c_fc's bias between its matmul and GELU: use --bias=False")
     raise ValueError(f"fp8_gelu_cast=True folds the MLP's GELU into the casts of the FP8 Linears around it, and "
-                     f"{why}, or add --fp8_gelu_cast=False")
+                     f"{why}, or add {cast_kernel.way_off(cfg, ['fp8_gelu_cast'])}")
 
 
 class FoldedLayerNorm(torch.nn.LayerNorm):
