@@ -43,6 +43,10 @@ def check(cfg, proc=None):
                       "--save_checkpoints=True")
     if proc is None or proc.master:
         check_out_dir(cfg.out_dir)
+        taken = [n for n in ("ckpt.pt", "ckpt_best.pt") if os.path.isdir(os.path.join(cfg.out_dir, n))]
+        if cfg.save_checkpoints and taken:      # else the run trains, then fails to write its first checkpoint
+            raise ValueError(f"{os.path.join(cfg.out_dir, taken[0])} is a folder, where the run writes a checkpoint: "
+                             "move it away, or choose another --out_dir")
     elif os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
         raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a folder: choose another --out_dir")
     return cfg

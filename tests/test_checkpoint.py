@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+import configurator
 import train
 from conftest import losses, read_metrics, run_with_file_limit, tiny_args
 from speedgpt import checkpoint
@@ -363,6 +364,15 @@ def test_an_out_dir_that_cannot_be_made_names_why(tmp_path):
     with pytest.raises(ValueError, match=r"cannot create the output folder .*afile/sub: .*afile is a file, not a folder; "
                                          r"choose another --out_dir"):
         checkpoint.check_out_dir(str(tmp_path / "afile" / "sub"))
+
+
+def test_a_folder_where_the_run_writes_its_checkpoint_is_refused_before_any_work(tmp_path):
+    (tmp_path / "ckpt.pt").mkdir()
+    cfg = configurator.Config(out_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=rf"^{tmp_path}/ckpt.pt is a folder, where the run writes a checkpoint: move "
+                                         r"it away, or choose another --out_dir$"):
+        checkpoint.check(cfg)
+    checkpoint.check(configurator.Config(out_dir=str(tmp_path), save_checkpoints=False))      # it writes none
 
 
 def test_a_checkpoint_from_before_the_pure_model_still_resumes_and_loads(byte_data, tmp_path):
