@@ -162,7 +162,10 @@ def fp8_blocks_skipped(cfg):
     if not fp8.block_width_ok(cfg):
         return f"no block Linear is eligible (n_embd={cfg.n_embd}, fp8_min_dim={cfg.fp8_min_dim})"
     if not fp8_supported(torchao):
-        return "FP8 needs a GPU of compute capability 8.9+" + (f" and torchao ({cfg.fp8_recipe})" if torchao else "")
+        defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+        unused = [f"{k}={getattr(cfg, k)!r}" for k in fp8.DETAILS["fp8"] if getattr(cfg, k) != defaults[k]]
+        return "FP8 needs a GPU of compute capability 8.9+" + (f" and torchao ({cfg.fp8_recipe})" if torchao else "") \
+            + (f": the config's {', '.join(unused)} not measured" if unused else "")
     return None
 
 
