@@ -405,9 +405,12 @@ def load_config(argv, with_explicit=False):
         except (ValueError, SyntaxError):
             value = raw
         assign(key, value, "command line", len(files))
-    for key, (value, where, said, update) in theirs_set.items():     # a key of ours set after one of nanoGPT's
-        same = [(k, o, v) for k in update for o, v, w in placed[k] if w == where and o != key]
-        nanogpt.settle(key, value, where, said, same, {k: placed[k][-1] for k in update if placed[k][-1][0] != key})
+    for key, (value, where, said, update) in theirs_set.items():     # the keys it sets, set elsewhere too
+        others = {}
+        for k in update:
+            mine = max(i for i, (o, _, w) in enumerate(placed[k]) if o == key and w == where)
+            others[k] = [(o, v, w, i > mine) for i, (o, v, w) in enumerate(placed[k]) if o != key]
+        values.update(nanogpt.settle(key, value, where, said, update, others))
     # --fp8=False on gpt2-medium.py (or a later --config file setting it): the fp8_recipe set before goes too,
     # else it would be refused as doing nothing; so does fast.py's fp8_gelu_cast with a later --activation=relu2
     # ("activation=gelu" in fp8's DETAILS); a detail set with or after the feature's setting stays (refused)

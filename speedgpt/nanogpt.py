@@ -3,8 +3,8 @@ karpathy/nanoGPT's files, read as they are (docs/nanogpt.md has the table).
 
 Config keys: configurator.load_config hands each key of nanoGPT's train.py that speedgpt spells or counts
 otherwise to translate(), which returns our keys and the note saying what the key became (KEYS), said by settle()
-once every source is read: one of our keys given beside it in the same place is refused; a later place's wins,
-and the note says so. A key of
+once every source is read: as in nanoGPT, eval_only and decay_lr=False win over max_iters and warmup_iters; one of
+our own keys set otherwise beside it in the same place is refused, and from a later place it wins. A key of
 nanoGPT's sample.py or bench.py given to train.py is refused, naming the flag to use (ELSEWHERE). A config file
 that sets one of nanoGPT's own keys is nanoGPT's: the keys it leaves out take nanoGPT's defaults (DEFAULTS, from
 its train.py), as they would there, except the machine's (device, dtype, compile), which stay ours.
@@ -108,20 +108,33 @@ def translate(key, value, where):
     return ours, said and f"nanoGPT's {said}"
 
 
-def settle(key, value, where, said, same, later):
-    """Say the note of nanoGPT's `key`=`value` (from `where`) once every source is read. `same`: (our key it sets,
-    another key that sets it in `where` too, that key's value): two spellings of one setting, refused (ValueError).
-    `later`: each of its keys that a later place (the command line after a file) set -> (the key that did, its
-    value, where): that wins, and the note says so; resolve() says a PerBatch's note when nothing replaced it."""
-    if same:
-        ours, other, v = same[0]
-        raise ValueError(f"{key}={value!r} and {other}={v!r} ({where}) both set {ours} (nanoGPT's key and ours): "
-                         "give one of them")
-    wins = ", ".join(f"{other}={v!r} ({place})" for other, v, place in dict.fromkeys(later.values()))
-    if said and wins:
-        note(f"{said}; {wins}, given after it, wins")
-    elif said or wins:
-        note(said or f"nanoGPT's {key}={value!r} ({where}) is replaced by {wins}, given after it")
+def settle(key, value, where, said, update, others):
+    """Say the note of nanoGPT's `key`=`value` (set in `where`; `update`: our keys it sets) once every source is
+    read; return those of its keys it sets after all. `others`: {a key of `update`: [(another key that set it, its
+    value, where, whether after this one)]}. Against a key nanoGPT has too (max_iters beside eval_only, warmup_iters
+    beside decay_lr=False) it wins wherever that stands, as in nanoGPT, where it makes the other one not count.
+    Against a key of ours alone, another value in the same place is two spellings of one setting: refused
+    (ValueError); from a later place (the command line after a file) ours wins, and the note says so."""
+    moot, wins = [], []
+    for ours, sets in others.items():
+        for other, v, place, after in sets:
+            if v == update[ours]:
+                continue
+            if ours in DEFAULTS:
+                moot.append(f"{other}={v!r} ({place})")
+            elif place == where:
+                raise ValueError(f"{key}={value!r} (nanoGPT's) and {other}={v!r} ({where}) both set {ours}: give one "
+                                 "of them")
+            elif after:
+                wins.append(f"{other}={v!r} ({place})")
+    moot, wins = list(dict.fromkeys(moot)), list(dict.fromkeys(wins))
+    if said:
+        note(said + (f"; {', '.join(moot)} beside it {'does' if len(moot) == 1 else 'do'} not count, as in nanoGPT"
+                     if moot else "") +
+             (f"; {', '.join(wins)}, given after it, {'wins' if len(wins) == 1 else 'win'}" if wins else ""))
+    elif wins:                    # a PerBatch: resolve() says its note where nothing replaced it
+        note(f"nanoGPT's {key}={value!r} ({where}) is replaced by {', '.join(wins)}, given after it")
+    return {ours: update[ours] for ours in others if ours in DEFAULTS}
 
 
 def refusal(key, where):

@@ -8,6 +8,7 @@ import ast
 import importlib.util
 import os
 import pickle
+import re
 import warnings
 
 import numpy as np
@@ -197,33 +198,48 @@ def test_a_key_without_an_equivalent_is_refused_with_the_way_out(argv, error, me
 
 
 @pytest.mark.parametrize("argv, ours", [
-    (["--eval_only=True", "--max_iters=20"], "max_iters"),           # trained 20 steps, saved none, before
-    (["--save_checkpoints=True", "--eval_only=True"], "save_checkpoints"),     # either order
-    (["--decay_lr=False", "--warmup_iters=5"], "warmup_iters"),
-    (["--decay_lr=True", "--lr_schedule=wsd"], "lr_schedule"),
+    (["--eval_only=True", "--save_checkpoints=True"], "save_checkpoints"),
+    (["--lr_schedule=wsd", "--decay_lr=True"], "lr_schedule"),                      # either order
     (["--data_dir=data/a", "--dataset=b"], "data_dir"),
     (["--eval_iters=5", "--eval_tokens=0"], "eval_tokens"),
     (["--gradient_accumulation_steps=2", "--total_batch_size=256"], "total_batch_size"),
 ])
-def test_a_key_of_nanogpts_and_ours_for_the_same_setting_in_one_place_are_refused(tmp_path, argv, ours):
-    with pytest.raises(ValueError, match=rf"\(command line\) both set {ours} \(nanoGPT's key and ours\): give one of "
-                                         r"them$"):
+def test_a_key_of_nanogpts_and_one_of_ours_setting_it_otherwise_in_one_place_are_refused(tmp_path, argv, ours):
+    with pytest.raises(ValueError, match=rf"\(nanoGPT's\) and .* \(command line\) both set {ours}: give one of them$"):
         configurator.load_config(argv)
     path = tmp_path / "both.py"                   # in one config file too
     lines = [(k, v if k in ("data_dir", "dataset", "lr_schedule") else ast.literal_eval(v)) for k, v in
              (a[2:].split("=", 1) for a in argv)]
     path.write_text("".join(f"{k} = {v!r}\n" for k, v in lines))
-    with pytest.raises(ValueError, match=rf"\({path}\) both set {ours} "):
+    with pytest.raises(ValueError, match=rf"\({re.escape(str(path))}\) both set {ours}: "):
         configurator.load_config([str(path)])
+    assert configurator.load_config(["--decay_lr=True", "--lr_schedule=cosine"]).lr_schedule == "cosine"   # agree
+
+
+def test_eval_only_and_decay_lr_win_over_max_iters_and_warmup_iters_wherever_they_stand_as_in_nanogpt(tmp_path):
+    """nanoGPT's eval_only=True stops after the first evaluation whatever max_iters is, and decay_lr=False leaves
+    warmup_iters unused: both are nanoGPT's keys, so its config files set them side by side (eval_gpt2.py with
+    train_gpt2.py's max_iters), and the note says which does not count."""
+    path = tmp_path / "eval.py"
+    path.write_text("eval_only = True\nmax_iters = 5000\ndecay_lr = False\nwarmup_iters = 100\n")
+    cfg, said = notes([str(path), "--max_iters=20"])
+    assert (cfg.max_iters, cfg.save_checkpoints, cfg.warmup_iters, cfg.lr_schedule) == (0, False, 0, "constant")
+    assert f"nanoGPT's eval_only=True -> max_iters=0, save_checkpoints=False (one evaluation, then the run ends); " \
+           f"max_iters=5000 ({path}), max_iters=20 (command line) beside it do not count, as in nanoGPT" in said, said
+    assert any(s.startswith("nanoGPT's decay_lr=False -> lr_schedule='constant', warmup_iters=0") and
+               s.endswith(f"; warmup_iters=100 ({path}) beside it does not count, as in nanoGPT") for s in said), said
+    cfg, said = notes(["--warmup_iters=5", "--decay_lr=False"])
+    assert cfg.warmup_iters == 0 and said[0].endswith("; warmup_iters=5 (command line) beside it does not count, as "
+                                                      "in nanoGPT"), said
 
 
 def test_our_key_on_the_command_line_beats_nanogpts_in_a_file_and_the_note_says_so(tmp_path):
     path = tmp_path / "eval_gpt2.py"
     path.write_text("eval_only = True\ndataset = 'owt'\ngradient_accumulation_steps = 2\n")
-    cfg, said = notes([str(path), "--max_iters=20", "--data_dir=data/mine", "--total_batch_size=4096"])
-    assert (cfg.max_iters, cfg.save_checkpoints, cfg.data_dir, cfg.total_batch_size) == (20, False, "data/mine", 4096)
+    cfg, said = notes([str(path), "--save_checkpoints=True", "--data_dir=data/mine", "--total_batch_size=4096"])
+    assert (cfg.max_iters, cfg.save_checkpoints, cfg.data_dir, cfg.total_batch_size) == (0, True, "data/mine", 4096)
     assert "nanoGPT's eval_only=True -> max_iters=0, save_checkpoints=False (one evaluation, then the run ends); " \
-           "max_iters=20 (command line), given after it, wins" in said
+           "save_checkpoints=True (command line), given after it, wins" in said
     assert any(s.startswith("nanoGPT's dataset='owt' -> data_dir='data/owt'") and
                s.endswith("; data_dir='data/mine' (command line), given after it, wins") for s in said), said
     assert f"nanoGPT's gradient_accumulation_steps=2 ({path}) is replaced by total_batch_size=4096 (command line), " \
