@@ -102,6 +102,20 @@ def finished_rungs(args, extra):
     return done
 
 
+# the keys bench.py sets on every run it starts (rung_flags and --batch_size): given after -- they are refused
+RUN_KEYS = ("batch_size", "total_batch_size", "max_iters", "timing_warmup", "eval_tokens", "save_checkpoints",
+            "out_dir")
+
+
+def rung_flags(name, overrides, args):
+    """train.py's flags (after --config and those after --) for the rung or row `name` with the ladder's
+    `overrides`: a timed run with no evaluation and no checkpoint, into its own folder under --out."""
+    out_dir = os.path.join(args.out, "runs",
+                           name.strip("+ ").replace(" ", "_").replace(",", "").replace("(", "").replace(")", ""))
+    return {**overrides, "max_iters": args.steps + args.warmup, "timing_warmup": args.warmup, "log_interval": 1,
+            "eval_tokens": 0, "save_checkpoints": False, "out_dir": out_dir}
+
+
 def run_rung(name, overrides, args, extra, done=None):
     """One fresh train.py process; returns its medians (tokens/s, step ms, MFU), peak memory and padding.
     A rung already in `done` (from --resume) is not run again."""
@@ -109,10 +123,8 @@ def run_rung(name, overrides, args, extra, done=None):
         print(f"\n=== {name}: reused from {args.out}/rows.jsonl ({done[name]['tokens_per_sec']:,.0f} tok/s)",
               flush=True)
         return dict(done[name])
-    out_dir = os.path.join(args.out, "runs",
-                           name.strip("+ ").replace(" ", "_").replace(",", "").replace("(", "").replace(")", ""))
-    flags = {**overrides, "max_iters": args.steps + args.warmup, "timing_warmup": args.warmup, "log_interval": 1,
-             "eval_tokens": 0, "save_checkpoints": False, "out_dir": out_dir}
+    flags = rung_flags(name, overrides, args)
+    out_dir = flags["out_dir"]
     cmd = [sys.executable, "train.py", "--config", args.config, *extra] + [f"--{k}={v}" for k, v in flags.items()]
     print(f"\n=== {name}\n{' '.join(cmd)}", flush=True)
     os.makedirs(out_dir, exist_ok=True)
@@ -165,7 +177,7 @@ def fp8_blocks_skipped(cfg):
         defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
         unused = [f"{k}={getattr(cfg, k)!r}" for k in fp8.DETAILS["fp8"] if getattr(cfg, k) != defaults[k]]
         return "FP8 needs a GPU of compute capability 8.9+" + (f" and torchao ({cfg.fp8_recipe})" if torchao else "") \
-            + (f": the config's {', '.join(unused)} not measured" if unused else "")
+            + (f", so {', '.join(unused)} {'goes' if len(unused) == 1 else 'go'} unmeasured" if unused else "")
     return None
 
 
@@ -244,32 +256,46 @@ def plan(args, fp8_blocks_skip=None):
 
 def rung_refusal(args, extra, fp8_blocks_skip=None):
     """None, or the line refusing the bench before any rung runs because train.py would refuse one of the rungs
-    plan() runs (its every check for this device, but the data's, the memory estimate's, which
-    first_rung_refusal makes with bench.py's advice, and the output folder's): a config file's setting of a
-    feature that a later rung turns on, say, which this device cannot run."""
+    plan() runs, with the flags it gets (rung_flags): its every check for this device but the data's, the output
+    folder's (make_out's) and the memory estimate's (first_rung_refusal's, with bench.py's advice). A config
+    file's setting of a feature that a later rung turns on and this device cannot run, say, or one a rung's own
+    flags make do nothing. On a GPU the
+    checks run in a child process: some run Triton kernels (verify), and the CUDA memory they take would stay
+    taken in this one while every rung runs."""
+    if torch.cuda.is_available():
+        import multiprocessing
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            return pool.apply(_rung_refusal, (args, extra, fp8_blocks_skip))
+    return _rung_refusal(args, extra, fp8_blocks_skip)
+
+
+def _rung_refusal(args, extra, fp8_blocks_skip):
     import contextlib
     import io
+    import re
     import warnings
 
     import configurator
     import train
+    from speedgpt import checkpoint
     from speedgpt.distributed import Proc
     ladder, loo = plan(args, fp8_blocks_skip)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     for name, config, skip in [*ladder, *((n, c, None) for n, c in loo)]:
         if skip:
             continue
-        flags = [f"--{k}={v}" for k, v in {**config, "max_iters": args.steps + args.warmup,
-                                            "timing_warmup": args.warmup, "eval_tokens": 0}.items()]
+        flags = [f"--{k}={v}" for k, v in rung_flags(name, config, args).items()]
         try:       # quietly: the rung says its notes, warnings and "attention: ..." lines when it runs
             with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
                 cfg = configurator.load_config(["--config", args.config, *extra, *flags])
                 train.check_flags(cfg, Proc(0, 0, 1, device), skip=(train.memory, train.data, train.checkpoint))
+                checkpoint.check_settings(cfg)          # its folder: --out's, which make_out checks
         except (ValueError, TypeError) as e:
-            return f"the rung {name!r} would be refused: {e}"
-        finally:
-            torch.cuda.empty_cache()        # what a kernel's check at start (verify) held: the rungs' memory
+            mine = sorted(set(re.findall(r"--(\w+)=", str(e))) & set(RUN_KEYS))     # a way out bench.py refuses
+            return f"the rung {name!r} would be refused: {e}" + (
+                f" (bench.py sets {', '.join(mine)} itself on every run: leave the setting refused out of "
+                f"{args.config})" if mine else "")
     return None
 
 
@@ -447,8 +473,7 @@ def main(argv=None):
     if not 1 <= args.batch_size <= args.max_batch:
         parser.error(f"need 1 <= --batch_size <= --max_batch, got {args.batch_size} and {args.max_batch}")
     # keys bench.py sets itself on every run: an override after -- would silently undo the measurement
-    runs = {"batch_size", "total_batch_size", "max_iters", "timing_warmup", "eval_tokens", "save_checkpoints",
-            "out_dir"}
+    runs = set(RUN_KEYS)
     owned = runs if args.find_max_batch else runs | {"log_interval"} | {k for _, c in LADDER for k in c} | \
         {k for c in UNDO.values() for k in c}
     given = {a[2:].split("=", 1)[0] for a in args.extra if a.startswith("--")}
@@ -478,14 +503,15 @@ def main(argv=None):
     extra = ["--total_batch_size=0", f"--batch_size={args.batch_size}", *args.extra]
     stdlib = not torch.cuda.is_available() and not any(a.split("=")[0] == "--data_dir" for a in args.extra)
     extra += ["--data_dir=data/stdlib_byte"] if stdlib else []
-    refused = first_rung_refusal(args, extra) or rung_refusal(args, extra, fp8_blocks_skipped(cfg))
+    fp8_skip = fp8_blocks_skipped(cfg)
+    refused = first_rung_refusal(args, extra) or rung_refusal(args, extra, fp8_skip)
     if refused:
         parser.error(refused)
     make_out(args.out, parser)
     if stdlib:
         print("no GPU: the rungs train on the byte-level stdlib corpus (data/stdlib_byte, no download); "
               "give -- --data_dir=... for other data")
-    bench(args, extra, fp8_blocks_skipped(cfg))
+    bench(args, extra, fp8_skip)
 
 
 if __name__ == "__main__":

@@ -38,9 +38,7 @@ def check(cfg, proc=None):
     """train.py's check: out_dir can be written (check_out_dir, on the first process only: the one that writes
     there, and none other races it making and removing the folder); keep_checkpoints and async_checkpoint are
     refused without checkpoints (they would do nothing). Returns cfg."""
-    if not cfg.save_checkpoints:
-        refuse_unused(cfg, ("keep_checkpoints", "async_checkpoint"), "a setting of the checkpoints",
-                      "--save_checkpoints=True")
+    check_settings(cfg)
     if proc is None or proc.master:
         check_out_dir(cfg.out_dir)
         taken = [n for n in ("ckpt.pt", "ckpt_best.pt") if os.path.isdir(os.path.join(cfg.out_dir, n))]
@@ -50,6 +48,13 @@ def check(cfg, proc=None):
     elif os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
         raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a folder: choose another --out_dir")
     return cfg
+
+
+def check_settings(cfg):
+    """check()'s part that reads no folder: keep_checkpoints and async_checkpoint without checkpoints do nothing."""
+    if not cfg.save_checkpoints:
+        refuse_unused(cfg, ("keep_checkpoints", "async_checkpoint"), "a setting of the checkpoints",
+                      "--save_checkpoints=True")
 
 
 def check_out_dir(out_dir):

@@ -84,15 +84,14 @@ def test_fp8_blocks_rung_runs_where_the_config_converts_a_block():
     runs_here = bench.fp8_supported(torchao=False)       # tensorwise_delayed is ours: torchao is not asked for
     # the config's FP8 settings the skipped rung would have measured are named (fp8_gelu_erf's too)
     assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py"])) == \
-        (None if runs_here else "FP8 needs a GPU of compute capability 8.9+: the config's fp8_recipe="
-         "'tensorwise_delayed', fp8_min_dim=768, fp8_gelu_cast=True not measured")
+        (None if runs_here else "FP8 needs a GPU of compute capability 8.9+, so fp8_recipe='tensorwise_delayed', "
+         "fp8_min_dim=768, fp8_gelu_cast=True go unmeasured")
     assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py", "--fp8_gelu_erf=fast"])) == \
-        (None if runs_here else "FP8 needs a GPU of compute capability 8.9+: the config's fp8_recipe="
-         "'tensorwise_delayed', fp8_min_dim=768, fp8_gelu_cast=True, fp8_gelu_erf='fast' not measured")
+        (None if runs_here else "FP8 needs a GPU of compute capability 8.9+, so fp8_recipe='tensorwise_delayed', "
+         "fp8_min_dim=768, fp8_gelu_cast=True, fp8_gelu_erf='fast' go unmeasured")
     assert bench.fp8_blocks_skipped(load_config(["--fp8=True", "--fp8_min_dim=16"])) == \
         (None if bench.fp8_supported(torchao=True) else
-         "FP8 needs a GPU of compute capability 8.9+ and torchao (tensorwise): the config's fp8_min_dim=16 not "
-         "measured")
+         "FP8 needs a GPU of compute capability 8.9+ and torchao (tensorwise), so fp8_min_dim=16 goes unmeasured")
     assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py", "--fp8=False"])) == \
         "the config keeps its blocks in bf16 (fp8=False)"
     assert bench.fp8_blocks_skipped(load_config(["--config", "config/fast.py", "--n_embd=512", "--n_head=8"])) == \
@@ -169,6 +168,16 @@ def test_a_later_rung_that_train_py_would_refuse_is_refused_before_any_rung_runs
     assert e.value.code == 2 and err == ["error: the rung '+ torch.compile' would be refused: compile_persistent_rows="
                                          "2048 lays out the Triton kernels compiled for a GPU; on cpu it would do "
                                          "nothing: leave it out"], err
+    assert not (tmp_path / "b").exists()
+    (tmp_path / "mine.py").write_text("keep_checkpoints = 2\n")          # the rungs save none: it would do nothing
+    with pytest.raises(SystemExit):
+        bench.main(["--steps", "1", "--no_loo", "--batch_size", "4", "--config", str(tmp_path / "mine.py"), "--out",
+                    str(tmp_path / "b"), "--", "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the rung 'baseline' would be refused: keep_checkpoints=2 "
+                                               "would do nothing") and err[0].endswith(
+        f"(bench.py sets save_checkpoints itself on every run: leave the setting refused out of "
+        f"{tmp_path / 'mine.py'})"), err
     assert not (tmp_path / "b").exists()
 
 

@@ -367,12 +367,13 @@ def test_an_out_dir_that_cannot_be_made_names_why(tmp_path):
 
 
 def test_a_folder_where_the_run_writes_its_checkpoint_is_refused_before_any_work(tmp_path):
-    (tmp_path / "ckpt.pt").mkdir()
-    cfg = configurator.Config(out_dir=str(tmp_path))
-    with pytest.raises(ValueError, match=rf"^{tmp_path}/ckpt.pt is a folder, where the run writes a checkpoint: move "
-                                         r"it away, or choose another --out_dir$"):
-        checkpoint.check(cfg)
-    checkpoint.check(configurator.Config(out_dir=str(tmp_path), save_checkpoints=False))      # it writes none
+    for name in ("ckpt.pt", "ckpt_best.pt"):
+        (tmp_path / name).mkdir()
+        with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / name))} is a folder, where the run writes a "
+                                             "checkpoint: move it away, or choose another --out_dir$"):
+            checkpoint.check(configurator.Config(out_dir=str(tmp_path)))
+        checkpoint.check(configurator.Config(out_dir=str(tmp_path), save_checkpoints=False))     # it writes none
+        (tmp_path / name).rmdir()
 
 
 def test_a_checkpoint_from_before_the_pure_model_still_resumes_and_loads(byte_data, tmp_path):

@@ -95,11 +95,8 @@ def check(cfg, device):
     than the delayed one (the only one whose scale is known before the cast)."""
     on = [f for f in FLAGS if getattr(cfg, f)]
     fast = cfg.fp8_gelu_erf == "fast"
-
-    def off(flags):
-        return way_off(cfg, flags)
     if on:                    # "add --X=False": a preset may have set X (config/fast.py sets fp8_gelu_cast)
-        refuse_unready_kernel(on, device, lambda d: None, f"add {off(on)}")
+        refuse_unready_kernel(on, device, lambda d: None, f"add {way_off(cfg, on)}")
         wrong = [(f, problem) for f in on if (problem := verify(device, flags=(f,), fast_erf=fast))]
         if wrong and fast and [f for f, _ in wrong] == ["fp8_gelu_cast"] and \
                 verify(device, flags=("fp8_gelu_cast",)) is None:      # only the fast erf's passes are wrong
@@ -107,7 +104,8 @@ def check(cfg, device):
                              "passes are right here)")
         if wrong:             # the way out names only the flags whose kernels are wrong here
             names = [f for f, _ in wrong]
-            raise ValueError(f"{' and '.join(f'{f}=True' for f in names)}: {wrong[0][1]}; add {off(names)}" +
+            raise ValueError(f"{' and '.join(f'{f}=True' for f in names)}: {wrong[0][1]}; add "
+                             f"{way_off(cfg, names)}" +
                              (f" (the other{'s' if len(on) - len(names) > 1 else ''} passed)"
                               if len(names) < len(on) else "") + ptxas_way_out(device))
 
