@@ -259,9 +259,8 @@ def rung_refusal(args, extra, fp8_blocks_skip=None):
     plan() runs, with the flags it gets (rung_flags): its every check for this device but the data's, the output
     folder's (make_out's) and the memory estimate's (first_rung_refusal's, with bench.py's advice). A config
     file's setting of a feature that a later rung turns on and this device cannot run, say, or one a rung's own
-    flags make do nothing. On a GPU the
-    checks run in a child process: some run Triton kernels (verify), and the CUDA memory they take would stay
-    taken in this one while every rung runs."""
+    flags make do nothing. On a GPU the checks run in a child process: some run Triton kernels (verify), and the
+    CUDA memory they take would stay taken in this one while every rung runs."""
     if torch.cuda.is_available():
         import multiprocessing
         with multiprocessing.get_context("spawn").Pool(1) as pool:
