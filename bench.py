@@ -23,9 +23,11 @@ import os
 import statistics
 import subprocess
 import sys
+import warnings
 
 import torch
 
+from speedgpt import nanogpt
 from speedgpt.corpus import sigterm_as_interrupt
 from speedgpt.measure import append_record, error_line, read_records
 
@@ -212,7 +214,9 @@ def first_rung_refusal(args, extra):
     from speedgpt import memory
     cuda = torch.cuda.is_available()
     flags = [f"--{k}={v}" for k, v in rung_config(args.start, cuda).items()]
-    cfg = configurator.load_config(["--config", args.config, *extra, *flags])
+    with warnings.catch_warnings():              # main() printed them
+        warnings.simplefilter("ignore")
+        cfg = configurator.load_config(["--config", args.config, *extra, *flags])
     flop = memory.meta_model(cfg, memory.vocab_size(cfg.data_dir)).flops_per_token() * cfg.batch_size * \
         cfg.block_size * (args.steps + args.warmup)
     if not cuda and flop > CPU_RUNG_FLOP:
@@ -280,6 +284,7 @@ def _rung_refusal(args, extra, fp8_blocks_skip):
     from speedgpt.distributed import Proc
     ladder, loo = plan(args, fp8_blocks_skip)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    owned = set(RUN_KEYS) | {k for _, c in LADDER for k in c} | {k for c in UNDO.values() for k in c}
     for name, config, skip in [*ladder, *((n, c, None) for n, c in loo)]:
         if skip:
             continue
@@ -291,10 +296,17 @@ def _rung_refusal(args, extra, fp8_blocks_skip):
                 train.check_flags(cfg, Proc(0, 0, 1, device), skip=(train.memory, train.data, train.checkpoint))
                 checkpoint.check_settings(cfg)          # its folder: --out's, which make_out checks
         except (ValueError, TypeError) as e:
-            mine = sorted(set(re.findall(r"--(\w+)=", str(e))) & set(RUN_KEYS))     # a way out bench.py refuses
+            mine = sorted(set(re.findall(r"\b(\w+) ?[=<>]", str(e))) & owned)     # a way out bench.py refuses
             return f"the rung {name!r} would be refused: {e}" + (
-                f" (bench.py sets {', '.join(mine)} itself on every run: leave the setting refused out of "
-                f"{args.config})" if mine else "")
+                f" (bench.py sets {', '.join(mine)} itself: leave the refused setting out of {args.config})"
+                if mine else "")
+        if cfg.init_from == "resume" or cfg.resume_from:
+            return f"bench.py's rungs each train afresh: leave init_from='resume' and resume_from out of {args.config}"
+        moved = [k for k, v in rung_flags(name, config, args).items() if getattr(cfg, k) != v]
+        if moved:                # nanoGPT's eval_only, say, makes max_iters 0 wherever it stands
+            k = moved[0]
+            return f"{args.config} makes {k}={getattr(cfg, k)!r}, where bench.py's rung {name!r} sets " \
+                   f"{k}={rung_flags(name, config, args)[k]!r}: leave the setting that does it out of {args.config}"
     return None
 
 
@@ -488,9 +500,13 @@ def main(argv=None):
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         parser.error(f"--out {args.out} is a file, not a folder")
     try:                         # the config and the extra arguments, checked before any rung runs
-        cfg = configurator.load_config(["--config", args.config, f"--batch_size={args.batch_size}", *args.extra])
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            cfg = configurator.load_config(["--config", args.config, f"--batch_size={args.batch_size}", *args.extra])
     except (ValueError, TypeError, FileNotFoundError) as e:
         parser.error(str(e))
+    for w in said:                # as train.py prints them (each rung's log has them too)
+        print(f"{'note' if issubclass(w.category, nanogpt.Note) else 'warning'}: {w.message}")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"device={cfg.device!r} but no CUDA GPU is available")
     if args.find_max_batch and not torch.cuda.is_available():

@@ -430,6 +430,7 @@ def load_config(argv, with_explicit=False):
     if theirs:                       # beneath a config file of nanoGPT's: its defaults, as there
         values = {**nanogpt.defaults(theirs, given, defaults, values.get("init_from", "scratch")), **values}
     cfg = Config(**nanogpt.resolve(values, defaults))
+    nanogpt.check_eval_only(cfg, {k: v[0] for k, v in theirs_set.items()})
     positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval",
                 "keep_checkpoints")                    # a feature's own keys: its check (speedgpt/features/)
     way_out = {"keep_checkpoints": " (to keep none, --save_checkpoints=False)",

@@ -41,7 +41,8 @@ def check(cfg, proc=None):
     check_settings(cfg)
     if proc is None or proc.master:
         check_out_dir(cfg.out_dir)
-        taken = [n for n in ("ckpt.pt", "ckpt_best.pt") if os.path.isdir(os.path.join(cfg.out_dir, n))]
+        taken = sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(cfg.out_dir), "ckpt*.pt"))
+                       if os.path.isdir(p))           # ckpt.pt, ckpt_best.pt, a step's ckpt_step000250.pt
         if cfg.save_checkpoints and taken:      # else the run trains, then fails to write its first checkpoint
             raise ValueError(f"{os.path.join(cfg.out_dir, taken[0])} is a folder, where the run writes a checkpoint: "
                              "move it away, or choose another --out_dir")

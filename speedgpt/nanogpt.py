@@ -38,7 +38,8 @@ class PerBatch:
 def _typed(key, value, want, where, least=0):
     if type(value) is not want or (want is int and value < least):
         raise TypeError(f"nanoGPT's config key {key!r} ({where}) must be {want.__name__}"
-                        + (f" >= {least}" if want is int else "") + f", got {value!r}")
+                        + (f" >= {least}" if want is int else "") + f", got {value!r}"
+                        + (": give True or False" if want is bool else ""))
     return value
 
 
@@ -135,6 +136,23 @@ def settle(key, value, where, said, update, others):
     elif wins:                    # a PerBatch: resolve() says its note where nothing replaced it
         note(f"nanoGPT's {key}={value!r} ({where}) is replaced by {', '.join(wins)}, given after it")
     return {ours: update[ours] for ours in others if ours in DEFAULTS}
+
+
+def check_eval_only(cfg, theirs):
+    """Raise ValueError where nanoGPT's eval_only=True (in `theirs`: {nanoGPT's key: value} read) cannot do what it
+    says, one evaluation of the model the run starts from: with no evaluation (eval_tokens=0), or on a resumed
+    run, whose checkpoint is past max_iters=0 (its weights and shape load with init_from=<its ckpt.pt>)."""
+    if not theirs.get("eval_only"):
+        return
+    if cfg.eval_tokens == 0:
+        raise ValueError("eval_only=True evaluates once, and eval_tokens=0 (or eval_iters=0) evaluates nothing: "
+                         "give eval_tokens > 0, or leave eval_only out")
+    if cfg.init_from == "resume" or cfg.resume_from:
+        step = cfg.resume_from.isdigit() and os.path.join(cfg.out_dir, f"ckpt_step{int(cfg.resume_from):06d}.pt")
+        path = step or cfg.resume_from or os.path.join(cfg.out_dir, "ckpt.pt")
+        raise ValueError(f"eval_only=True with a resume: a resumed run trains on from its checkpoint. To evaluate "
+                         f"the checkpoint, start from its weights in another folder: --init_from={path} "
+                         f"--out_dir=OTHER_FOLDER, without init_from=resume and resume_from")
 
 
 def refusal(key, where):

@@ -48,7 +48,7 @@ def settle(cfg, explicit, proc, check_flags):
             from hf import check_tokens
             check_tokens(cfg.init_from, cfg.data_dir)
         replaces = not ("init_from" in explicit and cfg.init_from == "scratch")    # only that says: replace it
-        if cfg.save_checkpoints and replaces and os.path.isfile(latest):
+        if replaces and os.path.isfile(latest):       # without checkpoints too: its metrics would be replaced
             if cfg.init_from == "scratch":
                 raise ValueError(f"{path} holds a run: continue it with --init_from=resume, or start afresh with "
                                  "--init_from=scratch (which replaces it) or another out_dir")

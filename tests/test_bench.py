@@ -181,6 +181,30 @@ def test_a_later_rung_that_train_py_would_refuse_is_refused_before_any_rung_runs
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize("setting, said", [
+    ("eval_only = True", "eval_only=True evaluates once, and eval_tokens=0 (or eval_iters=0) evaluates nothing: give "
+     "eval_tokens > 0, or leave eval_only out (bench.py sets eval_tokens itself: leave the refused setting out of "),
+    ("target_val_loss = 3.0", "it needs eval_tokens > 0 (bench.py sets eval_tokens itself: leave the refused setting "
+     "out of "),
+    ("check_mask = True", "it needs packing=True and document_mask=True (bench.py sets document_mask, packing itself: "
+     "leave the refused setting out of "),
+    ("init_from = 'resume'", "bench.py's rungs each train afresh: leave init_from='resume' and resume_from out of "),
+    ("resume_from = '4'", "bench.py's rungs each train afresh: leave init_from='resume' and resume_from out of "),
+])
+def test_a_config_setting_that_would_undo_the_rungs_own_is_refused_before_any_rung(tmp_path, capsys, monkeypatch,
+                                                                                     setting, said):
+    """A config file's setting that a rung would be refused for, whose way out is a key bench.py sets itself (the
+    line says so), or that would make the rungs something else than fresh timed runs: one line before any rung."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (tmp_path / "mine.py").write_text(setting + "\n")
+    with pytest.raises(SystemExit):
+        bench.main(["--steps", "1", "--no_loo", "--batch_size", "4", "--config", str(tmp_path / "mine.py"), "--out",
+                    str(tmp_path / "b"), "--", "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said + str(tmp_path / "mine.py") in err[0], err
+    assert not (tmp_path / "b").exists()
+
+
 def test_an_out_that_cannot_be_made_is_one_line(tmp_path, capsys):
     (tmp_path / "afile").write_text("")
     with pytest.raises(SystemExit):

@@ -367,7 +367,7 @@ def test_an_out_dir_that_cannot_be_made_names_why(tmp_path):
 
 
 def test_a_folder_where_the_run_writes_its_checkpoint_is_refused_before_any_work(tmp_path):
-    for name in ("ckpt.pt", "ckpt_best.pt"):
+    for name in ("ckpt.pt", "ckpt_best.pt", "ckpt_step000002.pt"):
         (tmp_path / name).mkdir()
         with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / name))} is a folder, where the run writes a "
                                              "checkpoint: move it away, or choose another --out_dir$"):

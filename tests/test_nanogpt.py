@@ -233,6 +233,22 @@ def test_eval_only_and_decay_lr_win_over_max_iters_and_warmup_iters_wherever_the
                                                       "in nanoGPT"), said
 
 
+def test_eval_only_that_could_not_evaluate_is_refused_with_a_way_that_does(tmp_path):
+    """nanoGPT evaluates a run's checkpoint with eval_only=True and init_from='resume'; here a resume trains on (its
+    checkpoint past max_iters=0 would be refused, and max_iters does not count beside eval_only): the way out starts
+    from the checkpoint's weights in another folder. eval_tokens=0 would evaluate nothing."""
+    with pytest.raises(ValueError, match=r"^eval_only=True with a resume: .* --init_from=out/ckpt.pt "
+                                         r"--out_dir=OTHER_FOLDER, without init_from=resume and resume_from$"):
+        configurator.load_config(["--eval_only=True", "--init_from=resume"])
+    with pytest.raises(ValueError, match=r"--init_from=out/ckpt_step000004.pt --out_dir=OTHER_FOLDER"):
+        configurator.load_config(["--eval_only=True", "--resume_from=4"])
+    with pytest.raises(ValueError, match=r"^eval_only=True evaluates once, and eval_tokens=0 \(or eval_iters=0\) "
+                                         r"evaluates nothing: give eval_tokens > 0, or leave eval_only out$"):
+        configurator.load_config(["--eval_only=True", "--eval_iters=0"])
+    with pytest.raises(TypeError, match="must be bool, got 'false': give True or False$"):
+        configurator.load_config(["--decay_lr=false"])
+
+
 def test_our_key_on_the_command_line_beats_nanogpts_in_a_file_and_the_note_says_so(tmp_path):
     path = tmp_path / "eval_gpt2.py"
     path.write_text("eval_only = True\ndataset = 'owt'\ngradient_accumulation_steps = 2\n")

@@ -259,6 +259,9 @@ def test_scratch_run_starts_a_fresh_metrics_file(byte_data, tmp_path):
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
     with pytest.raises(ValueError, match="ckpt.pt holds a run: continue it with --init_from=resume, or start afresh"):
         train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))       # a forgotten --init_from=resume
+    for writes_none in (["--save_checkpoints=False"], ["--eval_only=True"]):    # its metrics would be replaced
+        with pytest.raises(ValueError, match="ckpt.pt holds a run: continue it with --init_from=resume"):
+            train.main(tiny_args(byte_data, tmp_path, "--max_iters=4", *writes_none))
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=4", "--init_from=scratch"))
     steps = [r["step"] for r in read_metrics(tmp_path) if "loss" in r]
     assert steps == [0, 1, 2, 3]
