@@ -176,8 +176,7 @@ def test_a_later_rung_that_train_py_would_refuse_is_refused_before_any_rung_runs
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: the rung 'baseline' would be refused: keep_checkpoints=2 "
                                                "would do nothing") and err[0].endswith(
-        f"(bench.py sets save_checkpoints itself on every run: leave the setting refused out of "
-        f"{tmp_path / 'mine.py'})"), err
+        f"(bench.py sets save_checkpoints itself: leave the refused setting out of {tmp_path / 'mine.py'})"), err
     assert not (tmp_path / "b").exists()
 
 
