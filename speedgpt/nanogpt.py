@@ -148,8 +148,8 @@ def check_eval_only(cfg, theirs):
         raise ValueError("eval_only=True evaluates once, and eval_tokens=0 (or eval_iters=0) evaluates nothing: "
                          "give eval_tokens > 0, or leave eval_only out")
     if cfg.init_from == "resume" or cfg.resume_from:
-        step = cfg.resume_from.isdigit() and os.path.join(cfg.out_dir, f"ckpt_step{int(cfg.resume_from):06d}.pt")
-        path = step or cfg.resume_from or os.path.join(cfg.out_dir, "ckpt.pt")
+        from speedgpt.checkpoint import resolve_resume     # the file a resume would read, or why there is none
+        path = resolve_resume(cfg.out_dir, cfg.resume_from)
         raise ValueError(f"eval_only=True with a resume: a resumed run trains on from its checkpoint. To evaluate "
                          f"the checkpoint, start from its weights in another folder: --init_from={path} "
                          f"--out_dir=OTHER_FOLDER, without init_from=resume and resume_from")

@@ -240,8 +240,12 @@ def test_eval_only_that_could_not_evaluate_is_refused_with_a_way_that_does(tmp_p
     with pytest.raises(ValueError, match=r"^eval_only=True with a resume: .* --init_from=out/ckpt.pt "
                                          r"--out_dir=OTHER_FOLDER, without init_from=resume and resume_from$"):
         configurator.load_config(["--eval_only=True", "--init_from=resume"])
-    with pytest.raises(ValueError, match=r"--init_from=out/ckpt_step000004.pt --out_dir=OTHER_FOLDER"):
-        configurator.load_config(["--eval_only=True", "--resume_from=4"])
+    (tmp_path / "ckpt_step000004.pt").write_bytes(b"")                  # a kept step: the file it names
+    with pytest.raises(ValueError, match=rf"--init_from={re.escape(str(tmp_path))}/ckpt_step000004.pt "
+                                         r"--out_dir=OTHER_FOLDER"):
+        configurator.load_config(["--eval_only=True", "--resume_from=4", f"--out_dir={tmp_path}"])
+    with pytest.raises(FileNotFoundError, match=r"has no checkpoint of step 5 \(its steps: 4;"):
+        configurator.load_config(["--eval_only=True", "--resume_from=5", f"--out_dir={tmp_path}"])
     with pytest.raises(ValueError, match=r"^eval_only=True evaluates once, and eval_tokens=0 \(or eval_iters=0\) "
                                          r"evaluates nothing: give eval_tokens > 0, or leave eval_only out$"):
         configurator.load_config(["--eval_only=True", "--eval_iters=0"])
