@@ -117,7 +117,7 @@ class Config:
     fp8_cast_kernel: bool = False          # tensorwise_delayed: each cast and its amax in one Triton pass (GPU)
     fp8_gelu_cast: bool = False            # tensorwise_delayed: the MLP's GELU (and its derivative) in the casts (GPU)
     fp8_norm_cast: bool = False            # tensorwise_delayed: the LayerNorm before qkv and fc in their casts (GPU)
-    fp8_gelu_erf: str = "exact"            # exact | fast: the erf of fp8_gelu_cast's passes (fast: 1.5e-7 off)
+    gelu_erf: str = "exact"                # exact | fast: GELU's erf in our Triton passes (fast: 1.5e-7 off)
     fp8_head: bool = False                 # the fused head's matmuls in float8 (needs fused_ce; Ada/Hopper)
     head_kernel: bool = False              # the fused head's softmax pass in Triton (speedgpt/features/softmax_pass.py)
     fused_ce: bool = False                 # the head + cross-entropy as one function, gradients in the forward
@@ -128,14 +128,15 @@ class Config:
 CHOICES = dict(attention=("naive", "sdpa", "flex", "varlen", "auto"), sdpa_backend=("auto", "flash", "cudnn"),
                dtype=("float32", "bfloat16", "float16"), grad_checkpointing=("none", "full", "selective"),
                fp8_recipe=("tensorwise", "rowwise", "rowwise_bf16_wgrad", "tensorwise_fused",
-                           "tensorwise_delayed"), parallelism=("ddp", "fsdp"), fp8_gelu_erf=("exact", "fast"),
+                           "tensorwise_delayed"), parallelism=("ddp", "fsdp"), gelu_erf=("exact", "fast"),
                hellaswag=("off", "on", "auto"),
                optimizer=("adamw", "muon"), lr_schedule=("cosine", "wsd", "constant"))
 DERIVED = "it is derived: set total_batch_size, the tokens per optimizer step for the whole job"
 # data.py's flags, which a newcomer gives train.py: the prepared folder's meta.json holds what they chose
 DATA_PY_FLAGS = ("tokenizer", "input", "val_frac", "text_field", "shard_tokens", "max_tokens", "workers")
 RENAMED = {"grad_accum_steps": DERIVED,     # nanoGPT's gradient_accumulation_steps: speedgpt/nanogpt.py
-           "fp8_head_kernel": "it is head_kernel now (the fused head's softmax pass in Triton, FP8 or bf16)"}
+           "fp8_head_kernel": "it is head_kernel now (the fused head's softmax pass in Triton, FP8 or bf16)",
+           "fp8_gelu_erf": "it is gelu_erf now (fast: the cheaper erf in FP8's casts and the bf16 MLP's GELU passes)"}
 ALIASES = {"lr": "learning_rate", "wd": "weight_decay", "bs": "batch_size", "micro_batch_size": "batch_size",
            "seq_len": "block_size", "sequence_length": "block_size", "context_length": "block_size",
            "num_iterations": "max_iters", "steps": "max_iters", "warmup_steps": "warmup_iters"}

@@ -30,7 +30,7 @@ from data import DataError, Loader, load_meta, prepare, sigterm_as_interrupt, to
 from model import GPT, GPTConfig
 from speedgpt import (Refusals, attention, budget, checkpoint, distributed, evaluation, hellaswag, measure, memory,
                       nanogpt, optim, resume)
-from speedgpt.features import activation_checkpointing, compilation, fp8, fused_ce, parallel
+from speedgpt.features import activation_checkpointing, compilation, fp8, fused_ce, gelu_pass, parallel
 from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, target_reached
 from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, Branch, check_disk, checkpoint_bytes, finish_write,
                                  last_good, load_weights, save_run, start_branch)
@@ -44,7 +44,7 @@ from speedgpt.measure import (MetricsLogger, Timer, ideal_seconds_per_token, pea
 # activation checkpointing, compile), then DDP/FSDP wraps it (parallel). Each answers check(cfg, proc) -> cfg and
 # apply(model, cfg, proc), and FP8 prepare() and step_hooks() too (speedgpt/features/__init__.py). A feature added
 # is a module there and an entry here; a feature removed, the reverse (and its keys in configurator.py).
-FEATURES = (fp8, fused_ce, activation_checkpointing, compilation)
+FEATURES = (fp8, gelu_pass, fused_ce, activation_checkpointing, compilation)
 # every check before any work, in this order: the attention backend first (it resolves 'auto'), HellaSwag last
 # (hellaswag='on' may download its file)
 CHECKS = (attention, distributed, *FEATURES, parallel, evaluation, measure, optim, budget, memory, data, checkpoint,

@@ -5,7 +5,7 @@ scale: how many passes over the activations each costs, and so which way a recip
     python benchmarks/fp8_cast.py [--producers gelu]   # 774M's shapes: 32 x 1024 tokens, 1280 wide (MLP 5120)
     python benchmarks/fp8_cast.py --device cpu --eager --tokens 64 --width 32 --iters 1   # the smoke test
     python benchmarks/fp8_cast.py --tiles [--tokens 65536 --width 768]   # our GELU passes at each tile of TILES
-    python benchmarks/fp8_cast.py --tiles --fast_erf     # each tile with the fast erf too (fp8_gelu_erf='fast')
+    python benchmarks/fp8_cast.py --tiles --fast_erf     # each tile with the fast erf too (gelu_erf='fast')
 
 --tiles times fp8_gelu_cast's two passes (GELU's forward, e4m3; its derivative, e5m2; the transposed copy written,
 as words or byte by byte) at each tile of TILES, each first checked against the PyTorch reference at the shape
@@ -235,7 +235,7 @@ def main(argv=None):
     p.add_argument("--tiles", action="store_true", help="our GELU passes at each tile of TILES, --tokens a multiple "
                    "of 4 (needs Triton; on a CPU its interpreter, TRITON_INTERPRET=1)")
     p.add_argument("--fast_erf", action="store_true", help="with --tiles: each tile with the fast erf "
-                   "(fp8_gelu_erf='fast') too, a row after the exact erf's")
+                   "(gelu_erf='fast') too, a row after the exact erf's")
     args = p.parse_args(argv)
     bad = [f"--{k} {getattr(args, k)}" for k in ("tokens", "width", "iters") if getattr(args, k) < 1]
     if bad:
@@ -254,7 +254,7 @@ def main(argv=None):
         raise SystemExit(f"error: --producers {args.producers!r}: unknown {', '.join(unknown) or 'empty'}; "
                          f"the producers are {', '.join(producers(1))}")
     if args.fast_erf and not args.tiles:
-        raise SystemExit("error: --fast_erf times our GELU passes with the fast erf (fp8_gelu_erf='fast'): add "
+        raise SystemExit("error: --fast_erf times our GELU passes with the fast erf (gelu_erf='fast'): add "
                          "--tiles")
     if args.tiles:
         given = [f for f, on in (("--producers", args.producers != p.get_default("producers")),

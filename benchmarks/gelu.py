@@ -5,9 +5,10 @@ and how much of the gap is the exact GELU's erf (libdevice's, fp32).
     python benchmarks/gelu.py                  # the MLP of 124M and 350M at 64 x 1024 tokens, of 774M at 32 x 1024
     python benchmarks/gelu.py --device cpu --eager --shapes 256x512 --iters 2    # the smoke test (tests/test_gelu.py)
 
-Three ways to compute it, each torch.compile'd: exact (F.gelu, erf), tanh (F.gelu(approximate='tanh'), a different
+Four ways to compute it, each torch.compile'd: exact (F.gelu, erf), tanh (F.gelu(approximate='tanh'), a different
 function: GPT-2 was trained with it), and the exact GELU with erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7,
-fewer instructions than libdevice's erf; its backward written out, not differentiated through the polynomial). For
+fewer instructions than libdevice's erf; its backward written out, not differentiated through the polynomial),
+gelu_erf='fast''s own Triton passes with that erf (speedgpt/features/gelu_pass.py; off a GPU, its PyTorch ops). For
 each: milliseconds per call, the share of a plain copy's rate its bytes reach (forward: read x, write y; backward:
 read x and dy, write dx), and the largest difference from float32's exact GELU. A Markdown table.
 """
@@ -19,38 +20,43 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from speedgpt.features import gelu_pass  # noqa: E402
 from speedgpt.measure import cuda_time_ms  # noqa: E402
 
-SQRT_HALF = 0.7071067811865476
-INV_SQRT_2PI = 0.3989422804014327
-
-
-def erf_as(x):
-    """erf(x) by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7 absolute), float32 in and out."""
-    a = x.abs()
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t
-    return torch.copysign(1.0 - poly * torch.exp(-a * a), x)
 
 
 class GeluAS(torch.autograd.Function):
-    """x * Phi(x) with Phi from erf_as; the backward is Phi(x) + x * phi(x), computed in float32."""
+    """x * Phi(x) with Phi by Abramowitz & Stegun 7.1.26 in PyTorch ops (gelu_pass.reference, float32), which
+    Inductor compiles into its own kernels; the backward is Phi(x) + x * phi(x), written out."""
 
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
-        xf = x.float()
-        return (0.5 * xf * (1.0 + erf_as(xf * SQRT_HALF))).to(x.dtype)
+        return gelu_pass.reference(x).to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
-        xf = x.float()
-        cdf = 0.5 * (1.0 + erf_as(xf * SQRT_HALF))
-        return (dy.float() * (cdf + xf * torch.exp(-0.5 * xf * xf) * INV_SQRT_2PI)).to(x.dtype)
+        return gelu_pass.reference(x, dy)[0].to(x.dtype)
 
 
-VARIANTS = {"exact": F.gelu, "tanh": lambda t: F.gelu(t, approximate="tanh"), "erf A&S 7.1.26": GeluAS.apply}
+class GeluPass(torch.autograd.Function):
+    """gelu_erf='fast''s own Triton passes (speedgpt/features/gelu_pass.py): its backward writes GELU(x) too, as in
+    training (the weight gradient's operand), one tensor more than the other rows' backward here."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return gelu_pass.gelu_fast(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        return gelu_pass.gelu_fast_backward(x, dy)[0]
+
+
+VARIANTS = {"exact": F.gelu, "tanh": lambda t: F.gelu(t, approximate="tanh"), "erf A&S 7.1.26": GeluAS.apply,
+            "Triton pass (gelu_erf='fast')": GeluPass.apply}
 
 
 def measure(shape, device, iters, compiled=True, dtype=torch.bfloat16):

@@ -66,14 +66,15 @@ class Refusals:
                                                                                     else ""))
 
 
-def refuse_unready_kernel(flags, device, verify, way_out):
+def refuse_unready_kernel(flags, device, verify, way_out, said=None):
     """Raise ValueError, in one line ending with `way_out`, unless the Triton kernels of `flags` (keys set True: one
-    name, or several in a tuple) can run on `device`: a CUDA GPU, Triton installed, and verify(device) (a run of the
-    kernels against the PyTorch math there) returning None rather than what differs. The features' own kernels
-    share it (head_kernel and cast_kernel.FLAGS: fp8_cast_kernel, fp8_gelu_cast, fp8_norm_cast)."""
+    name, or several in a tuple; said: how the line names them, for a key set to another value) can run on
+    `device`: a CUDA GPU, Triton installed, and verify(device) (a run of the kernels against the PyTorch math there)
+    returning None rather than what differs. The features' own kernels share it (head_kernel, cast_kernel.FLAGS:
+    fp8_cast_kernel, fp8_gelu_cast, fp8_norm_cast, and gelu_erf='fast')."""
     import importlib.util
     flags = (flags,) if isinstance(flags, str) else tuple(flags)
-    said = " and ".join(f"{f}=True" for f in flags)
+    said = said or " and ".join(f"{f}=True" for f in flags)
     if device.type != "cuda":
         raise ValueError(f"{said} {'run' if len(flags) > 1 else 'runs'} Triton kernels on a CUDA GPU; this run is on "
                          f"{device.type}: {way_out}")

@@ -12,7 +12,7 @@ import torch
 
 import configurator
 from conftest import in_interpreter, on
-from speedgpt.features import cast_kernel, fp8
+from speedgpt.features import cast_kernel, fp8, gelu_pass
 
 
 def delayed_layer(kernel):
@@ -76,7 +76,7 @@ def gelu_mlp(fused, dtype=torch.bfloat16, erf="exact"):
     m.mlp = model.MLP(types.SimpleNamespace(n_embd=64, bias=False, activation="gelu", dropout=0.0)).to(dtype)
     m.block_linears = lambda: [("mlp.c_fc", "fc", m.mlp.c_fc), ("mlp.c_proj", "mlp_proj", m.mlp.c_proj)]
     fp8.convert(m, configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_min_dim=32,
-                                       fp8_gelu_cast=fused, fp8_gelu_erf=erf))
+                                       fp8_gelu_cast=fused, gelu_erf=erf))
     for lin, history in ((m.mlp.c_fc, [8.0, 1.3]), (m.mlp.c_proj, [5.0, 4.5])):
         lin.fp8_amax[:, 1] = torch.tensor(history)
         lin.fp8_scaled = True
@@ -139,10 +139,11 @@ def test_gelu_in_the_cast_without_scales_gives_the_mlp_step_bit_for_bit(op_calls
 
 
 def test_the_fast_erf_reaches_both_casts_of_gelu_in_the_cast_and_is_refused_without_them(monkeypatch):
-    """fp8_gelu_erf='fast': convert marks both Linears around the MLP's GELU, and the cast of c_proj's input
+    """gelu_erf='fast': convert marks both Linears around the MLP's GELU, and the cast of c_proj's input
     (forward) and of c_fc's output gradient (backward) hand the op fast_erf=True; 'exact' (the default) hands False.
-    The values of the fast erf: the interpreter test below, and tests/test_gpu.py on a GPU. Without fp8_gelu_cast
-    the setting would do nothing and is refused in one line naming the way out."""
+    The values of the fast erf: the interpreter test below, and tests/test_gpu.py on a GPU. Without fp8_gelu_cast,
+    with every MLP's Linears in FP8, the setting would do nothing and is refused in one line naming the way out
+    (speedgpt/features/gelu_pass.py: it takes the GELU of the bf16 MLPs)."""
     calls, op = [], cast_kernel.cast_amax
 
     def recorded(x, scale, amax, row, e5m2, gelu=False, gelu_input=None, fast_erf=False):
@@ -157,10 +158,12 @@ def test_the_fast_erf_reaches_both_casts_of_gelu_in_the_cast_and_is_refused_with
         assert calls == [(True, False, erf == "fast"), (False, True, erf == "fast")], calls
         calls.clear()
     monkeypatch.setattr(fp8, "capability", lambda device: (9, 0))          # an FP8 GPU, stood in for
-    with pytest.raises(ValueError, match="^fp8_gelu_erf='fast' would do nothing: it is the erf of fp8_gelu_cast's "
-                                         "Triton passes. Add --fp8_gelu_cast=True, or leave fp8_gelu_erf out$"):
-        fp8.check(configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", n_embd=1024, n_head=16,
-                                      fp8_gelu_erf="fast"), on("cuda"))
+    cfg = configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", n_embd=1024, n_head=16, gelu_erf="fast")
+    fp8.check(cfg, on("cuda"))
+    with pytest.raises(ValueError, match=r"^gelu_erf='fast' would do nothing: every MLP's GELU feeds an FP8 Linear "
+                                         r"whose cast does not take it in. Add --fp8_gelu_cast=True \(its casts take "
+                                         r"the fast erf\), or --gelu_erf=exact$"):
+        gelu_pass.check(cfg, on("cuda"))
 
 
 def test_gelu_in_the_cast_reaches_every_block_of_a_gpt_and_keeps_its_checkpoint_keys():
@@ -217,14 +220,14 @@ def test_a_fold_with_nothing_to_fold_is_refused_with_its_way_out(flag, extra, me
                                    dict(fp8_recipe="tensorwise_fused"), dict(dtype="float16"),
                                    dict(dtype="float16", fp8_precast=True)])
 def test_a_way_out_with_the_fast_erf_is_not_refused_next(extra, hopper):
-    """With fp8_gelu_erf='fast' beside fp8_gelu_cast, a refusal's last way out turns both off (fp8_gelu_erf alone
+    """With gelu_erf='fast' beside fp8_gelu_cast, a refusal's last way out turns both off (gelu_erf alone
     is refused as doing nothing), and the config it gives passes fp8.check: no loop of refusals."""
     cfg = configurator.Config(**{**dict(fp8=True, fp8_recipe="tensorwise_delayed", n_embd=1024, n_head=16,
-                                        fp8_gelu_cast=True, fp8_gelu_erf="fast"), **extra})
+                                        fp8_gelu_cast=True, gelu_erf="fast"), **extra})
     with pytest.raises(ValueError) as e:
         fp8.check(cfg, hopper)
     last = str(e.value).rsplit(", or ", 1)[1]
-    assert "--fp8_gelu_cast=False --fp8_gelu_erf=exact" in last, str(e.value)
+    assert "--fp8_gelu_cast=False --gelu_erf=exact" in last, str(e.value)
     way = dict(re.findall(r"--(\w+)=(\w+)", last))
     fp8.check(dataclasses.replace(cfg, **{k: {"False": False}.get(v, v) for k, v in way.items()}), hopper)
 
@@ -303,12 +306,12 @@ def test_verify_runs_only_the_kernels_of_the_flags_given_and_names_a_wrong_trans
     with pytest.raises(ValueError) as e:
         cast_kernel.check(cfg, cpu)
     assert str(e.value).endswith("; add --fp8_gelu_cast=False (the others passed)"), str(e.value)
-    # with fp8_gelu_erf='fast' the way out takes it too (alone it would be refused as doing nothing) ...
+    # with gelu_erf='fast' the way out takes it too (alone it would be refused as doing nothing) ...
     fast = configurator.Config(fp8=True, fp8_recipe="tensorwise_delayed", fp8_gelu_cast=True, fp8_norm_cast=True,
-                               fp8_cast_kernel=True, fp8_gelu_erf="fast")
+                               fp8_cast_kernel=True, gelu_erf="fast")
     with pytest.raises(ValueError) as e:
         cast_kernel.check(fast, cpu)
-    assert str(e.value).endswith("; add --fp8_gelu_cast=False --fp8_gelu_erf=exact (the others passed)"), str(e.value)
+    assert str(e.value).endswith("; add --fp8_gelu_cast=False --gelu_erf=exact (the others passed)"), str(e.value)
     # ... and where only the fast erf's passes are wrong, the way out is the exact erf
     monkeypatch.setattr(cast_kernel, "_verified", {})
     monkeypatch.setattr(cast_kernel, "run", lambda *a, fast_erf=False, **k: run(*a, **k) if fast_erf else
@@ -317,8 +320,8 @@ def test_verify_runs_only_the_kernels_of_the_flags_given_and_names_a_wrong_trans
     def right(x, scale, amax, e5m2=False, gelu=False, transpose=False, out=None, gelu_input=None, **_):
         got = cast_kernel.reference(x, scale, amax, e5m2, gelu, gelu_input)
         return got, got.t().contiguous()
-    with pytest.raises(ValueError, match=r"^fp8_gelu_erf='fast': Triton .* times GELU's derivative with "
-                                         r"fp8_gelu_erf='fast' .*; add --fp8_gelu_erf=exact \(the exact erf's passes "
+    with pytest.raises(ValueError, match=r"^gelu_erf='fast': Triton .* times GELU's derivative with "
+                                         r"gelu_erf='fast' .*; add --gelu_erf=exact \(the exact erf's passes "
                                          r"are right here\)$"):
         cast_kernel.check(fast, cpu)
     cast_kernel.check(cfg, cpu)                                              # the exact erf: every pass right
@@ -357,7 +360,7 @@ def test_the_kernel_in_the_interpreter():
             "    assert torch.equal(out_t.view(torch.uint8), out.view(torch.uint8).t()), rows\n"
             "    assert torch.equal(out.view(torch.uint8), cast_kernel.run(x[:rows], torch.tensor(100.0), torch.zeros(1), "
             "gelu=True).view(torch.uint8)), rows\n"
-            # fp8_gelu_erf='fast': the cheaper erf, within the same rounding of the exact GELU
+            # gelu_erf='fast': the cheaper erf, within the same rounding of the exact GELU
             "for rows in (68, 70):\n"
             "    amax, wa = torch.zeros(1), torch.zeros(1)\n"
             "    out, out_t = cast_kernel.run(x[:rows], torch.tensor(100.0), amax, gelu=True, transpose=True, "
@@ -434,7 +437,7 @@ def test_each_pass_with_a_transposed_copy_compiles_without_byte_permutes(e5m2, g
     recompute the cast in the store's layout (GELU's derivative at 64 x 64, 4 warps), or where it may take the row
     count a multiple of 16, and the ptxas 12.8 and 12.9 it bundles mis-lower them: half the transposed copy's bytes
     were foreign on an H100, none with ptxas 13.0 or without permutes (benchmarks/results/h100.md). The bytes
-    themselves are checked on a GPU (tests/test_gpu.py). With fp8_gelu_erf='fast' GELU's passes take no erf from
+    themselves are checked on a GPU (tests/test_gpu.py). With gelu_erf='fast' GELU's passes take no erf from
     libdevice."""
     pytest.importorskip("triton", reason="needs Triton (its compiler)")
     from conftest import Launch, hopper_ptx

@@ -12,8 +12,8 @@ import gelu  # noqa: E402
 
 
 def test_abramowitz_stegun_gelu_matches_the_exact_one_and_its_gradient():
+    """The script's A&S row (gelu_pass.reference's formula in PyTorch ops, tests/test_gelu_pass.py) through autograd."""
     x = torch.linspace(-8, 8, 4001, dtype=torch.float64)
-    assert (gelu.erf_as(x.float()).double() - torch.erf(x)).abs().max() < 5e-7       # 1.5e-7, plus float32 rounding
     xf = x.float().requires_grad_()
     y = gelu.GeluAS.apply(xf)
     dx, = torch.autograd.grad(y.sum(), xf)

@@ -19,6 +19,8 @@ its stages loop over that list:
   cast_kernel.py                the delayed FP8 casts with their amax in one Triton pass (fp8_cast_kernel, and
                                 fp8_gelu_cast with the MLP's GELU, and its derivative, in them, fp8_norm_cast
                                 with the LayerNorm in them; fp8.check)
+  gelu_pass.py                  GELU's erf made cheaper (gelu_erf='fast'): in FP8's casts (cast_kernel.py), else as
+                                Triton passes of its own around the Linear it feeds
   fused_ce.py                   the output head and cross-entropy as one function (fused_ce)
   activation_checkpointing.py   recompute blocks in the backward (grad_checkpointing)
   compilation.py                torch.compile, whole model or per block (compile, compile_regional, compile_tuning,

@@ -42,7 +42,8 @@ A version that casts and writes in chunks of 64 columns after the row statistics
 still wrong at 65,536 x 768 under Triton's own ptxas (right at three other shapes, verify()'s among their kind, so
 the check at start might not have caught it): it was not kept.
 
-fp8_gelu_erf='fast' computes GELU's erf in both GELU passes by Abramowitz and Stegun's 7.1.26 (|error| <= 1.5e-7)
+gelu_erf='fast' computes GELU's erf in both GELU passes by Abramowitz and Stegun's 7.1.26 (|error| <= 1.5e-7)
+(the bf16 MLP's GELU takes the same formula in speedgpt/features/gelu_pass.py)
 instead of libdevice's erff, which holds most of their instructions (BENCHMARKS.md, "The roofline of a step"); the
 exact path's code is unchanged. Off until it measures faster end to end.
 
@@ -83,10 +84,11 @@ NORM_WIDTH = 8192                # fp8_norm_cast holds a whole row per program: 
 
 
 def way_off(cfg, flags):
-    """The flags that turn `flags` (of FLAGS, or fp8_precast) off, for a refusal's way out: fp8_gelu_erf goes with
-    fp8_gelu_cast, since alone it is refused as doing nothing (no loop of refusals)."""
+    """The flags that turn `flags` (of FLAGS, or fp8_precast) off, for a refusal's way out: gelu_erf goes with
+    fp8_gelu_cast, since where the MLP's Linears stay FP8 it is then refused as doing nothing (no loop of
+    refusals; speedgpt/features/gelu_pass.py)."""
     return " ".join(f"--{f}=False" for f in flags) + \
-        (" --fp8_gelu_erf=exact" if cfg.fp8_gelu_erf != "exact" and "fp8_gelu_cast" in flags else "")
+        (" --gelu_erf=exact" if cfg.gelu_erf != "exact" and "fp8_gelu_cast" in flags else "")
 
 
 def check(cfg, device):
@@ -94,13 +96,13 @@ def check(cfg, device):
     kernels right there (verify). fp8.check refuses them first without fp8 and with another recipe
     than the delayed one (the only one whose scale is known before the cast)."""
     on = [f for f in FLAGS if getattr(cfg, f)]
-    fast = cfg.fp8_gelu_erf == "fast"
+    fast = cfg.gelu_erf == "fast"
     if on:                    # "add --X=False": a preset may have set X (config/fast.py sets fp8_gelu_cast)
         refuse_unready_kernel(on, device, lambda d: None, f"add {way_off(cfg, on)}")
         wrong = [(f, problem) for f in on if (problem := verify(device, flags=(f,), fast_erf=fast))]
         if wrong and fast and [f for f, _ in wrong] == ["fp8_gelu_cast"] and \
                 verify(device, flags=("fp8_gelu_cast",)) is None:      # only the fast erf's passes are wrong
-            raise ValueError(f"fp8_gelu_erf='fast': {wrong[0][1]}; add --fp8_gelu_erf=exact (the exact erf's "
+            raise ValueError(f"gelu_erf='fast': {wrong[0][1]}; add --gelu_erf=exact (the exact erf's "
                              "passes are right here)")
         if wrong:             # the way out names only the flags whose kernels are wrong here
             names = [f for f, _ in wrong]
@@ -152,7 +154,7 @@ def kernel():
             y = tl.load(x + at, mask=mask, other=0.0).to(tl.float32)
             if GELU_GRAD:
                 g = tl.load(h + at, mask=mask, other=0.0).to(tl.float32)
-            if FAST_ERF:     # fp8_gelu_erf='fast': Phi(v) = (1 + erf(v / sqrt 2)) / 2 of GELU's input v by Abramowitz
+            if FAST_ERF:     # gelu_erf='fast': Phi(v) = (1 + erf(v / sqrt 2)) / 2 of GELU's input v by Abramowitz
                 # and Stegun's 7.1.26, erf(z) = 1 - t P(t) exp(-z^2), t = 1 / (1 + 0.3275911 z), z >= 0 (|error| <=
                 # 1.5e-7), and e = exp(-v^2 / 2), which GELU's derivative takes too (phi(v) = e / sqrt(2 pi)): one
                 # exp2 and one reciprocal, where libdevice's erff evaluates two polynomials and selects one
@@ -278,7 +280,7 @@ def run(x, scale, amax, e5m2=False, gelu=False, transpose=False, block=None, out
     written as words); num_warps: Triton's (by default 4, the tile's own with transpose). words: the copy as words
     (True; n a multiple of 4) or bytes (False) for any pass, overriding the rule above
     (benchmarks/fp8_cast.py --tiles). out: the tensors to write (verify's, filled first), else new ones. fast_erf:
-    GELU and its derivative with the fast erf (fp8_gelu_erf='fast': Abramowitz and Stegun 7.1.26, |error| <= 1.5e-7)."""
+    GELU and its derivative with the fast erf (gelu_erf='fast': Abramowitz and Stegun 7.1.26, |error| <= 1.5e-7)."""
     x = x.contiguous()
     h = x if gelu_input is None else gelu_input.contiguous()
     n, w = x.shape
@@ -326,7 +328,7 @@ def cast_amax(x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, row: int
     saturation, and its largest magnitude folded into amax[row, 0] (a delayed layer's history:
     fp8.DelayedFloat8Linear.fp8_amax) in place. Returns (x8 (M, K), x8_t (K, M)), both row-major, x8_t the same
     bytes transposed. fast_erf: GELU's erf by run()'s cheaper formula. On a CUDA GPU one Triton kernel (run),
-    elsewhere reference() (the exact erf: fp8_gelu_erf is refused there)."""
+    elsewhere reference() (the exact erf: gelu_erf is refused there)."""
     x8 = reference(x, scale, amax[row, 0:1], e5m2, gelu, gelu_input)
     return x8, x8.t().contiguous()
 
@@ -378,7 +380,7 @@ def verify(device, shape=(1000, 1200), flags=FLAGS, fast_erf=False):
     and backward), fp8_norm_cast's LayerNorm (_verify_norm), on random bf16 values (a shape its tiles do not divide,
     and two rows more; some values past the range) and compare with reference() (check_pass): None, or a line saying
     what differs. A flag is not refused for a kernel it does not run. fast_erf: GELU's passes with
-    the fast erf (fp8_gelu_erf='fast'). Leaves the global RNG as it was."""
+    the fast erf (gelu_erf='fast'). Leaves the global RNG as it was."""
     flags = (flags,) if isinstance(flags, str) else tuple(flags)
     key = (device, shape, flags, fast_erf)
     if key in _verified:
@@ -431,7 +433,7 @@ def check_pass(x, s, e5m2, gelu, grad, block=None, num_warps=None, words=None, f
         return None
     import triton
     what = " after GELU" if gelu else " times GELU's derivative" if grad is not None else ""
-    what += " with fp8_gelu_erf='fast'" if fast_erf and what else ""
+    what += " with gelu_erf='fast'" if fast_erf and what else ""
     return (f"Triton {triton.__version__} compiled the cast kernel wrongly on this GPU ({'e5m2' if e5m2 else 'e4m3'}"
             f"{what} at {x.shape[0]} x {x.shape[1]}: {_bytes(moved.sum().item())} from the PyTorch cast, "
             f"{transposed} in the transposed copy from the bytes transposed, amax {got_amax.item():.6g} against "

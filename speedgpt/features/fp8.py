@@ -67,9 +67,9 @@ def none_eligible(cfg):
 
 
 # the keys that mean nothing without the flag
-DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast", *cast_kernel.FLAGS, "fp8_gelu_erf"),
-           "activation=gelu": ("fp8_gelu_cast", "fp8_gelu_erf"), "norm=layernorm": ("fp8_norm_cast",),
-           "fp8_gelu_cast": ("fp8_gelu_erf",)}
+DETAILS = {"fp8": ("fp8_recipe", "fp8_layers", "fp8_min_dim", "fp8_precast", *cast_kernel.FLAGS),
+           "activation=gelu": ("fp8_gelu_cast", "gelu_erf"), "norm=layernorm": ("fp8_norm_cast",),
+           "fp8_gelu_cast": ("gelu_erf",)}
 
 
 def check(cfg, proc):
@@ -99,7 +99,7 @@ def check(cfg, proc):
     # device's refusal below names the head and these details at once (not one per try)
     if not cfg.fp8 and not (cfg.fp8_head and not capable):
         blocks_only = (() if cfg.fp8_head else ("fp8_recipe",)) + ("fp8_min_dim", "fp8_precast",
-                                                                   *cast_kernel.FLAGS, "fp8_gelu_erf")
+                                                                   *cast_kernel.FLAGS)
         refuse_unused(cfg, blocks_only, "a setting of the block Linears' FP8" + ("" if capable else
                       f", which needs a GPU of compute capability 8.9 or newer (this run is on {where()})"),
                       "--fp8=True" if capable else None)
@@ -126,9 +126,6 @@ def check(cfg, proc):
             raise ValueError(f"{flag}=True would do nothing with fp8_recipe={cfg.fp8_recipe!r}: only delayed "
                              f"scales are known before the cast. Add --fp8_recipe=tensorwise_delayed, or "
                              f"{cast_kernel.way_off(cfg, [flag])}")
-    if not cfg.fp8_gelu_cast:
-        refuse_unused(cfg, ("fp8_gelu_erf",), "the erf of fp8_gelu_cast's Triton passes",   # which need GELU
-                      "--fp8_gelu_cast=True" if cfg.activation == "gelu" else None)
     if cfg.fp8_gelu_cast and cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and block_width_ok(cfg):
         refuse_unfed_gelu(meta_model(cfg), cfg)         # none eligible at all: fp8's own refusal below says so
     if cfg.fp8_norm_cast and cfg.fp8 and cfg.fp8_recipe == "tensorwise_delayed" and block_width_ok(cfg) and \
@@ -231,7 +228,7 @@ def convert(model, cfg):
         for owner, act_name, producer, consumer in fed:
             setattr(owner, act_name, torch.nn.Identity())
             producer.fp8_gelu_out, consumer.fp8_gelu = True, True
-            producer.fp8_fast_erf = consumer.fp8_fast_erf = cfg.fp8_gelu_erf == "fast"
+            producer.fp8_fast_erf = consumer.fp8_fast_erf = cfg.gelu_erf == "fast"
     if cfg.fp8_norm_cast:
         fed = norm_fed(model, cfg)
         if not fed:
@@ -593,7 +590,7 @@ def delayed_cast(t, scale, amax, row, track, kernel, dtype=torch.float8_e4m3fn, 
     gradient takes, in the same pass; otherwise t8_t is None (tensorwise_grads transposes), and Inductor compiles
     the cast and a reduction for the amax. fp8_gelu_cast (with track): gelu, t is GELU's input; gelu_input h, t is
     the gradient of GELU(h): cast_amax casts GELU(t), or t * GELU'(h), computed in the same pass, kernel or not;
-    fast_erf (fp8_gelu_erf='fast'): with the kernel's cheaper erf."""
+    fast_erf (gelu_erf='fast'): with the kernel's cheaper erf."""
     if track and (kernel or gelu or gelu_input is not None):
         return cast_kernel.cast_amax(t, scale, amax, row, dtype == torch.float8_e5m2, gelu, gelu_input, fast_erf)
     t8 = saturate(t, scale, dtype)        # cast first: with the amax folded in before it, Inductor's partition
@@ -615,7 +612,7 @@ class DelayedFloat8Linear(RowwiseFloat8Linear):
     fp8_cast_kernel = False
     fp8_gelu = False             # fp8_gelu_cast, c_proj: x is GELU's input (convert made the MLP's act an identity)
     fp8_gelu_out = False         # fp8_gelu_cast, c_fc: the output is GELU's input (its derivative in the backward)
-    fp8_fast_erf = False         # fp8_gelu_erf='fast': those passes' erf by the kernel's cheaper formula
+    fp8_fast_erf = False         # gelu_erf='fast': those passes' erf by the kernel's cheaper formula
 
     def mm(self, x, w):
         cast = self.fp8_precast if self.fp8_precast is not None and self.fp8_scaled else (None, None, None)
