@@ -60,12 +60,13 @@ def test_the_swap_gives_the_step_of_gelu_then_linear_and_keeps_the_checkpoint_ke
 
 
 def test_the_swap_compiles_to_the_eager_step():
-    """Under torch.compile (the custom ops opaque, their fake shapes) the swapped model's loss and gradients are its
-    eager ones."""
+    """Under torch.compile (the custom ops opaque, their fake shapes) the swapped model is one graph, and its loss and
+    gradients are its eager ones."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64, bias=False))
     gelu_pass.apply(model, configurator.Config(gelu_erf="fast"), on("cpu"))
     x, y = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    assert torch._dynamo.explain(model)(x, y).graph_break_count == 0
     out = []
     for m in (model, torch.compile(model)):
         model.zero_grad(set_to_none=True)
