@@ -28,6 +28,15 @@ def kept_keys():
         ("batch_size", "max_iters")
 
 
+def kept_without_latest(out_dir):
+    """(what is there, the resume_from that continues it) where out_dir holds a run's kept checkpoints but no
+    ckpt.pt (deleted or lost: a new run would remove the rest), else None. The newest step file, else ckpt_best.pt."""
+    steps, best = saved_steps(out_dir), os.path.join(out_dir, "ckpt_best.pt")
+    if steps:
+        return f"steps {', '.join(map(str, sorted(steps)))}", str(max(steps))
+    return ("ckpt_best.pt", best) if os.path.isfile(best) else None
+
+
 def settle(cfg, explicit, proc, check_flags):
     """The run's config, checked (`check_flags(cfg, proc)`: train.py's), and for init_from='resume' the
     checkpoint: the config continues the checkpoint's (its shape, and its schedule unless a schedule key is set
@@ -48,6 +57,11 @@ def settle(cfg, explicit, proc, check_flags):
             from hf import check_tokens
             check_tokens(cfg.init_from, cfg.data_dir)
         replaces = not ("init_from" in explicit and cfg.init_from == "scratch")    # only that says: replace it
+        if replaces and not os.path.isfile(latest) and (left := kept_without_latest(cfg.out_dir)):
+            raise ValueError(f"{cfg.out_dir} holds a run's checkpoints without its ckpt.pt ({left[0]}), which a new "
+                             f"run would remove: continue it with --resume_from={left[1]}, or give the new run another "
+                             "--out_dir" + (", or start afresh there with --init_from=scratch (which removes them)"
+                                            if cfg.init_from == "scratch" else ""))
         if replaces and os.path.isfile(latest):       # without checkpoints too: its metrics would be replaced
             if cfg.init_from == "scratch":
                 raise ValueError(f"{path} holds a run: continue it with --init_from=resume, or start afresh with "
@@ -59,7 +73,9 @@ def settle(cfg, explicit, proc, check_flags):
                              + ", or give the new run another --out_dir"
                              + ("" if inside else f" (rm -rf {cfg.out_dir} to start it there)"))
         return resolve_decay(cfg), None
-    ckpt = load_checkpoint(path, missing=": nothing to resume (to start afresh, leave out --init_from=resume)")
+    left = kept_without_latest(cfg.out_dir) if path == latest else None
+    ckpt = load_checkpoint(path, missing=f": resume a kept one with --resume_from={left[1]} ({left[0]})" if left else
+                           ": nothing to resume (to start afresh, leave out --init_from=resume)")
     cfg, notes = resume_config(cfg, explicit, ckpt["config"], ckpt.get("tokens_per_step"), proc.world)
     cfg = check_flags(cfg, proc)                                        # the shape may be the checkpoint's
     if ckpt["step"] > cfg.max_iters:

@@ -3,6 +3,7 @@ gives the step of GELU then Linear (the custom ops' CPU path is the formula in P
 and keeps the checkpoint keys; the flag is refused where it would do nothing or cannot run; the kernels in
 Triton's interpreter and compiled for a Hopper GPU. Their values on a GPU: tests/test_gpu.py."""
 import copy
+import importlib.util
 
 import pytest
 import torch
@@ -101,6 +102,9 @@ def test_the_flag_is_refused_where_it_would_do_nothing_or_cannot_run(hopper, mon
             proc=on("cpu"))
     monkeypatch.setattr(gelu_pass, "verify", lambda device: None)          # the kernels right on the stand-in GPU
     monkeypatch.setattr(cast_kernel, "verify", lambda *a, **kw: None)
+    find_spec = importlib.util.find_spec                                   # with Triton there (CI has none)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else
+                        find_spec(name, *a))
     for kw in (dict(fp8_recipe="tensorwise_delayed", fp8_gelu_cast=True, **wide),      # the way out above
                dict(fp8_recipe="tensorwise_delayed", fp8_layers="qkv,attn_proj", **wide), {}):
         cfg = configurator.Config(gelu_erf="fast", **kw)
@@ -139,6 +143,7 @@ def test_the_passes_in_the_interpreter():
 def test_each_pass_compiles_for_hopper_without_libdevice_erf(backward, monkeypatch):
     """Each pass as run() launches it at 124M's shape, compiled for sm_90: the fast erf's approximate reciprocal and
     no libdevice erf, loads and stores of 16 bytes (8 bf16 values per thread)."""
+    pytest.importorskip("triton", reason="needs Triton (its compiler)")
     forward_kernel, backward_kernel = gelu_pass.kernels()
     jit, launch = (backward_kernel if backward else forward_kernel), Launch()
     monkeypatch.setattr(gelu_pass, "kernels", lambda: (launch, launch))

@@ -290,6 +290,36 @@ def test_a_run_from_weights_never_replaces_the_run_in_its_out_dir(byte_data, tmp
         train.main(tiny_args(byte_data, tmp_path / "d", f"--init_from={tmp_path / 'a' / 'ckpt_step000009.pt'}"))
 
 
+def test_a_folder_that_lost_its_ckpt_pt_still_holds_its_run(byte_data, tmp_path, capsys):
+    """ckpt.pt deleted, its kept steps and ckpt_best.pt left: a new run there is refused (it used to start afresh and
+    remove them), a resume names the kept step that continues it, sampling names a kept file; each way out works.
+    With ckpt_best.pt alone, the way out is that file."""
+    from speedgpt.checkpoint import no_checkpoint
+    out = tmp_path / "a"
+    train.main(tiny_args(byte_data, out, "--max_iters=4", "--eval_interval=2", "--keep_checkpoints=3"))
+    (out / "ckpt.pt").unlink()
+    before = sorted(os.listdir(out))
+    with pytest.raises(ValueError, match=rf"^{out} holds a run's checkpoints without its ckpt.pt \(steps 2, 4\), "
+                                         r"which a new run would remove: continue it with --resume_from=4, or give "
+                                         r"the new run another --out_dir, or start afresh there with "
+                                         r"--init_from=scratch \(which removes them\)$"):
+        train.main(tiny_args(byte_data, out, "--max_iters=4"))
+    with pytest.raises(FileNotFoundError, match=r"ckpt.pt: resume a kept one with --resume_from=4 \(steps 2, 4\)$"):
+        train.main(tiny_args(byte_data, out, "--max_iters=6", "--init_from=resume"))
+    assert sorted(os.listdir(out)) == before
+    assert no_checkpoint(str(out)) == (f"no checkpoint at {out / 'ckpt.pt'}, but the folder keeps the steps 2, 4: "
+                                       f"name one, --out_dir={out / 'ckpt_step000004.pt'}")
+    train.main(tiny_args(byte_data, out, "--max_iters=6", "--resume_from=4"))
+    assert (out / "ckpt.pt").is_file()
+    for f in out.glob("ckpt*.pt"):
+        if f.name != "ckpt_best.pt":
+            f.unlink()
+    with pytest.raises(ValueError, match=rf"without its ckpt.pt \(ckpt_best.pt\), .* --resume_from={out}/ckpt_best.pt,"
+                                         r" or give the new run another --out_dir, or start afresh there with "
+                                         r"--init_from=scratch \(which removes them\)$"):
+        train.main(tiny_args(byte_data, out, "--max_iters=4"))
+
+
 def test_an_unfinished_stdlib_folder_is_prepared_again(tmp_path):
     """A Ctrl-C during the first run's automatic preparation leaves data/stdlib_byte without meta.json:
     the next run prepares it again instead of refusing it forever."""
