@@ -149,8 +149,10 @@ def load_checkpoint(path, required=CKPT_KEYS, missing=""):
         raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?{hint}") from e
     missing = [k for k in required if k not in ckpt] if isinstance(ckpt, dict) else list(required)
     if missing and isinstance(ckpt, dict) and "model_args" in ckpt:      # nanoGPT's: its weights start a run
+        dataset = (ckpt.get("config") or {}).get("dataset")               # the data it was trained on, by name
         raise ValueError(f"{path} is nanoGPT's checkpoint: start a run from its weights with train.py "
-                         f"--init_from={path} (its optimizer state, grouped otherwise, and its data position do not "
+                         f"--init_from={path}" + (f" --data_dir=data/{dataset}" if isinstance(dataset, str) else "") +
+                         " --out_dir=NEW_FOLDER (its optimizer state, grouped otherwise, and its data position do not "
                          "carry over); that run's own checkpoints then resume, sample and evaluate")
     if missing:
         raise ValueError(f"{path} is not a speedgpt checkpoint: it lacks {', '.join(missing)}")

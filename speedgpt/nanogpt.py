@@ -280,8 +280,11 @@ def load_model(path, model_cfg):
     _, vocab = shape_of(ckpt)
     model = GPT(model_cfg)
     if not model_cfg.vocab_size <= vocab <= model_cfg.padded_vocab_size:
+        dataset = (ckpt.get("config") or {}).get("dataset")               # nanoGPT's names its data folder
         raise ValueError(f"init_from={path!r} has a vocabulary of {vocab:,} tokens, the data {model_cfg.vocab_size:,}: "
-                         "train on the data it was trained on")
+                         "train on the data it was trained on" +
+                         (f" (dataset={dataset!r}: --data_dir=data/{dataset})" if isinstance(dataset, str) else
+                          " (--data_dir)"))
     load_weights(model, {"model": state_dict(ckpt, model)}, path)
     return model
 

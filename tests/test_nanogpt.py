@@ -361,7 +361,8 @@ def test_a_resume_from_a_nanogpt_checkpoint_is_refused_with_the_way_out(tmp_path
     with pytest.raises(ValueError) as e:
         train.main(args)
     assert str(e.value).startswith(f"{tmp_path / 'out' / 'ckpt.pt'} is nanoGPT's checkpoint: start a run from its "
-                                   f"weights with train.py --init_from={tmp_path / 'out' / 'ckpt.pt'} (its optimizer")
+                                   f"weights with train.py --init_from={tmp_path / 'out' / 'ckpt.pt'} "
+                                   "--data_dir=data/shakespeare_char --out_dir=NEW_FOLDER (its optimizer")
 
 
 @needs_nanogpt
@@ -403,3 +404,14 @@ def test_nanogpts_model_py_and_ours_give_the_same_logits(tmp_path):
     got, loss = ours(idx, idx)
     torch.testing.assert_close(got[..., :65], want, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-5)
+
+
+def test_a_nanogpt_checkpoint_on_other_data_names_the_data_it_was_trained_on(tmp_path, byte_data):
+    """Its 65 characters against byte data (257): refused in one line naming its dataset's folder."""
+    chars = write_char_folder(tmp_path / "chars")
+    nanogpt_checkpoint(GPT(GPTConfig(block_size=32, vocab_size=len(chars), n_layer=2, n_head=2, n_embd=32)),
+                       tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError, match=r"has a vocabulary of \d+ tokens, the data 257: train on the data it was "
+                                         r"trained on \(dataset='shakespeare_char': --data_dir=data/shakespeare_char\)$"):
+        train.main([f"--data_dir={byte_data}", f"--out_dir={tmp_path / 'out'}", *TINY,
+                    f"--init_from={tmp_path / 'ckpt.pt'}"])
