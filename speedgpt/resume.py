@@ -126,13 +126,16 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
         raise ValueError(f"optimizer={cfg.optimizer!r} differs from the checkpoint's "
                          f"{saved.get('optimizer', 'adamw')!r}: its state cannot carry over. Resume with the "
                          "checkpoint's, or start afresh (another out_dir)")
+    changed = []
     for k in model_keys():
         old = saved.get(k, getattr(defaults, k))
         if k not in RUN_STATE_KEYS and k not in explicit:
             cfg = replace(cfg, **{k: old})           # the shape is the checkpoint's (from gpt2, say)
         elif k not in RUN_STATE_KEYS and old != getattr(cfg, k):
-            raise ValueError(f"config key {k!r}={getattr(cfg, k)!r} differs from the checkpoint's {old!r}: "
-                             "the model cannot change on resume (start afresh in another out_dir to train another)")
+            changed.append(f"{k!r}={getattr(cfg, k)!r} differs from the checkpoint's {old!r}")
+    if changed:                                      # all at once, not one per try
+        raise ValueError(f"config key {'; '.join(changed)}: the model cannot change on resume (start afresh in another "
+                         "out_dir to train another)")
     kept = {k: saved[k] for k in kept_keys() if k not in explicit and k in saved}
     if "lr_schedule" in explicit and cfg.lr_schedule != "wsd":     # the saved WSD decay share would do nothing
         kept.pop("wsd_decay_frac", None)
