@@ -370,7 +370,7 @@ def train(run, stop):
         timer.step_ends(step_tokens)
         run.tokens += step_tokens
         if cfg.time_budget and run.step - run.start_step == max(2, cfg.timing_warmup):   # this start's rate known
-            budget.warn_max_iters_first(cfg, run.step, run.step - run.start_step, run.train_seconds, clock.before)
+            budget.warn_at_rate(cfg, run.step, run.step - run.start_step, run.train_seconds, clock.before)
         if step % cfg.log_interval == 0 or step == cfg.max_iters - 1 or signum or nonfinite:
             run.logger.step(step, loss, rates, grad_norm, 1 - n_valid / tokens_per_step, timer.read(),
                             run.train_seconds)

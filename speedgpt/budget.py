@@ -54,17 +54,26 @@ def describe_end(cfg, seconds):
             "its decay (give a larger --max_iters)")
 
 
-def warn_max_iters_first(cfg, step, steps, seconds, before):
+def warn_at_rate(cfg, step, steps, seconds, before):
     """Print (rank 0) a warning once `steps` steps of this start, up to `step`, have taken the clock from `before` to
-    `seconds`, if at that rate max_iters will end the budgeted run before its budget, the decay unfinished (said
-    again at the end: describe_end); returns the line or None."""
-    end = seconds + (cfg.max_iters - step) * (seconds - before) / max(steps, 1)
-    if not cfg.time_budget or end >= 0.95 * 60 * cfg.time_budget:
-        return None
-    line = (f"warning: at this rate max_iters={cfg.max_iters} ends the run after about {describe(cfg, end)}, "
-            "before its learning rate has decayed: give a larger --max_iters (under a budget, only a bound)")
-    print0(line)
-    return line
+    `seconds`, for each way the budgeted run goes wrong at that rate: max_iters ends it before its budget, the decay
+    unfinished (said again at the end: describe_end); or the budget ends it inside its warm-up (warmup_iters
+    counts steps, not time), the learning rate never at its peak. Returns the lines."""
+    if not cfg.time_budget:
+        return []
+    rate = (seconds - before) / max(steps, 1)                      # seconds per step
+    end, lines = seconds + (cfg.max_iters - step) * rate, []
+    if end < 0.95 * 60 * cfg.time_budget:
+        lines.append(f"warning: at this rate max_iters={cfg.max_iters} ends the run after about {describe(cfg, end)}, "
+                     "before its learning rate has decayed: give a larger --max_iters (under a budget, only a bound)")
+    last = step + (60 * cfg.time_budget - seconds) / rate if rate > 0 else None     # the step the budget ends at
+    if last is not None and last < min(cfg.warmup_iters, cfg.max_iters):
+        lines.append(f"warning: at this rate time_budget={cfg.time_budget:g} min ends the run near step {int(last):,}, "
+                     f"inside its warm-up (warmup_iters={cfg.warmup_iters:,} steps): the learning rate never reaches "
+                     f"its peak; give a smaller --warmup_iters (or a larger budget)")
+    for line in lines:
+        print0(line)
+    return lines
 
 
 class Clock:

@@ -120,6 +120,16 @@ def test_a_max_iters_that_ends_the_budget_early_is_said_once_its_rate_is_known(b
     assert "warning: at this rate" not in capsys.readouterr().out
 
 
+def test_a_budget_that_ends_inside_the_warm_up_is_said_once_its_rate_is_known(byte_data, tmp_path, fake_clock,
+                                                                              capsys):
+    """1 s a step against a budget of 6 s: warmup_iters=20 would not end before the budget does (near step 6)."""
+    train.main(budget_args(byte_data, tmp_path, "--warmup_iters=20"))
+    out = capsys.readouterr().out
+    assert out.count("warning: at this rate time_budget=0.1 min ends the run near step 6, inside its warm-up "
+                     "(warmup_iters=20 steps): the learning rate never reaches its peak; give a smaller "
+                     "--warmup_iters (or a larger budget)") == 1
+
+
 def test_a_resume_continues_the_clock_and_honours_the_budgets_total(byte_data, tmp_path, fake_clock, capsys):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     train.main(budget_args(byte_data, whole))
