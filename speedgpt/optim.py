@@ -326,7 +326,10 @@ class BatchedMuon(torch.optim.Muon):
         if update is not None:
             send[:len(update)] = update
         received = torch.empty(self.world * per_rank, *shape, dtype=torch.bfloat16, device=device)
-        work = dist.all_gather_into_tensor(received, send, async_op=True)
+        # torch 2.13 renamed it all_gather_single (the old name forwards there, warning once per process); the
+        # requirements reach back to torch 2.11, which has the old name only
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        work = gather(received, send, async_op=True)
 
         def finish():
             work.wait()
