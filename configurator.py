@@ -105,7 +105,7 @@ class Config:
     compile_regional: bool = False         # compile one block, reused by all (and the head): compile time flat in depth
     compile_tuning: bool = False           # Inductor times tile sizes of each generated kernel (longer first compile)
     compile_persistent_rows: int = 0       # rows of up to this many values (<= 16384) kept whole in reductions (GPU)
-    seed: int = 1337                       # initial weights, data order, dropout
+    seed: int = 1337                       # initial weights, data order, dropout; 0 to 2**32 - 1
     peak_flops: float = 0.0                # FLOP/s for MFU; 0: the GPU's entry in speedgpt/measure.py's PEAK_FLOPS
     grad_checkpointing: str = "none"       # none | full | selective: recompute blocks in the backward (less memory)
     fp8: bool = False                      # float8 training of the block Linears at least fp8_min_dim wide
@@ -142,6 +142,11 @@ ALIASES = {"lr": "learning_rate", "wd": "weight_decay", "bs": "batch_size", "mic
            "num_iterations": "max_iters", "steps": "max_iters", "warmup_steps": "warmup_iters"}
 HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: OpenAI's GPT-2 on the Hugging Face hub
 MODEL_CHOICES = {"activation": "ACTIVATIONS", "norm": "NORMS"}   # keys whose choices are model.py's tables, by name
+# the largest seed: torch.manual_seed takes seeds below 2**64, and a run on several processes seeds rank r from
+# seed x 1,000,003 + r (speedgpt/distributed.py's seed_rank_stream; a resume on more processes from (seed + step) x
+# 1,000,003 + r), which 2**32 - 1 keeps below 2**64 for any step; sample.py's --seed takes the same range
+SEED_MAX = 2**32 - 1
+SEEDS = f"a whole number in [0, {SEED_MAX}] (2**32 - 1)"
 
 
 def choices(key):
@@ -152,6 +157,14 @@ def choices(key):
         import model
         return tuple(getattr(model, MODEL_CHOICES[key]))
     return CHOICES.get(key)
+
+
+def seed(text):
+    """An argparse type for another script's --seed (sample.py's): int(text) in train.py's range of seeds (SEED_MAX),
+    else argparse's one-line error: torch.manual_seed's own is a traceback."""
+    if not re.fullmatch(r"[+]?\d+", text.strip()) or int(text) > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be {SEEDS}, got {text!r}")
+    return int(text)
 
 
 def model_keys():
@@ -441,9 +454,11 @@ def load_config(argv, with_explicit=False):
             raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}"
                              + way_out.get(key, ""))
     for key in ("max_iters", "eval_tokens", "timing_warmup", "warmup_iters", "lr_decay_iters",
-                "total_batch_size", "max_skipped_steps", "hellaswag_examples", "seed"):
+                "total_batch_size", "max_skipped_steps", "hellaswag_examples"):
         if getattr(cfg, key) < 0:
             raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")
+    if not 0 <= cfg.seed <= SEED_MAX:           # before any work: torch.manual_seed would refuse it only at the model
+        raise ValueError(f"config key 'seed' must be {SEEDS}, got {cfg.seed}")
     if cfg.n_embd % cfg.n_head:
         raise ValueError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
     if not 0 <= cfg.dropout < 1:

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from configurator import FlagParser
+from configurator import FlagParser, seed
 from model import GPT, GPTConfig
 from speedgpt.checkpoint import checkpoint_file, load_checkpoint, load_weights, no_checkpoint
 from speedgpt.corpus import tokenizer_for
@@ -96,7 +96,7 @@ def main(argv=None):
     parser.add_bool("--kv_cache", help="keep each layer's keys and values so that a new token costs one position; "
                     "False recomputes the whole context per token (the same samples, up to rounding)")
     parser.set_defaults(kv_cache=True)       # add_bool's flags default to False
-    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--seed", type=seed, default=1337, help="a whole number in [0, 2**32 - 1], as train.py's")
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU, else Apple's MPS, else the CPU: "
                         "train.py's default) | cpu | cuda | cuda:N | mps")
     args = parser.parse_args(argv)

@@ -181,6 +181,24 @@ def test_config_file_errors(tmp_path):
         configurator.load_config(["--target_val_loss=-1"])
 
 
+def test_a_seed_out_of_range_is_one_line_in_train_py_and_sample_py(tmp_path, capsys):
+    """torch.manual_seed takes seeds below 2**64, and a run on several processes seeds rank r from seed x 1,000,003
+    + r (a resume on more processes from (seed + step) x 1,000,003 + r): seeds stop at 2**32 - 1, which leaves
+    that room, in train.py and sample.py alike, refused in one line naming seed and its range (not torch's
+    "Overflow when unpacking long long", after the data is prepared, or sample.py's traceback)."""
+    from speedgpt.distributed import seed_rank_stream
+    assert configurator.load_config(["--seed=4294967295"]).seed == configurator.SEED_MAX == 2**32 - 1
+    with torch.random.fork_rng():                                # the largest seed, a billion steps on: no overflow
+        seed_rank_stream(configurator.SEED_MAX + 10**9, 1023)
+    for seed in ("99999999999999999999", "4294967296", "-1"):
+        with pytest.raises(ValueError, match=rf"^config key 'seed' must be a whole number in \[0, 4294967295\] "
+                                             rf"\(2\*\*32 - 1\), got {seed}$"):
+            configurator.load_config([f"--seed={seed}"])
+        code, err = run_script(sample.main, [f"--out_dir={tmp_path}", "--device=cpu", f"--seed={seed}"], capsys)
+        assert code == 2 and err.splitlines() == [f"error: argument --seed: must be a whole number in [0, "
+                                                  f"4294967295] (2**32 - 1), got {seed!r}"], err
+
+
 @pytest.mark.parametrize("args, match", [
     (["--min_lr=1e-2", "--learning_rate=1e-3"], "min_lr=0.01 is above learning_rate=0.001"),
     (["--warmup_iters=100", "--lr_decay_iters=50"], "lr_decay_iters=50 must exceed warmup_iters=100"),
