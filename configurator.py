@@ -83,9 +83,10 @@ class Config:
     muon_momentum: float = 0.95            # optimizer=muon: Muon's (Nesterov) momentum
     muon_batched: bool = True              # optimizer=muon: the Newton-Schulz step of each shape's matrices batched
     learning_rate: float = 3e-3            # peak learning rate (AdamW's groups)
-    min_lr: float = 3e-4                   # learning rate after the decay
+    min_lr: float = 3e-4                   # learning rate after the decay (none with lr_schedule=constant)
     warmup_iters: int = 30                 # linear warmup steps
     lr_decay_iters: int = 0                # cosine decay until this step; 0: max_iters of the run that started
+                                           # (none with lr_schedule=constant)
     max_iters: int = 500                   # optimizer steps (with time_budget: the most)
     time_budget: float = 0.0               # minutes of training (evaluations, checkpoints and the first step's compile
                                            # apart): the run ends there and the decay runs on it (speedgpt/budget.py)
@@ -443,6 +444,15 @@ def load_config(argv, with_explicit=False):
     explicit, defaults = set(values), {f.name: f.default for f in fields(Config)}
     if theirs:                       # beneath a config file of nanoGPT's: its defaults, as there
         values = {**nanogpt.defaults(theirs, given, defaults, values.get("init_from", "scratch")), **values}
+    # lr_schedule=constant has no floor and no horizon: a min_lr or lr_decay_iters set before it (config/fast.py's
+    # beneath a later --lr_schedule=constant) goes, as a feature's details do, and so do nanoGPT's defaults and those
+    # its decay_lr=False leaves unread in the same place (as there); ours set with it or after it stay (optim.check)
+    if values.get("lr_schedule") == "constant":
+        at, theirs_too = setter["lr_schedule"], placed["lr_schedule"][-1][0] == "decay_lr"
+        for key in ("min_lr", "lr_decay_iters"):
+            if setter.get(key, -1) < at or theirs_too and setter[key] == at:
+                values.pop(key, None)
+                explicit.discard(key)
     cfg = Config(**nanogpt.resolve(values, defaults))
     nanogpt.check_eval_only(cfg, {k: v[0] for k, v in theirs_set.items()})
     positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval",

@@ -426,6 +426,27 @@ def test_a_resume_that_leaves_wsd_drops_its_decay_share():
     assert (stayed.lr_schedule, stayed.wsd_decay_frac) == ("wsd", 0.3)
 
 
+def test_a_later_constant_schedule_drops_the_presets_decay_and_refuses_one_set_with_it(tmp_path):
+    """lr_schedule=constant has no floor and no horizon: config/fast.py's min_lr (a config file's lr_decay_iters) set
+    before a later --lr_schedule=constant goes, as a feature's details do, so the preset fine-tunes at a constant rate;
+    set with it or after it, optim.check refuses it as doing nothing."""
+    from speedgpt import optim
+    default = configurator.Config()
+    cfg, explicit = configurator.load_config(["--config", "config/fast.py", "--lr_schedule=constant"],
+                                             with_explicit=True)
+    assert (cfg.lr_schedule, cfg.min_lr) == ("constant", default.min_lr) and "min_lr" not in explicit
+    assert optim.check(cfg, on("cpu")) == cfg
+    (tmp_path / "decay.py").write_text("lr_decay_iters = 400\nmin_lr = 1e-5\n")
+    cfg = configurator.load_config(["--config", str(tmp_path / "decay.py"), "--lr_schedule=constant"])
+    assert (cfg.lr_decay_iters, cfg.min_lr) == (default.lr_decay_iters, default.min_lr)
+    assert configurator.load_config(["--config", str(tmp_path / "decay.py")]).min_lr == 1e-5      # cosine: it stays
+    (tmp_path / "both.py").write_text("lr_schedule = 'constant'\nlr_decay_iters = 400\n")
+    for argv in (["--config", str(tmp_path / "both.py")], ["--config", str(tmp_path / "decay.py"),
+                                                           "--lr_schedule=constant", "--min_lr=2e-5"]):
+        with pytest.raises(ValueError, match=r" would do nothing: .* Add --lr_schedule=cosine or --lr_schedule=wsd"):
+            optim.check(configurator.load_config(argv), on("cpu"))
+
+
 def test_document_mask_without_packing_is_refused_unless_packing_came_later(tmp_path):
     """document_mask=True with packing=False would do nothing (each row is one document): refused when set with or
     after packing=False; a config file's document_mask=True is dropped by a later --packing=False."""
