@@ -83,9 +83,10 @@ class Config:
     muon_momentum: float = 0.95            # optimizer=muon: Muon's (Nesterov) momentum
     muon_batched: bool = True              # optimizer=muon: the Newton-Schulz step of each shape's matrices batched
     learning_rate: float = 3e-3            # peak learning rate (AdamW's groups)
-    min_lr: float = 3e-4                   # learning rate after the decay
+    min_lr: float = 3e-4                   # learning rate after the decay (none with lr_schedule=constant)
     warmup_iters: int = 30                 # linear warmup steps
     lr_decay_iters: int = 0                # cosine decay until this step; 0: max_iters of the run that started
+                                           # (none with lr_schedule=constant)
     max_iters: int = 500                   # optimizer steps (with time_budget: the most)
     time_budget: float = 0.0               # minutes of training (evaluations, checkpoints and the first step's compile
                                            # apart): the run ends there and the decay runs on it (speedgpt/budget.py)
@@ -105,7 +106,7 @@ class Config:
     compile_regional: bool = False         # compile one block, reused by all (and the head): compile time flat in depth
     compile_tuning: bool = False           # Inductor times tile sizes of each generated kernel (longer first compile)
     compile_persistent_rows: int = 0       # rows of up to this many values (<= 16384) kept whole in reductions (GPU)
-    seed: int = 1337                       # initial weights, data order, dropout
+    seed: int = 1337                       # initial weights, data order, dropout; 0 to 2**32 - 1
     peak_flops: float = 0.0                # FLOP/s for MFU; 0: the GPU's entry in speedgpt/measure.py's PEAK_FLOPS
     grad_checkpointing: str = "none"       # none | full | selective: recompute blocks in the backward (less memory)
     fp8: bool = False                      # float8 training of the block Linears at least fp8_min_dim wide
@@ -142,6 +143,11 @@ ALIASES = {"lr": "learning_rate", "wd": "weight_decay", "bs": "batch_size", "mic
            "num_iterations": "max_iters", "steps": "max_iters", "warmup_steps": "warmup_iters"}
 HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: OpenAI's GPT-2 on the Hugging Face hub
 MODEL_CHOICES = {"activation": "ACTIVATIONS", "norm": "NORMS"}   # keys whose choices are model.py's tables, by name
+# the largest seed: torch.manual_seed takes seeds below 2**64, and a run on several processes seeds rank r from
+# seed x 1,000,003 + r (speedgpt/distributed.py's seed_rank_stream; a resume on more processes from (seed + step) x
+# 1,000,003 + r), which 2**32 - 1 keeps below 2**64 for any step; sample.py's --seed takes the same range
+SEED_MAX = 2**32 - 1
+SEEDS = f"a whole number in [0, {SEED_MAX}] (2**32 - 1)"
 
 
 def choices(key):
@@ -152,6 +158,14 @@ def choices(key):
         import model
         return tuple(getattr(model, MODEL_CHOICES[key]))
     return CHOICES.get(key)
+
+
+def seed(text):
+    """An argparse type for another script's --seed (sample.py's): int(text) in train.py's range of seeds (SEED_MAX),
+    else argparse's one-line error: torch.manual_seed's own is a traceback."""
+    if not re.fullmatch(r"[+]?\d+", text.strip()) or int(text) > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be {SEEDS}, got {text!r}")
+    return int(text)
 
 
 def model_keys():
@@ -430,6 +444,15 @@ def load_config(argv, with_explicit=False):
     explicit, defaults = set(values), {f.name: f.default for f in fields(Config)}
     if theirs:                       # beneath a config file of nanoGPT's: its defaults, as there
         values = {**nanogpt.defaults(theirs, given, defaults, values.get("init_from", "scratch")), **values}
+    # lr_schedule=constant has no floor and no horizon: a min_lr or lr_decay_iters set before it (config/fast.py's
+    # beneath a later --lr_schedule=constant) goes, as a feature's details do, and so do nanoGPT's defaults and those
+    # its decay_lr=False leaves unread in the same place (as there); ours set with it or after it stay (optim.check)
+    if values.get("lr_schedule") == "constant":
+        at, theirs_too = setter["lr_schedule"], placed["lr_schedule"][-1][0] == "decay_lr"
+        for key in ("min_lr", "lr_decay_iters"):
+            if setter.get(key, -1) < at or theirs_too and setter[key] == at:
+                values.pop(key, None)
+                explicit.discard(key)
     cfg = Config(**nanogpt.resolve(values, defaults))
     nanogpt.check_eval_only(cfg, {k: v[0] for k, v in theirs_set.items()})
     positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval",
@@ -441,9 +464,11 @@ def load_config(argv, with_explicit=False):
             raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}"
                              + way_out.get(key, ""))
     for key in ("max_iters", "eval_tokens", "timing_warmup", "warmup_iters", "lr_decay_iters",
-                "total_batch_size", "max_skipped_steps", "hellaswag_examples", "seed"):
+                "total_batch_size", "max_skipped_steps", "hellaswag_examples"):
         if getattr(cfg, key) < 0:
             raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")
+    if not 0 <= cfg.seed <= SEED_MAX:           # before any work: torch.manual_seed would refuse it only at the model
+        raise ValueError(f"config key 'seed' must be {SEEDS}, got {cfg.seed}")
     if cfg.n_embd % cfg.n_head:
         raise ValueError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
     if not 0 <= cfg.dropout < 1:

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from configurator import FlagParser
+from configurator import FlagParser, seed
 from model import GPT, GPTConfig
 from speedgpt.checkpoint import checkpoint_file, load_checkpoint, load_weights, no_checkpoint
 from speedgpt.corpus import tokenizer_for
@@ -90,17 +90,22 @@ def main(argv=None):
                         "where every sample is the same)")
     parser.add_argument("--max_new_tokens", type=whole(1), default=300)
     parser.add_argument("--temperature", type=temperature, default=0.8,
-                        help="a finite number >= 0; 0: greedy (the likeliest token each time; top_k does nothing)")
-    parser.add_argument("--top_k", type=whole(0, " (0: the whole vocabulary)"), default=50,
-                        help="sample from the k likeliest tokens; 0: from the whole vocabulary")
+                        help="a finite number >= 0; 0: greedy (the likeliest token each time; no top_k)")
+    parser.add_argument("--top_k", type=whole(0, " (0: the whole vocabulary)"),
+                        help="sample from the k likeliest tokens (default 50); 0: from the whole vocabulary")
     parser.add_bool("--kv_cache", help="keep each layer's keys and values so that a new token costs one position; "
                     "False recomputes the whole context per token (the same samples, up to rounding)")
     parser.set_defaults(kv_cache=True)       # add_bool's flags default to False
-    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--seed", type=seed, default=1337, help="a whole number in [0, 2**32 - 1], as train.py's")
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU, else Apple's MPS, else the CPU: "
                         "train.py's default) | cpu | cuda | cuda:N | mps")
     args = parser.parse_args(argv)
     args.num_samples = args.num_samples or (1 if args.temperature == 0 else 2)
+    if args.temperature == 0 and args.top_k is not None:       # greedy takes the argmax, which no top_k changes
+        parser.error(f"--top_k {args.top_k} would do nothing at --temperature 0, which is greedy (the likeliest token "
+                     "each time): leave out --top_k, or give a --temperature above 0 to sample from the top_k "
+                     "likeliest tokens")
+    args.top_k = 50 if args.top_k is None else args.top_k
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):

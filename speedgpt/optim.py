@@ -19,7 +19,7 @@ edit this module and its keys in configurator.py.
                       wsd_decay_frac of lr_decay_iters (warmup-stable-decay, the "trapezoidal" schedule of
                       Hägele et al. 2024, modded-nanogpt's and nanochat's).
   lr_schedule=constant  warm-up, then the peak to the end (nanoGPT's decay_lr=False, with warmup_iters=0 there):
-                      for fine-tuning; min_lr and lr_decay_iters do not apply.
+                      for fine-tuning; min_lr and lr_decay_iters do not apply (set, they are refused: check).
   time_budget=M       either shape over M minutes of training time instead of lr_decay_iters steps (lr_at;
                       the clock and the run's end: speedgpt/budget.py); the warm-up stays in steps.
 
@@ -53,7 +53,8 @@ KEPT_ON_RESUME = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "
 def check(cfg, proc):
     """Raise ValueError naming the keys unless the optimizer settings can work: muon under FSDP (its
     matrices are sharded), a decay fraction outside (0, 1], a non-positive muon_lr; and for a setting of Muon's or
-    of WSD's while that is off (it would do nothing). Returns cfg."""
+    of WSD's while that is off, or min_lr or lr_decay_iters under lr_schedule=constant (it would do nothing).
+    Returns cfg."""
     if cfg.optimizer == "muon" and proc.world > 1 and cfg.parallelism == "fsdp":
         raise ValueError("optimizer='muon' needs whole matrices for its Newton-Schulz step, and FSDP shards them: "
                          "use --parallelism=ddp, or --optimizer=adamw")
@@ -70,6 +71,10 @@ def check(cfg, proc):
     if cfg.lr_schedule != "wsd":
         refuse_unused(cfg, ("wsd_decay_frac",), "the share of a WSD schedule spent decaying",
                       "--lr_schedule=wsd")
+    # a resume is left out: it resolves lr_decay_iters for every schedule (speedgpt/resume.py's resolve_decay)
+    if cfg.lr_schedule == "constant" and cfg.init_from != "resume":
+        refuse_unused(cfg, ("min_lr", "lr_decay_iters"), "a setting of a decaying schedule (constant holds "
+                      "learning_rate from the warm-up's end)", "--lr_schedule=cosine or --lr_schedule=wsd")
     return cfg
 
 
@@ -326,7 +331,10 @@ class BatchedMuon(torch.optim.Muon):
         if update is not None:
             send[:len(update)] = update
         received = torch.empty(self.world * per_rank, *shape, dtype=torch.bfloat16, device=device)
-        work = dist.all_gather_into_tensor(received, send, async_op=True)
+        # torch 2.13 renamed it all_gather_single (the old name forwards there, warning once per process); the
+        # requirements reach back to torch 2.11, which has the old name only
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        work = gather(received, send, async_op=True)
 
         def finish():
             work.wait()

@@ -181,6 +181,24 @@ def test_config_file_errors(tmp_path):
         configurator.load_config(["--target_val_loss=-1"])
 
 
+def test_a_seed_out_of_range_is_one_line_in_train_py_and_sample_py(tmp_path, capsys):
+    """torch.manual_seed takes seeds below 2**64, and a run on several processes seeds rank r from seed x 1,000,003
+    + r (a resume on more processes from (seed + step) x 1,000,003 + r): seeds stop at 2**32 - 1, which leaves
+    that room, in train.py and sample.py alike, refused in one line naming seed and its range (not torch's
+    "Overflow when unpacking long long", after the data is prepared, or sample.py's traceback)."""
+    from speedgpt.distributed import seed_rank_stream
+    assert configurator.load_config(["--seed=4294967295"]).seed == configurator.SEED_MAX == 2**32 - 1
+    with torch.random.fork_rng():                                # the largest seed, a billion steps on: no overflow
+        seed_rank_stream(configurator.SEED_MAX + 10**9, 1023)
+    for seed in ("99999999999999999999", "4294967296", "-1"):
+        with pytest.raises(ValueError, match=rf"^config key 'seed' must be a whole number in \[0, 4294967295\] "
+                                             rf"\(2\*\*32 - 1\), got {seed}$"):
+            configurator.load_config([f"--seed={seed}"])
+        code, err = run_script(sample.main, [f"--out_dir={tmp_path}", "--device=cpu", f"--seed={seed}"], capsys)
+        assert code == 2 and err.splitlines() == [f"error: argument --seed: must be a whole number in [0, "
+                                                  f"4294967295] (2**32 - 1), got {seed!r}"], err
+
+
 @pytest.mark.parametrize("args, match", [
     (["--min_lr=1e-2", "--learning_rate=1e-3"], "min_lr=0.01 is above learning_rate=0.001"),
     (["--warmup_iters=100", "--lr_decay_iters=50"], "lr_decay_iters=50 must exceed warmup_iters=100"),
@@ -411,6 +429,27 @@ def test_a_resume_that_leaves_wsd_drops_its_decay_share():
     optim.check(left, on("cpu"))
     stayed, _ = resume_config(Config(max_iters=200), {"max_iters"}, saved)
     assert (stayed.lr_schedule, stayed.wsd_decay_frac) == ("wsd", 0.3)
+
+
+def test_a_later_constant_schedule_drops_the_presets_decay_and_refuses_one_set_with_it(tmp_path):
+    """lr_schedule=constant has no floor and no horizon: config/fast.py's min_lr (a config file's lr_decay_iters) set
+    before a later --lr_schedule=constant goes, as a feature's details do, so the preset fine-tunes at a constant rate;
+    set with it or after it, optim.check refuses it as doing nothing."""
+    from speedgpt import optim
+    default = configurator.Config()
+    cfg, explicit = configurator.load_config(["--config", "config/fast.py", "--lr_schedule=constant"],
+                                             with_explicit=True)
+    assert (cfg.lr_schedule, cfg.min_lr) == ("constant", default.min_lr) and "min_lr" not in explicit
+    assert optim.check(cfg, on("cpu")) == cfg
+    (tmp_path / "decay.py").write_text("lr_decay_iters = 400\nmin_lr = 1e-5\n")
+    cfg = configurator.load_config(["--config", str(tmp_path / "decay.py"), "--lr_schedule=constant"])
+    assert (cfg.lr_decay_iters, cfg.min_lr) == (default.lr_decay_iters, default.min_lr)
+    assert configurator.load_config(["--config", str(tmp_path / "decay.py")]).min_lr == 1e-5      # cosine: it stays
+    (tmp_path / "both.py").write_text("lr_schedule = 'constant'\nlr_decay_iters = 400\n")
+    for argv in (["--config", str(tmp_path / "both.py")], ["--config", str(tmp_path / "decay.py"),
+                                                           "--lr_schedule=constant", "--min_lr=2e-5"]):
+        with pytest.raises(ValueError, match=r" would do nothing: .* Add --lr_schedule=cosine or --lr_schedule=wsd"):
+            optim.check(configurator.load_config(argv), on("cpu"))
 
 
 def test_document_mask_without_packing_is_refused_unless_packing_came_later(tmp_path):

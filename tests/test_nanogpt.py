@@ -233,6 +233,28 @@ def test_eval_only_and_decay_lr_win_over_max_iters_and_warmup_iters_wherever_the
                                                       "in nanoGPT"), said
 
 
+def test_decay_lr_false_leaves_lr_decay_iters_and_min_lr_unused_as_in_nanogpt(tmp_path):
+    """nanoGPT's decay_lr=False never reads lr_decay_iters or min_lr: a config file of nanoGPT's that sets them beside
+    it, or leaves them to nanoGPT's defaults (its finetune_shakespeare.py: 600000 and 6e-5), loads and passes the check
+    that refuses them beside lr_schedule=constant; one of ours given after it is refused, and a later
+    --lr_schedule=cosine keeps the file's."""
+    from conftest import on
+    from speedgpt import optim
+    default = configurator.Config()
+    (tmp_path / "char.py").write_text("decay_lr = False\nlearning_rate = 1e-3\nlr_decay_iters = 5000\nmin_lr = 1e-4\n")
+    (tmp_path / "tune.py").write_text("dataset = 'shakespeare'\ndecay_lr = False\nlearning_rate = 3e-5\n")
+    for name in ("char.py", "tune.py"):
+        cfg, _ = notes([str(tmp_path / name)])
+        assert (cfg.lr_schedule, cfg.lr_decay_iters, cfg.min_lr) == ("constant", default.lr_decay_iters,
+                                                                     default.min_lr), name
+        assert optim.check(cfg, on("cpu")) == cfg
+    cfg, _ = notes([str(tmp_path / "char.py"), "--min_lr=1e-5"])
+    with pytest.raises(ValueError, match="^min_lr=1e-05 would do nothing: "):
+        optim.check(cfg, on("cpu"))
+    cfg, _ = notes([str(tmp_path / "char.py"), "--lr_schedule=cosine"])
+    assert (cfg.lr_schedule, cfg.lr_decay_iters, cfg.min_lr) == ("cosine", 5000, 1e-4)
+
+
 def test_eval_only_that_could_not_evaluate_is_refused_with_a_way_that_does(tmp_path):
     """nanoGPT evaluates a run's checkpoint with eval_only=True and init_from='resume'; here a resume trains on (its
     checkpoint past max_iters=0 would be refused, and max_iters does not count beside eval_only): the way out starts

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import configurator
-from conftest import tiny_model
+from conftest import on, tiny_model
 from model import GPT, GPTConfig
 from speedgpt import optim
 
@@ -52,10 +52,13 @@ def test_wsd_warms_up_holds_then_decays_linearly():
 
 def test_constant_warms_up_then_holds_the_peak_to_the_end():
     """lr_schedule=constant (nanoGPT's decay_lr=False, there with no warm-up): no floor and no horizon, so a min_lr
-    above learning_rate is no contradiction, in steps or on a time budget."""
+    above learning_rate is no contradiction, in steps or on a time budget (optim.check refuses a min_lr or
+    lr_decay_iters given with it, as doing nothing)."""
     cfg = configurator.load_config(["--lr_schedule=constant", "--learning_rate=3e-5", "--min_lr=6e-5",
                                     "--warmup_iters=4", "--lr_decay_iters=10", "--max_iters=50"])
     assert [optim.lr_at(s, cfg) for s in range(50)] == [3e-5 * (s + 1) / 5 for s in range(4)] + [3e-5] * 46
+    with pytest.raises(ValueError, match="^min_lr=6e-05 and lr_decay_iters=10 would do nothing"):
+        optim.check(cfg, on("cpu"))
     budget = configurator.Config(lr_schedule="constant", learning_rate=1e-3, warmup_iters=0, time_budget=1.0)
     assert optim.lr_at(9, budget, seconds=59.0) == optim.lr_at(9, budget, seconds=90.0) == 1e-3
     with pytest.raises(ValueError, match="min_lr=6e-05 is above learning_rate=3e-05"):
@@ -206,6 +209,7 @@ def test_muon_split_over_processes_equals_one_process(tmp_path, nproc):
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FutureWarning" not in proc.stderr, proc.stderr[-3000:]     # a deprecated collective warns once per rank
     one = muon_steps()
     assert one["orthogonalised"] == 3 * 12 and "Newton-Schulz split" not in one["describe"]
     for rank in range(nproc):

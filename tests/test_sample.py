@@ -37,6 +37,17 @@ def test_bad_sampling_flags_are_one_line(tmp_path, capsys, flag, value, why, for
     assert err.startswith(f"error: argument {flag}: ") and f"got {value!r}" in err and re.search(why, err), err
 
 
+def test_top_k_at_temperature_zero_is_one_line(tmp_path, capsys):
+    """--temperature=0 is greedy, the likeliest token whatever top_k is (0, the whole vocabulary, too): a top_k given
+    with it would do nothing, so it is refused in one line with the way out, before any checkpoint is read."""
+    for top_k in ("5", "0"):
+        with pytest.raises(SystemExit) as e:
+            sample.main([f"--out_dir={tmp_path}", "--device=cpu", "--temperature=0", f"--top_k={top_k}"])
+        assert e.value.code == 2 and capsys.readouterr().err == \
+            f"error: --top_k {top_k} would do nothing at --temperature 0, which is greedy (the likeliest token each " \
+            "time): leave out --top_k, or give a --temperature above 0 to sample from the top_k likeliest tokens\n"
+
+
 def test_prompt_file_that_is_a_folder_is_one_line(tmp_path, capsys):
     """A folder exists: "not found" would send the user looking for it (train.py's --config says the same)."""
     for start, why in ((tmp_path, "is a folder, not a file"), (tmp_path / "missing.txt", "not found")):

@@ -100,6 +100,10 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
     (["--fp8_gelu_cast=True", "--fp8_cast_kernel=True"], ValueError,
      "^fp8_cast_kernel=True and fp8_gelu_cast=True would do nothing: each is .* Leave fp8_cast_kernel and fp8_gelu_cast out$"),
     (["--wsd_decay_frac=0.5"], ValueError, "wsd_decay_frac=0.5 would do nothing: .* Add --lr_schedule=wsd"),
+    (["--lr_schedule=constant", "--min_lr=1e-5"], ValueError, "^min_lr=1e-05 would do nothing: it is a setting of a "
+     "decaying schedule .* Add --lr_schedule=cosine or --lr_schedule=wsd, or leave min_lr out$"),
+    (["--lr_schedule=constant", "--lr_decay_iters=100", "--min_lr=1e-5"], ValueError,
+     "^min_lr=1e-05 and lr_decay_iters=100 would do nothing: each is .* leave min_lr and lr_decay_iters out$"),
     (["--optimizer=muon", "--muon_momentum=1.5"], ValueError, r"muon_momentum=1.5: Muon's momentum is a fraction"),
     (["--fp8_recipe=tensorwise_fused"], ValueError,        # on the CPU: not "add --fp8=True", which it would refuse
      r"fp8_recipe='tensorwise_fused' would do nothing: .* which needs a GPU .* Leave fp8_recipe out$"),
