@@ -184,7 +184,8 @@ def resume_changes(cfg, explicit, saved):
                        f"{cfg.lr_decay_iters}): the learning rate of its last step is "
                        f"{optim.lr_at(cfg.max_iters - 1, cfg):.2e}, not min_lr={cfg.min_lr} (add "
                        f"--lr_decay_iters={cfg.max_iters} to decay by then)")
-    if 0 < cfg.lr_decay_iters < cfg.max_iters:       # 0: a run still in warm-up decays to its end
+    if cfg.lr_schedule != "constant" and 0 < cfg.lr_decay_iters < cfg.max_iters:   # 0: still in warm-up, decays to
+                                                                                    # its end; constant: no decay
         changes.append(f"the learning rate decays until lr_decay_iters={cfg.lr_decay_iters}, then stays at "
                        f"min_lr={cfg.min_lr} up to max_iters={cfg.max_iters} (set --lr_decay_iters to decay over "
                        "another horizon)")

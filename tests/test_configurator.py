@@ -474,3 +474,12 @@ def test_a_missing_config_file_names_the_ones_beside_it():
                                                     r"config/baseline.py, .*config/fast.py, "):
             configurator.load_config(["--config", given])
 
+
+
+def test_a_resumed_constant_schedule_is_not_said_to_decay(byte_data, tmp_path, capsys):
+    """A constant schedule resumed past its first max_iters: no line about a decay it does not have."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4", "--lr_schedule=constant"))
+    capsys.readouterr()
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=6", "--init_from=resume"))
+    out = capsys.readouterr().out
+    assert "decays until" not in out and "before its decay" not in out
