@@ -103,7 +103,7 @@ def evaluate(args):
         clean = True
     finally:
         leave(proc, clean)
-    print0(f"{args.init_from or os.path.join(args.out_dir, 'ckpt.pt')} on {path}: {hellaswag.describe(result)}"
+    print0(f"{args.init_from or checkpoint_file(args.out_dir)} on {path}: {hellaswag.describe(result)}"
            f" | {proc.world} process(es), {args.dtype}")
     return result
 
@@ -130,7 +130,7 @@ def check_harness_model(args):
         where, what = args.init_from, "a folder without tokenizer files"
         has = where in HF_GPT2 or any(os.path.isfile(os.path.join(where, f)) for f in TOKENIZER_FILES)
     else:
-        where = os.path.join(args.out_dir, "ckpt.pt")
+        where = checkpoint_file(args.out_dir)
         tokenizer = checkpoint_tokenizer(where)
         has, what = tokenizer in ("gpt2", None), f"{tokenizer} tokens"
     if not has:
@@ -175,7 +175,7 @@ def run_harness(args):
         hellaswag.download(hellaswag.CACHE, hellaswag.URL)      # as our HellaSwag does on first use
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     with tempfile.TemporaryDirectory(prefix="speedgpt-hf-") as tmp:
-        folder = args.init_from or export_hf(os.path.join(args.out_dir, "ckpt.pt"), tmp)
+        folder = args.init_from or export_hf(checkpoint_file(args.out_dir), tmp)
         result = lm_eval.simple_evaluate(model="hf", model_args={"pretrained": folder, "dtype": args.dtype},
                                          tasks=tasks, device=device, batch_size=args.batch_size,
                                          limit=args.examples or None, task_manager=manager)

@@ -316,7 +316,7 @@ def train(run, stop):
             timer.pause()                       # evaluation and checkpoints are not training time
             train_seconds = clock.pause()
             if last_step and cfg.time_budget:
-                print0(f"step {step}: {budget.describe_end(cfg, run.train_seconds)}")
+                print0(f"step {step}: {budget.describe_end(cfg, run.train_seconds, step)}")
             if cfg.eval_tokens > 0:
                 run.evaluate(step, train_seconds)
             run.target = target_reached(cfg, run.val_loss, step, train_seconds, run.tokens)   # saved with it

@@ -105,7 +105,10 @@ def main(argv=None):
     shapes = parse_shapes(args.shapes)
     if args.iters < 1:
         raise SystemExit(f"error: --iters {args.iters}: time at least one call")
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise SystemExit(f"error: --device {args.device!r}: give cuda, cuda:N or cpu") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: no CUDA device: add --device cpu (the CPU's rates say nothing of a GPU's)")
     rows = [r for s in shapes for r in measure(s, device, args.iters, not args.eager)]

@@ -46,10 +46,14 @@ def describe(cfg, seconds):
     return f"{seconds / 60:.2f} of time_budget={cfg.time_budget:g} min"
 
 
-def describe_end(cfg, seconds):
-    """The line of a budgeted run's end after `seconds`: the budget spent, or max_iters first (the decay unfinished)."""
+def describe_end(cfg, seconds, step=None):
+    """The line of a budgeted run's end after `seconds` at `step`: the budget spent (inside the warm-up, said: the
+    rate may end before warn_at_rate can tell), or max_iters first (the decay unfinished)."""
     if spent(cfg, seconds):
-        return f"time_budget={cfg.time_budget:g} min spent ({seconds / 60:.2f} min of training): the last evaluation"
+        return f"time_budget={cfg.time_budget:g} min spent ({seconds / 60:.2f} min of training): the last evaluation" + \
+            (f" (warning: inside its warm-up, warmup_iters={cfg.warmup_iters:,} steps: the learning rate never reached "
+             "its peak; give a smaller --warmup_iters or a larger budget)"
+             if step is not None and step < min(cfg.warmup_iters, cfg.max_iters) else "")
     return (f"max_iters={cfg.max_iters} reached after {describe(cfg, seconds)}: the learning rate had not finished "
             "its decay (give a larger --max_iters)")
 

@@ -71,11 +71,18 @@ def check(cfg, proc):
     if cfg.lr_schedule != "wsd":
         refuse_unused(cfg, ("wsd_decay_frac",), "the share of a WSD schedule spent decaying",
                       "--lr_schedule=wsd")
-    # a resume is left out: it resolves lr_decay_iters for every schedule (speedgpt/resume.py's resolve_decay)
+    # a resume is left out: it resolves lr_decay_iters for every schedule (speedgpt/resume.py's resolve_decay), and
+    # refuses the keys given explicitly there
     if cfg.lr_schedule == "constant" and cfg.init_from != "resume":
-        refuse_unused(cfg, ("min_lr", "lr_decay_iters"), "a setting of a decaying schedule (constant holds "
-                      "learning_rate from the warm-up's end)", "--lr_schedule=cosine or --lr_schedule=wsd")
+        refuse_constant_decay(cfg)
     return cfg
+
+
+def refuse_constant_decay(cfg):
+    """Raise ValueError where cfg sets min_lr or lr_decay_iters away from their defaults: under lr_schedule=constant
+    they would do nothing."""
+    refuse_unused(cfg, ("min_lr", "lr_decay_iters"), "a setting of a decaying schedule (constant holds "
+                  "learning_rate from the warm-up's end)", "--lr_schedule=cosine or --lr_schedule=wsd")
 
 
 def param_groups(model, cfg):

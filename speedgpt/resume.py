@@ -155,6 +155,9 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
         kept["lr_decay_iters"] = resolve_decay(started).lr_decay_iters
     cfg, notes = resolve_decay(replace(cfg, **kept)), []
     check_schedule(cfg)
+    if cfg.lr_schedule == "constant":   # optim.check leaves a resume out (lr_decay_iters is resolved): the keys given
+        optim.refuse_constant_decay(Config(**{k: getattr(cfg, k) for k in ("min_lr", "lr_decay_iters")
+                                              if k in explicit}))
     here = cfg.batch_size * cfg.block_size * world
     if cfg.total_batch_size == 0 and saved_tokens not in (None, here):    # one micro-batch per process: another step
         if "total_batch_size" in explicit:

@@ -128,6 +128,8 @@ def test_a_budget_that_ends_inside_the_warm_up_is_said_once_its_rate_is_known(by
     assert out.count("warning: at this rate time_budget=0.1 min ends the run near step 6, inside its warm-up "
                      "(warmup_iters=20 steps): the learning rate never reaches its peak; give a smaller "
                      "--warmup_iters (or a larger budget)") == 1
+    assert "step 6: time_budget=0.1 min spent (0.10 min of training): the last evaluation (warning: inside its " \
+           "warm-up, warmup_iters=20 steps" in out            # said at the end too: a rate may come too late
 
 
 def test_a_resume_continues_the_clock_and_honours_the_budgets_total(byte_data, tmp_path, fake_clock, capsys):

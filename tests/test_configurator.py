@@ -483,3 +483,12 @@ def test_a_resumed_constant_schedule_is_not_said_to_decay(byte_data, tmp_path, c
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=6", "--init_from=resume"))
     out = capsys.readouterr().out
     assert "decays until" not in out and "before its decay" not in out
+
+
+def test_a_resumed_constant_schedule_refuses_a_decay_setting_given_with_it(byte_data, tmp_path):
+    """min_lr or lr_decay_iters given on a resume of a constant run would do nothing: refused as a new run does."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4", "--lr_schedule=constant"))
+    for flag in ("--min_lr=1e-4", "--lr_decay_iters=20"):
+        with pytest.raises(ValueError, match=rf"^{flag[2:].split('=')[0]}=.* would do nothing: it is a setting of a "
+                                             r"decaying schedule"):
+            train.main(tiny_args(byte_data, tmp_path, "--max_iters=6", "--init_from=resume", flag))

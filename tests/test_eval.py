@@ -144,6 +144,7 @@ metric_list:
     (["--out_dir={tmp}"], "error: {tmp}/ckpt.pt has no Hugging Face tokenizer (byte tokens), and lm-evaluation-harness "
      "reads text through one: --lm_eval scores GPT-2 BPE models (data.py --tokenizer gpt2); without --lm_eval, "
      "eval.py scores this one on HellaSwag"),
+    (["--out_dir={tmp}/ckpt.pt"], "error: {tmp}/ckpt.pt has no Hugging Face tokenizer (byte tokens)"),   # a file named
     (["--init_from={hf}"], "error: {hf} has no Hugging Face tokenizer (a folder without tokenizer files)"),
     (["--out_dir={tmp}", f"--hellaswag_path={FIXTURE}"], "error: --hellaswag_path is read by our HellaSwag, not by "
      "--lm_eval: the harness's hellaswag_local reads data/hellaswag/hellaswag_val.jsonl"),

@@ -33,6 +33,7 @@ def test_the_script_prints_a_row_per_shape_and_variant(capsys):
 def test_bad_shapes_and_counts_are_one_line():
     import pytest
     for argv, msg in ((["--shapes", "64x"], "give tokens x width"), (["--shapes", "0x128"], "give tokens x width"),
-                      (["--shapes", "64x128", "--iters", "0"], "time at least one call")):
+                      (["--shapes", "64x128", "--iters", "0"], "time at least one call"),
+                      (["--device", "bogus"], "give cuda, cuda:N or cpu")):
         with pytest.raises(SystemExit, match=msg):
             gelu.main(["--device", "cpu", "--eager", *argv])

@@ -168,3 +168,13 @@ def test_after_fp8_the_passes_take_only_the_gelus_its_casts_do_not():
         swapped = [type(b.mlp.c_proj) is gelu_pass.GeluLinear for b in model.transformer.h]
         assert swapped == [not cfg.fp8_gelu_cast] * 2
         assert all(getattr(b.mlp.c_proj, "fp8_fast_erf", False) for b in model.transformer.h) == cfg.fp8_gelu_cast
+
+
+def test_a_later_fp8_gelu_cast_false_keeps_a_config_files_fast_erf(tmp_path):
+    """gelu_erf='fast' from a config file stays when a later flag turns fp8_gelu_cast off: without FP8 the bf16 GELU
+    passes take it; a later activation without erf drops it (it would do nothing)."""
+    (tmp_path / "ge.py").write_text("gelu_erf = 'fast'\n")
+    cfg = configurator.load_config(["--config", str(tmp_path / "ge.py"), "--fp8_gelu_cast=False"])
+    assert cfg.gelu_erf == "fast"
+    cfg = configurator.load_config(["--config", str(tmp_path / "ge.py"), "--activation=relu2"])
+    assert cfg.gelu_erf == "exact"

@@ -319,8 +319,13 @@ def test_errors_are_one_line(byte_data, hf_dir, tmp_path, monkeypatch):
     (run / "config.json").write_text("{}")
     (run / "ckpt.pt").write_bytes(b"")
     check(ValueError, rf"^init_from='{run}' is a training run's folder: start from its checkpoint, "
-          rf"--init_from={run}/ckpt.pt \(or a kept step's file there\), or continue the run with --init_from=resume "
+          rf"--init_from={run}/ckpt.pt \(or another kept file there\), or continue the run with --init_from=resume "
           rf"--out_dir={run}$", configurator.load_config, [f"--init_from={run}"])
+    (run / "ckpt.pt").unlink()                  # lost: its newest kept step is named instead
+    for name in ("ckpt_step000002.pt", "ckpt_step000010.pt", "ckpt_best.pt"):
+        (run / name).write_bytes(b"")
+    check(ValueError, rf"^init_from='{run}' is a training run's folder: start from its checkpoint, "
+          rf"--init_from={run}/ckpt_step000010.pt \(or", configurator.load_config, [f"--init_from={run}"])
     check(ValueError, "block_size=128 exceeds the 64 positions of", train.main,
           tiny_args(byte_data, tmp_path / "o", f"--init_from={hf_dir}", "--block_size=128"))
     big_vocab = save_tiny_gpt2(tmp_path / "v300", vocab_size=300)
