@@ -122,11 +122,10 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
     defaults = Config()          # a key a checkpoint predates has its default (activation: gelu)
     if "optimizer" not in explicit:
         cfg = replace(cfg, optimizer=saved.get("optimizer", "adamw"))
-    if saved.get("optimizer", "adamw") != cfg.optimizer:
-        raise ValueError(f"optimizer={cfg.optimizer!r} differs from the checkpoint's "
-                         f"{saved.get('optimizer', 'adamw')!r}: its state cannot carry over. Resume with the "
-                         "checkpoint's, or start afresh (another out_dir)")
-    changed = []
+    changed, way = [], ""
+    if saved.get("optimizer", "adamw") != cfg.optimizer:      # its state cannot carry over either
+        changed.append(f"'optimizer'={cfg.optimizer!r} differs from the checkpoint's {saved.get('optimizer', 'adamw')!r}")
+        way = f"; --optimizer={saved.get('optimizer', 'adamw')} resumes with the checkpoint's optimizer"
     for k in model_keys():
         old = saved.get(k, getattr(defaults, k))
         if k not in RUN_STATE_KEYS and k not in explicit:
@@ -134,8 +133,8 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
         elif k not in RUN_STATE_KEYS and old != getattr(cfg, k):
             changed.append(f"{k!r}={getattr(cfg, k)!r} differs from the checkpoint's {old!r}")
     if changed:                                      # all at once, not one per try
-        raise ValueError(f"config key {'; '.join(changed)}: the model cannot change on resume (start afresh in another "
-                         "out_dir to train another)")
+        raise ValueError(f"config key {'; '.join(changed)}: the model and its optimizer cannot change on resume (start "
+                         f"afresh in another out_dir to train another{way})")
     kept = {k: saved[k] for k in kept_keys() if k not in explicit and k in saved}
     if "lr_schedule" in explicit and cfg.lr_schedule != "wsd":     # the saved WSD decay share would do nothing
         kept.pop("wsd_decay_frac", None)

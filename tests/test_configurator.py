@@ -245,9 +245,13 @@ def test_resume_refuses_another_shape_but_not_another_dropout(byte_data, tmp_pat
         train.main(tiny_args(byte_data, tmp_path, "--n_embd=48", "--init_from=resume"))
     with pytest.raises(ValueError, match=r"^config key 'n_embd'=48 differs from the checkpoint's 32; 'activation'="
                                          r"'relu2' differs from the checkpoint's 'gelu'; 'norm'='rmsnorm' differs from "
-                                         r"the checkpoint's 'layernorm': the model cannot change on resume"):
+                                         r"the checkpoint's 'layernorm': the model and its optimizer cannot change on resume"):
         train.main(tiny_args(byte_data, tmp_path, "--n_embd=48", "--norm=rmsnorm", "--activation=relu2",
                              "--init_from=resume"))                       # every change at once, not one per try
+    with pytest.raises(ValueError, match=r"^config key 'optimizer'='muon' differs from the checkpoint's 'adamw'; "
+                                         r"'n_layer'=3 differs from the checkpoint's 2: .*; --optimizer=adamw resumes "
+                                         r"with the checkpoint's optimizer\)$"):
+        train.main(tiny_args(byte_data, tmp_path, "--n_layer=3", "--optimizer=muon", "--init_from=resume"))
     train.main(tiny_args(byte_data, tmp_path, "--dropout=0.1", "--init_from=resume"))
 
 
