@@ -489,11 +489,11 @@ def load_config(argv, with_explicit=False):
     if not cfg.data_dir:
         raise ValueError("config key 'data_dir' must not be empty: give the folder data.py prepared "
                          "(--data_dir=data/NAME)")
-    kept = sorted(glob.glob(os.path.join(glob.escape(cfg.init_from), "ckpt*.pt"))) if os.path.isdir(cfg.init_from) \
-        else []                                                  # a run's folder: its config.json is ours, not HF's
-    if kept:
-        run = os.path.join(cfg.init_from, "ckpt.pt")
-        run = run if run in kept else ([p for p in kept if "_step" in p] or kept)[-1]    # else its newest kept step
+    run = os.path.join(cfg.init_from, "ckpt.pt")
+    if os.path.isdir(cfg.init_from) and not os.path.isfile(run):
+        from speedgpt.checkpoint import newest_kept
+        run = (newest_kept(cfg.init_from) or (None, None))[1]   # a folder that lost its ckpt.pt: its newest kept one
+    if os.path.isdir(cfg.init_from) and run:                     # a run's folder: its config.json is ours, not HF's
         raise ValueError(f"init_from={cfg.init_from!r} is a training run's folder: start from its checkpoint, "
                          f"--init_from={run} (or another kept file there), or continue the run with "
                          f"--init_from=resume --out_dir={cfg.init_from}")

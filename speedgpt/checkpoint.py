@@ -116,18 +116,24 @@ def checkpoint_file(out_dir):
     return out_dir if named else os.path.join(out_dir, "ckpt.pt")
 
 
+def newest_kept(out_dir):
+    """(what out_dir keeps besides ckpt.pt, the newest of it, its step): the step files ('steps 2, 4', by step
+    number), else ckpt_best.pt (step None); None where it keeps neither."""
+    steps, best = saved_steps(out_dir), os.path.join(out_dir, "ckpt_best.pt")
+    if steps:
+        return f"steps {', '.join(map(str, sorted(steps)))}", steps[max(steps)], max(steps)
+    return ("ckpt_best.pt", best, None) if os.path.isfile(best) else None
+
+
 def no_checkpoint(out_dir):
     """The line for sampling or evaluating a checkpoint that is not there (checkpoint_file(out_dir)): a run to
     train first, or a kept checkpoint of the folder to name instead (its newest step, else ckpt_best.pt), or, where
     out_dir names a step's file, the steps its folder keeps."""
     path = checkpoint_file(out_dir)
     if path != out_dir:
-        steps, best = saved_steps(out_dir), os.path.join(out_dir, "ckpt_best.pt")
-        other = steps[max(steps)] if steps else best if os.path.isfile(best) else None
-        if other:
-            return (f"no checkpoint at {path}, but the folder keeps " +
-                    (f"the steps {', '.join(map(str, sorted(steps)))}" if steps else "ckpt_best.pt") +
-                    f": name one, --out_dir={other}")
+        kept = newest_kept(out_dir)
+        if kept:
+            return f"no checkpoint at {path}, but the folder keeps {kept[0]}: name one, --out_dir={kept[1]}"
         return f"no checkpoint at {path}: train first (python train.py --out_dir={out_dir})"
     kept = ", ".join(str(s) for s in sorted(saved_steps(os.path.dirname(path) or ".")))
     return f"no checkpoint at {path}: " + (f"its folder keeps the steps {kept}" if kept else "its folder keeps no step")

@@ -31,10 +31,8 @@ def kept_keys():
 def kept_without_latest(out_dir):
     """(what is there, the resume_from that continues it) where out_dir holds a run's kept checkpoints but no
     ckpt.pt (deleted or lost: a new run would remove the rest), else None. The newest step file, else ckpt_best.pt."""
-    steps, best = saved_steps(out_dir), os.path.join(out_dir, "ckpt_best.pt")
-    if steps:
-        return f"steps {', '.join(map(str, sorted(steps)))}", str(max(steps))
-    return ("ckpt_best.pt", best) if os.path.isfile(best) else None
+    kept = checkpoint.newest_kept(out_dir)
+    return kept and (kept[0], kept[1] if kept[2] is None else str(kept[2]))
 
 
 def settle(cfg, explicit, proc, check_flags):
@@ -59,7 +57,9 @@ def settle(cfg, explicit, proc, check_flags):
         replaces = not ("init_from" in explicit and cfg.init_from == "scratch")    # only that says: replace it
         if replaces and not os.path.isfile(latest) and (left := kept_without_latest(cfg.out_dir)):
             raise ValueError(f"{cfg.out_dir} holds a run's checkpoints without its ckpt.pt ({left[0]}), which a new "
-                             f"run would remove: continue it with --resume_from={left[1]}, or give the new run another "
+                             f"run would remove: continue it with --resume_from={left[1]}" +
+                             (" (leaving out --init_from)" if "init_from" in explicit else "") +
+                             ", or give the new run another "
                              "--out_dir" + (", or start afresh there with --init_from=scratch (which removes them)"
                                             if cfg.init_from == "scratch" else ""))
         if replaces and os.path.isfile(latest):       # without checkpoints too: its metrics would be replaced

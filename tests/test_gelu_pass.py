@@ -98,6 +98,8 @@ def test_the_flag_is_refused_where_it_would_do_nothing_or_cannot_run(hopper, mon
             r"--gelu_erf=exact$", fp8_recipe="tensorwise_delayed", **wide)
     refused(r"Use --fp8_recipe=tensorwise_delayed --fp8_gelu_cast=True \(its casts take the fast erf\), or "
             r"--gelu_erf=exact$", fp8_recipe="tensorwise", **wide)
+    for kw in (dict(bias=True), dict(fp8_layers="mlp_proj")):   # fp8_gelu_cast would refuse them: not offered
+        refused(r"whose cast does not take it in\. Add --gelu_erf=exact$", fp8_recipe="tensorwise_delayed", **wide, **kw)
     refused(r"^gelu_erf='fast' runs Triton kernels on a CUDA GPU; this run is on cpu: add --gelu_erf=exact$",
             proc=on("cpu"))
     monkeypatch.setattr(gelu_pass, "verify", lambda device: None)          # the kernels right on the stand-in GPU
@@ -112,6 +114,8 @@ def test_the_flag_is_refused_where_it_would_do_nothing_or_cannot_run(hopper, mon
         assert gelu_pass.check(cfg, hopper) is cfg
     monkeypatch.setattr(gelu_pass, "verify", lambda device: "the GELU pass of gelu_erf='fast' gives GELU(h) = 1")
     refused(r"^gelu_erf='fast': the GELU pass of gelu_erf='fast' gives GELU\(h\) = 1; add --gelu_erf=exact$")
+    cfg = configurator.Config(gelu_erf="fast", fp8_recipe="tensorwise_delayed", fp8_gelu_cast=True, **wide)
+    assert gelu_pass.check(cfg, hopper) is cfg           # every GELU in the casts: these passes never run, unchecked
 
 
 def test_the_old_name_says_the_new_one():

@@ -311,7 +311,7 @@ def test_a_folder_that_lost_its_ckpt_pt_still_holds_its_run(byte_data, tmp_path,
     with pytest.raises(FileNotFoundError, match=r"ckpt.pt: resume a kept one with --resume_from=4 \(steps 2, 4\)$"):
         train.main(tiny_args(byte_data, out, "--max_iters=6", "--init_from=resume"))
     assert sorted(os.listdir(out)) == before
-    assert no_checkpoint(str(out)) == (f"no checkpoint at {out / 'ckpt.pt'}, but the folder keeps the steps 2, 4: "
+    assert no_checkpoint(str(out)) == (f"no checkpoint at {out / 'ckpt.pt'}, but the folder keeps steps 2, 4: "
                                        f"name one, --out_dir={out / 'ckpt_step000004.pt'}")
     train.main(tiny_args(byte_data, out, "--max_iters=6", "--resume_from=4"))
     assert (out / "ckpt.pt").is_file()

@@ -38,16 +38,22 @@ def check(cfg, proc):
     if cfg.activation != "gelu":
         raise ValueError(f"gelu_erf='fast' would do nothing: it is the exact GELU's erf, and activation="
                          f"{cfg.activation!r} has none. Leave gelu_erf out, or add --activation=gelu")
+    from dataclasses import replace
     from speedgpt.features import fp8
     meta = fp8.meta_model(cfg)
     converted = {id(m) for _, m in fp8.eligible_linears(meta, cfg)} if cfg.fp8 else set()
     in_casts = fp8.gelu_fed(meta, cfg) if cfg.fp8 and cfg.fp8_gelu_cast else []
-    if not in_casts and not served(meta, lambda linear: id(linear) not in converted):
+    passes = served(meta, lambda linear: id(linear) not in converted)
+    if not in_casts and not passes:
+        # the casts' way in only where fp8_gelu_cast would then find a GELU (its own refusal next is no way out)
+        cast = fp8.gelu_fed(meta, replace(cfg, fp8_recipe="tensorwise_delayed", fp8_gelu_cast=True))
         raise ValueError("gelu_erf='fast' would do nothing: every MLP's GELU feeds an FP8 Linear whose cast does not "
-                         "take it in. " + ("Add --fp8_gelu_cast=True" if cfg.fp8_recipe == "tensorwise_delayed" else
-                                           "Use --fp8_recipe=tensorwise_delayed --fp8_gelu_cast=True") +
-                         " (its casts take the fast erf), or --gelu_erf=exact")
-    refuse_unready_kernel("gelu_erf", proc.device, verify, "add --gelu_erf=exact", said="gelu_erf='fast'")
+                         "take it in. " + (("Add --fp8_gelu_cast=True" if cfg.fp8_recipe == "tensorwise_delayed" else
+                                            "Use --fp8_recipe=tensorwise_delayed --fp8_gelu_cast=True") +
+                                           " (its casts take the fast erf), or --gelu_erf=exact" if cast else
+                                           "Add --gelu_erf=exact"))
+    if passes:                  # this module's kernels checked only where they will run (the casts' are cast_kernel's)
+        refuse_unready_kernel("gelu_erf", proc.device, verify, "add --gelu_erf=exact", said="gelu_erf='fast'")
     return cfg
 
 
