@@ -80,7 +80,7 @@ def apply(model, cfg, proc):
     for owner, act_name, consumer in mlps:
         setattr(owner, act_name, torch.nn.Identity())
         consumer.__class__ = GeluLinear
-    in_casts = sum(getattr(m, "fp8_fast_erf", False) for m in model.modules()) // 2     # c_fc's and c_proj's
+    in_casts = sum(getattr(m, "fp8_gelu", False) and m.fp8_fast_erf for m in model.modules())   # one c_proj each
     said = ([f"{len(mlps)} MLPs' GELU passes (speedgpt/features/gelu_pass.py)"] if mlps else []) + \
         ([f"{in_casts} MLPs' FP8 casts (fp8_gelu_cast)"] if in_casts else [])
     return "gelu_erf: the fast erf in " + " and ".join(said)
