@@ -459,27 +459,30 @@ def load_config(argv, with_explicit=False):
                 "keep_checkpoints")                    # a feature's own keys: its check (speedgpt/features/)
     way_out = {"keep_checkpoints": " (to keep none, --save_checkpoints=False)",
                "eval_interval": " (to turn evaluation off, --eval_tokens=0)"}
+    def bad(key):                    # a config file's bad value names the file: a preset or a fork's may hold it
+        where = placed.get(key, [("", "", "command line")])[-1][2]
+        return f"config key {key!r}" + ("" if where == "command line" else f" (set in {where})")
     for key in positive:
         if getattr(cfg, key) <= 0:
-            raise ValueError(f"config key {key!r} must be positive, got {getattr(cfg, key)}"
+            raise ValueError(f"{bad(key)} must be positive, got {getattr(cfg, key)}"
                              + way_out.get(key, ""))
     for key in ("max_iters", "eval_tokens", "timing_warmup", "warmup_iters", "lr_decay_iters",
                 "total_batch_size", "max_skipped_steps", "hellaswag_examples"):
         if getattr(cfg, key) < 0:
-            raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}")
+            raise ValueError(f"{bad(key)} must be >= 0, got {getattr(cfg, key)}")
     if not 0 <= cfg.seed <= SEED_MAX:           # before any work: torch.manual_seed would refuse it only at the model
-        raise ValueError(f"config key 'seed' must be {SEEDS}, got {cfg.seed}")
+        raise ValueError(f"{bad('seed')} must be {SEEDS}, got {cfg.seed}")
     if cfg.n_embd % cfg.n_head:
         raise ValueError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
     if not 0 <= cfg.dropout < 1:
-        raise ValueError(f"config key 'dropout' must be in [0, 1), got {cfg.dropout}")
+        raise ValueError(f"{bad('dropout')} must be in [0, 1), got {cfg.dropout}")
     for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "peak_flops", "target_val_loss", "time_budget"):
         if getattr(cfg, key) < 0:
             off = " (0 turns it off)" if key in ("grad_clip", "target_val_loss", "time_budget") else ""
-            raise ValueError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)}{off}")
+            raise ValueError(f"{bad(key)} must be >= 0, got {getattr(cfg, key)}{off}")
     for key in ("beta1", "beta2"):
         if not 0 <= getattr(cfg, key) < 1:
-            raise ValueError(f"config key {key!r} (AdamW) must be in [0, 1), got {getattr(cfg, key)}")
+            raise ValueError(f"{bad(key)} (AdamW) must be in [0, 1), got {getattr(cfg, key)}")
     if cfg.init_from != "resume":        # a resume checks the schedule it continues with (resume_config)
         check_schedule(cfg)
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", cfg.device):

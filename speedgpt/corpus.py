@@ -735,20 +735,43 @@ def sigterm_as_interrupt():
         interrupted = True
         raise
     finally:                                  # stopping: deaf to a second signal (as the handler made it)
-        for s in ours:
-            signal.signal(s, signal.SIG_IGN if interrupted else previous[s])
+        if interrupted:
+            _ignore(ours)
+        else:
+            for s in ours:
+                signal.signal(s, previous[s])
 
 
 def _interrupt(signum, frame):
     """sigterm_as_interrupt's handler: ignore SIGINT and SIGTERM from now on, then raise what Ctrl-C raises
     (KeyboardInterrupt(signum)), at once or, inside shards.signals_held, when its block ends."""
-    for s in INTERRUPTS:
-        if signal.getsignal(s) is _interrupt:
-            signal.signal(s, signal.SIG_IGN)
+    _ignore([s for s in INTERRUPTS if signal.getsignal(s) is _interrupt])
     if HOLD["depth"]:
         HOLD["signum"] = HOLD["signum"] or signum
         return
     raise KeyboardInterrupt(signum)
+
+
+RACE_REPORTS = {f"Signal {int(s)} ignored due to race condition" for s in INTERRUPTS}
+
+
+def _ignore(signals):
+    """SIG_IGN for `signals`, for good: the process is stopping (SIG_IGN, unlike a handler that does nothing,
+    outlasts the interpreter's teardown, which puts back SIG_DFL for Python handlers). A second signal that
+    another thread's C handler records just as the main thread sets SIG_IGN is then reported by Python, with
+    a traceback on stderr, as "Signal 2 ignored due to race condition" (through sys.unraisablehook, once the
+    handler it was recorded for is gone). That signal is the one meant to be ignored: its report is dropped,
+    every other report passes to the hook that was there."""
+    if not getattr(sys.unraisablehook, "drops_ignored_interrupts", False):
+        passed_on = sys.unraisablehook
+
+        def hook(report):
+            if not (isinstance(report.exc_value, OSError) and str(report.exc_value) in RACE_REPORTS):
+                passed_on(report)
+        hook.drops_ignored_interrupts = True
+        sys.unraisablehook = hook
+    for s in signals:
+        signal.signal(s, signal.SIG_IGN)
 
 
 def token_bytes(data_dir, meta):

@@ -54,8 +54,10 @@ def test_resume_from_an_older_step_continues_as_the_straight_run(byte_data, tmp_
     train.main(tiny_args(byte_data, out, "--max_iters=8", "--eval_interval=2", "--keep_checkpoints=5",
                          f"--resume_from={kept}"))
     assert [r["step"] for r in read_metrics(out) if "loss" in r] == list(range(8)) and losses(out) == want
-    with pytest.raises(FileNotFoundError, match=r"resume_from='.*/nothing.pt': no such checkpoint file"):
+    with pytest.raises(FileNotFoundError, match=r"resume_from='.*/nothing.pt': no such checkpoint file, as a path "
+                                                 r"or in .* \(its steps: 2, 4, 6, 8; --resume_from=STEP resumes one\)$"):
         train.main(tiny_args(byte_data, out, f"--resume_from={tmp_path / 'nothing.pt'}"))
+    assert checkpoint.resolve_resume(str(out), "ckpt_step000006.pt") == str(out / "ckpt_step000006.pt")  # as ls shows
     with pytest.raises(ValueError, match="resume_from='4' resumes a run: it cannot go with init_from='scratch'"):
         train.main(tiny_args(byte_data, out, "--resume_from=4", "--init_from=scratch"))
 

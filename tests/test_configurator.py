@@ -4,6 +4,7 @@ with --, and the closest known name for a misspelled one; config files; the sche
 a resume (short train.py runs): the schedule kept unless a schedule key is set, the shape taken from the
 checkpoint, a changed shape or activation refused, and only the lines that apply printed."""
 import json
+import re
 import subprocess
 import sys
 
@@ -197,6 +198,20 @@ def test_a_seed_out_of_range_is_one_line_in_train_py_and_sample_py(tmp_path, cap
         code, err = run_script(sample.main, [f"--out_dir={tmp_path}", "--device=cpu", f"--seed={seed}"], capsys)
         assert code == 2 and err.splitlines() == [f"error: argument --seed: must be a whole number in [0, "
                                                   f"4294967295] (2**32 - 1), got {seed!r}"], err
+
+
+def test_a_bad_value_from_a_config_file_names_the_file(tmp_path):
+    """A value out of range that a config file set (a fork's preset) names that file, where the fix goes; one set
+    on the command line, or on the command line over the file, does not."""
+    preset = tmp_path / "mine.py"
+    preset.write_text("seed = -3\nbatch_size = 0\n")
+    with pytest.raises(ValueError, match=rf"^config key 'batch_size' \(set in {re.escape(str(preset))}\) must be "
+                                         r"positive, got 0$"):
+        configurator.load_config(["--config", str(preset)])
+    with pytest.raises(ValueError, match=rf"^config key 'seed' \(set in {re.escape(str(preset))}\) must be a whole"):
+        configurator.load_config(["--config", str(preset), "--batch_size=4"])
+    with pytest.raises(ValueError, match=r"^config key 'seed' must be a whole"):
+        configurator.load_config(["--config", str(preset), "--batch_size=4", "--seed=-1"])
 
 
 @pytest.mark.parametrize("args, match", [

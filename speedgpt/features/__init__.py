@@ -31,3 +31,14 @@ Bookkeeping (speedgpt/checkpoint.py, measure.py, memory.py, evaluation.py, resum
 a feature: it handles whatever state it is given (a module's extra state, an optimizer's groups, the FLOPs the
 features report). tests/test_layout.py holds the project to that.
 """
+import torch
+
+
+def exact_gelus(model):
+    """[(owner, act name, producer, consumer)]: each exact GELU between two Linears, as a module's ACT_BETWEEN
+    ({its activation: (the Linear feeding it, the Linear it feeds)}, model.py's MLP) names them; what fp8's
+    fp8_gelu_cast (fp8.gelu_fed) and gelu_pass's passes (gelu_pass.served) each take the ones they can of."""
+    return [(owner, act_name, getattr(owner, producer), getattr(owner, consumer))
+            for owner in model.modules()
+            for act_name, (producer, consumer) in getattr(owner, "ACT_BETWEEN", {}).items()
+            if type(getattr(owner, act_name)) is torch.nn.GELU and getattr(owner, act_name).approximate == "none"]

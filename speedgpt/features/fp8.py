@@ -23,7 +23,7 @@ import importlib.util
 import torch
 
 from speedgpt import refuse_unused
-from speedgpt.features import cast_kernel
+from speedgpt.features import cast_kernel, exact_gelus
 from speedgpt.memory import cpu_way_out, meta_model
 
 ALL_KINDS = "all"        # fp8_layers' default: every kind of block Linear the model has
@@ -299,14 +299,8 @@ def gelu_fed(model, cfg):
         return []
     eligible = {id(m) for _, m in eligible_linears(model, cfg)}
     delayed = lambda m: isinstance(m, DelayedFloat8Linear) or id(m) in eligible
-    out = []
-    for owner in model.modules():
-        for act_name, (producer_name, consumer_name) in getattr(owner, "ACT_BETWEEN", {}).items():
-            act, producer, consumer = (getattr(owner, n) for n in (act_name, producer_name, consumer_name))
-            if type(act) is torch.nn.GELU and act.approximate == "none" and delayed(producer) and \
-                    delayed(consumer) and producer.bias is None:
-                out.append((owner, act_name, producer, consumer))
-    return out
+    return [(owner, act_name, producer, consumer) for owner, act_name, producer, consumer in exact_gelus(model)
+            if delayed(producer) and delayed(consumer) and producer.bias is None]
 
 
 def tensor_scale(t, dtype=torch.float8_e4m3fn):

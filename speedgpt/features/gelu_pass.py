@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from speedgpt import refuse_unready_kernel
+from speedgpt.features import exact_gelus
 
 BLOCK = 1024                     # elements per program: 8 per thread at 4 warps, one 16-byte load of bf16 each
 SQRT_HALF = 0.7071067811865476
@@ -61,14 +62,8 @@ def served(model, plain=lambda linear: True):
     """[(owner, act name, consumer)]: each module whose ACT_BETWEEN ({its activation: (the Linear feeding it, the
     Linear it feeds)}, model.py's MLP) names an exact GELU feeding a plain nn.Linear (for which plain() holds, on a
     meta model: not one fp8 will convert): what apply() swaps."""
-    out = []
-    for owner in model.modules():
-        for act_name, (_, consumer_name) in getattr(owner, "ACT_BETWEEN", {}).items():
-            act, consumer = getattr(owner, act_name), getattr(owner, consumer_name)
-            if type(act) is torch.nn.GELU and act.approximate == "none" and type(consumer) is torch.nn.Linear \
-                    and plain(consumer):
-                out.append((owner, act_name, consumer))
-    return out
+    return [(owner, act_name, consumer) for owner, act_name, _, consumer in exact_gelus(model)
+            if type(consumer) is torch.nn.Linear and plain(consumer)]
 
 
 def apply(model, cfg, proc):
