@@ -145,14 +145,16 @@ def load_checkpoint(path, required=CKPT_KEYS, missing=""):
     needs them all, sampling only model, config and meta. `missing`: what the missing file's error adds."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}{missing}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
+    def corrupt(why):
         others = [(s, p) for s, p in sorted(saved_steps(os.path.dirname(path) or ".").items())
                   if not os.path.samefile(p, path)]
         hint = (f" The kept steps {', '.join(str(s) for s, _ in others)} may still load (train.py "
                 f"--resume_from={others[-1][0]}; sample.py and eval.py --out_dir={others[-1][1]})" if others else "")
-        raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}); is it corrupt?{hint}") from e
+        return ValueError(f"checkpoint {path} {why}; is it corrupt?{hint}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise corrupt(f"cannot be read ({type(e).__name__})") from e
     missing = [k for k in required if k not in ckpt] if isinstance(ckpt, dict) else list(required)
     if missing and isinstance(ckpt, dict) and "model_args" in ckpt:      # nanoGPT's: its weights start a run
         dataset = (ckpt.get("config") or {}).get("dataset")               # the data it was trained on, by name
@@ -162,6 +164,10 @@ def load_checkpoint(path, required=CKPT_KEYS, missing=""):
                          "carry over); that run's own checkpoints then resume, sample and evaluate")
     if missing:
         raise ValueError(f"{path} is not a speedgpt checkpoint: it lacks {', '.join(missing)}")
+    # save_checkpoint never writes non-finite weights or moments: such a file was damaged after it was written (its
+    # bytes loaded, their values did not), and a run from it would stop at once as "diverged", pointing back at it
+    if not all_finite(ckpt["model"]) or not all_finite(ckpt.get("optimizer", {})):
+        raise corrupt("holds weights or optimizer moments that are not finite, which no run saves")
     for name, state in ckpt.pop("fp8_scaling", {}).items():   # older checkpoints kept the extra state apart
         ckpt["model"].setdefault(f"{name}.{EXTRA}", state)
     return ckpt

@@ -361,6 +361,22 @@ def test_a_corrupt_ckpt_pt_points_at_the_kept_checkpoints(byte_data, tmp_path):
         sample.load_model(str(tmp_path / "ckpt_step000009.pt"), "cpu")
 
 
+def test_a_checkpoint_damaged_into_nan_weights_is_refused_as_corrupt(byte_data, tmp_path):
+    """Bytes flipped inside a tensor still load, as NaN: refused as corrupt, pointing at the kept steps, not resumed
+    into a first step that stops as "diverged" and sends the user back to the same file."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=8"))
+    ckpt = checkpoint.load_checkpoint(str(tmp_path / "ckpt.pt"))
+    ckpt["model"]["transformer.wte.weight"][0, :4] = float("nan")
+    (tmp_path / "ckpt.pt").unlink()                             # a file of its own, not the step file's link
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError, match=r"ckpt.pt holds weights or optimizer moments that are not finite, which no "
+                                         r"run saves; is it corrupt\? The kept steps 4, 8 may still load \(train.py "
+                                         r"--resume_from=8;"):
+        train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=10"))
+    train.main(tiny_args(byte_data, tmp_path, "--resume_from=8", "--max_iters=10"))     # the way out works
+    assert checkpoint.load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 10
+
+
 def test_an_out_dir_that_cannot_be_made_names_why(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(ValueError, match=r"cannot create the output folder .*afile/sub: .*afile is a file, not a folder; "
