@@ -33,7 +33,7 @@ from speedgpt import (Refusals, attention, budget, checkpoint, distributed, eval
 from speedgpt.features import activation_checkpointing, compilation, fp8, fused_ce, gelu_pass, parallel
 from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, target_reached
 from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, Branch, check_disk, checkpoint_bytes, finish_write,
-                                 last_good, load_weights, save_run, start_branch)
+                                 last_good, load_weights, lock_out_dir, save_run, start_branch, unlock_out_dir)
 from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, exit_status, failed_after_signal, leave,
                                   plan_batch, print0, seed_rank_stream, setup_processes)
 from speedgpt.mask_check import check_attention_mask
@@ -177,6 +177,7 @@ def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
     logger (console, metrics.jsonl, W&B; tokens/s and MFU), which a resumed run continues."""
     os.makedirs(cfg.out_dir, exist_ok=True)
     if proc.master:
+        lock_out_dir(cfg.out_dir)           # a new folder: locked now (an existing one was before the checks)
         if cfg.profile:
             remove_profile(cfg.out_dir)         # never leave an old profile looking current
         write_json(os.path.join(cfg.out_dir, "config.json"), asdict(cfg))
@@ -404,12 +405,15 @@ def main(argv=None):
         warnings.simplefilter("always")
         cfg, explicit = load_config(argv, with_explicit=True)
         proc = setup_processes(cfg)
+        if proc.master:                   # one run at a time in out_dir, before a file there is read or removed
+            lock_out_dir(cfg.out_dir)
         cfg, ckpt = resume.settle(cfg, explicit, proc, check_flags)   # refuse what cannot work, before any work
         grad_accum_steps = plan_batch(cfg, proc.world)
     for w in {str(w.message): w for w in caught}.values():       # each once; nanoGPT's keys as read: notes
         print0(f"{'note' if issubclass(w.category, nanogpt.Note) else 'warning'}: {w.message}")
     if ckpt is not None and ckpt["finished"]:        # nothing to do, nothing written
         print0(f"this run is finished: {resume.resume_path(cfg, explicit)[1]} {ckpt['finished']}")
+        unlock_out_dir()
         leave(proc, True)
         return {"finished": True, "step": ckpt["step"], "best_val_loss": ckpt["best_val_loss"]}
     said = memory.report(cfg, proc)                   # after every check: a refused run prints only its refusal
@@ -452,6 +456,7 @@ def main(argv=None):
         try:
             logger.close(summary, exit_code)       # writes summary.json and prints the run's last line
         finally:
+            unlock_out_dir()
             leave(proc, clean)
 
 

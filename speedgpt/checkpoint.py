@@ -91,6 +91,43 @@ def check_out_dir(out_dir):
             leaf = os.path.dirname(leaf)
 
 
+_locked = {}         # {out_dir's absolute path: the open folder} this process trains in (lock_out_dir)
+
+
+def lock_out_dir(out_dir):
+    """Hold an exclusive lock on the folder `out_dir` while this process trains there (flock on the folder itself:
+    no file is made, and the lock goes with the process however it ends), so that a second run started into it is
+    refused before it reads or removes anything there: two runs would rotate and relink each other's checkpoints
+    and replace each other's metrics, and both end "done". Raises ValueError naming the folder and the way out.
+    Does nothing where out_dir is not a folder yet (train.py calls it again once it makes the folder) or where its
+    filesystem has no locks. A process holds one such lock: a call for another folder, or unlock_out_dir(),
+    releases it."""
+    import fcntl
+    path = os.path.abspath(out_dir)
+    if path in _locked or not os.path.isdir(path):
+        return
+    unlock_out_dir()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:                            # a folder that cannot be opened: its check says why, if it matters
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise ValueError(f"another run is training in out_dir={out_dir!r} (it holds the folder's lock): wait "
+                             "for it to end (or stop it), or choose another --out_dir") from None
+        return                                 # no locks on this filesystem (some network or FUSE ones)
+    _locked[path] = fd
+
+
+def unlock_out_dir():
+    """Release lock_out_dir's lock, if this process holds one."""
+    for path in list(_locked):
+        os.close(_locked.pop(path))
+
+
 def model_state(model, optimizer=None, cpu=True):
     """Full (unsharded) state dicts of the raw module, without _orig_mod. / module. prefixes, on the CPU
     (cpu=False: where they live, the live tensors themselves when unsharded). A collective under FSDP:

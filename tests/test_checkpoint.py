@@ -377,6 +377,37 @@ def test_a_checkpoint_damaged_into_nan_weights_is_refused_as_corrupt(byte_data, 
     assert checkpoint.load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 10
 
 
+def test_a_second_run_into_an_out_dir_in_use_is_refused(byte_data, tmp_path):
+    """While a run trains in out_dir (a train.py process here), a second one there, new or a resume, is refused in
+    one line before it reads or removes anything: two runs at once each rotated and relinked the other's
+    checkpoints and replaced its metrics, and both ended "done". Once the first ends, the folder is free again."""
+    import subprocess
+    import time
+    from conftest import ROOT
+    first = subprocess.Popen([sys.executable, "train.py", *tiny_args(byte_data, tmp_path, "--max_iters=100000",
+                                                                     "--eval_interval=5")],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "ckpt.pt").exists():              # it trains and has saved a checkpoint
+            assert time.time() < deadline and first.poll() is None, first.communicate()
+            time.sleep(0.05)
+        for extra in ("--init_from=scratch", "--init_from=resume"):
+            with pytest.raises(ValueError, match=r"^another run is training in out_dir='.*' \(it holds the folder's "
+                                                 r"lock\): wait for it to end \(or stop it\), or choose another "
+                                                 r"--out_dir$"):
+                train.main(tiny_args(byte_data, tmp_path, "--max_iters=100000", "--eval_interval=5", extra))
+        assert first.poll() is None                             # untouched: it trains on
+    finally:
+        first.terminate()
+        _, err = first.communicate(timeout=120)
+    assert "SIGTERM: stopped after step" in err
+    step = checkpoint.load_checkpoint(str(tmp_path / "ckpt.pt"))["step"]
+    summary = train.main(tiny_args(byte_data, tmp_path, "--eval_interval=5", "--init_from=resume",
+                                   f"--max_iters={step + 2}"))
+    assert summary["steps"] == step + 2
+
+
 def test_an_out_dir_that_cannot_be_made_names_why(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(ValueError, match=r"cannot create the output folder .*afile/sub: .*afile is a file, not a folder; "
