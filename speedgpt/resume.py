@@ -76,6 +76,7 @@ def settle(cfg, explicit, proc, check_flags):
     left = kept_without_latest(cfg.out_dir) if path == latest else None
     ckpt = load_checkpoint(path, missing=f": resume a kept one with --resume_from={left[1]} ({left[0]})" if left else
                            ": nothing to resume (to start afresh, leave out --init_from=resume)")
+    refuse_another_runs(path, ckpt, cfg.out_dir)
     cfg, notes = resume_config(cfg, explicit, ckpt["config"], ckpt.get("tokens_per_step"), proc.world)
     cfg = check_flags(cfg, proc)                                        # the shape may be the checkpoint's
     if ckpt["step"] > cfg.max_iters:
@@ -94,6 +95,22 @@ def settle(cfg, explicit, proc, check_flags):
     for line in rewind_notes(ckpt, path, cfg.out_dir) + notes + resume_changes(cfg, explicit, ckpt["config"]):
         print0(f"resume: {line}")
     return cfg, ckpt
+
+
+def refuse_another_runs(path, ckpt, out_dir):
+    """Raise ValueError where resume_from names a checkpoint file outside out_dir that another folder's run saved
+    (its config's out_dir) while out_dir holds a run of its own: the resume would take that run's history as its
+    past, abandon its later steps (their checkpoints removed) and name its best. A file of this run kept elsewhere
+    (its out_dir is this one) resumes as before."""
+    inside = os.path.dirname(os.path.abspath(path)) == os.path.abspath(out_dir)
+    saved = ckpt["config"].get("out_dir")
+    if inside or not saved or os.path.abspath(saved) == os.path.abspath(out_dir):
+        return
+    kept = checkpoint.newest_kept(out_dir) or (os.path.isfile(os.path.join(out_dir, "ckpt.pt")) and ("ckpt.pt",))
+    if kept:
+        raise ValueError(f"resume_from={path!r} is a checkpoint of the run in {saved}, but {out_dir} holds another run "
+                         f"({kept[0]}), whose later steps this resume would remove: resume it in its own folder "
+                         f"(--out_dir={saved}), or in a new --out_dir")
 
 
 def resolve_decay(cfg):

@@ -47,3 +47,22 @@ def test_a_resume_keeps_the_runs_count_of_kept_checkpoints(byte_data, tmp_path):
     assert len(after) == 8 and after[-1] == "ckpt_step000024.pt"
     train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=26", "--eval_interval=2",
                          "--save_checkpoints=False"))
+
+
+def test_resume_from_another_folders_checkpoint_leaves_this_folders_run_alone(byte_data, tmp_path):
+    """resume_from a file of the run in folder a, into folder b that holds a run of its own: refused before anything
+    changes, where it used to take b's history as its past, remove b's later steps and name b's step as its best.
+    Into a new folder it resumes; a's own file kept elsewhere resumes into a (tests/test_checkpoint.py)."""
+    import os
+    import pytest
+    train.main(tiny_args(byte_data, tmp_path / "a", "--max_iters=8", "--keep_checkpoints=5"))
+    train.main(tiny_args(byte_data, tmp_path / "b", "--max_iters=8", "--seed=9"))
+    before = sorted(os.listdir(tmp_path / "b"))
+    with pytest.raises(ValueError, match=r"^resume_from='.*/a/ckpt_step000004.pt' is a checkpoint of the run in .*/a, "
+                                         r"but .*/b holds another run \(steps 4, 8\), whose later steps this resume "
+                                         r"would remove: resume it in its own folder \(--out_dir=.*/a\), or in a new "
+                                         r"--out_dir$"):
+        train.main(tiny_args(byte_data, tmp_path / "b", f"--resume_from={tmp_path / 'a' / 'ckpt_step000004.pt'}"))
+    assert sorted(os.listdir(tmp_path / "b")) == before
+    summary = train.main(tiny_args(byte_data, tmp_path / "c", f"--resume_from={tmp_path / 'a' / 'ckpt_step000004.pt'}"))
+    assert summary["steps"] == 8
