@@ -395,6 +395,14 @@ def main(argv=None):
     """Train per the command line `argv` (default sys.argv[1:]); returns the summary dict (None for
     --help). Bad input raises ValueError / TypeError / FileNotFoundError before any work; divergence and
     SIGINT/SIGTERM raise RunStopped after saving what can be saved."""
+    try:
+        return run_command(argv)
+    finally:              # out_dir's lock goes however the run ends: a caller that goes on (a notebook) may train there
+        unlock_out_dir()
+
+
+def run_command(argv):
+    """main's body: out_dir locked (lock_out_dir) from before the checks to the end."""
     global _setup_done
     argv = sys.argv[1:] if argv is None else argv
     if "--help" in argv or "-h" in argv:      # with --config: its values, so a preset is read (and checked) too
@@ -413,7 +421,6 @@ def main(argv=None):
         print0(f"{'note' if issubclass(w.category, nanogpt.Note) else 'warning'}: {w.message}")
     if ckpt is not None and ckpt["finished"]:        # nothing to do, nothing written
         print0(f"this run is finished: {resume.resume_path(cfg, explicit)[1]} {ckpt['finished']}")
-        unlock_out_dir()
         leave(proc, True)
         return {"finished": True, "step": ckpt["step"], "best_val_loss": ckpt["best_val_loss"]}
     said = memory.report(cfg, proc)                   # after every check: a refused run prints only its refusal
@@ -456,7 +463,6 @@ def main(argv=None):
         try:
             logger.close(summary, exit_code)       # writes summary.json and prints the run's last line
         finally:
-            unlock_out_dir()
             leave(proc, clean)
 
 

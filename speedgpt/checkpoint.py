@@ -102,7 +102,10 @@ def lock_out_dir(out_dir):
     Does nothing where out_dir is not a folder yet (train.py calls it again once it makes the folder) or where its
     filesystem has no locks. A process holds one such lock: a call for another folder, or unlock_out_dir(),
     releases it."""
-    import fcntl
+    try:
+        import fcntl
+    except ImportError:                        # Windows: no flock
+        return
     path = os.path.abspath(out_dir)
     if path in _locked or not os.path.isdir(path):
         return
@@ -338,8 +341,9 @@ def write_cause(e, path):
 
 def save_checkpoint(path, ckpt, keep=1, best=False, stale=()):
     """Write `ckpt` (a dict with "step") as out_dir/ckpt_stepNNNNNN.pt, atomically (a temp file, fsync, a
-    rename, so a crash never leaves half a checkpoint), then point `path` (out_dir/ckpt.pt) at it, and
-    out_dir/ckpt_best.pt too when `best`; then delete the files of `stale` (another history's: Branch), saying
+    rename, so a crash never leaves half a checkpoint), `path` (out_dir/ckpt.pt) pointed at it first (a crash
+    between the two never leaves ckpt.pt older than a step file, which a resume takes for a rewind, whose newer
+    steps it removes), and out_dir/ckpt_best.pt too when `best`; then delete the files of `stale` (another history's: Branch), saying
     so, and keep the `keep` latest step files. Refuses (ValueError) weights or optimizer moments that are not
     finite: a diverged run never replaces the last good checkpoint. Raises CheckpointNotWritten, naming the
     path and the cause (no space left, read-only), when it cannot write; the previous checkpoints are then
@@ -354,8 +358,8 @@ def save_checkpoint(path, ckpt, keep=1, best=False, stale=()):
             torch.save(ckpt, f)
             f.flush()
             os.fsync(f.fileno())
+        _link(target + ".tmp", path)
         os.replace(target + ".tmp", target)
-        _link(target, path)
         if best:
             _link(target, os.path.join(out_dir, "ckpt_best.pt"))
         _fsync_dir(out_dir)

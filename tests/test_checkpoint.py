@@ -408,6 +408,44 @@ def test_a_second_run_into_an_out_dir_in_use_is_refused(byte_data, tmp_path):
     assert summary["steps"] == step + 2
 
 
+def test_a_save_cut_short_never_leaves_ckpt_pt_behind_a_step_file(byte_data, tmp_path, monkeypatch, capsys):
+    """ckpt.pt takes the new checkpoint before its step file gets its name: a run killed between the two (a moment
+    with hard links, a whole copy where the filesystem has none) leaves ckpt.pt at the newest step, so
+    --init_from=resume continues from it; the other way round, ckpt.pt one step behind a step file looked like a
+    rewind, and the resume removed the newest checkpoint."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4", "--eval_interval=2", "--keep_checkpoints=5"))
+    ckpt = checkpoint.load_checkpoint(str(tmp_path / "ckpt.pt"))
+    ckpt["step"], target, rename = 6, checkpoint.step_path(str(tmp_path), 6), os.replace
+
+    def killed_at_the_step_files_rename(src, dst):
+        if dst == target:
+            raise KeyboardInterrupt("killed")
+        rename(src, dst)
+    monkeypatch.setattr(checkpoint.os, "replace", killed_at_the_step_files_rename)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save_checkpoint(str(tmp_path / "ckpt.pt"), ckpt, keep=5)
+    monkeypatch.undo()
+    assert checkpoint.load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 6 and not os.path.exists(target)
+    capsys.readouterr()
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=8", "--eval_interval=2", "--keep_checkpoints=5",
+                         "--init_from=resume"))
+    out = capsys.readouterr().out
+    assert "abandoned" not in out and sorted(checkpoint.saved_steps(str(tmp_path))) == [2, 4, 8], out
+
+
+def test_a_refused_run_leaves_its_out_dir_unlocked(byte_data, tmp_path):
+    """A run refused after it locked out_dir (here: nothing to resume there) lets the lock go with its refusal, not
+    with its process: a notebook or a test that goes on may train there next, and another process too."""
+    import fcntl
+    with pytest.raises(FileNotFoundError, match="nothing to resume"):
+        train.main(tiny_args(byte_data, tmp_path, "--init_from=resume"))
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)            # raises BlockingIOError while the run holds it
+    finally:
+        os.close(fd)
+
+
 def test_an_out_dir_that_cannot_be_made_names_why(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(ValueError, match=r"cannot create the output folder .*afile/sub: .*afile is a file, not a folder; "
