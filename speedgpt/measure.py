@@ -220,7 +220,9 @@ def summary_line(summary):
              *([("target val loss reached at step {step:,}: {tokens:,} tokens, {train_seconds:.1f} s of training "
                  "(compile and evaluation apart)").format(**summary["target_reached"]) if summary.get("target_reached")
                 else "target val loss not reached"] if summary.get("target_val_loss") else []),
-             f"checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else "no checkpoint",
+             f"checkpoint {summary['checkpoint']}" + (f" (step {summary['checkpoint_step']:,})" if summary.get(
+                 "checkpoint_step") not in (None, summary["steps"]) else "") if summary.get("checkpoint")
+             else "no checkpoint",
              f"metrics {summary['metrics']} (plot: python plot.py {os.path.dirname(summary['metrics'])})"]
     return " | ".join(parts)
 

@@ -36,17 +36,21 @@ def test_a_resume_keeps_the_runs_max_iters_unless_given(byte_data, tmp_path, cap
     assert train.main(common + ["--init_from=resume", "--max_iters=6"])["steps"] == 6
 
 
-def test_a_resume_keeps_the_runs_count_of_kept_checkpoints(byte_data, tmp_path):
+def test_a_resume_keeps_the_runs_count_of_kept_checkpoints(byte_data, tmp_path, capsys):
     """keep_checkpoints is the run's: a resume without it must not prune the run's older steps down to the default's
-    3; with --save_checkpoints=False the saved count is dropped (it would be refused as doing nothing)."""
+    3; with --save_checkpoints=False the saved count is dropped (it would be refused as doing nothing), and the
+    last line says ckpt.pt holds the step it resumed from, not this run's last."""
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=20", "--eval_interval=2", "--keep_checkpoints=8"))
     kept = sorted(p.name for p in tmp_path.glob("ckpt_step*.pt"))
     assert len(kept) == 8
     train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=24", "--eval_interval=2"))
     after = sorted(p.name for p in tmp_path.glob("ckpt_step*.pt"))
     assert len(after) == 8 and after[-1] == "ckpt_step000024.pt"
-    train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=26", "--eval_interval=2",
-                         "--save_checkpoints=False"))
+    capsys.readouterr()
+    summary = train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=26", "--eval_interval=2",
+                                   "--save_checkpoints=False"))
+    assert summary["checkpoint_step"] == 24 and f"checkpoint {tmp_path / 'ckpt.pt'} (step 24) | " in \
+        capsys.readouterr().out
 
 
 def test_resume_from_another_folders_checkpoint_leaves_this_folders_run_alone(byte_data, tmp_path):
