@@ -212,6 +212,13 @@ def test_a_bad_value_from_a_config_file_names_the_file(tmp_path):
         configurator.load_config(["--config", str(preset), "--batch_size=4"])
     with pytest.raises(ValueError, match=r"^config key 'seed' must be a whole"):
         configurator.load_config(["--config", str(preset), "--batch_size=4", "--seed=-1"])
+    preset.write_text("device = 'gpu'\nn_embd = 33\nout_dir = ''\n")     # the checks past the ranges name it too
+    with pytest.raises(ValueError, match=rf"^n_embd=33 must be divisible by n_head=4 \(set in {re.escape(str(preset))}"):
+        configurator.load_config(["--config", str(preset)])
+    with pytest.raises(ValueError, match=rf"^config key 'device' \(set in {re.escape(str(preset))}\) must be auto"):
+        configurator.load_config(["--config", str(preset), "--n_embd=32"])
+    with pytest.raises(ValueError, match=rf"^config key 'out_dir' \(set in {re.escape(str(preset))}\) must not be"):
+        configurator.load_config(["--config", str(preset), "--n_embd=32", "--device=cpu"])
 
 
 @pytest.mark.parametrize("args, match", [
