@@ -140,7 +140,11 @@ RENAMED = {"grad_accum_steps": DERIVED,     # nanoGPT's gradient_accumulation_st
            "fp8_gelu_erf": "it is gelu_erf now (fast: the cheaper erf in FP8's casts and the bf16 MLP's GELU passes)"}
 ALIASES = {"lr": "learning_rate", "wd": "weight_decay", "bs": "batch_size", "micro_batch_size": "batch_size",
            "seq_len": "block_size", "sequence_length": "block_size", "context_length": "block_size",
-           "num_iterations": "max_iters", "steps": "max_iters", "warmup_steps": "warmup_iters"}
+           "num_iterations": "max_iters", "steps": "max_iters", "warmup_steps": "warmup_iters",
+           # difflib would answer tie_embeddings, n_embd or n_head for these, or nothing
+           "rotary": "rope", "rotary_embeddings": "rope", "pos_emb": "rope", "position_embedding": "rope",
+           "untied_head": "tie_embeddings=False", "untie_embeddings": "tie_embeddings=False",
+           "time_limit": "time_budget", "minutes": "time_budget"}
 HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: OpenAI's GPT-2 on the Hugging Face hub
 MODEL_CHOICES = {"activation": "ACTIVATIONS", "norm": "NORMS"}   # keys whose choices are model.py's tables, by name
 # the largest seed: torch.manual_seed takes seeds below 2**64, and a run on several processes seeds rank r from
@@ -252,6 +256,10 @@ def _unknown(key, where):
     if key in ALIASES:                          # the short names other trainers use, which difflib cannot match
         return (f"unknown config key {key!r} ({where}): did you mean {ALIASES[key]}? (python train.py --help lists "
                 "every key)")
+    flags = [f"{k}={key}" for k in (*CHOICES, *MODEL_CHOICES) if key in choices(k)]
+    if flags:                                   # --muon, --rmsnorm: a value given as a key (difflib: muon_lr, norm)
+        return (f"unknown config key {key!r} ({where}): it is a value: did you mean {' or '.join(flags)}? "
+                "(python train.py --help lists every key)")
     return f"unknown config key {key!r} ({where}): " + did_you_mean(key, [f.name for f in fields(Config)],
                                                                     "python train.py --help lists every key")
 

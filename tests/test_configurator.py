@@ -64,6 +64,13 @@ def test_a_value_that_starts_with_dashes_is_never_swallowed():
     (["--lr=1e-3"], f"unknown config key 'lr' (command line): did you mean learning_rate? {HELP}"),
     (["--seq_len=512"], f"unknown config key 'seq_len' (command line): did you mean block_size? {HELP}"),
     (["--xyzzy=1"], "unknown config key 'xyzzy' (command line): python train.py --help lists every key"),
+    # difflib's closest would be tie_embeddings, muon_lr, norm, n_head: wrong ways out
+    (["--rotary_embeddings"], f"unknown config key 'rotary_embeddings' (command line): did you mean rope? {HELP}"),
+    (["--untied_head"], f"unknown config key 'untied_head' (command line): did you mean tie_embeddings=False? {HELP}"),
+    (["--muon"], f"unknown config key 'muon' (command line): it is a value: did you mean optimizer=muon? {HELP}"),
+    (["--rmsnorm"], f"unknown config key 'rmsnorm' (command line): it is a value: did you mean norm=rmsnorm? {HELP}"),
+    (["--auto"], "unknown config key 'auto' (command line): it is a value: did you mean attention=auto or "
+                 f"sdpa_backend=auto or hellaswag=auto? {HELP}"),
 ])
 def test_an_unknown_key_names_the_closest(argv, message):
     with pytest.raises(ValueError) as e:
