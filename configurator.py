@@ -140,7 +140,11 @@ RENAMED = {"grad_accum_steps": DERIVED,     # nanoGPT's gradient_accumulation_st
            "fp8_gelu_erf": "it is gelu_erf now (fast: the cheaper erf in FP8's casts and the bf16 MLP's GELU passes)"}
 ALIASES = {"lr": "learning_rate", "wd": "weight_decay", "bs": "batch_size", "micro_batch_size": "batch_size",
            "seq_len": "block_size", "sequence_length": "block_size", "context_length": "block_size",
-           "num_iterations": "max_iters", "steps": "max_iters", "warmup_steps": "warmup_iters"}
+           "num_iterations": "max_iters", "steps": "max_iters", "warmup_steps": "warmup_iters",
+           # difflib would answer tie_embeddings, n_embd or n_head for these, or nothing
+           "rotary": "rope", "rotary_embeddings": "rope", "pos_emb": "rope", "position_embedding": "rope",
+           "untied_head": "tie_embeddings=False", "untie_embeddings": "tie_embeddings=False",
+           "time_limit": "time_budget", "minutes": "time_budget"}
 HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: OpenAI's GPT-2 on the Hugging Face hub
 MODEL_CHOICES = {"activation": "ACTIVATIONS", "norm": "NORMS"}   # keys whose choices are model.py's tables, by name
 # the largest seed: torch.manual_seed takes seeds below 2**64, and a run on several processes seeds rank r from
@@ -252,6 +256,10 @@ def _unknown(key, where):
     if key in ALIASES:                          # the short names other trainers use, which difflib cannot match
         return (f"unknown config key {key!r} ({where}): did you mean {ALIASES[key]}? (python train.py --help lists "
                 "every key)")
+    flags = [f"{k}={key}" for k in (*CHOICES, *MODEL_CHOICES) if key in choices(k)]
+    if flags:                                   # --muon, --rmsnorm: a value given as a key (difflib: muon_lr, norm)
+        return (f"unknown config key {key!r} ({where}): it is a value: did you mean {' or '.join(flags)}? "
+                "(python train.py --help lists every key)")
     return f"unknown config key {key!r} ({where}): " + did_you_mean(key, [f.name for f in fields(Config)],
                                                                     "python train.py --help lists every key")
 
@@ -459,9 +467,12 @@ def load_config(argv, with_explicit=False):
                 "keep_checkpoints")                    # a feature's own keys: its check (speedgpt/features/)
     way_out = {"keep_checkpoints": " (to keep none, --save_checkpoints=False)",
                "eval_interval": " (to turn evaluation off, --eval_tokens=0)"}
-    def bad(key):                    # a config file's bad value names the file: a preset or a fork's may hold it
-        where = placed.get(key, [("", "", "command line")])[-1][2]
-        return f"config key {key!r}" + ("" if where == "command line" else f" (set in {where})")
+    def set_in(*keys):               # a config file's bad value names the file: a preset or a fork's may hold it
+        files = dict.fromkeys(placed[k][-1][2] for k in keys if k in placed and placed[k][-1][2] != "command line")
+        return f" (set in {', '.join(files)})" if files else ""
+
+    def bad(key):
+        return f"config key {key!r}{set_in(key)}"
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise ValueError(f"{bad(key)} must be positive, got {getattr(cfg, key)}"
@@ -473,7 +484,7 @@ def load_config(argv, with_explicit=False):
     if not 0 <= cfg.seed <= SEED_MAX:           # before any work: torch.manual_seed would refuse it only at the model
         raise ValueError(f"{bad('seed')} must be {SEEDS}, got {cfg.seed}")
     if cfg.n_embd % cfg.n_head:
-        raise ValueError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
+        raise ValueError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}{set_in('n_embd', 'n_head')}")
     if not 0 <= cfg.dropout < 1:
         raise ValueError(f"{bad('dropout')} must be in [0, 1), got {cfg.dropout}")
     for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "peak_flops", "target_val_loss", "time_budget"):
@@ -486,11 +497,11 @@ def load_config(argv, with_explicit=False):
     if cfg.init_from != "resume":        # a resume checks the schedule it continues with (resume_config)
         check_schedule(cfg)
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", cfg.device):
-        raise ValueError(f"config key 'device' must be auto, cpu, cuda, cuda:N or mps, got {cfg.device!r}")
+        raise ValueError(f"{bad('device')} must be auto, cpu, cuda, cuda:N or mps, got {cfg.device!r}")
     if not cfg.out_dir:
-        raise ValueError("config key 'out_dir' must not be empty")
+        raise ValueError(f"{bad('out_dir')} must not be empty")
     if not cfg.data_dir:
-        raise ValueError("config key 'data_dir' must not be empty: give the folder data.py prepared "
+        raise ValueError(f"{bad('data_dir')} must not be empty: give the folder data.py prepared "
                          "(--data_dir=data/NAME)")
     run = os.path.join(cfg.init_from, "ckpt.pt")
     if os.path.isdir(cfg.init_from) and not os.path.isfile(run):
@@ -504,7 +515,7 @@ def load_config(argv, with_explicit=False):
     if cfg.init_from.endswith(".pt") and not os.path.exists(cfg.init_from):
         raise ValueError(f"init_from={cfg.init_from!r}: no such checkpoint file")
     if cfg.init_from not in ("scratch", "resume", *HF_GPT2) and not weights:
-        raise ValueError(f"config key 'init_from' must be scratch, resume, {', '.join(HF_GPT2)}, a Hugging Face "
+        raise ValueError(f"{bad('init_from')} must be scratch, resume, {', '.join(HF_GPT2)}, a Hugging Face "
                          f"GPT-2 folder (with config.json) or a checkpoint file (nanoGPT's ckpt.pt, or ours), got "
                          f"{cfg.init_from!r}"
                          + (" (a folder without config.json)" if os.path.isdir(cfg.init_from) else ""))

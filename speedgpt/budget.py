@@ -54,8 +54,13 @@ def describe_end(cfg, seconds, step=None):
             (f" (warning: inside its warm-up, warmup_iters={cfg.warmup_iters:,} steps: the learning rate never reached "
              "its peak; give a smaller --warmup_iters or a larger budget)"
              if step is not None and step < min(cfg.warmup_iters, cfg.max_iters) else "")
-    return (f"max_iters={cfg.max_iters} reached after {describe(cfg, seconds)}: the learning rate had not finished "
-            "its decay (give a larger --max_iters)")
+    undone = "the budget was not spent" if constant(cfg) else "the learning rate had not finished its decay"
+    return f"max_iters={cfg.max_iters} reached after {describe(cfg, seconds)}: {undone} (give a larger --max_iters)"
+
+
+def constant(cfg):
+    """True for lr_schedule=constant, which has no decay for max_iters to cut short: only the budget's last minutes."""
+    return cfg.lr_schedule == "constant"
 
 
 def warn_at_rate(cfg, step, steps, seconds, before):
@@ -69,7 +74,8 @@ def warn_at_rate(cfg, step, steps, seconds, before):
     end, lines = seconds + (cfg.max_iters - step) * rate, []
     if end < 0.95 * 60 * cfg.time_budget:
         lines.append(f"warning: at this rate max_iters={cfg.max_iters} ends the run after about {describe(cfg, end)}, "
-                     "before its learning rate has decayed: give a larger --max_iters (under a budget, only a bound)")
+                     f"before {'its budget is spent' if constant(cfg) else 'its learning rate has decayed'}: give a "
+                     "larger --max_iters (under a budget, only a bound)")
     last = step + (60 * cfg.time_budget - seconds) / rate if rate > 0 else None     # the step the budget ends at
     if last is not None and last < min(cfg.warmup_iters, cfg.max_iters):
         lines.append(f"warning: at this rate time_budget={cfg.time_budget:g} min ends the run near step {int(last):,}, "

@@ -214,6 +214,9 @@ class HellaSwag:
         # every rank runs as many forwards as rank 0, which has the most examples: FSDP gathers the
         # weights in each forward (DDP may broadcast buffers), so one rank's extra forward would hang
         per_rank = -(-len(examples) // world_size)
+        # a batch pads to 4 x batch_size rows (a fixed shape): more examples than a rank has would only add
+        # empty rows, and eval.py --batch_size=100000 on 8 examples ran out of memory on them
+        self.batch_size = batch_size = max(1, min(batch_size, per_rank))
         self.n_batches = -(-per_rank // batch_size)
         self.cut = sum(len(c) + len(e) - 1 > block_size for c, ends in self.rendered for e in ends)   # rows cut
 

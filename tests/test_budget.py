@@ -120,6 +120,16 @@ def test_a_max_iters_that_ends_the_budget_early_is_said_once_its_rate_is_known(b
     assert "warning: at this rate" not in capsys.readouterr().out
 
 
+def test_a_constant_rate_cut_short_by_max_iters_names_no_decay(byte_data, tmp_path, fake_clock, capsys):
+    """lr_schedule=constant has no decay: max_iters before the budget leaves the budget unspent, and says so."""
+    train.main(budget_args(byte_data, tmp_path, "--max_iters=4", "--lr_schedule=constant"))
+    out = capsys.readouterr().out
+    assert out.count("warning: at this rate max_iters=4 ends the run after about 0.07 of time_budget=0.1 min, before "
+                     "its budget is spent: give a larger --max_iters") == 1
+    assert "max_iters=4 reached after 0.07 of time_budget=0.1 min: the budget was not spent" in out
+    assert "its decay" not in out and "has decayed" not in out
+
+
 def test_a_budget_that_ends_inside_the_warm_up_is_said_once_its_rate_is_known(byte_data, tmp_path, fake_clock,
                                                                               capsys):
     """1 s a step against a budget of 6 s: warmup_iters=20 would not end before the budget does (near step 6)."""

@@ -64,6 +64,13 @@ def test_a_value_that_starts_with_dashes_is_never_swallowed():
     (["--lr=1e-3"], f"unknown config key 'lr' (command line): did you mean learning_rate? {HELP}"),
     (["--seq_len=512"], f"unknown config key 'seq_len' (command line): did you mean block_size? {HELP}"),
     (["--xyzzy=1"], "unknown config key 'xyzzy' (command line): python train.py --help lists every key"),
+    # difflib's closest would be tie_embeddings, muon_lr, norm, n_head: wrong ways out
+    (["--rotary_embeddings"], f"unknown config key 'rotary_embeddings' (command line): did you mean rope? {HELP}"),
+    (["--untied_head"], f"unknown config key 'untied_head' (command line): did you mean tie_embeddings=False? {HELP}"),
+    (["--muon"], f"unknown config key 'muon' (command line): it is a value: did you mean optimizer=muon? {HELP}"),
+    (["--rmsnorm"], f"unknown config key 'rmsnorm' (command line): it is a value: did you mean norm=rmsnorm? {HELP}"),
+    (["--auto"], "unknown config key 'auto' (command line): it is a value: did you mean attention=auto or "
+                 f"sdpa_backend=auto or hellaswag=auto? {HELP}"),
 ])
 def test_an_unknown_key_names_the_closest(argv, message):
     with pytest.raises(ValueError) as e:
@@ -212,6 +219,13 @@ def test_a_bad_value_from_a_config_file_names_the_file(tmp_path):
         configurator.load_config(["--config", str(preset), "--batch_size=4"])
     with pytest.raises(ValueError, match=r"^config key 'seed' must be a whole"):
         configurator.load_config(["--config", str(preset), "--batch_size=4", "--seed=-1"])
+    preset.write_text("device = 'gpu'\nn_embd = 33\nout_dir = ''\n")     # the checks past the ranges name it too
+    with pytest.raises(ValueError, match=rf"^n_embd=33 must be divisible by n_head=4 \(set in {re.escape(str(preset))}"):
+        configurator.load_config(["--config", str(preset)])
+    with pytest.raises(ValueError, match=rf"^config key 'device' \(set in {re.escape(str(preset))}\) must be auto"):
+        configurator.load_config(["--config", str(preset), "--n_embd=32"])
+    with pytest.raises(ValueError, match=rf"^config key 'out_dir' \(set in {re.escape(str(preset))}\) must not be"):
+        configurator.load_config(["--config", str(preset), "--n_embd=32", "--device=cpu"])
 
 
 @pytest.mark.parametrize("args, match", [

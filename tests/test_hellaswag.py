@@ -124,6 +124,18 @@ def test_ranks_split_the_examples_and_run_as_many_forwards():
     assert calls == [2, 2, 2]                                 # 3, 3 and 2 examples, 2 per forward
 
 
+def test_a_batch_larger_than_the_examples_pads_no_further():
+    """batch_size beyond a rank's examples (eval.py --batch_size=100000 on 8) takes that rank's examples in one
+    forward of 4 rows each, not 4 x batch_size mostly empty rows (which ran out of memory); the score is the same."""
+    exs, tok = examples(), get_tokenizer("byte")
+    oracle = Oracle(exs, tok, lambda ex: ex["label"])
+    rows = []
+    oracle.forward = (lambda f: lambda idx: (rows.append(idx.shape[0]), f(idx))[1])(oracle.forward)
+    scorer = hellaswag.HellaSwag(exs, tok, 256, "cpu", 1, 3, batch_size=100_000)
+    assert scorer.evaluate(oracle, nullcontext())["hellaswag_acc"] == 1.0
+    assert rows == [4 * 3]                                    # rank 1 of 3 holds 3 examples; rank 0's count: 3
+
+
 def test_long_rows_keep_their_end_and_rows_pad_to_a_few_lengths():
     """A row longer than block_size keeps its last block_size + 1 tokens, the ending's targets whole; rows
     are padded to a multiple of 64 (at most block_size), and a batch to a fixed number of rows."""
