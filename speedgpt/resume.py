@@ -92,7 +92,8 @@ def settle(cfg, explicit, proc, check_flags):
     if ckpt["finished"]:
         return cfg, ckpt
     print0(f"resume: {path} at step {ckpt['step']:,} of max_iters={cfg.max_iters:,}")
-    for line in rewind_notes(ckpt, path, cfg.out_dir) + notes + resume_changes(cfg, explicit, ckpt["config"]):
+    for line in rewind_notes(ckpt, path, cfg.out_dir) + notes + resume_changes(
+            cfg, explicit, ckpt["config"], (ckpt["step"], ckpt.get("train_seconds", 0.0))):
         print0(f"resume: {line}")
     return cfg, ckpt
 
@@ -186,9 +187,9 @@ def resume_config(cfg, explicit, saved, saved_tokens=None, world=1):
     return cfg, notes
 
 
-def resume_changes(cfg, explicit, saved):
+def resume_changes(cfg, explicit, saved, at=None):
     """Lines describing each key of the resumed run's `cfg` that differs from the checkpoint's config
-    `saved`, and where the learning rate goes from here."""
+    `saved`, and where the learning rate goes from here (`at`: the checkpoint's step and seconds of training)."""
     def why(k):
         if k == "time_budget" and 0 < saved[k] < cfg.time_budget and cfg.lr_schedule != "constant":
             return " (set explicitly: the decay stretches over the larger budget, so the rate goes back to an " \
@@ -198,6 +199,10 @@ def resume_changes(cfg, explicit, saved):
             " (0 resolved: decay to the end of the run)" if k == "lr_decay_iters" else ""
     changes = [f"{k} {saved[k]!r} -> {v!r}{why(k)}" for k, v in asdict(cfg).items()
                if k in saved and saved[k] != v and k not in ("init_from", "resume_from")]   # this command's own
+    if at and cfg.time_budget and not saved.get("time_budget") and cfg.lr_schedule != "constant":
+        changes.append(f"the learning rate runs on time_budget from here, not on steps: "
+                       f"{optim.lr_at(at[0], cfg, seconds=at[1]):.2e} at {budget.describe(cfg, at[1])}, down to "
+                       f"min_lr={cfg.min_lr:g} when it is spent (to keep the decay over steps, leave out --time_budget)")
     if not cfg.time_budget and cfg.lr_schedule != "constant" and cfg.max_iters < cfg.lr_decay_iters:
         changes.append(f"the run ends at max_iters={cfg.max_iters} before its decay does (lr_decay_iters="
                        f"{cfg.lr_decay_iters}): the learning rate of its last step is "

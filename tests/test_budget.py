@@ -201,14 +201,22 @@ def test_a_budget_that_cannot_be_meant_is_refused_in_one_line(byte_data, tmp_pat
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-def test_a_resume_given_a_budget_leaves_its_step_horizon(byte_data, tmp_path):
+def test_a_resume_given_a_budget_leaves_its_step_horizon(byte_data, tmp_path, capsys):
     """A step-scheduled run resumed with --time_budget decays over the budget, which counts the seconds trained
-    already: the checkpoint's lr_decay_iters is dropped, not refused as a second horizon."""
+    already: the checkpoint's lr_decay_iters is dropped, not refused as a second horizon; the resume says where the
+    rate goes (back up, for a run that had decayed over its steps) and how to keep the steps' decay."""
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
     done = torch.load(tmp_path / "ckpt.pt", weights_only=True)["train_seconds"]
     assert done > 0                                 # a run without a budget keeps the clock too
+    capsys.readouterr()
+    budget = (done + 0.6) / 60
     summary = train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=100000",
-                                   f"--time_budget={(done + 0.6) / 60}", "--eval_interval=100000"))
+                                   f"--time_budget={budget}", "--eval_interval=100000"))
+    cfg = load_config(tiny_args(byte_data, tmp_path, "--max_iters=100000", f"--time_budget={budget}"))
+    assert f"resume: the learning rate runs on time_budget from here, not on steps: " \
+           f"{optim.lr_at(4, cfg, seconds=done):.2e} at {done / 60:.2f} of time_budget={budget:g} min, down to " \
+           f"min_lr={cfg.min_lr:g} when it is spent (to keep the decay over steps, leave out --time_budget)" in \
+        capsys.readouterr().out
     # summary.json keeps train_seconds to the millisecond: the budget's end may round down below it by up to 0.5 ms
     assert 4 < summary["steps"] < 100000 and summary["train_seconds"] >= done + 0.6 - 5e-4
 
