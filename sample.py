@@ -114,6 +114,8 @@ def main(argv=None):
         parser.error(f"--device {args.device}: no CUDA GPU is available (sample on the CPU: --device cpu)")
     if args.device == "mps" and not torch.backends.mps.is_available():
         parser.error("--device mps: Apple's MPS backend is not available here (sample on the CPU: --device cpu)")
+    if args.start == "FILE:":
+        parser.error("--start=FILE: names no file: give the prompt file after it (--start=FILE:prompt.txt)")
     if args.start.startswith("FILE:") and not os.path.isfile(args.start[5:]):
         # a folder exists, so "not found" would send the user looking for it (configurator.py's wording)
         parser.error(f"prompt file {args.start[5:]} "

@@ -194,6 +194,10 @@ def load_checkpoint(path, required=CKPT_KEYS, missing=""):
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
+        with open(path, "rb") as f:             # torch.save writes a zip archive (an old one: a pickle)
+            if not path.endswith(".pt") and f.read(2) not in (b"PK", b"\x80\x02"):     # config.json, train.bin
+                raise ValueError(f"{path} is not a checkpoint (torch.save did not write it): give a run's folder or "
+                                 "its ckpt.pt or ckpt_stepNNNNNN.pt") from None
         raise corrupt(f"cannot be read ({type(e).__name__})") from e
     missing = [k for k in required if k not in ckpt] if isinstance(ckpt, dict) else list(required)
     if missing and isinstance(ckpt, dict) and "model_args" in ckpt:      # nanoGPT's: its weights start a run
@@ -343,8 +347,8 @@ def save_checkpoint(path, ckpt, keep=1, best=False, stale=()):
     """Write `ckpt` (a dict with "step") as out_dir/ckpt_stepNNNNNN.pt, atomically (a temp file, fsync, a
     rename, so a crash never leaves half a checkpoint), `path` (out_dir/ckpt.pt) pointed at it first (a crash
     between the two never leaves ckpt.pt older than a step file, which a resume takes for a rewind, whose newer
-    steps it removes), and out_dir/ckpt_best.pt too when `best`; then delete the files of `stale` (another history's: Branch), saying
-    so, and keep the `keep` latest step files. Refuses (ValueError) weights or optimizer moments that are not
+    steps it removes), and out_dir/ckpt_best.pt too when `best`; then delete the files of `stale` (another
+    history's: Branch), saying so, and keep the `keep` latest step files. Refuses (ValueError) weights or optimizer moments that are not
     finite: a diverged run never replaces the last good checkpoint. Raises CheckpointNotWritten, naming the
     path and the cause (no space left, read-only), when it cannot write; the previous checkpoints are then
     intact, the stale ones too."""

@@ -190,6 +190,9 @@ def test_resume_refuses_a_mismatched_or_corrupt_checkpoint(byte_data, short_data
     (tmp_path / "ckpt.pt").write_bytes(b"garbage")
     with pytest.raises(ValueError, match="cannot be read"):
         train.main(tiny_args(byte_data, tmp_path, "--init_from=resume"))
+    with pytest.raises(ValueError, match=r"config.json is not a checkpoint \(torch.save did not write it\): give a "
+                                         r"run's folder or its ckpt.pt or ckpt_stepNNNNNN.pt$"):
+        checkpoint.load_checkpoint(str(tmp_path / "config.json"))            # sample.py --out_dir=out/config.json
 
 
 def test_foreign_or_mismatched_checkpoint(byte_data, tmp_path):

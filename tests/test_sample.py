@@ -54,6 +54,10 @@ def test_prompt_file_that_is_a_folder_is_one_line(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:           # before the (missing) checkpoint is looked for
             sample.main([f"--out_dir={tmp_path}", "--device=cpu", f"--start=FILE:{start}"])
         assert e.value.code == 2 and capsys.readouterr().err == f"error: prompt file {start} {why}\n"
+    with pytest.raises(SystemExit) as e:                # FILE: and nothing after it
+        sample.main([f"--out_dir={tmp_path}", "--device=cpu", "--start=FILE:"])
+    assert e.value.code == 2 and capsys.readouterr().err == \
+        "error: --start=FILE: names no file: give the prompt file after it (--start=FILE:prompt.txt)\n"
 
 
 def test_cuda_without_a_gpu_names_the_cpu_way_out(tmp_path, capsys, monkeypatch):
