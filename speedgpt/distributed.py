@@ -99,16 +99,18 @@ def check(cfg, proc):
     return cfg
 
 
-def plan_batch(cfg, world):
+def plan_batch(cfg, world, kept=False):
     """Micro-steps per process and optimizer step: total_batch_size tokens for the whole job (0: one
     micro-batch per process) over batch_size x block_size tokens per micro-batch and `world`
-    processes (llm.c's total_batch_size). Raises ValueError when it does not divide."""
+    processes (llm.c's total_batch_size). Raises ValueError when it does not divide (`kept`: a resume's
+    total_batch_size is the checkpoint's, which the user may never have set)."""
     micro = cfg.batch_size * cfg.block_size * world
     total = cfg.total_batch_size or micro
     if total % micro:
-        raise ValueError(f"total_batch_size={total:,} tokens is not a multiple of batch_size x block_size x processes "
-                         f"= {cfg.batch_size} x {cfg.block_size} x {world} = {micro:,}: "
-                         "change batch_size or total_batch_size")
+        raise ValueError(f"total_batch_size={total:,} tokens" + (" (the checkpoint's: a resume keeps its step)" if kept
+                                                                  else "") +
+                         f" is not a multiple of batch_size x block_size x processes = {cfg.batch_size} x "
+                         f"{cfg.block_size} x {world} = {micro:,}: change batch_size or total_batch_size")
     return total // micro
 
 

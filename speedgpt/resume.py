@@ -13,7 +13,7 @@ import data
 from configurator import Config, check_schedule, model_keys
 from speedgpt import budget, checkpoint, evaluation, nanogpt, optim
 from speedgpt.checkpoint import checkpoint_step, load_checkpoint, remove_stale_tmp, resolve_resume, saved_steps
-from speedgpt.distributed import print0
+from speedgpt.distributed import plan_batch, print0
 
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
 
@@ -79,6 +79,7 @@ def settle(cfg, explicit, proc, check_flags):
     refuse_another_runs(path, ckpt, cfg.out_dir)
     cfg, notes = resume_config(cfg, explicit, ckpt["config"], ckpt.get("tokens_per_step"), proc.world)
     cfg = check_flags(cfg, proc)                                        # the shape may be the checkpoint's
+    plan_batch(cfg, proc.world, kept="total_batch_size" not in explicit)
     if ckpt["step"] > cfg.max_iters:
         raise ValueError(f"checkpoint {path} is at step {ckpt['step']}, past max_iters={cfg.max_iters}: give a larger "
                          "--max_iters, or --resume_from an earlier step")

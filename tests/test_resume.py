@@ -70,3 +70,15 @@ def test_resume_from_another_folders_checkpoint_leaves_this_folders_run_alone(by
     assert sorted(os.listdir(tmp_path / "b")) == before
     summary = train.main(tiny_args(byte_data, tmp_path / "c", f"--resume_from={tmp_path / 'a' / 'ckpt_step000004.pt'}"))
     assert summary["steps"] == 8
+
+
+def test_a_resume_whose_kept_step_does_not_divide_says_it_is_the_checkpoints(byte_data, tmp_path):
+    """A resume keeps the checkpoint's tokens per optimizer step (here 256 = 4 x 64, which the first run made of
+    total_batch_size=0); a batch_size that does not divide it names that number as the checkpoint's, which the user
+    never set, and is refused before any step."""
+    import pytest
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    with pytest.raises(ValueError, match=r"^total_batch_size=256 tokens \(the checkpoint's: a resume keeps its step\) "
+                                         r"is not a multiple of batch_size x block_size x processes = 3 x 64 x 1 = "
+                                         r"192: change batch_size or total_batch_size$"):
+        train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--batch_size=3"))
