@@ -105,9 +105,6 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
     if proc.world > 1:
         dist.barrier()
     meta = load_meta(cfg.data_dir)
-    if ckpt is not None and ckpt["meta"]["vocab_size"] != meta["vocab_size"]:
-        raise ValueError(f"vocab_size {ckpt['meta']['vocab_size']} in the checkpoint, {meta['vocab_size']} in data: "
-                         f"give --data_dir data of `python data.py --tokenizer {ckpt['meta']['tokenizer']}`")
     args = dict(batch_size=cfg.batch_size, block_size=cfg.block_size, device=proc.device, packing=cfg.packing,
                 document_mask=cfg.document_mask, eot=meta["eot_id"], rank=proc.rank, world_size=proc.world,
                 vocab_size=meta["vocab_size"], max_docs=data.VARLEN_MAX_SEQS if cfg.attention == "varlen" else None)

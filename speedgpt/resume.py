@@ -13,6 +13,7 @@ import data
 from configurator import Config, check_schedule, model_keys
 from speedgpt import budget, checkpoint, evaluation, nanogpt, optim
 from speedgpt.checkpoint import checkpoint_step, load_checkpoint, remove_stale_tmp, resolve_resume, saved_steps
+from speedgpt.shards import load_meta, other_data
 from speedgpt.distributed import plan_batch, print0
 
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
@@ -78,6 +79,7 @@ def settle(cfg, explicit, proc, check_flags):
                            ": nothing to resume (to start afresh, leave out --init_from=resume)")
     refuse_another_runs(path, ckpt, cfg.out_dir)
     cfg, notes = resume_config(cfg, explicit, ckpt["config"], ckpt.get("tokens_per_step"), proc.world)
+    refuse_other_data(path, ckpt, cfg.data_dir)
     cfg = check_flags(cfg, proc)                                        # the shape may be the checkpoint's
     plan_batch(cfg, proc.world, kept="total_batch_size" not in explicit)
     if ckpt["step"] > cfg.max_iters:
@@ -113,6 +115,23 @@ def refuse_another_runs(path, ckpt, out_dir):
         raise ValueError(f"resume_from={path!r} is a checkpoint of the run in {saved}, but {out_dir} holds another run "
                          f"({kept[0]}), whose later steps this resume would remove: resume it in its own folder "
                          f"(--out_dir={saved}), or in a new --out_dir")
+
+
+def refuse_other_data(path, ckpt, data_dir):
+    """Raise ValueError where data_dir does not hold the tokens the checkpoint's run trained on (its meta): the
+    loader resumes at a place in those tokens, which in other data of as many rows would go on silently."""
+    try:
+        saved, meta = ckpt["meta"], load_meta(data_dir, verbose=False)
+    except (FileNotFoundError, ValueError):       # no data there (yet: the stdlib corpora): the loader's own line
+        return
+    if saved["vocab_size"] != meta["vocab_size"]:
+        raise ValueError(f"vocab_size {saved['vocab_size']} in the checkpoint, {meta['vocab_size']} in data: "
+                         f"give --data_dir data of `python data.py --tokenizer {saved['tokenizer']}`")
+    changed = other_data(saved, meta)
+    if changed:
+        raise ValueError(f"data_dir={data_dir} holds other tokens than this run trained on ({'; '.join(changed)}: "
+                         f"prepared again?): resume on the data it trained on, or start a new run from its weights "
+                         f"in a new folder (--init_from={path} --out_dir=NEW_FOLDER)")
 
 
 def resolve_decay(cfg):

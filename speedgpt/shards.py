@@ -346,6 +346,18 @@ def find_shards(data_dir, split):
     return paths
 
 
+# what names the tokens a folder holds (data.py's meta.json): another value of one is other data
+DATA_IDENTITY = ("tokenizer", "vocab_size", "input", "text_field", "encoding", "val_frac", "seed", "max_tokens",
+                 "train_tokens", "val_tokens", "train_docs", "val_docs")
+
+
+def other_data(saved, meta):
+    """["key old -> new"] for each key of DATA_IDENTITY where `meta` (a folder's) is not the data of `saved` (the
+    meta a checkpoint keeps): a folder prepared again, from another input or with other settings. Keys one of them
+    lacks (foreign shards, an older meta.json) are not compared."""
+    return [f"{k} {saved[k]!r} -> {meta[k]!r}" for k in DATA_IDENTITY if k in saved and k in meta and saved[k] != meta[k]]
+
+
 def load_meta(data_dir, verbose=True):
     """meta.json of a prepared folder, with "foreign": True for a folder of foreign shards (none named
     like ours, train_000000.bin), which needs no meta.json: without one its tokens are GPT-2's.

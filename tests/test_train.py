@@ -417,6 +417,26 @@ def test_a_rerun_of_a_finished_run_changes_nothing_and_says_so(byte_data, tmp_pa
     assert summary["target_reached"]["step"] == 8 and summary["steps"] == 8
 
 
+def test_a_resume_onto_data_prepared_again_is_refused_and_a_moved_copy_resumes(byte_data, tmp_path):
+    """The loader resumes at a place in the tokens the run trained on: a data_dir prepared again (here with another
+    split seed: as many rows, other ones) is refused in one line naming what changed and the way out, where it went on
+    silently (or, with other row counts, blamed data_dir, block_size or packing); the same data moved elsewhere
+    resumes."""
+    out = tmp_path / "o"
+    train.main(tiny_args(byte_data, out, "--max_iters=2"))
+    moved, again = tmp_path / "moved", tmp_path / "again"
+    shutil.copytree(byte_data, moved)
+    shutil.copytree(byte_data, again)
+    meta = json.loads((again / "meta.json").read_text())
+    (again / "meta.json").write_text(json.dumps({**meta, "seed": meta["seed"] + 1}))
+    with pytest.raises(ValueError, match=rf"^data_dir={re.escape(str(again))} holds other tokens than this run trained "
+                                         rf"on \(seed {meta['seed']} -> {meta['seed'] + 1}: prepared again\?\): resume on "
+                                         rf"the data it trained on, or start a new run from its weights in a new folder "
+                                         rf"\(--init_from=.*ckpt.pt --out_dir=NEW_FOLDER\)$"):
+        train.main(tiny_args(again, out, "--max_iters=4", "--init_from=resume"))
+    assert train.main(tiny_args(moved, out, "--max_iters=4", "--init_from=resume"))["steps"] == 4
+
+
 def test_a_resume_onto_data_of_another_tokenizer_names_the_tokenizer_to_prepare(byte_data, tmp_path):
     out = tmp_path / "o"
     train.main(tiny_args(byte_data, out, "--max_iters=2"))
