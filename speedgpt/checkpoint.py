@@ -348,10 +348,10 @@ def save_checkpoint(path, ckpt, keep=1, best=False, stale=()):
     rename, so a crash never leaves half a checkpoint), `path` (out_dir/ckpt.pt) pointed at it first (a crash
     between the two never leaves ckpt.pt older than a step file, which a resume takes for a rewind, whose newer
     steps it removes), and out_dir/ckpt_best.pt too when `best`; then delete the files of `stale` (another
-    history's: Branch), saying so, and keep the `keep` latest step files. Refuses (ValueError) weights or optimizer moments that are not
-    finite: a diverged run never replaces the last good checkpoint. Raises CheckpointNotWritten, naming the
-    path and the cause (no space left, read-only), when it cannot write; the previous checkpoints are then
-    intact, the stale ones too."""
+    history's: Branch), saying so, and keep the `keep` latest step files. Refuses (ValueError) weights or
+    optimizer moments that are not finite: a diverged run never replaces the last good checkpoint. Raises
+    CheckpointNotWritten, naming the path and the cause (no space left, read-only), when it cannot write; the
+    previous checkpoints are then intact, the stale ones too."""
     if not all_finite(ckpt["model"]) or not all_finite(ckpt["optimizer"]):
         raise ValueError(f"step {ckpt['step']}: the weights or optimizer state are not finite; "
                          f"{path} is not replaced (it holds the last good checkpoint)")

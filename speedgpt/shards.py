@@ -355,7 +355,8 @@ def other_data(saved, meta):
     """["key old -> new"] for each key of DATA_IDENTITY where `meta` (a folder's) is not the data of `saved` (the
     meta a checkpoint keeps): a folder prepared again, from another input or with other settings. Keys one of them
     lacks (foreign shards, an older meta.json) are not compared."""
-    return [f"{k} {saved[k]!r} -> {meta[k]!r}" for k in DATA_IDENTITY if k in saved and k in meta and saved[k] != meta[k]]
+    return [f"{k} {saved[k]!r} -> {meta[k]!r}" for k in DATA_IDENTITY
+            if k in saved and k in meta and saved[k] != meta[k]]
 
 
 def load_meta(data_dir, verbose=True):
