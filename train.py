@@ -32,8 +32,8 @@ from speedgpt import (Refusals, attention, budget, checkpoint, distributed, eval
                       nanogpt, optim, resume)
 from speedgpt.features import activation_checkpointing, compilation, fp8, fused_ce, gelu_pass, parallel
 from speedgpt.evaluation import describe_target, estimate_loss, eval_rows, target_reached
-from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, Branch, check_disk, checkpoint_bytes, checkpoint_step,
-                                 finish_write, last_good, load_weights, lock_out_dir, save_run, start_branch,
+from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, Branch, check_disk, checkpoint_bytes, finish_write,
+                                 last_good, linked_step, load_weights, lock_out_dir, save_run, start_branch,
                                  unlock_out_dir)
 from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, exit_status, failed_after_signal, leave,
                                   plan_batch, print0, seed_rank_stream, setup_processes)
@@ -273,8 +273,8 @@ class Run:
                 "target_reached": self.target, "train_seconds": round(self.train_seconds, 3),
                 "compile_s": self.clock and self.clock.compile_s(), "time_budget": self.cfg.time_budget or None,
                 # ckpt.pt, when neither saved nor resumed from, is an earlier run's; its step, as it may be behind
-                **({"checkpoint_step": checkpoint_step(self.ckpt_path) if os.path.isfile(self.ckpt_path) else None}
-                   if self.saved or self.cfg.init_from == "resume" else {"checkpoint": None})}
+                **({"checkpoint_step": linked_step(self.ckpt_path)} if self.saved or self.cfg.init_from == "resume"
+                   else {"checkpoint": None})}
 
     def evaluate(self, step, train_seconds):
         """Validation loss and bits per byte at `step` (and HellaSwag when on), logged with the training

@@ -288,6 +288,14 @@ def saved_steps(out_dir):
     return found
 
 
+def linked_step(path):
+    """The step of the step file `path` (ckpt.pt) is a hard link of, or None (none, or a copy where the filesystem has
+    no hard links): nothing is loaded, so a file being written or damaged cannot fail it."""
+    if not os.path.isfile(path):
+        return None
+    return next((s for s, p in saved_steps(os.path.dirname(path) or ".").items() if os.path.samefile(p, path)), None)
+
+
 def step_of(path):
     """The step a checkpoint file holds, from the step-numbered file it is (or is a hard link of), without
     loading it; None when no such file matches (a checkpoint written before step files, or copied)."""

@@ -13,8 +13,8 @@ import data
 from configurator import Config, check_schedule, model_keys
 from speedgpt import budget, checkpoint, evaluation, nanogpt, optim
 from speedgpt.checkpoint import checkpoint_step, load_checkpoint, remove_stale_tmp, resolve_resume, saved_steps
-from speedgpt.shards import load_meta, other_data
 from speedgpt.distributed import plan_batch, print0
+from speedgpt.shards import load_meta, other_data
 
 RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: the weights do not depend on them
 
