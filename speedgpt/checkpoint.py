@@ -209,8 +209,10 @@ def load_checkpoint(path, required=CKPT_KEYS, missing=""):
     if missing:
         raise ValueError(f"{path} is not a speedgpt checkpoint: it lacks {', '.join(missing)}")
     # save_checkpoint never writes non-finite weights or moments: such a file was damaged after it was written (its
-    # bytes loaded, their values did not), and a run from it would stop at once as "diverged", pointing back at it
-    if not all_finite(ckpt["model"]) or not all_finite(ckpt.get("optimizer", {})):
+    # bytes loaded, their values did not), and a run from it would stop at once as "diverged", pointing back at it.
+    # A module's own state (FP8's amax history) is its module's to judge: fp8 calibrates a non-finite one again
+    weights = {k: v for k, v in ckpt["model"].items() if not k.endswith(EXTRA)}
+    if not all_finite(weights) or not all_finite(ckpt.get("optimizer", {})):
         raise corrupt("holds weights or optimizer moments that are not finite, which no run saves")
     for name, state in ckpt.pop("fp8_scaling", {}).items():   # older checkpoints kept the extra state apart
         ckpt["model"].setdefault(f"{name}.{EXTRA}", state)
