@@ -126,9 +126,15 @@ def lock_out_dir(out_dir):
 
 
 def unlock_out_dir():
-    """Release lock_out_dir's lock, if this process holds one."""
+    """Release lock_out_dir's lock, if this process holds one (its descriptor closed). In a forked child (a
+    tokenizer or compile worker) it closes the child's copy only, which leaves the parent's lock as it is: a flock
+    lasts while any copy is open, so a worker that outlived a killed run would keep its out_dir refused."""
     for path in list(_locked):
         os.close(_locked.pop(path))
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=unlock_out_dir)
 
 
 def model_state(model, optimizer=None, cpu=True):

@@ -449,6 +449,33 @@ def test_a_refused_run_leaves_its_out_dir_unlocked(byte_data, tmp_path):
         os.close(fd)
 
 
+def test_a_forked_worker_holds_no_copy_of_the_out_dir_lock(tmp_path):
+    """A process forked while a run holds out_dir's lock (a tokenizer or compile worker) closes its copy of the
+    descriptor: once the run lets go (or is killed), the folder is free though the worker lives on."""
+    import fcntl
+    import time
+    checkpoint.lock_out_dir(str(tmp_path))
+    ready, say = os.pipe()
+    child = os.fork()
+    if child == 0:                                              # the worker (the fork's hooks have run): outlives
+        os.write(say, b"1")                                     # the run's lock
+        time.sleep(5)
+        os._exit(0)
+    try:
+        assert os.read(ready, 1) == b"1"
+        checkpoint.unlock_out_dir()
+        fd = os.open(tmp_path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)        # raises BlockingIOError while a copy is open
+        finally:
+            os.close(fd)
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        os.close(ready)
+        os.close(say)
+
+
 def test_an_out_dir_that_cannot_be_made_names_why(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(ValueError, match=r"cannot create the output folder .*afile/sub: .*afile is a file, not a folder; "
