@@ -437,6 +437,18 @@ def test_a_resume_onto_data_prepared_again_is_refused_and_a_moved_copy_resumes(b
     assert train.main(tiny_args(moved, out, "--max_iters=4", "--init_from=resume"))["steps"] == 4
 
 
+def test_a_resume_onto_the_same_corpus_prepared_again_another_way_resumes(byte_data, corpus_dir, tmp_path):
+    """The corpus prepared again with its path spelled otherwise (a relative path, another mount on another node),
+    read as utf-8:replace, under a max_tokens it never reaches: the same tokens, so the resume goes on, where the
+    input's name and how it was read counted as other data."""
+    out, again = tmp_path / "o", tmp_path / "again"
+    train.main(tiny_args(byte_data, out, "--max_iters=2"))
+    data.prepare(str(corpus_dir) + os.sep, str(again), "byte", val_frac=0.2, seed=0, workers=2,
+                 encoding="utf-8:replace", max_tokens=10**12)
+    assert json.loads((again / "meta.json").read_text())["input"] != str(corpus_dir)
+    assert train.main(tiny_args(again, out, "--max_iters=4", "--init_from=resume"))["steps"] == 4
+
+
 def test_a_resume_onto_data_of_another_tokenizer_names_the_tokenizer_to_prepare(byte_data, tmp_path):
     out = tmp_path / "o"
     train.main(tiny_args(byte_data, out, "--max_iters=2"))
