@@ -105,6 +105,8 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
     if proc.world > 1:
         dist.barrier()
     meta = load_meta(cfg.data_dir)
+    if ckpt is not None and unfinished:       # prepared just now: settle found no tokens to hold the checkpoint's to
+        resume.refuse_other_data(checkpoint.resolve_resume(cfg.out_dir, cfg.resume_from), ckpt, cfg.data_dir)
     args = dict(batch_size=cfg.batch_size, block_size=cfg.block_size, device=proc.device, packing=cfg.packing,
                 document_mask=cfg.document_mask, eot=meta["eot_id"], rank=proc.rank, world_size=proc.world,
                 vocab_size=meta["vocab_size"], max_docs=data.VARLEN_MAX_SEQS if cfg.attention == "varlen" else None)

@@ -458,14 +458,15 @@ def start_branch(out_dir, ckpt, master=True):
 
 def resolve_resume(out_dir, resume_from):
     """The checkpoint a resume reads: out_dir/ckpt.pt (the latest) for resume_from='', else the step file of
-    resume_from (a step number) or the path it names, as given or inside out_dir (a file name as `ls out_dir`
-    shows it: ckpt_step000012.pt). Raises FileNotFoundError naming the steps there are."""
+    resume_from (a step number) or the file it names, inside out_dir (a file name as `ls out_dir` shows it:
+    ckpt_step000012.pt, even where the current folder, another run's, has one of that name) or else as a path.
+    Raises FileNotFoundError naming the steps there are."""
     if not resume_from:
         return os.path.join(out_dir, "ckpt.pt")
     steps = saved_steps(out_dir)
     have = ", ".join(map(str, sorted(steps))) or "none"
     if not resume_from.isdigit():
-        for path in (resume_from, os.path.join(out_dir, resume_from)):
+        for path in (os.path.join(out_dir, resume_from), resume_from):
             if os.path.isfile(path):
                 return path
         raise FileNotFoundError(f"resume_from={resume_from!r}: no such checkpoint file, as a path or in {out_dir} "

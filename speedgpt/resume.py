@@ -122,8 +122,8 @@ def refuse_other_data(path, ckpt, data_dir):
     loader resumes at a place in those tokens, which in other data of as many rows would go on silently."""
     try:
         saved, meta = ckpt["meta"], load_meta(data_dir, verbose=False)
-    except (FileNotFoundError, ValueError):       # no data there (yet: the stdlib corpora): the loader's own line
-        return
+    except (FileNotFoundError, ValueError):       # no data there: the loader's own line (the stdlib corpora, prepared
+        return                                      # on first use, are held to the checkpoint then: train.build_data)
     if saved["vocab_size"] != meta["vocab_size"]:
         raise ValueError(f"vocab_size {saved['vocab_size']} in the checkpoint, {meta['vocab_size']} in data: "
                          f"give --data_dir data of `python data.py --tokenizer {saved['tokenizer']}`")

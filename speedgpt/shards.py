@@ -346,9 +346,10 @@ def find_shards(data_dir, split):
     return paths
 
 
-# what names the tokens a folder holds (data.py's meta.json): another value of one is other data
-DATA_IDENTITY = ("tokenizer", "vocab_size", "input", "text_field", "encoding", "val_frac", "seed", "max_tokens",
-                 "train_tokens", "val_tokens", "train_docs", "val_docs")
+# what names the tokens a folder holds (data.py's meta.json): another value of one is other data. Not how the input
+# was named or read (input, encoding, text_field, max_tokens): the same corpus given as ./corpus or /abs/corpus, or
+# re-prepared on another machine, holds the same tokens, and another corpus, cut or field shows in the counts
+DATA_IDENTITY = ("tokenizer", "vocab_size", "val_frac", "seed", "train_tokens", "val_tokens", "train_docs", "val_docs")
 
 
 def other_data(saved, meta):

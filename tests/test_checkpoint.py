@@ -364,6 +364,21 @@ def test_a_corrupt_ckpt_pt_points_at_the_kept_checkpoints(byte_data, tmp_path):
         sample.load_model(str(tmp_path / "ckpt_step000009.pt"), "cpu")
 
 
+def test_resume_from_a_file_name_is_out_dirs_file_before_the_current_folders(tmp_path, monkeypatch):
+    """--resume_from=ckpt.pt run from inside another run's folder names out_dir's ckpt.pt, as `ls out_dir` shows it,
+    not the current folder's (which the resume then refused as another folder's run); a path that is not in out_dir
+    is read as given."""
+    out, here = tmp_path / "out", tmp_path / "another_run"
+    out.mkdir()
+    here.mkdir()
+    for folder in (out, here):
+        (folder / "ckpt.pt").write_bytes(b"")
+    (here / "backup.pt").write_bytes(b"")
+    monkeypatch.chdir(here)
+    assert checkpoint.resolve_resume(str(out), "ckpt.pt") == str(out / "ckpt.pt")
+    assert checkpoint.resolve_resume(str(out), "backup.pt") == "backup.pt"
+
+
 def test_a_checkpoint_damaged_into_nan_weights_is_refused_as_corrupt(byte_data, tmp_path):
     """Bytes flipped inside a tensor still load, as NaN: refused as corrupt, pointing at the kept steps, not resumed
     into a first step that stops as "diverged" and sends the user back to the same file."""

@@ -437,6 +437,36 @@ def test_a_resume_onto_data_prepared_again_is_refused_and_a_moved_copy_resumes(b
     assert train.main(tiny_args(moved, out, "--max_iters=4", "--init_from=resume"))["steps"] == 4
 
 
+def test_a_resume_onto_a_stdlib_corpus_prepared_on_first_use_is_held_to_the_checkpoints_data(byte_data, tmp_path,
+                                                                                             monkeypatch):
+    """data/stdlib_byte missing at a resume is prepared then (here: as a copy whose meta names GPT-2's tokens), after
+    the resume's checks: its tokens are held to the checkpoint's once there, and refused in the data's own line, not
+    in a weights mismatch (wte.weight of another shape) or, at as many rows, not at all."""
+    out, fresh = tmp_path / "o", tmp_path / "fresh" / "stdlib_byte"
+    train.main(tiny_args(byte_data, out, "--max_iters=2"))
+
+    def prepare(_, out_dir, tokenizer):
+        shutil.copytree(byte_data, out_dir)
+        meta = json.loads((fresh / "meta.json").read_text())
+        (fresh / "meta.json").write_text(json.dumps({**meta, "vocab_size": 50257, "tokenizer": "gpt2"}))
+    monkeypatch.setattr(train, "prepare", prepare)
+    with pytest.raises(ValueError, match=r"^vocab_size 257 in the checkpoint, 50257 in data: give --data_dir data of "
+                                         r"`python data.py --tokenizer byte`$"):
+        train.main(tiny_args(fresh, out, "--max_iters=4", "--init_from=resume"))
+
+
+def test_a_resume_onto_the_same_corpus_prepared_again_another_way_resumes(byte_data, corpus_dir, tmp_path):
+    """The corpus prepared again with its path spelled otherwise (a relative path, another mount on another node),
+    read as utf-8:replace, under a max_tokens it never reaches: the same tokens, so the resume goes on, where the
+    input's name and how it was read counted as other data."""
+    out, again = tmp_path / "o", tmp_path / "again"
+    train.main(tiny_args(byte_data, out, "--max_iters=2"))
+    data.prepare(str(corpus_dir) + os.sep, str(again), "byte", val_frac=0.2, seed=0, workers=2,
+                 encoding="utf-8:replace", max_tokens=10**12)
+    assert json.loads((again / "meta.json").read_text())["input"] != str(corpus_dir)
+    assert train.main(tiny_args(again, out, "--max_iters=4", "--init_from=resume"))["steps"] == 4
+
+
 def test_a_resume_onto_data_of_another_tokenizer_names_the_tokenizer_to_prepare(byte_data, tmp_path):
     out = tmp_path / "o"
     train.main(tiny_args(byte_data, out, "--max_iters=2"))
