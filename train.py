@@ -17,6 +17,7 @@ import math
 import os
 import signal
 import sys
+import uuid
 import warnings
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
@@ -255,6 +256,7 @@ class Run:
     writer: BackgroundWrite = field(default_factory=BackgroundWrite)    # async_checkpoint's write in flight
     branch: Branch = None               # out_dir's history this run continues: files it replaces, ckpt_best's loss
     saved: bool = False                 # this process wrote a checkpoint (an earlier run's may be in out_dir)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)   # in each checkpoint; a resume keeps it
 
     @property
     def ckpt_path(self):
@@ -437,7 +439,7 @@ def run_command(argv):
               hellaswag=hellaswag_eval, after_step=[h for f in FEATURES if hasattr(f, "step_hooks")
                                                      for h in f.step_hooks(raw_model, cfg)],
               branch=start_branch(cfg.out_dir, ckpt, proc.master),
-              **{k: ckpt[k] for k in ("train_seconds", "tokens") if ckpt and k in ckpt})   # a resume continues them
+              **{k: ckpt[k] for k in ("train_seconds", "tokens", "run_id") if ckpt and k in ckpt})   # a resume keeps
     del ckpt                           # its memory is not needed for training
     _setup_done, stop, summary, exit_code, clean = True, StopSignals(proc.world > 1), None, 1, False
     try:

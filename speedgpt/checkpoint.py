@@ -304,6 +304,15 @@ def linked_step(path):
     return next((s for s, p in saved_steps(os.path.dirname(path) or ".").items() if os.path.samefile(p, path)), None)
 
 
+def run_id_of(path):
+    """The run_id of the checkpoint at `path` (memory-mapped: nothing of its tensors is loaded), or None: written
+    before checkpoints carried one, or unreadable."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("run_id")
+    except Exception:                          # a damaged file says nothing of its run; loading it says why
+        return None
+
+
 def step_of(path):
     """The step a checkpoint file holds, from the step-numbered file it is (or is a hard link of), without
     loading it; None when no such file matches (a checkpoint written before step files, or copied)."""
@@ -628,6 +637,7 @@ def save_run(run, step, background=False):
                 "loader": run.train_loader.state_dict(), "wandb_run_id": run.logger.wandb_run_id,
                 "tokens_per_step": cfg.batch_size * cfg.block_size * run.grad_accum_steps * proc.world,
                 "train_seconds": run.train_seconds, "tokens": int(run.tokens),      # the clock a resume continues
+                "run_id": run.run_id,                        # which run wrote it, wherever its out_dir moved
                 "rng": {"cpu": rng[0][0], "cuda": rng[0][1], "ranks": rng}}
         if background:
             run.writer.start(path, own_copy(ckpt, run.raw_model, run.optimizer, run.writer.buffers),

@@ -102,16 +102,24 @@ def settle(cfg, explicit, proc, check_flags):
 
 
 def refuse_another_runs(path, ckpt, out_dir):
-    """Raise ValueError where resume_from names a checkpoint file outside out_dir that another folder's run saved
-    (its config's out_dir) while out_dir holds a run of its own: the resume would take that run's history as its
-    past, abandon its later steps (their checkpoints removed) and name its best. A file of this run kept elsewhere
-    (its out_dir is this one) resumes as before."""
-    inside = os.path.dirname(os.path.abspath(path)) == os.path.abspath(out_dir)
+    """Raise ValueError where resume_from names a checkpoint file outside out_dir that another run saved while
+    out_dir holds a run of its own: the resume would take that run's history as its past, abandon its later steps
+    (their checkpoints removed) and name its best. Runs are told apart by the run_id their checkpoints carry (a
+    moved folder, or an out_dir saved as a relative path, is the same run), else, for checkpoints written before
+    they carried one, by the config's out_dir. A file of this run kept elsewhere resumes as before."""
     saved = ckpt["config"].get("out_dir")
-    if inside or not saved or os.path.abspath(saved) == os.path.abspath(out_dir):
+    if os.path.dirname(os.path.abspath(path)) == os.path.abspath(out_dir) or not saved:
         return
-    kept = checkpoint.newest_kept(out_dir) or (os.path.isfile(os.path.join(out_dir, "ckpt.pt")) and ("ckpt.pt",))
-    if kept:
+    latest = os.path.join(out_dir, "ckpt.pt")
+    kept = checkpoint.newest_kept(out_dir) or (os.path.isfile(latest) and ("ckpt.pt", latest))
+    if not kept:
+        return
+    theirs, ours = ckpt.get("run_id"), checkpoint.run_id_of(latest if os.path.isfile(latest) else kept[1])
+    if theirs and ours:
+        other = theirs != ours
+    else:                                      # a checkpoint from before run_id: the folder it was saved from
+        other = os.path.abspath(saved) != os.path.abspath(out_dir)
+    if other:
         raise ValueError(f"resume_from={path!r} is a checkpoint of the run in {saved}, but {out_dir} holds another run "
                          f"({kept[0]}), whose later steps this resume would remove: resume it in its own folder "
                          f"(--out_dir={saved}), or in a new --out_dir")

@@ -72,6 +72,27 @@ def test_resume_from_another_folders_checkpoint_leaves_this_folders_run_alone(by
     assert summary["steps"] == 8
 
 
+def test_a_runs_own_file_kept_elsewhere_resumes_though_its_out_dir_was_relative(byte_data, tmp_path, monkeypatch):
+    """A run's checkpoints carry its run_id, which a resume keeps: a file of its own copied elsewhere resumes into
+    its folder from any working folder, though the out_dir it was saved with ("rel") is relative, and the same folder
+    moved resumes too; the other folder's run (another run_id) is still refused."""
+    import os
+    import shutil
+    import pytest
+    monkeypatch.chdir(tmp_path)
+    train.main(tiny_args(byte_data, "rel", "--max_iters=8", "--keep_checkpoints=5"))
+    backup = tmp_path / "backup.pt"
+    shutil.copy(tmp_path / "rel" / "ckpt_step000004.pt", backup)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")                   # "rel" from here would be elsewhere/rel
+    shutil.move(tmp_path / "rel", tmp_path / "moved")
+    assert train.main(tiny_args(byte_data, tmp_path / "moved", f"--resume_from={backup}"))["steps"] == 8
+    train.main(tiny_args(byte_data, tmp_path / "other", "--max_iters=8", "--seed=9"))
+    with pytest.raises(ValueError, match=r"is a checkpoint of the run in rel, but .*/other holds another run"):
+        train.main(tiny_args(byte_data, tmp_path / "other", f"--resume_from={backup}"))
+    assert os.path.isfile(tmp_path / "other" / "ckpt_step000008.pt")
+
+
 def test_a_resume_whose_kept_step_does_not_divide_says_it_is_the_checkpoints(byte_data, tmp_path):
     """A resume keeps the checkpoint's tokens per optimizer step (here 256 = 4 x 64, which the first run made of
     total_batch_size=0); a batch_size that does not divide it names that number as the checkpoint's, which the user
