@@ -478,6 +478,9 @@ def resolve_resume(out_dir, resume_from):
         for path in (os.path.join(out_dir, resume_from), resume_from):
             if os.path.isfile(path):
                 return path
+        if os.path.isdir(resume_from):         # a run's folder: it is out_dir, not a checkpoint
+            raise FileNotFoundError(f"resume_from={resume_from!r} is a folder: resume the run there with "
+                                    f"--out_dir={resume_from} --init_from=resume, or name a checkpoint file in it")
         raise FileNotFoundError(f"resume_from={resume_from!r}: no such checkpoint file, as a path or in {out_dir} "
                                 f"(its steps: {have}; --resume_from=STEP resumes one)")
     if int(resume_from) not in steps:

@@ -228,10 +228,11 @@ def resume_changes(cfg, explicit, saved, at=None):
     changes = [f"{k} {saved[k]!r} -> {v!r}{why(k)}" for k, v in asdict(cfg).items()
                if k in saved and saved[k] != v and k not in ("init_from", "resume_from")]   # this command's own
     if at and cfg.time_budget and not saved.get("time_budget") and cfg.lr_schedule != "constant":
+        steps = Config(**{k: saved[k] for k in asdict(cfg) if k in saved})      # the schedule it ran on
         changes.append(f"the learning rate runs on time_budget from here, not on steps: "
-                       f"{optim.lr_at(at[0], cfg, seconds=at[1]):.2e} at {budget.describe(cfg, at[1])}, down to "
-                       f"min_lr={cfg.min_lr:g} when it is spent (to keep the decay over steps, leave out "
-                       "--time_budget)")
+                       f"{optim.lr_at(at[0], cfg, seconds=at[1]):.2e} at {budget.describe(cfg, at[1])} (the steps' "
+                       f"decay had it at {optim.lr_at(at[0], steps):.2e}), down to min_lr={cfg.min_lr:g} when it is "
+                       "spent (to keep the decay over steps, leave out --time_budget)")
     if not cfg.time_budget and cfg.lr_schedule != "constant" and cfg.max_iters < cfg.lr_decay_iters:
         changes.append(f"the run ends at max_iters={cfg.max_iters} before its decay does (lr_decay_iters="
                        f"{cfg.lr_decay_iters}): the learning rate of its last step is "

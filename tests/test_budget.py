@@ -213,10 +213,11 @@ def test_a_resume_given_a_budget_leaves_its_step_horizon(byte_data, tmp_path, ca
     summary = train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--max_iters=100000",
                                    f"--time_budget={budget}", "--eval_interval=100000"))
     cfg = load_config(tiny_args(byte_data, tmp_path, "--max_iters=100000", f"--time_budget={budget}"))
+    steps = load_config(tiny_args(byte_data, tmp_path, "--max_iters=4", "--lr_decay_iters=4"))
     assert f"resume: the learning rate runs on time_budget from here, not on steps: " \
-           f"{optim.lr_at(4, cfg, seconds=done):.2e} at {done / 60:.2f} of time_budget={budget:g} min, down to " \
-           f"min_lr={cfg.min_lr:g} when it is spent (to keep the decay over steps, leave out --time_budget)" in \
-        capsys.readouterr().out
+           f"{optim.lr_at(4, cfg, seconds=done):.2e} at {done / 60:.2f} of time_budget={budget:g} min (the steps' " \
+           f"decay had it at {optim.lr_at(4, steps):.2e}), down to min_lr={cfg.min_lr:g} when it is spent (to keep " \
+           "the decay over steps, leave out --time_budget)" in capsys.readouterr().out
     # summary.json keeps train_seconds to the millisecond: the budget's end may round down below it by up to 0.5 ms
     assert 4 < summary["steps"] < 100000 and summary["train_seconds"] >= done + 0.6 - 5e-4
 

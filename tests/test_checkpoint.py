@@ -58,6 +58,10 @@ def test_resume_from_an_older_step_continues_as_the_straight_run(byte_data, tmp_
                                                  r"or in .* \(its steps: 2, 4, 6, 8; --resume_from=STEP resumes one\)$"):
         train.main(tiny_args(byte_data, out, f"--resume_from={tmp_path / 'nothing.pt'}"))
     assert checkpoint.resolve_resume(str(out), "ckpt_step000006.pt") == str(out / "ckpt_step000006.pt")  # as ls shows
+    with pytest.raises(FileNotFoundError, match=rf"^resume_from='{re.escape(str(out))}' is a folder: resume the run "
+                                                rf"there with --out_dir={re.escape(str(out))} --init_from=resume, or "
+                                                r"name a checkpoint file in it$"):
+        checkpoint.resolve_resume(str(tmp_path / "elsewhere"), str(out))
     with pytest.raises(ValueError, match="resume_from='4' resumes a run: it cannot go with init_from='scratch'"):
         train.main(tiny_args(byte_data, out, "--resume_from=4", "--init_from=scratch"))
 
