@@ -26,6 +26,7 @@ index saved beside it when the folder is writable; so do nanoGPT's train.bin / v
 """
 from __future__ import annotations   # torch.Tensor annotations without importing torch
 
+import contextlib
 import itertools
 import json
 import os
@@ -45,7 +46,7 @@ from speedgpt.corpus import sigterm_as_interrupt, token_bytes
 from speedgpt.shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, SHARD_TOKENS,  # noqa: F401 (data.X is public)
                              TOKEN_BYTES, DataError, ShardWriter, describe_os_error, find_shards, index_path,
                              index_tmp_path, load_meta, prepared_folder, read_header, read_index, read_shard,
-                             write_index, write_shard)
+                             signals_held, write_index, write_shard)
 
 # -----------------------------------------------------------------------------
 # preparation
@@ -110,8 +111,10 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
     rng, held, total, empty = random.Random(seed), None, 0, 0
     with prepared_folder(out_dir) as tmp, corpus.TokenizerPool(tokenizer, dtype, workers) as pool:
         writers = {s: ShardWriter(tmp, s, shard_tokens, dtype, tok.eot) for s in ("train", "val")}
-        with tqdm(total=max_tokens, unit="tok", unit_scale=True,
-                  desc=f"tokenizing ({tokenizer}, {workers} workers)") as bar:
+        with contextlib.ExitStack() as closing:
+            with signals_held():    # a Ctrl-C inside tqdm's __init__ leaves a half-built bar, whose __del__ prints a traceback
+                bar = closing.enter_context(tqdm(total=max_tokens, unit="tok", unit_scale=True,
+                                                 desc=f"tokenizing ({tokenizer}, {workers} workers)"))
             for tokens, lengths, n_empty, splits in pool.tokenize(itertools.chain([first], docs)):
                 empty += n_empty
                 ends = np.cumsum(lengths)

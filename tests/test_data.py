@@ -194,6 +194,32 @@ def test_two_signals_in_quick_succession_never_hang(tmp_path, big_jsonl, signum)
         assert not temp.exists() and not out.exists()
 
 
+A_SIGNAL_INSIDE_THE_PROGRESS_BARS_INIT = """
+import os, runpy, signal, sys
+import tqdm.std
+free_pos = tqdm.std.tqdm._get_free_pos
+def signalled(cls, instance=None):         # SIGTERM inside tqdm's __init__, before it sets the pos its __del__ reads
+    os.kill(os.getpid(), signal.SIGTERM)
+    return free_pos(instance)
+tqdm.std.tqdm._get_free_pos = classmethod(signalled)
+sys.argv = sys.argv[1:]
+runpy.run_path("data.py", run_name="__main__")
+"""
+
+
+def test_a_signal_inside_the_progress_bars_construction_stops_without_a_traceback(tmp_path):
+    """Under CI load a SIGTERM came inside tqdm's __init__: the stop was clean but the half-built bar's __del__
+    printed tqdm's AttributeError. The bar is built with the signal held off, so the stop prints its line only."""
+    _write_docs(tmp_path / "in", ["one document", "another one", "a third"])
+    proc = subprocess.run([sys.executable, "-c", A_SIGNAL_INSIDE_THE_PROGRESS_BARS_INIT, "data.py", "--input",
+                           str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--workers=1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("stopped (SIGTERM): "), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "out").exists() and not (tmp_path / ".out.preparing").exists()
+
+
 def test_a_one_document_val_split_is_noted(tmp_path, capsys):
     _write_docs(tmp_path / "in", ["one", "two", "three"])
     meta = data.prepare(str(tmp_path / "in"), str(tmp_path / "o"), "byte", val_frac=0.01, workers=1)
