@@ -37,7 +37,7 @@ from speedgpt.checkpoint import (DIVERGED, BackgroundWrite, Branch, check_disk, 
                                  last_good, linked_step, load_weights, lock_out_dir, save_run, start_branch,
                                  unlock_out_dir)
 from speedgpt.distributed import (Proc, RunStopped, StopSignals, agree, exit_status, failed_after_signal, leave,
-                                  plan_batch, print0, seed_rank_stream, setup_processes)
+                                  on_rank0, plan_batch, print0, seed_rank_stream, setup_processes)
 from speedgpt.mask_check import check_attention_mask
 from speedgpt.measure import (MetricsLogger, Timer, ideal_seconds_per_token, peak_flops_for, remove_profile,
                               start_profile, write_json, write_profile)
@@ -173,18 +173,22 @@ def autocast(cfg, device):
     return nullcontext() if cfg.dtype == "float32" else torch.autocast(device.type, dtype=PT_DTYPE[cfg.dtype])
 
 
+def settle_out_dir(cfg, raw_model):
+    """Rank 0's part of start_logging: out_dir locked, config.json written, the disk checked for checkpoints."""
+    lock_out_dir(cfg.out_dir)           # a new folder: locked now (an existing one was before the checks)
+    if cfg.profile:
+        remove_profile(cfg.out_dir)         # never leave an old profile looking current
+    write_json(os.path.join(cfg.out_dir, "config.json"), asdict(cfg))
+    if cfg.save_checkpoints:            # refused here, before any step, when the disk cannot hold them
+        print0(check_disk(cfg.out_dir, checkpoint_bytes(raw_model.num_params(non_embedding=False)),
+                          cfg.keep_checkpoints))
+
+
 def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
     """Print the config's non-default keys and save it whole (out_dir/config.json); returns the metrics
     logger (console, metrics.jsonl, W&B; tokens/s and MFU), which a resumed run continues."""
     os.makedirs(cfg.out_dir, exist_ok=True)
-    if proc.master:
-        lock_out_dir(cfg.out_dir)           # a new folder: locked now (an existing one was before the checks)
-        if cfg.profile:
-            remove_profile(cfg.out_dir)         # never leave an old profile looking current
-        write_json(os.path.join(cfg.out_dir, "config.json"), asdict(cfg))
-        if cfg.save_checkpoints:            # refused here, before any step, when the disk cannot hold them
-            print0(check_disk(cfg.out_dir, checkpoint_bytes(raw_model.num_params(non_embedding=False)),
-                              cfg.keep_checkpoints))
+    on_rank0(proc, settle_out_dir, cfg, raw_model)
     changed = ", ".join(f"{k}={v}" for k, v in non_defaults(cfg).items())
     print0(f"config: {changed or 'the defaults'} (set or derived; the rest default; all in {cfg.out_dir}/config.json)")
     flops_per_token, peak = raw_model.flops_per_token(), peak_flops_for(proc.device, cfg)
@@ -416,8 +420,7 @@ def run_command(argv):
         warnings.simplefilter("always")
         cfg, explicit = load_config(argv, with_explicit=True)
         proc = setup_processes(cfg)
-        if proc.master:                   # one run at a time in out_dir, before a file there is read or removed
-            lock_out_dir(cfg.out_dir)
+        on_rank0(proc, lock_out_dir, cfg.out_dir)    # one run at a time in out_dir, before a file there is read or gone
         cfg, ckpt = resume.settle(cfg, explicit, proc, check_flags)   # refuse what cannot work, before any work
         grad_accum_steps = plan_batch(cfg, proc.world)
     for w in {str(w.message): w for w in caught}.values():       # each once; nanoGPT's keys as read: notes

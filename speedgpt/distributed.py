@@ -245,6 +245,24 @@ def on_every_rank(ok, proc):
     return bool(v.item())
 
 
+def on_rank0(proc, fn, *args):
+    """fn(*args) on rank 0 only (out_dir's lock, a write there) and its result (None on the other ranks). Under
+    torchrun every rank learns whether it refused (a ValueError, TypeError or OSError; one MIN all-reduce) and
+    raises too, so every rank stops here with rank 0's one line (exit_status prints it once), where the others
+    ran on into a collective that failed with a traceback of its own when rank 0 left."""
+    error, result = None, None
+    if proc.master:
+        try:
+            result = fn(*args)
+        except (ValueError, TypeError, OSError) as e:
+            error = e
+    if proc.world > 1 and not on_every_rank(torch.tensor(error is None, device=proc.device), proc):
+        raise error or ValueError("rank 0 refused the run (its line above says why)")
+    if error is not None:
+        raise error
+    return result
+
+
 def leave(proc, clean):
     """Leave the process group (several processes only). When every rank gets here together (`clean`),
     a barrier and a short sleep first: the sleep releases the GIL so gloo's worker threads can free the

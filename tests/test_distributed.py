@@ -92,6 +92,28 @@ def test_world_size_must_divide_the_batch(short_data, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="no flock: out_dir is not locked on Windows")
+def test_an_out_dir_another_run_holds_is_refused_under_torchrun_in_one_line(short_data, tmp_path):
+    """Rank 0 holds out_dir's lock; under torchrun every rank learns of its refusal and stops with it, where the
+    other ranks ran on into a barrier that failed with a traceback of its own once rank 0 left."""
+    import fcntl
+    (tmp_path / "run").mkdir()
+    fd = os.open(tmp_path / "run", os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)                      # the run that trains there
+    try:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+               *map(str, common(short_data, tmp_path / "run"))]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        os.close(fd)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and out.count("error: another run is training in out_dir=") == 1, out[-3000:]
+    assert "[rank1]" not in out and "Traceback" not in out.split("error:")[0], out[-3000:]
+    assert os.listdir(tmp_path / "run") == []
+
+
+@pytest.mark.slow
 def test_sigterm_under_torchrun_stops_every_rank_at_one_step(short_data, tmp_path):
     """torchrun forwards SIGTERM to its workers: they agree on a step, rank 0 saves, the resume matches."""
     import signal
