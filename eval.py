@@ -30,13 +30,11 @@ import torch
 
 from configurator import FlagParser
 from data import get_tokenizer
-from sample import load_model
+from sample import DTYPES, TOKENIZER_OF_VOCAB, load_model
 from speedgpt import hellaswag
 from speedgpt.checkpoint import checkpoint_file, no_checkpoint
 from speedgpt.distributed import leave, print0, setup_processes
 
-TOKENIZER_OF_VOCAB = {50257: "gpt2", 257: "byte"}        # a Hugging Face model's vocabulary -> our tokenizer
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TASKS_DIR = os.path.dirname(os.path.abspath(hellaswag.__file__))   # --lm_eval finds hellaswag_local.yaml by name
 
 

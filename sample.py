@@ -7,12 +7,14 @@ Generate text from a checkpoint, decoding with the checkpoint's tokenizer.
     python sample.py --out_dir out-fast --top_k 0      # the space form too; top_k 0: the whole vocabulary
     python sample.py --kv_cache=False                  # no KV cache: the whole context per token
     python sample.py --temperature=0                   # greedy: the likeliest token each time (the same every run)
+    python sample.py --init_from=gpt2 --start="Hello"  # OpenAI's GPT-2 through transformers, as nanoGPT's sample.py
 
 Each sample starts a document (the prompt follows one end-of-text token, as every training document
 does) and stops where the model ends it (its next end-of-text), or after max_new_tokens.
 """
 import argparse
 import math
+from contextlib import nullcontext
 import os
 import re
 import sys
@@ -20,10 +22,13 @@ import time
 
 import torch
 
-from configurator import FlagParser, seed
+from configurator import HF_GPT2, FlagParser, seed
 from model import GPT, GPTConfig
 from speedgpt.checkpoint import checkpoint_file, load_checkpoint, load_weights, no_checkpoint
-from speedgpt.corpus import tokenizer_for
+from speedgpt.corpus import get_tokenizer, tokenizer_for
+
+TOKENIZER_OF_VOCAB = {50257: "gpt2", 257: "byte"}        # a Hugging Face model's vocabulary -> our tokenizer
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def load_model(out_dir, device):
@@ -41,6 +46,30 @@ def load_model(out_dir, device):
     model = GPT(GPTConfig.from_dict(cfg, meta["vocab_size"], attention=attention, dropout=0.0))
     load_weights(model, ckpt, path)
     return model.eval().to(device), meta
+
+
+def load_hf(name_or_path, device):
+    """(GPT in eval mode on `device`, tokenizer metadata) of a Hugging Face GPT-2 (hf.py: a gpt2* name or a
+    folder), as nanoGPT's sample.py --init_from=gpt2-xl. Raises ValueError / FileNotFoundError in one line
+    (transformers missing, offline and not cached, a vocabulary that is neither GPT-2's nor bytes)."""
+    from hf import load_hf_gpt2
+    model = load_hf_gpt2(name_or_path)
+    name = TOKENIZER_OF_VOCAB.get(model.config.vocab_size)
+    if name is None:
+        raise ValueError(f"{name_or_path} has a {model.config.vocab_size:,}-token vocabulary: sample.py decodes GPT-2 "
+                         "BPE (50,257) and byte-level (257) models")
+    return model.eval().to(device), {"tokenizer": name, "eot_id": get_tokenizer(name).eot}
+
+
+def source_error(init_from):
+    """The one line for an --init_from that names no model sample.py reads (nanoGPT's flag: resume, the default,
+    is --out_dir's checkpoint), or None for a good one."""
+    if init_from == "resume" or init_from in HF_GPT2 or os.path.isfile(os.path.join(init_from, "config.json")):
+        return None
+    if os.path.isfile(init_from):                       # a checkpoint file: --out_dir takes it
+        return f"--init_from {init_from} is a file: sample from a checkpoint file with --out_dir={init_from}"
+    return f"--init_from must be resume (the checkpoint in --out_dir), {', '.join(HF_GPT2)} or a Hugging Face " \
+        f"GPT-2 folder (config.json), got {init_from!r}"
 
 
 def temperature(text):
@@ -99,6 +128,11 @@ def main(argv=None):
     parser.add_argument("--seed", type=seed, default=1337, help="a whole number in [0, 2**32 - 1], as train.py's")
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU, else Apple's MPS, else the CPU: "
                         "train.py's default) | cpu | cuda | cuda:N | mps")
+    # nanoGPT's sample.py flags: a nanoGPT user's command runs unchanged
+    parser.add_argument("--init_from", default="resume", help="resume: the checkpoint in --out_dir; or "
+                        f"{', '.join(HF_GPT2)} or a Hugging Face GPT-2 folder (through transformers, as eval.py)")
+    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES), help="autocast precision, as eval.py's")
+    parser.add_bool("--compile", help="taken for nanoGPT's command lines; sampling runs uncompiled either way")
     args = parser.parse_args(argv)
     args.num_samples = args.num_samples or (1 if args.temperature == 0 else 2)
     if args.temperature == 0 and args.top_k is not None:       # greedy takes the argmax, which no top_k changes
@@ -120,9 +154,15 @@ def main(argv=None):
         # a folder exists, so "not found" would send the user looking for it (configurator.py's wording)
         parser.error(f"prompt file {args.start[5:]} "
                      + ("is a folder, not a file" if os.path.isdir(args.start[5:]) else "not found"))
+    if source_error(args.init_from):
+        parser.error(source_error(args.init_from))
+    if args.compile:      # each new token is a new shape (a new length, or a longer KV cache): it would recompile
+        print("note: --compile=True: sample.py samples uncompiled, as nanoGPT's did (its generate called the model "
+              "it had compiled, uncompiled)", file=sys.stderr)
     torch.manual_seed(args.seed)
     try:
-        model, meta = load_model(args.out_dir, args.device)
+        model, meta = load_model(args.out_dir, args.device) if args.init_from == "resume" else \
+            load_hf(args.init_from, args.device)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}")
     try:
@@ -152,9 +192,13 @@ def main(argv=None):
     if idx.size(1) > block_size:
         print(f"note: the prompt is {idx.size(1):,} tokens (with its end-of-text), longer than block_size="
               f"{block_size}: the model sees only its last {block_size} tokens", file=sys.stderr)
+    ctx = nullcontext() if args.dtype == "float32" else torch.autocast(torch.device(args.device).type,
+                                                                      dtype=DTYPES[args.dtype])
     for i in range(args.num_samples):
-        new = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k or None, use_cache=args.kv_cache,
-                             progress=Progress(i, args.num_samples, args.max_new_tokens))[0, idx.size(1):].tolist()
+        with ctx:
+            new = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k or None,
+                                 use_cache=args.kv_cache, progress=Progress(i, args.num_samples, args.max_new_tokens))
+        new = new[0, idx.size(1):].tolist()
         print(tok.decode(prompt + (new[:new.index(eot)] if eot in new else new)))
         print("-" * 60)
 

@@ -103,6 +103,36 @@ def test_the_shakespeare_char_folder_trains_with_its_config_and_samples_in_chara
         sample.main(["--out_dir=out-shakespeare-char", "--device=cpu", "--start="])
 
 
+def test_nanogpts_sample_py_flags_are_taken(tmp_path, monkeypatch, capsys):
+    """nanoGPT's sample.py has --init_from (resume, or OpenAI's GPT-2: its README's `--init_from=gpt2-xl`), --dtype
+    and --compile beside the flags ours shares: its command lines sample here too, GPT-2 through hf.py as eval.py
+    reads it; an init_from that names nothing sample.py reads is one line with the way out."""
+    write_char_folder(tmp_path / "chars")
+    out = tmp_path / "out"
+    train.main([f"--data_dir={tmp_path / 'chars'}", f"--out_dir={out}", *TINY, "--max_iters=2", "--eval_iters=0"])
+    capsys.readouterr()
+    common = [f"--out_dir={out}", "--device=cpu", "--start=The ", "--num_samples=1", "--max_new_tokens=8",
+              "--seed=1", "--temperature=0.8", "--top_k=5"]
+    sample.main([*common, "--init_from=resume", "--dtype=float32", "--compile=False"])
+    exact = capsys.readouterr()
+    assert exact.out.startswith("The ") and exact.err == "", exact
+    sample.main([*common, "--dtype=bfloat16", "--compile=True"])
+    half = capsys.readouterr()
+    assert half.out.startswith("The ") and "note: --compile=True: sample.py samples uncompiled" in half.err
+    import hf                                           # GPT-2 weights offline: a tiny byte-level one stands in
+    monkeypatch.setattr(hf, "load_hf_gpt2", lambda name: GPT(GPTConfig(vocab_size=257, n_layer=1, n_head=2,
+                                                                       n_embd=16, block_size=32)))
+    sample.main(["--init_from=gpt2-xl", "--device=cpu", "--start=Hi", "--num_samples=1", "--max_new_tokens=4"])
+    assert capsys.readouterr().out.startswith("Hi")
+    for init_from, said in (("gpt3", "--init_from must be resume (the checkpoint in --out_dir), gpt2, "),
+                            (out / "ckpt.pt", f"--init_from {out / 'ckpt.pt'} is a file: sample from a checkpoint "
+                                              f"file with --out_dir={out / 'ckpt.pt'}")):
+        with pytest.raises(SystemExit) as e:
+            sample.main([f"--init_from={init_from}", "--device=cpu"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"error: {said}") and len(err.splitlines()) == 1, err
+
+
 def test_the_character_folder_refuses_one_document_per_row(tmp_path):
     write_char_folder(tmp_path / "chars")
     args = [f"--data_dir={tmp_path / 'chars'}", f"--out_dir={tmp_path / 'out'}", *TINY, "--packing=False"]
