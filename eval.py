@@ -91,6 +91,8 @@ def evaluate(args):
     proc, clean = setup_processes(args), False
     try:
         check_source(args)
+        if not args.init_from:                            # before the file is fetched for nothing
+            refuse_characters(checkpoint_file(args.out_dir))
         path = hellaswag.fetch(args.hellaswag_path, proc)          # before the weights: none loaded for nothing
         examples = hellaswag.load(path, args.examples)
         model, tokenizer = load(args, proc.device)
@@ -116,6 +118,15 @@ def checkpoint_tokenizer(path):
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["meta"]["tokenizer"]
     except Exception:
         return None
+
+
+def refuse_characters(path):
+    """Raise ValueError in one line where checkpoint `path` is a model of nanoGPT's characters (its meta.pkl),
+    which HellaSwag cannot score, naming the evaluation that can: its validation loss on its data."""
+    if checkpoint_tokenizer(path) == "char":
+        data_dir = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["config"]["data_dir"]
+        hellaswag.refuse_characters("char", path, f"its validation loss: python train.py --init_from={path} "
+                                    f"--data_dir={data_dir} --eval_only=True --out_dir=OTHER_FOLDER")
 
 
 def check_harness_model(args):

@@ -122,6 +122,25 @@ def fetch(path, proc):
     return CACHE
 
 
+def refuse_characters(tokenizer, what, way_out):
+    """Raise ValueError in one line where `tokenizer` (of `what`: a data folder or a checkpoint) is nanoGPT's
+    character vocabulary (its meta.pkl): HellaSwag's text holds characters such a vocabulary lacks, and
+    get_tokenizer, which knows no "char", would say only "unknown tokenizer". `way_out`: what to do instead."""
+    if tokenizer == "char":
+        raise ValueError(f"HellaSwag cannot score {what}: its tokens are nanoGPT's characters (meta.pkl), and "
+                         f"HellaSwag's text needs GPT-2 BPE or byte-level tokens: {way_out}")
+
+
+def data_tokenizer(data_dir):
+    """The tokenizer of the data folder `data_dir`, or None where it is not there yet (the stdlib's, prepared on
+    first use) or not readable (data.py's checks say why)."""
+    from speedgpt.shards import load_meta
+    try:
+        return load_meta(data_dir, verbose=False)["tokenizer"]
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def check(cfg, proc):
     """Resolve the hellaswag flags once, before any work: `cfg` with hellaswag 'on' or 'off' and
     hellaswag_path the file to read. 'auto' is on only where the file is already there (else one line
@@ -141,6 +160,12 @@ def check(cfg, proc):
                              "eval_tokens > 0, or hellaswag='off'")
         print0("hellaswag: auto -> off (eval_tokens=0: no evaluation)")
         return replace(cfg, hellaswag="off")
+    if data_tokenizer(cfg.data_dir) == "char":      # before the file is fetched for nothing
+        if cfg.hellaswag == "auto":
+            print0(f"hellaswag: auto -> off ({cfg.data_dir} holds nanoGPT's characters; HellaSwag needs GPT-2 BPE or "
+                   "byte-level tokens)")
+            return replace(cfg, hellaswag="off")
+        refuse_characters("char", cfg.data_dir, "leave hellaswag off (the validation loss measures such a model)")
     if cfg.hellaswag == "auto" and not os.path.isfile(path):
         print0(f"hellaswag: auto -> off (no file at hellaswag_path={path!r})" if cfg.hellaswag_path else
                f"hellaswag: auto -> off (no {path}; --hellaswag=on downloads it, --hellaswag_path=FILE reads one)")

@@ -9,6 +9,7 @@ import importlib.util
 import os
 import pickle
 import re
+import shutil
 import warnings
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch
 import configurator
 import sample
 import train
-from conftest import ROOT, read_metrics
+from conftest import HELLASWAG_FIXTURE, ROOT, read_metrics
 from model import GPT, GPTConfig
 from speedgpt import nanogpt
 
@@ -131,6 +132,34 @@ def test_nanogpts_sample_py_flags_are_taken(tmp_path, monkeypatch, capsys):
             sample.main([f"--init_from={init_from}", "--device=cpu"])
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith(f"error: {said}") and len(err.splitlines()) == 1, err
+
+
+def test_hellaswag_on_nanogpts_characters_is_one_line_before_any_download(tmp_path, monkeypatch, capsys):
+    """HellaSwag's text needs GPT-2 BPE or byte tokens: on a folder of nanoGPT's characters (or a model of them) it
+    is refused in one line with what evaluates such a model, before the file is fetched; 'auto' turns it off. It
+    said "unknown tokenizer 'char': expected 'byte' or 'gpt2'", after downloading HellaSwag."""
+    import eval as eval_script
+    from speedgpt import hellaswag
+    write_char_folder(tmp_path / "chars")
+    monkeypatch.chdir(tmp_path)                                   # no HellaSwag file in the cache here
+    monkeypatch.setattr(hellaswag, "download", lambda *a: pytest.fail("HellaSwag fetched for a character model"))
+    args = [f"--data_dir={tmp_path / 'chars'}", *TINY, "--max_iters=2", "--eval_interval=2"]
+    with pytest.raises(ValueError, match=r"^HellaSwag cannot score .*chars: its tokens are nanoGPT's characters "
+                                         r"\(meta.pkl\), and HellaSwag's text needs GPT-2 BPE or byte-level tokens: "
+                                         r"leave hellaswag off"):
+        train.main([*args, "--out_dir=out-on", "--hellaswag=on"])
+    shutil.copy(HELLASWAG_FIXTURE, tmp_path / "hs.jsonl")
+    train.main([*args, "--out_dir=out", "--hellaswag=auto", "--hellaswag_path=hs.jsonl"])
+    assert "hellaswag: auto -> off (" in capsys.readouterr().out and \
+        not any("hellaswag_acc_norm" in r for r in read_metrics("out"))
+    for more in ([], ["--hellaswag_path=hs.jsonl"]):
+        with pytest.raises(SystemExit) as e:
+            eval_script.main(["--out_dir=out", "--device=cpu", *more])
+        err = capsys.readouterr().err
+        assert err == f"error: HellaSwag cannot score {os.path.join('out', 'ckpt.pt')}: its tokens are nanoGPT's " \
+            "characters (meta.pkl), and HellaSwag's text needs GPT-2 BPE or byte-level tokens: its validation loss: " \
+            f"python train.py --init_from={os.path.join('out', 'ckpt.pt')} --data_dir={tmp_path / 'chars'} " \
+            "--eval_only=True --out_dir=OTHER_FOLDER\n" and e.value.code == 1, err
 
 
 def test_the_character_folder_refuses_one_document_per_row(tmp_path):
