@@ -285,10 +285,15 @@ class Loader:
             print(f"note: indexing the foreign {split} shards of {data_dir} (once: the index is saved beside them)")
         index = [read_index(p, n, self.eot, meta["foreign"], with_starts=not packing)
                  for p, n in zip(self.paths, sizes)]
+        # the file that set the vocabulary, named in the refusal: nanoGPT's folders have meta.pkl or none (GPT-2's)
+        said = "meta.pkl" if meta["tokenizer"] == "char" else "meta.json" \
+            if os.path.isfile(os.path.join(data_dir, "meta.json")) else None
         for p, (max_id, _) in zip(self.paths, index):
             if vocab_size is not None and max_id >= vocab_size:
                 raise ValueError(f"shard {p} holds token id {max_id}, outside the vocabulary ({vocab_size} ids "
-                                 f"in meta.json): shards and meta.json disagree")
+                                 + (f"in {said}): shards and {said} disagree" if said else
+                                    "of GPT-2's, assumed for a folder without meta.json or nanoGPT's meta.pkl): its "
+                                    "tokens are another tokenizer's; prepare it with data.py"))
         n = int(self.offsets[-1])
         if packing:
             self.n_rows = n // block_size

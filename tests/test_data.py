@@ -404,7 +404,8 @@ def test_ids_outside_the_vocabulary_are_refused_at_construction(byte_data, tmp_p
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == [
         f"error: shard {tmp_path}/foreign/fineweb_train_000000.bin holds token id 60000, "
-        f"outside the vocabulary (50257 ids in meta.json): shards and meta.json disagree"]
+        f"outside the vocabulary (50257 ids of GPT-2's, assumed for a folder without meta.json or nanoGPT's "
+        "meta.pkl): its tokens are another tokenizer's; prepare it with data.py"]
 
 
 def test_a_disk_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):

@@ -169,6 +169,18 @@ def test_the_character_folder_refuses_one_document_per_row(tmp_path):
         train.main(args)
 
 
+def test_a_meta_pkl_smaller_than_its_tokens_is_named(tmp_path):
+    """A meta.pkl whose vocabulary lacks ids the shards hold: the refusal names meta.pkl, not a meta.json the folder
+    does not have."""
+    chars = write_char_folder(tmp_path / "chars")
+    small = len(chars) - 5
+    with open(tmp_path / "chars" / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": small, "itos": dict(enumerate(chars[:small])), "stoi": {}}, f)
+    with pytest.raises(ValueError, match=rf"train.bin holds token id \d+, outside the vocabulary \({small} ids in "
+                                         r"meta.pkl\): shards and meta.pkl disagree$"):
+        train.main([f"--data_dir={tmp_path / 'chars'}", f"--out_dir={tmp_path / 'out'}", *TINY])
+
+
 def test_a_gpt2_token_folder_splits_documents_at_end_of_text(tmp_path):
     """nanoGPT's openwebtext: GPT-2 tokens with end-of-text after each document and no meta.pkl."""
     from data import Loader
