@@ -9,6 +9,10 @@ import math
 import torch
 import torch.distributed as dist
 
+# a resume keeps the run's unless set (speedgpt/resume.py): the default's would measure other rows, whose losses
+# ckpt_best.pt and target_val_loss would then compare with the run's own
+KEPT_ON_RESUME = ("eval_tokens",)
+
 
 def eval_rows(cfg, val_loader):
     """Rows of each evaluation: eval_tokens in whole rows, at most the val split's."""

@@ -21,12 +21,13 @@ RUN_STATE_KEYS = ("dropout", "attention")     # model keys a resume may change: 
 
 def kept_keys():
     """The keys a resumed run takes from its checkpoint unless set explicitly: the schedule's (optim, budget), the
-    data's (the loader's position is a position in them), as their modules declare them, the micro-batch (a
-    step of total_batch_size=0 is one: left out, the default's would change it or be refused against it), the count
-    of kept checkpoints (the default's would prune the run's older ones) and max_iters (a resume continues the run
-    it names; training on past its end is asked for with --max_iters)."""
-    return optim.KEPT_ON_RESUME + budget.KEPT_ON_RESUME + data.KEPT_ON_RESUME + checkpoint.KEPT_ON_RESUME + \
-        ("batch_size", "max_iters")
+    data's (the loader's position is a position in them) and the validation's (its rows), as their modules declare
+    them, the micro-batch (a step of total_batch_size=0 is one: left out, the default's would change it or be refused
+    against it), the count of kept checkpoints (the default's would prune the run's older ones), max_iters (a resume
+    continues the run it names; training on past its end is asked for with --max_iters) and the seed (it chose the
+    validation rows, which the default's would swap for others under the same val loss: refuse_other_seed)."""
+    return optim.KEPT_ON_RESUME + budget.KEPT_ON_RESUME + data.KEPT_ON_RESUME + evaluation.KEPT_ON_RESUME + \
+        checkpoint.KEPT_ON_RESUME + ("batch_size", "max_iters", "seed")
 
 
 def kept_without_latest(out_dir):
@@ -78,6 +79,7 @@ def settle(cfg, explicit, proc, check_flags):
     ckpt = load_checkpoint(path, missing=f": resume a kept one with --resume_from={left[1]} ({left[0]})" if left else
                            ": nothing to resume (to start afresh, leave out --init_from=resume)")
     refuse_another_runs(path, ckpt, cfg.out_dir)
+    refuse_other_seed(path, cfg, explicit, ckpt["config"])
     cfg, notes = resume_config(cfg, explicit, ckpt["config"], ckpt.get("tokens_per_step"), proc.world)
     refuse_other_data(path, ckpt, cfg.data_dir)
     cfg = check_flags(cfg, proc)                                        # the shape may be the checkpoint's
@@ -123,6 +125,17 @@ def refuse_another_runs(path, ckpt, out_dir):
         raise ValueError(f"resume_from={path!r} is a checkpoint of the run in {saved}, but {out_dir} holds another run "
                          f"({kept[0]}), whose later steps this resume would remove: resume it in its own folder "
                          f"(--out_dir={saved}), or in a new --out_dir")
+
+
+def refuse_other_seed(path, cfg, explicit, saved):
+    """Raise ValueError where the seed set explicitly is not the checkpoint's config `saved`'s: a resume continues
+    the run's data order and dropout streams (its loader and RNG states), so a new seed would change only the
+    validation rows (the val loader's order is the seed's), and the val loss, ckpt_best.pt and target_val_loss would
+    compare other rows with the run's while the printed change said the seed was taken."""
+    if "seed" in explicit and "seed" in saved and cfg.seed != saved["seed"]:
+        raise ValueError(f"seed={cfg.seed} differs from the checkpoint's {saved['seed']}: a resume continues the run's "
+                         "data order, dropout and validation rows, which its seed chose; leave out --seed, or start a "
+                         f"new run from its weights in a new folder (--init_from={path} --out_dir=NEW_FOLDER)")
 
 
 def refuse_other_data(path, ckpt, data_dir):

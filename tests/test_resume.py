@@ -103,3 +103,30 @@ def test_a_resume_whose_kept_step_does_not_divide_says_it_is_the_checkpoints(byt
                                          r"is not a multiple of batch_size x block_size x processes = 3 x 64 x 1 = "
                                          r"192: change batch_size or total_batch_size$"):
         train.main(tiny_args(byte_data, tmp_path, "--init_from=resume", "--batch_size=3"))
+
+
+def test_a_resume_validates_on_the_runs_rows_and_refuses_another_seed(byte_data, tmp_path):
+    """The seed and eval_tokens choose the validation rows: a resume that leaves them out keeps the checkpoint's, so
+    the step it resumes at scores as the uninterrupted run did (the defaults' swapped in other rows under the same
+    val loss, which ckpt_best.pt compared with the run's best, while the data order went on as the checkpoint's);
+    another seed given is refused before anything in out_dir changes."""
+    import os
+    import pytest
+    from conftest import read_metrics
+    def args(out, *extra):
+        return [a for a in tiny_args(byte_data, out, *extra) if not a.startswith("--eval_tokens")]
+    train.main(args(tmp_path / "a", "--max_iters=8", "--lr_decay_iters=8", "--seed=5", "--eval_tokens=256"))
+    train.main(args(tmp_path / "b", "--max_iters=4", "--lr_decay_iters=8", "--seed=5", "--eval_tokens=256"))
+    before = {p: os.path.getmtime(tmp_path / "b" / p) for p in os.listdir(tmp_path / "b")}
+    with pytest.raises(ValueError, match=r"^seed=7 differs from the checkpoint's 5: a resume continues the run's data "
+                                         r"order, dropout and validation rows, which its seed chose; leave out --seed, "
+                                         r"or start a new run from its weights in a new folder \(--init_from=.*/b/"
+                                         r"ckpt.pt --out_dir=NEW_FOLDER\)$"):
+        train.main(args(tmp_path / "b", "--init_from=resume", "--max_iters=8", "--seed=7"))
+    assert {p: os.path.getmtime(tmp_path / "b" / p) for p in os.listdir(tmp_path / "b")} == before
+    train.main(args(tmp_path / "b", "--init_from=resume", "--max_iters=8"))
+    def val(out):
+        return [(r["step"], r["val_loss"]) for r in read_metrics(out) if "val_loss" in r]
+    def loss(out):
+        return [(r["step"], r["loss"]) for r in read_metrics(out) if "loss" in r]
+    assert val(tmp_path / "b") == val(tmp_path / "a") and loss(tmp_path / "b") == loss(tmp_path / "a")
