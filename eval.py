@@ -166,7 +166,13 @@ def run_harness(args):
     check_source(args)
     check_harness_model(args)
     from hf import export_hf, import_transformers
-    import_transformers("--lm_eval")                  # first: it keeps torchao's warnings out of transformers
+    try:
+        import_transformers("--lm_eval")              # first: it keeps torchao's warnings out of transformers
+    except ValueError:
+        # lm-eval[hf] installs transformers too: one line for both, where "pip install transformers" was
+        # followed by a second refusal for the harness
+        raise ValueError("--lm_eval needs lm-evaluation-harness and transformers (transformers is not installed): "
+                         "pip install 'lm-eval[hf]'") from None
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager

@@ -162,7 +162,8 @@ def test_lm_eval_bad_input_is_one_line_before_any_work(hf_gpt2_dir, tmp_path, ca
 
 
 def test_lm_eval_unknown_task_and_missing_package_are_one_line(gpt2_run, capsys, monkeypatch):
-    """A task the harness lacks is named before the export; without lm_eval installed, the install line."""
+    """A task the harness lacks is named before the export; without lm_eval installed, the install line, one for
+    the harness and transformers both (lm-eval[hf]): without transformers it said "pip install transformers" alone."""
     import hf
     monkeypatch.setattr(hf, "export_hf", lambda *a: pytest.fail("exported before the input was checked"))
 
@@ -176,6 +177,9 @@ def test_lm_eval_unknown_task_and_missing_package_are_one_line(gpt2_run, capsys,
         m.setitem(sys.modules, "lm_eval", None)
         assert "--lm_eval needs lm-evaluation-harness" in error("--lm_eval=hellaswag_local") and \
             error("--lm_eval=hellaswag_local").endswith(": pip install 'lm-eval[hf]'\n")
+        m.setitem(sys.modules, "transformers", None)           # neither installed: still the one line
+        assert error("--lm_eval=hellaswag_local") == "error: --lm_eval needs lm-evaluation-harness and transformers " \
+            "(transformers is not installed): pip install 'lm-eval[hf]'\n"
     pytest.importorskip("lm_eval", reason="lm-evaluation-harness not installed: pip install 'lm-eval[hf]'")
     assert error("--lm_eval=hellaswag_local,no_such_task") == "error: --lm_eval no_such_task: lm-evaluation-harness " \
         "has no such task (`lm_eval ls tasks` lists them)\n"
