@@ -40,7 +40,7 @@ quickstart: $(VENV)/.core  ## train the CPU quickstart (python train.py), or con
 test: $(VENV)/.extra  ## the whole test suite, every optional package installed
 	$(PY) -m pytest -q tests
 
-test-fast: $(VENV)/.extra  ## the test suite without the slow tests (torchrun, signals, compile)
+test-fast: $(VENV)/.extra  ## the test suite without the slow tests (torchrun, signals, compile, the ladder)
 	$(PY) -m pytest -q -m "not slow" tests
 
 setup: $(VENV)/.core  ## only make .venv: torch and the core packages (requirements.txt)
