@@ -14,6 +14,7 @@ openwebtext puts after each document) splits documents for the document mask; a 
 import errno
 import glob
 import json
+import operator
 import os
 import pickle
 import re
@@ -411,11 +412,18 @@ def load_meta(data_dir, verbose=True):
     return meta
 
 
+# numpy's numbers: a prepare.py that computed vocab_size with numpy (ids.max() + 1) pickles a numpy int, which
+# numpy rebuilds from its dtype and bytes, running no other code (numpy.core before numpy 2, numpy._core since)
+NUMPY_NUMBERS = {("numpy", "dtype"), ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar")}
+
+
 class _PlainUnpickler(pickle.Unpickler):
-    """pickle's reader for data only: dicts, strings and numbers load, no class or function (a pickle that names
-    one could run code)."""
+    """pickle's reader for data only: dicts, strings and numbers (numpy's too) load, no other class or function
+    (a pickle that names one could run code)."""
 
     def find_class(self, module, name):
+        if (module, name) in NUMPY_NUMBERS:
+            return np.dtype if name == "dtype" else getattr(getattr(np, "_core", None) or np.core, "multiarray").scalar
         raise pickle.UnpicklingError(f"it names {module}.{name}, and nanoGPT's meta.pkl holds plain dicts")
 
 
@@ -433,7 +441,7 @@ def nanogpt_meta(data_dir, verbose=True):
     try:
         with open(path, "rb") as f:
             vocab = _PlainUnpickler(f).load()
-        size, itos = vocab["vocab_size"], vocab["itos"]
+        size, itos = operator.index(vocab["vocab_size"]), vocab["itos"]
         chars = [itos[i] for i in range(size)]
         if not all(type(c) is str for c in chars):
             raise TypeError("itos maps ids to something else than strings")

@@ -169,6 +169,28 @@ def test_the_character_folder_refuses_one_document_per_row(tmp_path):
         train.main(args)
 
 
+def test_a_meta_pkl_of_numpy_numbers_loads_and_one_naming_code_is_refused(tmp_path, capsys):
+    """A prepare.py that computed vocab_size with numpy pickles a numpy int, which nanoGPT's train.py reads: so does
+    ours. A pickle that names any other class or function (it could run code) is refused in one line."""
+    from speedgpt.shards import nanogpt_meta
+    chars = write_char_folder(tmp_path / "chars")
+    itos = {np.int64(i): c for i, c in enumerate(chars)}
+    with open(tmp_path / "chars" / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": np.int64(len(chars)), "itos": itos}, f)
+    meta = nanogpt_meta(str(tmp_path / "chars"), verbose=False)
+    assert (meta["vocab_size"], meta["chars"]) == (len(chars), chars) and type(meta["vocab_size"]) is int
+
+    class Runs:
+        def __reduce__(self):
+            return (os.system, ("echo ran",))
+    with open(tmp_path / "chars" / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": Runs(), "itos": {}}, f)
+    with pytest.raises(ValueError, match=r"meta.pkl is not nanoGPT's character vocabulary .*UnpicklingError: it "
+                                         r"names (posix|nt|os)\.system"):
+        nanogpt_meta(str(tmp_path / "chars"), verbose=False)
+    assert "ran" not in capsys.readouterr().out
+
+
 def test_a_meta_pkl_smaller_than_its_tokens_is_named(tmp_path):
     """A meta.pkl whose vocabulary lacks ids the shards hold: the refusal names meta.pkl, not a meta.json the folder
     does not have."""
