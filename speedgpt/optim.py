@@ -53,8 +53,8 @@ KEPT_ON_RESUME = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "
 def check(cfg, proc):
     """Raise ValueError naming the keys unless the optimizer settings can work: muon under FSDP (its
     matrices are sharded), a decay fraction outside (0, 1], a non-positive muon_lr; and for a setting of Muon's or
-    of WSD's while that is off, or min_lr or lr_decay_iters under lr_schedule=constant (it would do nothing).
-    Returns cfg."""
+    of WSD's while that is off, or min_lr or lr_decay_iters under lr_schedule=constant (it would do nothing), and
+    an lr_schedule this module has no shape for. Returns cfg."""
     if cfg.optimizer == "muon" and proc.world > 1 and cfg.parallelism == "fsdp":
         raise ValueError("optimizer='muon' needs whole matrices for its Newton-Schulz step, and FSDP shards them: "
                          "use --parallelism=ddp, or --optimizer=adamw")
@@ -66,6 +66,7 @@ def check(cfg, proc):
     if not 0 <= cfg.muon_momentum < 1:
         raise ValueError(f"muon_momentum={cfg.muon_momentum}: Muon's momentum is a fraction in [0, 1) "
                          "(0.95 by default)")
+    decayed(0.0, cfg, cfg.learning_rate, cfg.min_lr)       # a schedule without a shape here: refused before any work
     if cfg.optimizer != "muon":
         refuse_unused(cfg, ("muon_lr", "muon_momentum", "muon_batched"), "a setting of Muon's", "--optimizer=muon")
     if cfg.lr_schedule != "wsd":
@@ -173,7 +174,12 @@ def decayed(x, cfg, peak, floor):
         return peak
     if cfg.lr_schedule == "wsd":
         return peak if x <= 1 - cfg.wsd_decay_frac else floor + (peak - floor) * (1 - x) / cfg.wsd_decay_frac
-    return floor + 0.5 * (1.0 + math.cos(math.pi * x)) * (peak - floor)
+    if cfg.lr_schedule == "cosine":
+        return floor + 0.5 * (1.0 + math.cos(math.pi * x)) * (peak - floor)
+    # a choice added to configurator.CHOICES whose shape is not here yet: refused (check() asks at start), where
+    # falling through to cosine would train on a schedule nobody chose
+    raise ValueError(f"lr_schedule={cfg.lr_schedule!r} has no shape in speedgpt/optim.py: add it to decayed() "
+                     "(lr_at's step schedule reaches it too)")
 
 
 def set_lr(optimizer, step, cfg, seconds=0.0):

@@ -153,6 +153,12 @@ def test_a_table_is_refused_not_read_as_text_and_a_reader_is_one_entry(tmp_path,
     """A .csv (or .tsv, compressed or not) is a table, not text: as the input it is refused in one line naming
     where a reader goes; in a folder it is skipped and named, the rest read. Text of any other name (.py, .md,
     none) is still one document. A reader added to READERS is what reads its suffix."""
+    # the refusal as shipped, whatever a fork reads: a CSV reader, docs/data.md's example of a new kind, would
+    # otherwise fail this test for the refusal it replaces
+    monkeypatch.delitem(corpus.READERS, ".csv", raising=False)
+    monkeypatch.delitem(corpus.READERS, ".tsv", raising=False)
+    monkeypatch.setattr(corpus, "NOT_READ", {".csv": "tables of comma-separated rows",
+                                             ".tsv": "tables of tab-separated rows"})
     (tmp_path / "t.csv").write_text("id,text\n1,hello\n")
     (tmp_path / "T.TSV.gz").write_bytes(gzip.compress(b"id\ttext\n1\thello\n"))
     for name in ("t.csv", "T.TSV.gz"):

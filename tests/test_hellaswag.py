@@ -212,7 +212,7 @@ def test_a_run_logs_hellaswag_beside_the_loss(byte_data, tmp_path, monkeypatch):
     """A byte-level run with hellaswag=on logs acc_norm, acc, n and seconds at each evaluation, in
     metrics.jsonl and the W&B offline run, the step records as they were; the last acc_norm is the one
     eval.py gives the final checkpoint."""
-    pytest.importorskip("wandb", reason="W&B is in requirements.txt; this machine lacks it")
+    pytest.importorskip("wandb", reason="W&B is in requirements-extra.txt; this machine lacks it")
     import time
     import wandb
     from wandb_reader import history

@@ -65,6 +65,20 @@ def test_constant_warms_up_then_holds_the_peak_to_the_end():
         configurator.load_config(["--learning_rate=3e-5", "--min_lr=6e-5"])      # cosine decays to it
 
 
+def test_a_schedule_chosen_but_not_written_is_refused_not_run_as_cosine(monkeypatch):
+    """A value added to configurator.CHOICES' lr_schedule without its shape here: check() refuses it before any
+    work, naming where the shape goes, and lr_at refuses it after the warm-up rather than falling through to
+    cosine."""
+    monkeypatch.setitem(configurator.CHOICES, "lr_schedule", (*configurator.CHOICES["lr_schedule"], "linear"))
+    cfg = configurator.load_config(["--lr_schedule=linear", "--warmup_iters=2", "--max_iters=10"])
+    with pytest.raises(ValueError, match=r"^lr_schedule='linear' has no shape in speedgpt/optim\.py: add it to "
+                                         r"decayed\(\)"):
+        optim.check(cfg, on("cpu"))
+    assert optim.lr_at(0, cfg) == cfg.learning_rate / 3                 # the warm-up is every schedule's
+    with pytest.raises(ValueError, match="has no shape"):
+        optim.lr_at(5, cfg)
+
+
 def test_a_time_budget_decays_on_the_seconds_trained_and_warms_up_in_steps():
     """time_budget=1 (60 s): the decay's share is seconds / 60, whatever the step; the warm-up's ramp (steps) caps it;
     past the budget, the floor. Without a budget the seconds change nothing."""
