@@ -5,7 +5,7 @@ speedgpt's helpers: what train.py, model.py and data.py lean on, one feature or 
   mask_check.py                the packing guarantee, checked against an independent reference (tests, check_mask)
   features/                    what changes how the model trains, one flag per module, one protocol
                                (features/__init__.py): FP8, the fused head, activation checkpointing, compile, DDP/FSDP
-  optim.py                     the optimizer (AdamW, Muon) and the learning-rate schedule (cosine, WSD)
+  optim.py                     the optimizer (AdamW, Muon) and the learning-rate schedule (cosine, WSD, constant)
   budget.py                    the training clock and the time budget: a run of N minutes of training (time_budget)
   evaluation.py                validation loss, bits per byte and time to a target loss (eval_tokens, target_val_loss)
   memory.py                    whether a run fits the device's memory: the estimate and its check (memory_check)
