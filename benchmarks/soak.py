@@ -44,7 +44,11 @@ def leg(bad_step, stop_step, argv):
 
 
 def records(out_dir):
-    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+    """The run's metrics.jsonl records; none where it wrote none (it failed before its first step)."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
         return [json.loads(line) for line in f]
 
 
@@ -70,6 +74,9 @@ def main():
         out = os.path.join(args.out, f"straight_{seed}")
         rc = subprocess.run([sys.executable, "train.py", *common, f"--out_dir={out}", f"--seed={seed}"],
                             cwd=ROOT).returncode
+        if rc != 0:          # a flag or config train.py refuses (fast.py on a CPU): the other three runs would too
+            raise SystemExit(f"error: the uninterrupted run (seed {seed}) failed, train.py exit {rc} (its error is "
+                             "above): no soak without runs that train; fix the config or the train.py flags")
         rows.append((f"uninterrupted, seed {seed}", out, [rc]))
     out = os.path.join(args.out, "soak")
     cmd = [*common, f"--out_dir={out}", "--seed=1337", "--max_skipped_steps=1"]
@@ -91,6 +98,9 @@ def main():
         finals.append(vals[-1] if vals else float("nan"))
         print(f"{name:<44} {'/'.join(map(str, rcs)):>9} {finals[-1]:>15.4f} {skipped:>8} {str(once):>11} "
               f"{str(finite):>7}")
+    if not all(math.isfinite(f) for f in finals):     # a run without a final val loss: nothing to compare
+        raise SystemExit("error: a run above has no final validation loss (exit code in its row; its error is "
+                         "above): no verdict on the spread")
     lo, hi = min(finals[:2]), max(finals[:2])
     spread = hi - lo
     print(f"\nthe interrupted run's final val loss {finals[2]:.4f}; uninterrupted {lo:.4f} .. {hi:.4f} (spread "

@@ -33,6 +33,7 @@ allows "\\ud800") becomes U+FFFD in both tokenizers, as tiktoken does it. Errors
 (or row) and the problem.
 """
 import codecs
+import errno
 import functools
 import gzip
 import io
@@ -49,7 +50,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from speedgpt.shards import HOLD, TOKEN_BYTES, signals_held
+from speedgpt.shards import HOLD, TOKEN_BYTES, describe_os_error, signals_held
 
 GZIP_MAGIC, ZSTD_MAGIC, PARQUET_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"PAR1"
 COMPRESSED = (".gz", ".gzip", ".zst", ".zstd")         # dropped from a compressed file's name before its kind
@@ -168,7 +169,10 @@ def iter_texts(path, text_field="text", report=None):
         return _hf_dataset(path, text_field, report)
     if os.path.isdir(path):
         return _folder(path, text_field, report)
-    kind, _ = file_kind(path)
+    try:
+        kind, _ = file_kind(path)
+    except OSError as e:
+        raise _input_error(path, e) from None
     if kind == "binary":
         raise ValueError(f"input {path} is a binary file (a NUL byte in its first {BINARY_PROBE // 1024} KB), "
                          "not text, JSON or parquet")
@@ -191,8 +195,25 @@ def _prepared(folder):
     return os.path.isfile(os.path.join(folder, "meta.json")) and any(n.endswith(".bin") for n in os.listdir(folder))
 
 
+def _input_error(path, e):
+    """ValueError naming the input `path` that could not be opened or read (OSError `e`: a broken link, no
+    permission, a failing disk), so that data.py does not report it as a failed write of the output folder."""
+    path = getattr(e, "filename", None) or path
+    if os.path.islink(path) and not os.path.exists(path):
+        why = f"a broken symbolic link (to {os.readlink(path)})"
+    else:
+        why = "it is gone (deleted, or a lost mount)" if e.errno == errno.ENOENT else describe_os_error(e)
+    return ValueError(f"input {path} cannot be read: {why}; fix it, or move it out of the input folder")
+
+
+def _walk_error(e):
+    """os.walk's onerror: a folder of the input that cannot be listed stops the preparation (os.walk would skip
+    it, and its documents with it, without a word)."""
+    raise _input_error(e.filename, e) from None
+
+
 def _folder(path, text_field, report):
-    for root, dirs, files in os.walk(path):
+    for root, dirs, files in os.walk(path, onerror=_walk_error):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not _prepared(os.path.join(root, d)))
         datasets = [d for d in dirs if _is_saved_dataset(os.path.join(root, d))]
         dirs[:] = [d for d in dirs if d not in datasets]
@@ -232,16 +253,18 @@ def file_kind(path):
 
 
 def _file(path, text_field, report):
-    kind, packed = file_kind(path)
-    if kind in READERS:
-        return READERS[kind](path, packed, text_field, report)
-    if kind in NOT_READ:
-        report.unread.append(path)
-        return iter(())
-    if kind == "binary":
-        report.binary.append(path)
-        return iter(())
-    return _text_file(path, packed, report)
+    try:
+        kind, packed = file_kind(path)
+        if kind in READERS:
+            yield from READERS[kind](path, packed, text_field, report)
+        elif kind in NOT_READ:
+            report.unread.append(path)
+        elif kind == "binary":
+            report.binary.append(path)
+        else:
+            yield from _text_file(path, packed, report)
+    except OSError as e:                # reading, never writing: one line naming this file
+        raise _input_error(path, e) from None
 
 
 def _require(package, why):
@@ -256,15 +279,46 @@ def _open_stream(path, packed):
     if packed == "gzip":
         return gzip.open(path, "rb")
     if packed == "zstd":
-        zstandard = _require("zstandard", f"reading {path}")
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+        return io.BufferedReader(_ZstdStream(path, _require("zstandard", f"reading {path}")))
     return open(path, "rb")
+
+
+class _ZstdStream(io.RawIOBase):
+    """The zstandard file at `path` (one frame, or several end to end) as a raw binary stream. Raises EOFError
+    where the file ends inside a frame, as gzip does: zstandard's stream_reader returns what it decoded so far
+    as if it were all, so a truncated download was prepared as half its text without a word."""
+
+    def __init__(self, path, zstandard):
+        self._file, self._new = open(path, "rb"), zstandard.ZstdDecompressor().decompressobj
+        self._frame, self._fed, self._out = self._new(), False, b""
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        while not self._out:
+            rest = b""
+            if self._frame.eof:                  # a frame ended: the next one starts in what it left over
+                rest, self._frame, self._fed = self._frame.unused_data, self._new(), False
+            data = rest or self._file.read(1 << 16)
+            if not data:
+                if self._fed:
+                    raise EOFError("the file ends inside a zstandard frame")
+                return 0
+            self._out, self._fed = self._frame.decompress(data), True
+        n = min(len(buffer), len(self._out))
+        buffer[:n], self._out = self._out[:n], self._out[n:]
+        return n
+
+    def close(self):
+        self._file.close()
+        super().close()
 
 
 def _unreadable(path, e, after):
     """ValueError naming `path` for a truncated or corrupt compressed stream (`after`: where it broke)."""
     if isinstance(e, (EOFError, OSError, RuntimeError)) or type(e).__module__.startswith("zstandard"):
-        return ValueError(f"{path}: not readable {after} ({type(e).__name__}: {e}); is it truncated?")
+        return ValueError(f"{path}: not readable{' ' * bool(after)}{after} ({type(e).__name__}: {e}); is it truncated?")
     return None
 
 

@@ -11,6 +11,7 @@ with no header, and for a character vocabulary meta.pkl ({'vocab_size', 'itos', 
 tokens are GPT-2's. No document boundaries are stored there: GPT-2's end-of-text (50256, which nanoGPT's
 openwebtext puts after each document) splits documents for the document mask; a character vocabulary has none.
 """
+import contextlib
 import errno
 import glob
 import json
@@ -243,33 +244,84 @@ def prepared_folder(out_dir):
     between them; a failure or an interrupt removes it and leaves out_dir exactly as it was. A folder left
     by a process killed mid-way is cleaned up (or, between the two renames, put back) first. Raises
     ValueError for an out_dir that is a file or holds anything data.py does not write, or that cannot be
-    created (naming out_dir and --out, not the temp folder), and OSError for a later write that fails."""
-    out_dir = os.path.normpath(out_dir)
-    parent, name = os.path.split(os.path.abspath(out_dir))
+    created (naming out_dir and --out, not the temp folder), and OSError for a later write that fails.
+    An out_dir that is a symbolic link is prepared where it points (the link stays: a folder linked to a larger
+    disk gets the shards there). One preparation at a time per folder (preparation_lock): another one would take
+    this one's temp folder for a killed run's and remove it."""
+    shown = out_dir = os.path.normpath(out_dir)          # the user's name, in messages
+    out_dir = os.path.realpath(out_dir)
+    parent, name = os.path.split(out_dir)
     tmp, old = os.path.join(parent, f".{name}.preparing"), os.path.join(parent, f".{name}.old")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ValueError(f"output {out_dir} exists and is not a folder")
+        raise ValueError(f"output {shown} exists and is not a folder: choose another --out")
     if os.path.isdir(out_dir):
         foreign = sorted(n for n in os.listdir(out_dir) if not OUR_FILE.fullmatch(n))
         if foreign:
-            raise ValueError(f"output {out_dir} holds files data.py did not write ({', '.join(foreign[:3])}"
+            raise ValueError(f"output {shown} holds files data.py did not write ({', '.join(foreign[:3])}"
                              f"{', ...' if len(foreign) > 3 else ''}): prepare into a new folder, or empty this one")
-        if os.listdir(out_dir):
-            print(f"note: {out_dir} holds prepared data: it is replaced once this preparation is whole (a run "
+    with preparation_lock(parent, name, shown):
+        if os.path.isdir(out_dir) and os.listdir(out_dir):
+            print(f"note: {shown} holds prepared data: it is replaced once this preparation is whole (a run "
                   "trained on it resumes only on the same data: keep it by preparing into another --out)", flush=True)
-    elif os.path.isdir(old):                 # killed between the two renames: the old folder goes back
-        os.rename(old, out_dir)
-    for stale in (tmp, old):
-        shutil.rmtree(stale, ignore_errors=True)
+        elif not os.path.exists(out_dir) and os.path.isdir(old):   # killed between the two renames: it goes back
+            os.rename(old, out_dir)
+        for stale in (tmp, old):
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.makedirs(tmp)
+        except OSError as e:
+            raise folder_creation_error(shown, e, "--out") from None
+        try:
+            yield tmp
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _replace(tmp, out_dir, old)
+
+
+@contextmanager
+def preparation_lock(parent, name, shown):
+    """Hold `parent`/.NAME.lock (flock) for the block; ValueError naming `shown` (the --out) at once when another
+    process holds it: a second preparation into the same folder would remove the first one's temp folder as a
+    killed run's, and the two would write into one folder. The kernel drops the lock of a process that dies, so a
+    killed preparation's lock file never blocks the next. Removed at the end; no lock where fcntl is missing."""
     try:
-        os.makedirs(tmp)
-    except OSError as e:
-        raise folder_creation_error(out_dir, e, "--out") from None
+        import fcntl
+    except ImportError:                      # not POSIX: no lock
+        yield
+        return
+    path = os.path.join(parent, f".{name}.lock")
+    while True:
+        try:
+            os.makedirs(parent, exist_ok=True)          # --out data/new, where data/ is not made yet
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise folder_creation_error(shown, e, "--out") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ValueError(f"output {shown} is being prepared by another data.py now (it holds {path}): wait for "
+                             "it to finish, or choose another --out") from None
+        except OSError:                      # a filesystem without locks (ENOLCK): prepared unlocked, as before
+            break
+        try:                                 # the file locked is still the one at `path` (not unlinked by a
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino     # holder that finished meanwhile): else again
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
     try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def _replace(tmp, out_dir, old):
+    """prepared_folder's end: tmp becomes out_dir, the old out_dir (if any) removed."""
     with signals_held():
         if os.path.isdir(out_dir):
             os.rename(out_dir, old)

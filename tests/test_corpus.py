@@ -546,3 +546,24 @@ def test_a_prepared_folder_given_as_input_is_named_as_such(tmp_path):
         with pytest.raises(ValueError, match=f"^input {tmp_path / folder} is prepared data already .*: train on it as "
                                              f"it is, python train.py --data_dir={tmp_path / folder}$"):
             corpus.iter_texts(str(tmp_path / folder))
+
+
+def test_a_truncated_zstd_file_is_refused_as_a_truncated_gzip_is(tmp_path):
+    """zstandard's stream_reader ends a file cut inside a frame without a word: a .txt.zst cut in half was one
+    document of half its text, a .jsonl.zst of one frame per line cut after line 6 was 6 documents. Both stop
+    with the file named, as gzip's EOFError does; whole files of one or several frames read as before."""
+    zstandard = pytest.importorskip("zstandard")
+    text = "".join(f"line {i} of a long document\n" for i in range(20_000)).encode()
+    packed = zstandard.ZstdCompressor().compress(text)
+    lines = [json.dumps({"text": f"record {i} " * 20}).encode() + b"\n" for i in range(10)]
+    frames = [zstandard.ZstdCompressor().compress(line) for line in lines]     # as `zstd -c a b > ab` writes
+    (tmp_path / "t.txt.zst").write_bytes(packed)
+    (tmp_path / "cut.txt.zst").write_bytes(packed[:len(packed) // 2])
+    (tmp_path / "f.jsonl.zst").write_bytes(b"".join(frames))
+    (tmp_path / "cut.jsonl.zst").write_bytes(b"".join(frames[:6]) + frames[6][:5])
+    assert [d.text for d in corpus.iter_texts(str(tmp_path / "t.txt.zst"))] == [text.decode()]
+    assert [d.text for d in corpus.iter_texts(str(tmp_path / "f.jsonl.zst"))] == [json.loads(x)["text"] for x in lines]
+    for name, where in (("cut.txt.zst", ""), ("cut.jsonl.zst", " after line 6")):
+        with pytest.raises(ValueError, match=f"{name}: not readable{where} .EOFError: the file ends inside a "
+                                             "zstandard frame.; is it truncated"):
+            list(corpus.iter_texts(str(tmp_path / name)))

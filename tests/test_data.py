@@ -546,3 +546,33 @@ def test_a_loader_state_of_other_data_is_refused_naming_both_ways_out(byte_data)
                                          rf"{other.n_rows}: resume on the same data_dir, block_size and packing, or "
                                          r"start in another out_dir$"):
         other.load_state_dict(state)
+
+
+def test_an_input_file_that_cannot_be_read_is_named_not_taken_for_the_output(tmp_path, monkeypatch):
+    """A broken link, an unreadable file or a folder that cannot be listed in the input stops the preparation in
+    one line naming that input (its open failed with ENOENT, it said the output folder was gone); an existing
+    --out stays as it was, and no folder goes unread without a word (os.walk skips it)."""
+    _write_docs(tmp_path / "in", DOCS)
+    out = tmp_path / "out"
+    data.prepare(str(tmp_path / "in"), str(out), "byte", val_frac=0.3, workers=1)
+    before = _folder_state(out)
+    os.symlink(tmp_path / "nowhere.txt", tmp_path / "in" / "zz_link.txt")
+    with pytest.raises(SystemExit, match=re.escape(f"error: input {tmp_path}/in/zz_link.txt cannot be read: a broken "
+                                                   f"symbolic link (to {tmp_path}/nowhere.txt); fix it, or move it "
+                                                   "out of the input folder")):
+        data.main(["--input", str(tmp_path / "in"), "--out", str(out), "--workers=1"])
+    os.remove(tmp_path / "in" / "zz_link.txt")
+    (tmp_path / "in" / "sub").mkdir()
+    (tmp_path / "in" / "sub" / "a.txt").write_text("a document in a folder")
+    real = {"builtins.open": open, "os.scandir": os.scandir}
+    for patched, where in (("builtins.open", "sub/a.txt"), ("os.scandir", "sub")):   # as mode 000, not as root
+        def denied(path, *args, **kwargs):
+            if str(path) == f"{tmp_path}/in/{where}":
+                raise PermissionError(13, "Permission denied", str(path))
+            return real[patched](path, *args, **kwargs)
+        monkeypatch.setattr(patched, denied)
+        with pytest.raises(SystemExit, match=re.escape(f"error: input {tmp_path}/in/{where} cannot be read: "
+                                                       "permission denied; fix it")):
+            data.main(["--input", str(tmp_path / "in"), "--out", str(out), "--workers=1"])
+        monkeypatch.undo()
+    assert _folder_state(out) == before and sorted(os.listdir(tmp_path)) == ["in", "out"]

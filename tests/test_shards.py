@@ -3,6 +3,7 @@ are), corrupt or missing shards, meta.json (older, incomplete, corrupt), the hin
 one, and a preparation that replaces its folder whole or leaves it as it was."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -196,3 +197,41 @@ def test_an_output_folder_that_cannot_be_created_is_named_with_the_way_out(tmp_p
     for folder, code, says in cases:
         e = folder_creation_error(str(folder), OSError(code, os.strerror(code)), "--out")
         assert str(e) == f"cannot create the output folder {folder}: {says}"
+
+
+def test_an_output_folder_that_is_a_link_is_prepared_where_it_points(tmp_path):
+    """--out linked to a folder on another disk (data/fw -> /big/fw) gets the shards there, run after run: the
+    link stayed a link (it was renamed away and replaced by a folder beside it, on the smaller disk, and the
+    second run failed on the renamed link, leaving its temp folder)."""
+    _write_jsonl(tmp_path / "in.jsonl", [f"document {i} " * 10 for i in range(20)])
+    (tmp_path / "big" / "fw").mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    os.symlink(tmp_path / "big" / "fw", tmp_path / "data" / "fw")
+    os.symlink(tmp_path / "big" / "new", tmp_path / "data" / "new")      # a link to a folder not made yet
+    for out in ("fw", "fw", "new"):
+        data.prepare(str(tmp_path / "in.jsonl"), str(tmp_path / "data" / out), "byte", val_frac=0.2, workers=1)
+        assert os.path.islink(tmp_path / "data" / out) and sorted(os.listdir(tmp_path / "data")) == ["fw", "new"]
+        assert "meta.json" in os.listdir(tmp_path / "big" / out)
+        assert next(data.Loader(str(tmp_path / "data" / out), "train", 2, 16)).x.shape == (2, 16)
+    assert sorted(os.listdir(tmp_path / "big")) == ["fw", "new"]
+
+
+def test_a_second_preparation_into_the_same_folder_waits_for_none_and_breaks_none(tmp_path):
+    """Two preparations into one --out at once: the second removed the first's temp folder as a killed run's, the
+    first's shards went on into the second's, and a folder of mixed shards came out. Now the second is refused in
+    one line while the first holds the folder's lock; a lock file left by a killed preparation blocks nothing."""
+    from speedgpt.shards import prepared_folder
+    out = tmp_path / "out"
+    with prepared_folder(str(out)) as tmp:
+        (tmp_path / ".out.preparing" / "train_000000.bin").write_bytes(b"the first's")
+        with pytest.raises(ValueError, match=re.escape(f"output {out} is being prepared by another data.py now (it "
+                                                       f"holds {tmp_path}/.out.lock): wait for it to finish, or "
+                                                       "choose another --out")):
+            with prepared_folder(str(out)):
+                pass
+        assert os.listdir(tmp) == ["train_000000.bin"]
+    assert os.listdir(out) == ["train_000000.bin"] and sorted(os.listdir(tmp_path)) == ["out"]
+    (tmp_path / ".out.lock").write_text("")          # a killed preparation's: no process holds it
+    with prepared_folder(str(out)):
+        pass
+    assert sorted(os.listdir(tmp_path)) == ["out"]
