@@ -312,12 +312,29 @@ def preparation_lock(parent, name, shown):
         if same:
             break
         os.close(fd)
+    _held_locks.add(fd)
     try:
         yield
     finally:
+        _held_locks.discard(fd)
         with contextlib.suppress(OSError):
             os.unlink(path)
         os.close(fd)
+
+
+_held_locks = set()        # preparation_lock's open lock files in this process
+
+
+def _drop_held_locks():
+    """In a forked child (a tokenizer worker), close its copies of the lock files: a flock lasts while any copy is
+    open, so a worker that outlived a killed data.py would keep its --out refused to the next preparation."""
+    for fd in _held_locks:
+        os.close(fd)
+    _held_locks.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_held_locks)
 
 
 def _replace(tmp, out_dir, old):

@@ -4,6 +4,7 @@ one, and a preparation that replaces its folder whole or leaves it as it was."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -214,6 +215,39 @@ def test_an_output_folder_that_is_a_link_is_prepared_where_it_points(tmp_path):
         assert "meta.json" in os.listdir(tmp_path / "big" / out)
         assert next(data.Loader(str(tmp_path / "data" / out), "train", 2, 16)).x.shape == (2, 16)
     assert sorted(os.listdir(tmp_path / "big")) == ["fw", "new"]
+
+
+KILLED_WITH_A_WORKER_LEFT = """
+import os, signal, sys, time
+from speedgpt.shards import prepared_folder
+with prepared_folder(sys.argv[1]):
+    child = os.fork()
+    if child == 0:                      # a tokenizer worker that outlives the preparation
+        time.sleep(60)
+        os._exit(0)
+    print(child, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="a forked worker")
+def test_a_worker_left_by_a_killed_preparation_holds_no_copy_of_its_lock(tmp_path):
+    """data.py killed outright while a forked worker lives on: the worker closed its copy of the lock file at the
+    fork (a flock lasts while any copy is open), so the next preparation into that --out is not refused."""
+    from speedgpt.shards import prepared_folder
+    out = tmp_path / "out"
+    with open(tmp_path / "pid", "w") as said:       # a file: the worker would hold a pipe open
+        proc = subprocess.run([sys.executable, "-c", KILLED_WITH_A_WORKER_LEFT, str(out)], cwd=ROOT, stdout=said,
+                              timeout=60)
+    worker = int((tmp_path / "pid").read_text())
+    (tmp_path / "pid").unlink()
+    try:
+        assert proc.returncode == -signal.SIGKILL and (tmp_path / ".out.lock").exists()
+        with prepared_folder(str(out)):
+            pass
+        assert sorted(os.listdir(tmp_path)) == ["out"]
+    finally:
+        os.kill(worker, signal.SIGKILL)
 
 
 def test_a_second_preparation_into_the_same_folder_waits_for_none_and_breaks_none(tmp_path):
