@@ -52,7 +52,8 @@ def check_source(args):
         raise FileNotFoundError(f"--init_from {where!r} is a file, not a Hugging Face folder: score a speedgpt run "
                                 f"with --out_dir {os.path.dirname(where) or '.'} (its ckpt.pt); a nanoGPT ckpt.pt "
                                 f"first starts a run (python train.py --init_from={where})")
-    elif where not in HF_GPT2 and not os.path.isfile(os.path.join(where, "config.json")):
+    elif where not in HF_GPT2 and (os.path.isfile(os.path.join(where, "ckpt.pt"))        # a run's config.json is
+                                   or not os.path.isfile(os.path.join(where, "config.json"))):   # train.py's, not HF's
         raise FileNotFoundError(
             f"--init_from {where!r}: " + ("a speedgpt run folder: score its checkpoint with --out_dir " + where
                                          if os.path.isfile(os.path.join(where, "ckpt.pt")) else
@@ -142,10 +143,13 @@ def check_harness_model(args):
         where = checkpoint_file(args.out_dir)
         tokenizer = checkpoint_tokenizer(where)
         has, what = tokenizer in ("gpt2", None), f"{tokenizer} tokens"
-    if not has:
+    if not has:         # HellaSwag, eval.py's other score, refuses nanoGPT's characters too: their validation loss
+        other = "without --lm_eval, eval.py scores this one on HellaSwag" if what != "char tokens" else \
+            "its validation loss measures this one: python train.py --init_from={} --data_dir={} --eval_only=True " \
+            "--out_dir=OTHER_FOLDER".format(where, torch.load(where, map_location="cpu", weights_only=True,
+                                                               mmap=True)["config"]["data_dir"])
         raise ValueError(f"{where} has no Hugging Face tokenizer ({what}), and lm-evaluation-harness reads text "
-                         "through one: --lm_eval scores GPT-2 BPE models (data.py --tokenizer gpt2); without "
-                         "--lm_eval, eval.py scores this one on HellaSwag")
+                         f"through one: --lm_eval scores GPT-2 BPE models (data.py --tokenizer gpt2); {other}")
 
 
 def run_harness(args):

@@ -64,7 +64,11 @@ def load_hf(name_or_path, device):
 def source_error(init_from):
     """The one line for an --init_from that names no model sample.py reads (nanoGPT's flag: resume, the default,
     is --out_dir's checkpoint), or None for a good one."""
-    if init_from == "resume" or init_from in HF_GPT2 or os.path.isfile(os.path.join(init_from, "config.json")):
+    if init_from == "resume" or init_from in HF_GPT2:
+        return None
+    if os.path.isfile(os.path.join(init_from, "ckpt.pt")):     # a run's folder: its config.json is train.py's, not HF's
+        return f"--init_from {init_from} is a training run's folder: sample its checkpoint with --out_dir={init_from}"
+    if os.path.isfile(os.path.join(init_from, "config.json")):
         return None
     if os.path.isfile(init_from):                       # a checkpoint file: --out_dir takes it
         return f"--init_from {init_from} is a file: sample from a checkpoint file with --out_dir={init_from}"

@@ -32,6 +32,7 @@ from speedgpt.corpus import get_tokenizer
 def test_eval_bad_input_is_one_line(hf_gpt2_dir, tmp_path, capsys, args, error):
     fill = dict(tmp=tmp_path, hf=hf_gpt2_dir)
     (tmp_path / "ckpt.pt").write_bytes(b"")               # tmp_path: a run folder, which --init_from is not for
+    (tmp_path / "config.json").write_text("{}")           # as train.py writes it: not a Hugging Face folder's
     with pytest.raises(SystemExit) as e:
         eval_script.main([a.format(**fill) for a in args] + ["--device=cpu"])
     err = capsys.readouterr().err
@@ -159,6 +160,21 @@ def test_lm_eval_bad_input_is_one_line_before_any_work(hf_gpt2_dir, tmp_path, ca
         eval_script.main([a.format(**fill) for a in args] + ["--lm_eval=hellaswag_local", "--device=cpu"])
     err = capsys.readouterr().err
     assert e.value.code == 1 and err.startswith(error.format(**fill)) and err.count("\n") == 1, err
+
+
+def test_lm_eval_on_characters_names_their_validation_loss(tmp_path, capsys, monkeypatch):
+    """--lm_eval on a model of nanoGPT's characters names their validation loss as the way out: it named eval.py's
+    HellaSwag, which refuses such a model too."""
+    torch.save({"meta": {"tokenizer": "char", "vocab_size": 65, "eot_id": -1},
+                "config": {"data_dir": "data/shakespeare_char"}}, tmp_path / "ckpt.pt")
+    monkeypatch.setitem(sys.modules, "lm_eval", None)
+    with pytest.raises(SystemExit) as e:
+        eval_script.main([f"--out_dir={tmp_path}", "--lm_eval=hellaswag_local", "--device=cpu"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err == f"error: {tmp_path}/ckpt.pt has no Hugging Face tokenizer (char tokens), and " \
+        "lm-evaluation-harness reads text through one: --lm_eval scores GPT-2 BPE models (data.py --tokenizer gpt2); " \
+        f"its validation loss measures this one: python train.py --init_from={tmp_path}/ckpt.pt " \
+        "--data_dir=data/shakespeare_char --eval_only=True --out_dir=OTHER_FOLDER\n", err
 
 
 def test_lm_eval_unknown_task_and_missing_package_are_one_line(gpt2_run, capsys, monkeypatch):

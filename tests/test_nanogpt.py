@@ -127,7 +127,9 @@ def test_nanogpts_sample_py_flags_are_taken(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out.startswith("Hi")
     for init_from, said in (("gpt3", "--init_from must be resume (the checkpoint in --out_dir), gpt2, "),
                             (out / "ckpt.pt", f"--init_from {out / 'ckpt.pt'} is a file: sample from a checkpoint "
-                                              f"file with --out_dir={out / 'ckpt.pt'}")):
+                                              f"file with --out_dir={out / 'ckpt.pt'}"),
+                            (out, f"--init_from {out} is a training run's folder: sample its checkpoint with "   # its
+                                  f"--out_dir={out}")):                               # config.json is not HF's
         with pytest.raises(SystemExit) as e:
             sample.main([f"--init_from={init_from}", "--device=cpu"])
         err = capsys.readouterr().err
