@@ -125,9 +125,14 @@ def refuse_characters(path):
     """Raise ValueError in one line where checkpoint `path` is a model of nanoGPT's characters (its meta.pkl),
     which HellaSwag cannot score, naming the evaluation that can: its validation loss on its data."""
     if checkpoint_tokenizer(path) == "char":
-        data_dir = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["config"]["data_dir"]
-        hellaswag.refuse_characters("char", path, f"its validation loss: python train.py --init_from={path} "
-                                    f"--data_dir={data_dir} --eval_only=True --out_dir=OTHER_FOLDER")
+        hellaswag.refuse_characters("char", path, f"its validation loss: {validation_loss_command(path)}")
+
+
+def validation_loss_command(path):
+    """The command that scores checkpoint `path` on its own data's validation split (a model HellaSwag and the
+    harness cannot score: nanoGPT's characters)."""
+    data_dir = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["config"]["data_dir"]
+    return f"python train.py --init_from={path} --data_dir={data_dir} --eval_only=True --out_dir=OTHER_FOLDER"
 
 
 def check_harness_model(args):
@@ -145,9 +150,7 @@ def check_harness_model(args):
         has, what = tokenizer in ("gpt2", None), f"{tokenizer} tokens"
     if not has:         # HellaSwag, eval.py's other score, refuses nanoGPT's characters too: their validation loss
         other = "without --lm_eval, eval.py scores this one on HellaSwag" if what != "char tokens" else \
-            "its validation loss measures this one: python train.py --init_from={} --data_dir={} --eval_only=True " \
-            "--out_dir=OTHER_FOLDER".format(where, torch.load(where, map_location="cpu", weights_only=True,
-                                                               mmap=True)["config"]["data_dir"])
+            f"its validation loss measures this one: {validation_loss_command(where)}"
         raise ValueError(f"{where} has no Hugging Face tokenizer ({what}), and lm-evaluation-harness reads text "
                          f"through one: --lm_eval scores GPT-2 BPE models (data.py --tokenizer gpt2); {other}")
 
