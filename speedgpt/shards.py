@@ -254,6 +254,11 @@ def prepared_folder(out_dir):
     tmp, old = os.path.join(parent, f".{name}.preparing"), os.path.join(parent, f".{name}.old")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"output {shown} exists and is not a folder: choose another --out")
+    # out_dir is replaced by a new folder at the end: the shell that ran data.py from inside it would be left in
+    # the old one, deleted, and see nothing of what was written
+    if os.path.commonpath([os.path.realpath(os.getcwd()), out_dir]) == out_dir:
+        raise ValueError(f"output {shown} is the current folder or holds it, and a preparation replaces it with a "
+                         "new folder: run data.py from its parent with --out NAME")
     if os.path.isdir(out_dir):
         foreign = sorted(n for n in os.listdir(out_dir) if not OUR_FILE.fullmatch(n))
         if foreign:

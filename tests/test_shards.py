@@ -217,6 +217,21 @@ def test_an_output_folder_that_is_a_link_is_prepared_where_it_points(tmp_path):
     assert sorted(os.listdir(tmp_path / "big")) == ["fw", "new"]
 
 
+def test_the_current_folder_as_out_is_refused(tmp_path, monkeypatch):
+    """--out . (or a folder holding the current one) would be replaced by a new folder at the end, leaving the shell
+    in the old one, deleted: "wrote ." and an empty `ls`. Refused in one line, nothing written."""
+    _write_jsonl(tmp_path / "in.jsonl", [f"document {i} " * 10 for i in range(20)])
+    (tmp_path / "here" / "inner").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "here" / "inner")
+    for out in (".", "..", str(tmp_path / "here")):
+        with pytest.raises(ValueError, match=r"is the current folder or holds it, .*: run data.py from its parent "
+                                             r"with --out NAME$"):
+            data.prepare(str(tmp_path / "in.jsonl"), out, "byte", workers=1)
+    assert sorted(os.listdir(tmp_path)) == ["here", "in.jsonl"] and os.listdir(tmp_path / "here") == ["inner"]
+    data.prepare(str(tmp_path / "in.jsonl"), "sub", "byte", workers=1)       # a folder inside it is fine
+    assert "meta.json" in os.listdir("sub")
+
+
 KILLED_WITH_A_WORKER_LEFT = """
 import os, signal, sys, time
 from speedgpt.shards import prepared_folder
