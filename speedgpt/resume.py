@@ -134,8 +134,9 @@ def refuse_other_seed(path, cfg, explicit, saved):
     compare other rows with the run's while the printed change said the seed was taken."""
     if "seed" in explicit and "seed" in saved and cfg.seed != saved["seed"]:
         raise ValueError(f"seed={cfg.seed} differs from the checkpoint's {saved['seed']}: a resume continues the run's "
-                         "data order, dropout and validation rows, which its seed chose; leave out --seed, or start a "
-                         f"new run from its weights in a new folder (--init_from={path} --out_dir=NEW_FOLDER)")
+                         "data order, dropout and validation rows, which its seed chose; leave seed unset (no --seed, "
+                         "none in a config file), or start a new run from its weights in a new folder "
+                         f"(--init_from={path} --out_dir=NEW_FOLDER)")
 
 
 def refuse_other_data(path, ckpt, data_dir):

@@ -119,8 +119,8 @@ def test_a_resume_validates_on_the_runs_rows_and_refuses_another_seed(byte_data,
     train.main(args(tmp_path / "b", "--max_iters=4", "--lr_decay_iters=8", "--seed=5", "--eval_tokens=256"))
     before = {p: os.path.getmtime(tmp_path / "b" / p) for p in os.listdir(tmp_path / "b")}
     with pytest.raises(ValueError, match=r"^seed=7 differs from the checkpoint's 5: a resume continues the run's data "
-                                         r"order, dropout and validation rows, which its seed chose; leave out --seed, "
-                                         r"or start a new run from its weights in a new folder \(--init_from=.*/b/"
+                                         r"order, dropout and validation rows, which its seed chose; leave seed unset "
+                                         r"\(no --seed, none in a config file\), or start a new run from its weights in a new folder \(--init_from=.*/b/"
                                          r"ckpt.pt --out_dir=NEW_FOLDER\)$"):
         train.main(args(tmp_path / "b", "--init_from=resume", "--max_iters=8", "--seed=7"))
     assert {p: os.path.getmtime(tmp_path / "b" / p) for p in os.listdir(tmp_path / "b")} == before
