@@ -257,6 +257,7 @@ def on_rank0(proc, fn, *args):
         except (ValueError, TypeError, OSError) as e:
             error = e
     if proc.world > 1 and not on_every_rank(torch.tensor(error is None, device=proc.device), proc):
+        leave(proc, True)     # every rank is here: the group goes now (left to the exit, gloo's threads can abort it)
         raise error or ValueError("rank 0 refused the run (its line above says why)")
     if error is not None:
         raise error

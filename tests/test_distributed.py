@@ -110,6 +110,7 @@ def test_an_out_dir_another_run_holds_is_refused_under_torchrun_in_one_line(shor
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and out.count("error: another run is training in out_dir=") == 1, out[-3000:]
     assert "[rank1]" not in out and "Traceback" not in out.split("error:")[0], out[-3000:]
+    assert "terminate called" not in out and "SIGABRT" not in out, out[-3000:]     # gloo's threads at exit, 1 in 6
     assert os.listdir(tmp_path / "run") == []
 
 
