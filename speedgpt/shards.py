@@ -249,6 +249,12 @@ def prepared_folder(out_dir):
     disk gets the shards there). One preparation at a time per folder (preparation_lock): another one would take
     this one's temp folder for a killed run's and remove it."""
     shown = out_dir = os.path.normpath(out_dir)          # the user's name, in messages
+    try:
+        os.stat(out_dir)
+    except OSError as e:        # new or dangling is fine (made where it points); a loop of links points nowhere
+        if e.errno == errno.ELOOP:
+            raise ValueError(f"output {shown} is a loop of symbolic links: remove it, or choose another "
+                             "--out") from None
     out_dir = os.path.realpath(out_dir)
     parent, name = os.path.split(out_dir)
     tmp, old = os.path.join(parent, f".{name}.preparing"), os.path.join(parent, f".{name}.old")

@@ -217,6 +217,17 @@ def test_an_output_folder_that_is_a_link_is_prepared_where_it_points(tmp_path):
     assert sorted(os.listdir(tmp_path / "big")) == ["fw", "new"]
 
 
+def test_a_loop_of_links_as_out_is_named(tmp_path):
+    """--out a link that points to itself: one line that says so, where the line said 'Not a directory' and
+    suggested freeing space."""
+    _write_jsonl(tmp_path / "in.jsonl", [f"document {i} " * 10 for i in range(20)])
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    with pytest.raises(ValueError, match=r"^output .*loop is a loop of symbolic links: remove it, or choose another "
+                                         r"--out$"):
+        data.prepare(str(tmp_path / "in.jsonl"), str(tmp_path / "loop"), "byte", workers=1)
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "loop"]
+
+
 def test_the_current_folder_as_out_is_refused(tmp_path, monkeypatch):
     """--out . (or a folder holding the current one) would be replaced by a new folder at the end, leaving the shell
     in the old one, deleted: "wrote ." and an empty `ls`. Refused in one line, nothing written."""
