@@ -116,8 +116,8 @@ class Progress:
 
 def main(argv=None):
     parser = FlagParser(prog="sample.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out_dir", default="out", help="folder holding ckpt.pt, or a checkpoint file "
-                        "(a kept step: out/ckpt_step000500.pt)")
+    parser.add_argument("--out_dir", default="", help="folder holding ckpt.pt, or a checkpoint file "
+                        "(a kept step: out/ckpt_step000500.pt); default out")
     parser.add_argument("--start", default="def ", help="prompt; FILE:path reads it from a file")
     parser.add_argument("--num_samples", type=whole(1), help="samples to draw (default 2; 1 with --temperature=0, "
                         "where every sample is the same)")
@@ -160,6 +160,9 @@ def main(argv=None):
                      + ("is a folder, not a file" if os.path.isdir(args.start[5:]) else "not found"))
     if source_error(args.init_from):
         parser.error(source_error(args.init_from))
+    if args.out_dir and args.init_from != "resume":     # one model is sampled: say which instead of ignoring one
+        parser.error(f"--out_dir {args.out_dir} and --init_from {args.init_from} name two models: give one of them")
+    args.out_dir = args.out_dir or "out"
     if args.compile:      # each new token is a new shape (a new length, or a longer KV cache): it would recompile
         print("note: --compile=True: sample.py samples uncompiled, as nanoGPT's did (its generate called the model "
               "it had compiled, uncompiled)", file=sys.stderr)

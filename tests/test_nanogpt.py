@@ -125,13 +125,15 @@ def test_nanogpts_sample_py_flags_are_taken(tmp_path, monkeypatch, capsys):
                                                                        n_embd=16, block_size=32)))
     sample.main(["--init_from=gpt2-xl", "--device=cpu", "--start=Hi", "--num_samples=1", "--max_new_tokens=4"])
     assert capsys.readouterr().out.startswith("Hi")
-    for init_from, said in (("gpt3", "--init_from must be resume (the checkpoint in --out_dir), gpt2, "),
-                            (out / "ckpt.pt", f"--init_from {out / 'ckpt.pt'} is a file: sample from a checkpoint "
-                                              f"file with --out_dir={out / 'ckpt.pt'}"),
-                            (out, f"--init_from {out} is a training run's folder: sample its checkpoint with "   # its
-                                  f"--out_dir={out}")):                               # config.json is not HF's
+    for argv, said in ((["--init_from=gpt3"], "--init_from must be resume (the checkpoint in --out_dir), gpt2, "),
+                       ([f"--init_from={out / 'ckpt.pt'}"], f"--init_from {out / 'ckpt.pt'} is a file: sample from a "
+                                                             f"checkpoint file with --out_dir={out / 'ckpt.pt'}"),
+                       ([f"--init_from={out}"], f"--init_from {out} is a training run's folder: sample its "   # its
+                                                f"checkpoint with --out_dir={out}"),           # config.json is not HF's
+                       (["--init_from=gpt2-xl", f"--out_dir={out}"], f"--out_dir {out} and --init_from gpt2-xl name "
+                                                                     "two models: give one of them")):
         with pytest.raises(SystemExit) as e:
-            sample.main([f"--init_from={init_from}", "--device=cpu"])
+            sample.main([*argv, "--device=cpu"])
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith(f"error: {said}") and len(err.splitlines()) == 1, err
 
