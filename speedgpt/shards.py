@@ -526,6 +526,11 @@ def nanogpt_meta(data_dir, verbose=True):
         if not all(type(c) is str for c in chars):
             raise TypeError("itos maps ids to something else than strings")
     except Exception as e:       # unreadable, another pickle, a vocabulary with gaps
+        if isinstance(e, KeyError) and e.args == ("itos",):      # a vocab_size alone: ids without their text
+            raise ValueError(f"{path} holds a vocab_size and no itos (the characters of nanoGPT's vocabulary): "
+                             "speedgpt reads tokens with their text (bits per byte, samples). GPT-2 tokens: move "
+                             "meta.pkl away (a folder without one is GPT-2's); other text: prepare it with data.py") \
+                from None
         raise ValueError(f"{path} is not nanoGPT's character vocabulary ({{'vocab_size', 'itos', 'stoi'}}: "
                          f"{type(e).__name__}: {e}): prepare the folder again with its prepare.py") from None
     if verbose:

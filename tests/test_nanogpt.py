@@ -195,6 +195,20 @@ def test_a_meta_pkl_of_numpy_numbers_loads_and_one_naming_code_is_refused(tmp_pa
     assert "ran" not in capsys.readouterr().out
 
 
+def test_a_meta_pkl_of_a_vocab_size_alone_names_the_ways_that_work(tmp_path):
+    """nanoGPT's train.py reads only vocab_size; a meta.pkl of nothing else (another tokenizer's ids) gives ids
+    without their text, which bits per byte and sampling need: one line with what works, where it said to prepare the
+    folder again with its prepare.py, which writes the same file."""
+    from speedgpt.shards import nanogpt_meta
+    write_char_folder(tmp_path / "ids")
+    with open(tmp_path / "ids" / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 50304}, f)
+    with pytest.raises(ValueError, match=r"meta.pkl holds a vocab_size and no itos .*: speedgpt reads tokens with "
+                                         r"their text .* GPT-2 tokens: move meta.pkl away .*; other text: prepare "
+                                         r"it with data.py$"):
+        nanogpt_meta(str(tmp_path / "ids"), verbose=False)
+
+
 def test_a_meta_pkl_smaller_than_its_tokens_is_named(tmp_path):
     """A meta.pkl whose vocabulary lacks ids the shards hold: the refusal names meta.pkl, not a meta.json the folder
     does not have."""
