@@ -343,14 +343,17 @@ def main(argv=None):
     ex = sub.add_parser("export", help="write out_dir/ckpt.pt as a Hugging Face GPT-2 folder")
     ex.add_argument("--out_dir", default="out", help="the training run's folder, holding ckpt.pt, or a kept step's "
                     "file (out/ckpt_step000500.pt)")
-    ex.add_argument("--to", default=None, help="the folder to write (default: OUT_DIR/hf)")
+    ex.add_argument("--to", default=None, help="the folder to write (default: OUT_DIR/hf; for a kept step's file, "
+                    "OUT_DIR/hf_step000500)")
     args = parser.parse_args(argv)
     if args.command is None:                  # argparse's words ("arguments are required: command") name no command
         parser.error("hf.py needs a command: export (python hf.py export --out_dir=out writes out/hf); to fine-tune "
                      f"from GPT-2, train.py takes --init_from=gpt2 (or {', '.join(HF_GPT2[1:])}, a Hugging Face "
                      "folder)")
     path = checkpoint_file(args.out_dir)
-    to = args.to or os.path.join(os.path.dirname(path), "hf")
+    # each checkpoint file its own default folder: a kept step's export never replaces ckpt.pt's (out/hf)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    to = args.to or os.path.join(os.path.dirname(path), "hf" + (stem[4:] if stem.startswith("ckpt") else "_" + stem))
     try:
         export_hf(path, to)
     except ValueError as e:

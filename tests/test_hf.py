@@ -249,11 +249,13 @@ def test_export_with_bias_false_through_the_cli(byte_data, tmp_path):
         for attention in ("naive", "sdpa"):
             torch.testing.assert_close(got, model_from_ckpt(tmp_path / "ckpt.pt", attention)(idx)[0][..., :257],
                                        rtol=0, atol=1e-5)
-    kept = tmp_path / "ckpt_step000004.pt"                  # a kept step's file exports as sample.py reads it
-    hf.main(["export", f"--out_dir={kept}", f"--to={tmp_path / 'hf4'}"])
-    again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf4")).eval()
+    kept = tmp_path / "ckpt_step000004.pt"                  # a kept step's file exports as sample.py reads it,
+    before = {f: os.path.getmtime(tmp_path / "hf" / f) for f in os.listdir(tmp_path / "hf")}
+    hf.main(["export", f"--out_dir={kept}"])                # to a folder of its own: ckpt.pt's export stays
+    again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf_step000004")).eval()
     with torch.no_grad():
         assert torch.equal(again(idx).logits, got)
+    assert {f: os.path.getmtime(tmp_path / "hf" / f) for f in os.listdir(tmp_path / "hf")} == before
 
 
 def fake_checkpoint(path, model, meta, **config):
