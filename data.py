@@ -112,7 +112,7 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
     with prepared_folder(out_dir) as tmp, corpus.TokenizerPool(tokenizer, dtype, workers) as pool:
         writers = {s: ShardWriter(tmp, s, shard_tokens, dtype, tok.eot) for s in ("train", "val")}
         with contextlib.ExitStack() as closing:
-            with signals_held():    # a Ctrl-C inside tqdm's __init__ leaves a half-built bar, whose __del__ prints a traceback
+            with signals_held():    # a Ctrl-C inside tqdm's __init__ leaves a half-built bar: its __del__ raises
                 bar = closing.enter_context(tqdm(total=max_tokens, unit="tok", unit_scale=True,
                                                  desc=f"tokenizing ({tokenizer}, {workers} workers)"))
             for tokens, lengths, n_empty, splits in pool.tokenize(itertools.chain([first], docs)):

@@ -28,7 +28,7 @@ import torch
 
 from speedgpt import refuse_unused
 from speedgpt.measure import size
-from speedgpt.shards import describe_os_error
+from speedgpt.shards import HELD_LOCKS, describe_os_error
 
 CKPT_KEYS = ("model", "optimizer", "scaler", "step", "best_val_loss", "config", "meta", "loader", "rng")
 KEPT_ON_RESUME = ("keep_checkpoints",)    # a resume keeps the run's unless set: the default's would prune its steps
@@ -91,9 +91,6 @@ def check_out_dir(out_dir):
             leaf = os.path.dirname(leaf)
 
 
-_locked = {}         # {out_dir's absolute path: the open folder} this process trains in (lock_out_dir)
-
-
 def lock_out_dir(out_dir):
     """Hold an exclusive lock on the folder `out_dir` while this process trains there (flock on the folder itself:
     no file is made, and the lock goes with the process however it ends), so that a second run started into it is
@@ -107,7 +104,7 @@ def lock_out_dir(out_dir):
     except ImportError:                        # Windows: no flock
         return
     path = os.path.abspath(out_dir)
-    if path in _locked or not os.path.isdir(path):
+    if ("out_dir", path) in HELD_LOCKS or not os.path.isdir(path):
         return
     unlock_out_dir()
     try:
@@ -122,19 +119,13 @@ def lock_out_dir(out_dir):
             raise ValueError(f"another run is training in out_dir={out_dir!r} (it holds the folder's lock): wait "
                              "for it to end (or stop it), or choose another --out_dir") from None
         return                                 # no locks on this filesystem (some network or FUSE ones)
-    _locked[path] = fd
+    HELD_LOCKS[("out_dir", path)] = fd      # closed in a forked worker (shards.HELD_LOCKS)
 
 
 def unlock_out_dir():
-    """Release lock_out_dir's lock, if this process holds one (its descriptor closed). In a forked child (a
-    tokenizer or compile worker) it closes the child's copy only, which leaves the parent's lock as it is: a flock
-    lasts while any copy is open, so a worker that outlived a killed run would keep its out_dir refused."""
-    for path in list(_locked):
-        os.close(_locked.pop(path))
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=unlock_out_dir)
+    """Release lock_out_dir's lock, if this process holds one (its descriptor closed)."""
+    for key in [k for k in HELD_LOCKS if k[0] == "out_dir"]:
+        os.close(HELD_LOCKS.pop(key))
 
 
 def model_state(model, optimizer=None, cpu=True):

@@ -323,25 +323,28 @@ def preparation_lock(parent, name, shown):
         if same:
             break
         os.close(fd)
-    _held_locks.add(fd)
+    HELD_LOCKS[("data", path)] = fd
     try:
         yield
     finally:
-        _held_locks.discard(fd)
+        HELD_LOCKS.pop(("data", path), None)
         with contextlib.suppress(OSError):
             os.unlink(path)
         os.close(fd)
 
 
-_held_locks = set()        # preparation_lock's open lock files in this process
+# the flocks this process holds, {(kind, path): descriptor}: preparation_lock's ("data") and
+# checkpoint.lock_out_dir's ("out_dir")
+HELD_LOCKS = {}
 
 
 def _drop_held_locks():
-    """In a forked child (a tokenizer worker), close its copies of the lock files: a flock lasts while any copy is
-    open, so a worker that outlived a killed data.py would keep its --out refused to the next preparation."""
-    for fd in _held_locks:
+    """In a forked child (a tokenizer or compile worker), close its copies of the held locks and forget them: a
+    flock lasts while any copy is open, so a worker that outlived a killed data.py or train.py would keep its
+    folder refused to the next one. The parent's locks stay as they are."""
+    for fd in HELD_LOCKS.values():
         os.close(fd)
-    _held_locks.clear()
+    HELD_LOCKS.clear()
 
 
 if hasattr(os, "register_at_fork"):
