@@ -37,6 +37,9 @@ def main(a_path, b_path, top=40):
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        sys.exit(0)
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     try:

@@ -63,7 +63,10 @@ def summarize(path, top=15):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        sys.exit(0)
+    if len(sys.argv) != 2:
         sys.exit(__doc__)
     try:
         print("\n".join(summarize(sys.argv[1])))
