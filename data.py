@@ -128,6 +128,8 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
                         held = tokens[start:end]
                     if max_tokens is not None and total >= max_tokens:
                         break
+                if max_tokens is not None and total > max_tokens:
+                    bar.total = total       # the document that reached max_tokens ran past it: 100%, not 101%
                 bar.update(total - bar.n)
                 bar.set_postfix(docs=writers["train"].docs + writers["val"].docs + (held is not None), refresh=False)
                 if max_tokens is not None and total >= max_tokens:

@@ -75,13 +75,15 @@ def test_split_is_deterministic_and_by_document(tmp_path):
     assert 0 < a["val_docs"] < 40
 
 
-def test_text_field_and_max_tokens(tmp_path):
+def test_text_field_and_max_tokens(tmp_path, capsys):
     with open(tmp_path / "d.jsonl", "w") as f:
         for i in range(100):
             f.write(json.dumps({"body": f"document {i:03d}"}) + "\n")     # 12 bytes + BOS = 13 tokens
     meta = data.prepare(str(tmp_path / "d.jsonl"), str(tmp_path / "o"), "byte", val_frac=0.0, workers=1,
                         text_field="body", max_tokens=100)
     assert meta["train_docs"] == 8 and meta["train_tokens"] == 104      # stops after the document reaching 100
+    bar = capsys.readouterr().err.split("\r")[-1]
+    assert "100%" in bar and "104/104" in bar, bar      # the bar ends full at the tokens written, never 104/100
     with pytest.raises(ValueError, match=r"d.jsonl:1: expected a JSON object with a 'text' field, got fields body: "
                                          r"name the documents' field with --text_field \(--text_field=body\?\)$"):
         data.prepare(str(tmp_path / "d.jsonl"), str(tmp_path / "x"), "byte", workers=1)
