@@ -41,6 +41,7 @@ import json
 import os
 import queue
 import signal
+import stat
 import sys
 import sysconfig
 from collections import deque
@@ -234,7 +235,13 @@ def compression(path):
 def file_kind(path):
     """(kind, compression) of the file at `path`: kind the suffix of READERS or NOT_READ its name ends with (in
     any case, a compression suffix dropped), '.parquet' for the PAR1 magic whatever the name, else 'binary' (a
-    NUL byte in its first BINARY_PROBE bytes) or 'text'."""
+    NUL byte in its first BINARY_PROBE bytes) or 'text'. Raises ValueError for a FIFO, socket or device: opening
+    one waits for a writer (forever, in a folder), and its probed bytes would be gone before the reading."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        what = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise ValueError(f"input {path} is {what}, not a file: data.py reads a file more than once; write its "
+                         "content to a file, or move it out of the input folder")
     packed = compression(path)
     name = path.lower()
     if packed:

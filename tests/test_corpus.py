@@ -567,3 +567,21 @@ def test_a_truncated_zstd_file_is_refused_as_a_truncated_gzip_is(tmp_path):
         with pytest.raises(ValueError, match=f"{name}: not readable{where} .EOFError: the file ends inside a "
                                              "zstandard frame.; is it truncated"):
             list(corpus.iter_texts(str(tmp_path / name)))
+
+
+def test_a_fifo_or_device_is_refused_not_waited_on(tmp_path):
+    """A FIFO in the input folder hung the preparation forever (open() waits for a writer); a pipe given as --input
+    (bash's <(...)) lost the bytes file_kind probed and was 'only empty documents'. Both are refused by name."""
+    (tmp_path / "in").mkdir()
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / "in" / name).write_text(f"document {name}")
+    os.mkfifo(tmp_path / "in" / "c.fifo")
+    proc = subprocess.run([sys.executable, "data.py", "--input", str(tmp_path / "in"), "--out", str(tmp_path / "o"),
+                           "--workers=1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (f"error: input {tmp_path / 'in' / 'c.fifo'} is a FIFO (named pipe), not a "
+                                            "file: data.py reads a file more than once; write its content to a file, "
+                                            "or move it out of the input folder")
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ValueError, match="^input /dev/null is a device, not a file"):
+        list(corpus.iter_texts("/dev/null"))
