@@ -88,6 +88,8 @@ def read_header(path):
 def read_shard(path):
     """Return the tokens of a shard as a read-only memmap (1-D). Drop it when done: see Loader."""
     n, dtype = read_header(path)
+    if n == 0:          # an empty nanoGPT val.bin (no header): mmap refuses an empty file
+        return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r", offset=0 if headerless(path) else HEADER_BYTES, shape=(n,))
 
 

@@ -221,6 +221,16 @@ def test_a_meta_pkl_smaller_than_its_tokens_is_named(tmp_path):
         train.main([f"--data_dir={tmp_path / 'chars'}", f"--out_dir={tmp_path / 'out'}", *TINY])
 
 
+def test_an_empty_val_bin_is_a_split_too_short_not_an_mmap_error(tmp_path):
+    """An empty val.bin (nanoGPT's prepare.py on a tiny text) stopped the run with numpy's 'cannot mmap an empty
+    file', naming neither the file nor a way out: it is a val split of 0 tokens, refused as any too-short split."""
+    from data import Loader
+    np.arange(100, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    (tmp_path / "val.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"^val shards in .* hold 0 tokens, too few for one row .*--eval_tokens=0"):
+        Loader(str(tmp_path), "val", batch_size=1, block_size=8, vocab_size=50257)
+
+
 def test_a_gpt2_token_folder_splits_documents_at_end_of_text(tmp_path):
     """nanoGPT's openwebtext: GPT-2 tokens with end-of-text after each document and no meta.pkl."""
     from data import Loader
