@@ -100,8 +100,17 @@ def parse_encoding(spec):
         codecs.lookup(name)
     except LookupError:
         mode = "unknown encoding"
+    else:
+        try:
+            newline = "\n".encode(name)
+        except (LookupError, UnicodeError):     # a codec of bytes to bytes or str to str (hex, rot13): no text
+            mode = "not a text encoding"
+        else:
+            if b"\0" in newline:      # UTF-16 / UTF-32: each file would be skipped as binary, its lines split wrong
+                raise ValueError(f"--encoding={spec!r}: {name} text holds NUL bytes, which mark a binary file here: "
+                                 f"convert the corpus to UTF-8 first (iconv -f {name} -t utf-8)")
     if mode not in ("", "replace"):
-        what = mode if mode == "unknown encoding" else "unknown mode " + repr(mode)
+        what = mode if mode in ("unknown encoding", "not a text encoding") else "unknown mode " + repr(mode)
         raise ValueError(f"--encoding={spec!r}: {what}; "
                          "give a Python codec (utf-8, latin-1, cp1252, ...), optionally with :replace")
     return name, mode == "replace"

@@ -514,6 +514,21 @@ def test_encoding_flag(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+
+@pytest.mark.parametrize("encoding, says", [
+    ("rot13", "not a text encoding; give a Python codec"),               # was a LookupError traceback
+    ("hex:replace", "not a text encoding; give a Python codec"),
+    ("utf-16", "utf-16 text holds NUL bytes, which mark a binary file here: convert the corpus to UTF-8 first"),
+])
+def test_an_encoding_data_py_cannot_read_is_refused_in_one_line(tmp_path, encoding, says):
+    """A codec that is not text (rot13, hex) stopped data.py with a LookupError traceback; UTF-16 (any Python codec
+    is taken) refused every file of its text as 'a binary file'. Both are named before anything is written."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_bytes("déjà vu\n".encode("utf-16"))
+    with pytest.raises(SystemExit, match=rf"^error: --encoding='{encoding}': {says}"):
+        data.main(["--input", str(tmp_path / "in"), "--out", str(tmp_path / "o"), f"--encoding={encoding}"])
+    assert not (tmp_path / "o").exists()
+
 @pytest.mark.parametrize("argv, says", [
     (["--shard_tokens=0"], "error: shard_tokens must be positive, got 0\n"),
     (["--max_tokens=-1"], "error: max_tokens must be positive, got -1 (leave it out for the whole input)\n"),
