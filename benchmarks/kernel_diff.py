@@ -17,6 +17,8 @@ def load(path):
     numbered kernel names (triton_..._3) are merged by their stem."""
     events = json.load(gzip.open(path, "rt"))["traceEvents"]
     kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+    if not kernels:       # a CPU run's trace: readable, but nothing to compare (max() below would say only that)
+        sys.exit(f"error: {path} holds no GPU kernels (a CPU run?): profile on the GPU")
     by_name = defaultdict(lambda: [0.0, 0])
     for e in kernels:
         entry = by_name[re.sub(r"_\d+$", "", e["name"])[:110]]
