@@ -259,7 +259,7 @@ def export_hf(ckpt_path, to):
     parameter GPT-2 cannot express), each in one line; OSError for a write that fails."""
     if os.path.isfile(to):
         raise ValueError(f"--to {to} is a file, not a folder")
-    if os.path.abspath(to) == os.path.abspath(os.path.dirname(ckpt_path) or "."):
+    if os.path.realpath(to) == os.path.realpath(os.path.dirname(ckpt_path) or "."):     # a link to it too
         raise ValueError(f"--to {to} is the checkpoint's folder: its config.json would overwrite the training config; "
                          f"export to a subfolder, e.g. {os.path.join(to, 'hf')}")
     ckpt = load_checkpoint(ckpt_path)

@@ -398,3 +398,15 @@ def test_gpt2_weights_on_data_of_another_tokenizer_are_refused_before_any_downlo
     with pytest.raises(ValueError, match=r"init_from='gpt2' is GPT-2 weights, for GPT-2 tokens, but .* holds byte "
                                          r"tokens: prepare the data with `python data.py --tokenizer gpt2"):
         train.main(tiny_args(byte_data, tmp_path, "--init_from=gpt2"))
+
+
+def test_export_refuses_the_checkpoints_folder_through_a_link(tmp_path):
+    """--to a symbolic link to the run's folder (or --out_dir through one) passed the check, compared with abspath,
+    and the export overwrote the training config.json: refused as the folder itself is, before anything is read."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{}")
+    (tmp_path / "link").symlink_to(tmp_path / "run")
+    for ckpt, to in (("run", "link"), ("link", "run")):
+        with pytest.raises(ValueError, match=f"^--to {tmp_path / to} is the checkpoint's folder"):
+            hf.export_hf(str(tmp_path / ckpt / "ckpt.pt"), str(tmp_path / to))
+    assert (tmp_path / "run" / "config.json").read_text() == "{}"
