@@ -222,9 +222,18 @@ def _walk_error(e):
     raise _input_error(e.filename, e) from None
 
 
+def _first_visit(folder, seen):
+    """True, adding it to `seen`, for a folder whose real path `seen` does not hold (a link cycle, or a folder linked
+    twice, is read once)."""
+    real = os.path.realpath(folder)
+    return real not in seen and not seen.add(real)
+
+
 def _folder(path, text_field, report):
-    for root, dirs, files in os.walk(path, onerror=_walk_error):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not _prepared(os.path.join(root, d)))
+    seen = {os.path.realpath(path)}      # a linked folder is read (os.walk skips it without a word), each one once
+    for root, dirs, files in os.walk(path, onerror=_walk_error, followlinks=True):
+        dirs[:] = [d for d in sorted(dirs) if not d.startswith(".") and not _prepared(os.path.join(root, d))
+                   and _first_visit(os.path.join(root, d), seen)]
         datasets = [d for d in dirs if _is_saved_dataset(os.path.join(root, d))]
         dirs[:] = [d for d in dirs if d not in datasets]
         for name in sorted(files):
