@@ -78,6 +78,9 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
         raise ValueError(f"workers must be at least 1, got {workers}")
     if shard_tokens < 1:
         raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
+    if shard_tokens >= 2**31:      # else a shard that fills up fails to write its header, billions of tokens in
+        raise ValueError(f"shard_tokens must be below 2^31 (a shard's header holds its count as an int32, as llm.c "
+                         f"reads it), got {shard_tokens:,}: leave it out for 100M tokens a shard")
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens} (leave it out for the whole input)")
     input_path, out_dir, workers = (None if input_path is None else str(input_path), str(out_dir),

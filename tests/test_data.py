@@ -531,6 +531,9 @@ def test_an_encoding_data_py_cannot_read_is_refused_in_one_line(tmp_path, encodi
 
 @pytest.mark.parametrize("argv, says", [
     (["--shard_tokens=0"], "error: shard_tokens must be positive, got 0\n"),
+    (["--shard_tokens=2147483648"], "error: shard_tokens must be below 2^31 (a shard's header holds its count as an "
+                                    "int32, as llm.c reads it), got 2,147,483,648: leave it out for 100M tokens a "
+                                    "shard\n"),     # was an OverflowError once a shard filled, 2^31 tokens in
     (["--max_tokens=-1"], "error: max_tokens must be positive, got -1 (leave it out for the whole input)\n"),
     (["--val_frac=0.1"], "error: input {inp} has 1 document: a train/val split needs at least 2 (a document is a file "
                          "of a folder, a line of .jsonl): split it into files in a folder, or prepare it without "
