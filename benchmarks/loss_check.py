@@ -18,6 +18,8 @@ overlap the others' training); the losses are the same as one at a time, tokens/
 """
 import argparse
 import concurrent.futures
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -25,6 +27,7 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -48,13 +51,18 @@ def stop_all():
             proc.kill()
 
 
+def train_argv(config, flags, seed, args, out_dir):
+    """train.py's flags for one run."""
+    return [*([f"--config={config}"] if config else []), "--total_batch_size=0", f"--batch_size={args.batch_size}",
+            f"--max_iters={args.steps}", f"--warmup_iters={max(1, args.steps // 10)}", f"--lr_decay_iters={args.steps}",
+            f"--eval_interval={args.steps}", f"--eval_tokens={args.eval_tokens}",
+            "--save_checkpoints=False", "--hellaswag=off", f"--seed={seed}", f"--out_dir={out_dir}", *flags.split()]
+
+
 def train(config, flags, seed, args, out_dir):
     """(val loss, median tokens/s) of one run in a fresh out_dir; exits in one line if it failed (its log:
     out_dir + '.log'), having stopped the runs under way; raises Stopped if another run failed first."""
-    cmd = [sys.executable, "train.py", *([f"--config={config}"] if config else []), "--total_batch_size=0",
-           f"--batch_size={args.batch_size}", f"--max_iters={args.steps}", f"--warmup_iters={max(1, args.steps // 10)}",
-           f"--lr_decay_iters={args.steps}", f"--eval_interval={args.steps}", f"--eval_tokens={args.eval_tokens}",
-           "--save_checkpoints=False", "--hellaswag=off", f"--seed={seed}", f"--out_dir={out_dir}", *flags.split()]
+    cmd = [sys.executable, "train.py", *train_argv(config, flags, seed, args, out_dir)]
     with LOCK:
         if STOPPED.is_set():
             raise Stopped(out_dir)
@@ -119,6 +127,14 @@ def main(argv=None):
         sys.exit("error: --steps, --batch_size, --eval_tokens, --timeout and --parallel must be positive")
     if args.base.split() == args.candidate.split():
         sys.exit("error: --base and --candidate are the same flags: nothing to compare")
+    from configurator import load_config
+    for name, flags in (("base", args.base), ("candidate", args.candidate)):   # a typo now, not after the runs before
+        try:
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                load_config(train_argv(args.config, flags, seeds[0], args, args.out))
+        except (ValueError, TypeError, FileNotFoundError) as e:
+            sys.exit(f"error: --{name} {flags!r} with --config {args.config!r}: {e}")
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:

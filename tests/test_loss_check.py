@@ -49,11 +49,12 @@ def test_parallel_runs_give_the_losses_of_one_at_a_time(byte_data, tmp_path, cap
     assert tables["1"] == tables["2"]
     # one at a time, a failed run is the last to start; two at a time, it stops the one under way beside it
     # (100,000 steps: it would run for minutes) and no later run starts
-    with pytest.raises(SystemExit, match=r"^error: run base_1 failed: unknown config key 'optimizr'"):
-        loss_check.main([*args[:2], f"--base={tiny} --optimizr=muon", *args[3:], "--out", str(tmp_path / "bad1")])
+    none = f"--data_dir={tmp_path / 'none'}"          # a failure train.py alone finds (a typo is refused before runs)
+    with pytest.raises(SystemExit, match=r"^error: run base_1 failed: .*/none"):
+        loss_check.main([*args[:2], f"--base={tiny} {none}", *args[3:], "--out", str(tmp_path / "bad1")])
     assert not (tmp_path / "bad1" / "candidate_1.log").exists()
-    long = [*args[:2], f"--base={tiny}", f"--candidate={tiny} --optimizr=muon", "--steps", "100000", *args[6:]]
-    with pytest.raises(SystemExit, match=r"^error: run candidate_1 failed: unknown config key 'optimizr'"):
+    long = [*args[:2], f"--base={tiny}", f"--candidate={tiny} {none}", "--steps", "100000", *args[6:]]
+    with pytest.raises(SystemExit, match=r"^error: run candidate_1 failed: .*/none"):
         loss_check.main([*long, "--parallel", "2", "--out", str(tmp_path / "bad2")])
     bad = tmp_path / "bad2"
     assert not loss_check.RUNNING and not (bad / "base_1" / "summary.json").exists()
@@ -73,9 +74,9 @@ def test_a_failed_run_stops_it_in_one_line_and_no_earlier_result_is_reused(byte_
     args = ["--config", "", f"--base={tiny}", "--steps", "2", "--batch_size", "4", "--eval_tokens", "512", "--seeds",
             "1,2", "--out", str(tmp_path)]
     loss_check.main([*args, f"--candidate={tiny} --optimizer=muon"])
-    with pytest.raises(SystemExit, match=r"^error: run candidate_1 failed: unknown config key 'optimizr'.* \(log: "
+    with pytest.raises(SystemExit, match=r"^error: run candidate_1 failed: .*/none.* \(log: "
                        r".*; a flag it names goes in --base and --candidate, or choose another --config\)$"):
-        loss_check.main([*args, f"--candidate={tiny} --optimizr=muon"])
+        loss_check.main([*args, f"--candidate={tiny} --data_dir={tmp_path / 'none'}"])    # found by train.py alone
     assert not (tmp_path / "candidate_1" / "summary.json").exists()          # the earlier run's is gone
 
 
@@ -92,3 +93,14 @@ def test_a_failed_run_stops_it_in_one_line_and_no_earlier_result_is_reused(byte_
 def test_bad_input_is_refused_in_one_line(argv, message):
     with pytest.raises(SystemExit, match=message):
         loss_check.main(argv)
+
+
+def test_a_flag_train_py_refuses_is_named_before_any_run(tmp_path, monkeypatch):
+    """A typo in --candidate was found by its first run, after the base run before it had trained (minutes of a
+    GPU preset): both recipes' flags are read as train.py reads them before the first run starts."""
+    monkeypatch.setattr(loss_check.subprocess, "Popen", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(SystemExit, match=r"^error: --candidate '--optimizr=muon' with --config '': unknown config key "
+                                         r"'optimizr' \(command line\)"):
+        loss_check.main(["--config", "", "--base=--optimizer=adamw", "--candidate=--optimizr=muon", "--out",
+                         str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
