@@ -32,10 +32,14 @@ def kind_of(name):
     return "other"
 
 
+class NoGPUKernels(Exception):
+    """A readable trace without a GPU kernel: a CPU run's."""
+
+
 def summarize(path, top=15):
     """Lines of a Markdown summary of the Chrome trace at `path` (.json or .json.gz; durations in us,
     printed in ms). Raises OSError for an unreadable file, ValueError for one that is not JSON, and
-    KeyError / TypeError for JSON without a "traceEvents" list."""
+    KeyError / TypeError for JSON without a "traceEvents" list, NoGPUKernels for a trace without GPU kernels."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         events = json.load(f)["traceEvents"]
@@ -43,7 +47,7 @@ def summarize(path, top=15):
         raise TypeError('"traceEvents" is not a list')
     kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
     if not kernels:
-        return [f"{path}: no GPU kernels in the trace (a CPU run?)"]
+        raise NoGPUKernels(f"{path} holds no GPU kernels (a CPU run?): profile on the GPU")
     by_kind, by_name = defaultdict(float), defaultdict(lambda: [0.0, 0])
     for e in kernels:
         by_kind[kind_of(e["name"])] += e["dur"]
@@ -70,6 +74,8 @@ if __name__ == "__main__":
         sys.exit(__doc__)
     try:
         print("\n".join(summarize(sys.argv[1])))
+    except NoGPUKernels as e:
+        sys.exit(f"error: {e}")
     except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as e:   # missing, not gzip, not a trace
         sys.exit(f"error: {sys.argv[1]} is not a readable profiler trace (train.py --profile=True writes "
                  f"out_dir/profile_trace.json.gz): {type(e).__name__}: {e}")
