@@ -149,8 +149,9 @@ def checkpoint_file(out_dir):
     """The checkpoint sampling and evaluation read: out_dir/ckpt.pt, or out_dir itself when it names a file (a kept
     step, out/ckpt_step000500.pt, when ckpt.pt is damaged or a run's earlier model is wanted; a .pt name that is
     not there is that file, so the error names it)."""
-    named = os.path.isfile(out_dir) or (out_dir.endswith(".pt") and not os.path.isdir(out_dir))
-    return out_dir if named else os.path.join(out_dir, "ckpt.pt")
+    bare = out_dir.rstrip("/" + os.sep) or out_dir      # run/ckpt.pt/ names the file (a folder's slash typed on)
+    named = os.path.isfile(bare) or (bare.endswith(".pt") and not os.path.isdir(bare))
+    return bare if named else os.path.join(out_dir, "ckpt.pt")
 
 
 def newest_kept(out_dir):

@@ -545,3 +545,13 @@ def test_a_refused_run_leaves_no_out_dir_behind(byte_data, tmp_path):
     assert (tmp_path / "kept").is_dir()                                  # a folder that was there stays
     train.main(tiny_args(byte_data, out, "--max_iters=1", "--eval_tokens=0"))
     assert (out / "summary.json").is_file()
+
+
+def test_a_checkpoint_file_named_with_a_trailing_slash_is_that_file(tmp_path):
+    """`--out_dir=run/ckpt.pt/` (a slash typed on, as after a folder) read run/ckpt.pt/ckpt.pt: 'no checkpoint'.
+    The file is meant; a folder keeps its own ckpt.pt, with or without the slash."""
+    (tmp_path / "ckpt.pt").write_bytes(b"")
+    assert checkpoint.checkpoint_file(f"{tmp_path}/ckpt.pt/") == f"{tmp_path}/ckpt.pt"
+    assert checkpoint.checkpoint_file(f"{tmp_path}/ckpt_step000004.pt/") == f"{tmp_path}/ckpt_step000004.pt"
+    assert checkpoint.checkpoint_file(f"{tmp_path}/") == f"{tmp_path}/ckpt.pt"
+    assert checkpoint.checkpoint_file(str(tmp_path)) == f"{tmp_path}/ckpt.pt"
