@@ -66,12 +66,12 @@ def check_out_dir(out_dir):
     from speedgpt.shards import folder_creation_error
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"out_dir={out_dir!r} is a file, not a folder: choose another --out_dir")
-    made = os.path.abspath(out_dir)                  # the highest folder this makes (None: out_dir exists)
-    while not os.path.exists(os.path.dirname(made)):
+    made = os.path.realpath(out_dir)    # the highest folder this makes (None: out_dir exists); a link's target, made
+    while not os.path.exists(os.path.dirname(made)):      # where it points (out -> /scratch/out), as data.py's --out
         made = os.path.dirname(made)
     made = None if os.path.exists(made) else made
     try:
-        os.makedirs(out_dir, exist_ok=True)
+        os.makedirs(os.path.realpath(out_dir), exist_ok=True)     # makedirs of a link to no folder: 'File exists'
     except OSError as e:
         raise folder_creation_error(out_dir, e, "--out_dir") from None
     try:
@@ -83,7 +83,7 @@ def check_out_dir(out_dir):
         raise ValueError(f"out_dir={out_dir!r} is not writable: {describe_os_error(e)}; choose another --out_dir") \
             from None
     finally:
-        leaf = os.path.abspath(out_dir)
+        leaf = os.path.realpath(out_dir)
         while made and os.path.isdir(leaf) and not os.listdir(leaf):     # only the empty folders it made
             os.rmdir(leaf)
             if leaf == made:
