@@ -562,8 +562,10 @@ def own_copy(ckpt, model, optimizer, buffers):
     so training can go on while a thread writes it. A GPU tensor is copied into a pinned CPU buffer kept in
     `buffers` for the next write (a pinned copy runs at the bus's speed; a fresh pageable one is several
     times slower: BENCHMARKS.md, "Checkpoints"); a CPU tensor of the live state is cloned; the rest is kept."""
-    live = {t.untyped_storage().data_ptr() for t in model.parameters()}
-    live |= {t.untyped_storage().data_ptr() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)}
+    def storage(t):      # FSDP's parameters and moments are DTensors: their memory is the local shard's
+        return (t.to_local() if hasattr(t, "to_local") else t).untyped_storage().data_ptr()
+    live = {storage(t) for t in model.parameters()}
+    live |= {storage(t) for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)}
     cuda, seen = False, {}                     # seen: one copy of a tensor held twice (the tied embedding / head)
 
     def copy(x, key):
