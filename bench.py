@@ -488,6 +488,9 @@ def main(argv=None):
     owned = runs if args.find_max_batch else runs | {"log_interval"} | {k for _, c in LADDER for k in c} | \
         {k for c in UNDO.values() for k in c}
     given = {a[2:].split("=", 1)[0] for a in args.extra if a.startswith("--")}
+    mine = sorted(given & {a.dest for a in parser._actions} - {f.name for f in dataclasses.fields(configurator.Config)})
+    if mine:                     # `the same command with --resume`, appended: train.py named its resume_from instead
+        parser.error(f"--{mine[0]} after -- goes to train.py: it is bench.py's own option, give it before --")
     clash = sorted(given & (owned | {"config"}))
     details = sorted(given & {k for f, keys in configurator.FEATURE_DETAILS.items() for k in keys if f in owned})
     if clash:
@@ -535,4 +538,4 @@ if __name__ == "__main__":
             main()
     except KeyboardInterrupt:
         sys.exit("stopped: the rung under way was stopped; the rungs that finished are in OUT/rows.jsonl, and the "
-                 "same command with --resume takes them")
+                 "same command with --resume (before its --) takes them")

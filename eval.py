@@ -49,9 +49,11 @@ def check_source(args):
         if not os.path.isfile(path):
             raise FileNotFoundError(no_checkpoint(args.out_dir))
     elif where not in HF_GPT2 and os.path.isfile(where):      # a checkpoint file: the flag that takes it
+        run = f"{os.path.dirname(where) or '.'} (its ckpt.pt)" if os.path.basename(where) == "ckpt.pt" else \
+            where                      # a kept step's file (--out_dir takes it): its folder would score ckpt.pt
         raise FileNotFoundError(f"--init_from {where!r} is a file, not a Hugging Face folder: score a speedgpt run "
-                                f"with --out_dir {os.path.dirname(where) or '.'} (its ckpt.pt); a nanoGPT ckpt.pt "
-                                f"first starts a run (python train.py --init_from={where})")
+                                f"with --out_dir {run}; a nanoGPT ckpt.pt first starts a run (python train.py "
+                                f"--init_from={where})")
     elif where not in HF_GPT2 and (os.path.isfile(os.path.join(where, "ckpt.pt"))        # a run's config.json is
                                    or not os.path.isfile(os.path.join(where, "config.json"))):   # train.py's, not HF's
         raise FileNotFoundError(

@@ -187,7 +187,7 @@ def settle_out_dir(cfg, raw_model):
 def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):
     """Print the config's non-default keys and save it whole (out_dir/config.json); returns the metrics
     logger (console, metrics.jsonl, W&B; tokens/s and MFU), which a resumed run continues."""
-    os.makedirs(cfg.out_dir, exist_ok=True)
+    os.makedirs(os.path.realpath(cfg.out_dir), exist_ok=True)     # a link to a folder not made yet: made there
     on_rank0(proc, settle_out_dir, cfg, raw_model)
     changed = ", ".join(f"{k}={v}" for k, v in non_defaults(cfg).items())
     print0(f"config: {changed or 'the defaults'} (set or derived; the rest default; all in {cfg.out_dir}/config.json)")

@@ -66,12 +66,12 @@ def check_out_dir(out_dir):
     from speedgpt.shards import folder_creation_error
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"out_dir={out_dir!r} is a file, not a folder: choose another --out_dir")
-    made = os.path.abspath(out_dir)                  # the highest folder this makes (None: out_dir exists)
-    while not os.path.exists(os.path.dirname(made)):
+    made = os.path.realpath(out_dir)    # the highest folder this makes (None: out_dir exists); a link's target, made
+    while not os.path.exists(os.path.dirname(made)):      # where it points (out -> /scratch/out), as data.py's --out
         made = os.path.dirname(made)
     made = None if os.path.exists(made) else made
     try:
-        os.makedirs(out_dir, exist_ok=True)
+        os.makedirs(os.path.realpath(out_dir), exist_ok=True)     # makedirs of a link to no folder: 'File exists'
     except OSError as e:
         raise folder_creation_error(out_dir, e, "--out_dir") from None
     try:
@@ -83,7 +83,7 @@ def check_out_dir(out_dir):
         raise ValueError(f"out_dir={out_dir!r} is not writable: {describe_os_error(e)}; choose another --out_dir") \
             from None
     finally:
-        leaf = os.path.abspath(out_dir)
+        leaf = os.path.realpath(out_dir)
         while made and os.path.isdir(leaf) and not os.listdir(leaf):     # only the empty folders it made
             os.rmdir(leaf)
             if leaf == made:
@@ -563,8 +563,10 @@ def own_copy(ckpt, model, optimizer, buffers):
     so training can go on while a thread writes it. A GPU tensor is copied into a pinned CPU buffer kept in
     `buffers` for the next write (a pinned copy runs at the bus's speed; a fresh pageable one is several
     times slower: BENCHMARKS.md, "Checkpoints"); a CPU tensor of the live state is cloned; the rest is kept."""
-    live = {t.untyped_storage().data_ptr() for t in model.parameters()}
-    live |= {t.untyped_storage().data_ptr() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)}
+    def storage(t):      # FSDP's parameters and moments are DTensors: their memory is the local shard's
+        return (t.to_local() if hasattr(t, "to_local") else t).untyped_storage().data_ptr()
+    live = {storage(t) for t in model.parameters()}
+    live |= {storage(t) for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)}
     cuda, seen = False, {}                     # seen: one copy of a tensor held twice (the tied embedding / head)
 
     def copy(x, key):

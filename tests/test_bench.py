@@ -237,6 +237,18 @@ def test_bench_refuses_overrides_it_sets_itself(tmp_path):
         assert not (tmp_path / "b").exists()
 
 
+def test_bench_option_after_the_separator_is_named_as_bench_pys(tmp_path, capsys):
+    """The stop line's 'the same command with --resume', appended after --, reached train.py, which said "unknown
+    config key 'resume': did you mean resume_from?" (a train.py flag that rewinds a run)."""
+    for extra in ("--resume", "--steps=2", "--no_loo"):
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--out", str(tmp_path / "b"), "--", "--n_layer=2", extra])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"error: {extra.split('=')[0]} after -- goes to train.py: it is bench.py's own " \
+            "option, give it before --" in err, err
+        assert not (tmp_path / "b").exists()
+
+
 def test_bench_chart(tmp_path):
     """bench.png: a bar per row that ran (a failed rung is left out), 9 inches wide, half an inch a bar."""
     pytest.importorskip("matplotlib", reason=NO_MATPLOTLIB)

@@ -502,6 +502,17 @@ def test_an_out_dir_that_cannot_be_made_names_why(tmp_path):
         checkpoint.check_out_dir(str(tmp_path / "afile" / "sub"))
 
 
+def test_an_out_dir_linked_to_a_folder_not_made_yet_is_made_where_it_points(byte_data, tmp_path):
+    """out -> /scratch/out before /scratch/out exists: makedirs on the link said 'File exists'; the run now writes
+    where the link points (as data.py's --out), the link stays, and a refused command leaves no folder there."""
+    (tmp_path / "out").symlink_to(tmp_path / "scratch" / "out")
+    with pytest.raises(FileNotFoundError, match="no such file"):        # refused after out_dir's check
+        train.main(tiny_args(byte_data, tmp_path / "out", "--hellaswag=on", f"--hellaswag_path={tmp_path}/none"))
+    assert not (tmp_path / "scratch").exists()
+    train.main(tiny_args(byte_data, tmp_path / "out", "--max_iters=2", "--eval_interval=2"))
+    assert (tmp_path / "out").is_symlink() and (tmp_path / "scratch" / "out" / "ckpt.pt").is_file()
+
+
 def test_a_folder_where_the_run_writes_its_checkpoint_is_refused_before_any_work(tmp_path):
     for name in ("ckpt.pt", "ckpt_best.pt", "ckpt_step000002.pt"):
         (tmp_path / name).mkdir()

@@ -62,6 +62,16 @@ def test_one_optimizer_step_equals_single_process(short_data, tmp_path, parallel
 
 
 @pytest.mark.slow
+def test_fsdp_writes_a_checkpoint_in_the_background(short_data, tmp_path):
+    """async_checkpoint (the default) under FSDP: a checkpoint before the last (written from a thread) failed with
+    'Attempted to access the data pointer on an invalid python storage' (own_copy read the storage of FSDP's
+    sharded DTensor parameters), a traceback at the first evaluation; the last one, written in the loop, passed."""
+    torchrun(common(short_data, tmp_path, "--parallelism=fsdp", "--max_iters=4", "--lr_decay_iters=4"))
+    assert {r["step"] for r in read_metrics(tmp_path) if "val_loss" in r} == {0, 2, 4}
+    assert torch.load(tmp_path / "ckpt_step000002.pt", weights_only=True)["step"] == 2
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_distributed_resume_continues_exactly(short_data, tmp_path, optimizer):
     """With dropout, each rank has a random stream of its own (the same initial weights, other dropout

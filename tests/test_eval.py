@@ -39,6 +39,17 @@ def test_eval_bad_input_is_one_line(hf_gpt2_dir, tmp_path, capsys, args, error):
     assert e.value.code == 1 and err.startswith(error.format(**fill)) and err.count("\n") == 1, err
 
 
+def test_a_kept_steps_file_as_init_from_names_that_file_as_out_dir(tmp_path, capsys):
+    """--init_from out/ckpt_step000004.pt said '--out_dir out (its ckpt.pt)': the latest checkpoint, another model
+    than the one named; --out_dir takes the step's file itself."""
+    step = tmp_path / "ckpt_step000004.pt"
+    step.write_bytes(b"")
+    with pytest.raises(SystemExit) as e:
+        eval_script.main([f"--init_from={step}", f"--hellaswag_path={FIXTURE}", "--device=cpu"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and f"score a speedgpt run with --out_dir {step}; a nanoGPT" in err, err
+
+
 @pytest.mark.slow
 def test_two_ranks_score_as_one(hf_gpt2_dir):
     """eval.py under torchrun with 2 CPU processes (gloo), the fixture's examples split between them,
