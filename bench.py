@@ -34,7 +34,7 @@ from speedgpt.measure import append_record, error_line, read_records
 # each rung: (name, overrides added to the rung before); the baseline sets every speed flag off
 LADDER = [
     ("baseline", dict(dtype="float32", tf32=False, compile=False, attention="naive", fused_adamw=False,
-                      packing=False, fused_ce=False, fp8=False, fp8_head=False)),
+                      packing=False, fused_ce=False, fp8=False, fp8_head=False, gelu_erf="exact")),
     ("+ bf16 autocast", dict(dtype="bfloat16")),
     ("+ torch.compile", dict(compile=True)),
     ("+ FlashAttention (sdpa)", dict(attention="sdpa")),
@@ -46,6 +46,9 @@ LADDER = [
     # every block Linear in float8, with the config's recipe and fp8_min_dim (config/fast.py: delayed scales, 768
     # wide); skipped for a config that keeps its blocks in bf16
     ("+ FP8 blocks", dict(fp8=True)),
+    # GELU's erf as one exp2 and a reciprocal, in FP8's casts or, with bf16 blocks, our Triton passes; skipped where
+    # it cannot run (no Triton on a CUDA GPU, no GELU, FP8 blocks whose casts do not take GELU in)
+    ("+ GELU's fast erf", dict(gelu_erf="fast")),
 ]
 # leave-one-out from all-on: what each change is undone to
 UNDO = {"bf16 autocast": dict(dtype="float32", tf32=False), "torch.compile": dict(compile=False),
@@ -53,7 +56,7 @@ UNDO = {"bf16 autocast": dict(dtype="float32", tf32=False), "torch.compile": dic
         "packing": dict(packing=False, document_mask=False, attention="sdpa"),    # the mask is packing's
         # the FP8 head and the Triton softmax pass are the fused head's
         "fused cross-entropy": dict(fused_ce=False, fp8_head=False, head_kernel=False),
-        "FP8 head": dict(fp8_head=False), "FP8 blocks": dict(fp8=False)}
+        "FP8 head": dict(fp8_head=False), "FP8 blocks": dict(fp8=False), "GELU's fast erf": dict(gelu_erf="exact")}
 
 
 # the docstring's CPU line, a bench that fits in a CPU's memory: named whole when a rung does not fit
@@ -183,6 +186,25 @@ def fp8_blocks_skipped(cfg):
     return None
 
 
+def fast_erf_skipped(cfg, fp8_blocks_skip):
+    """Why the fast erf's rung cannot run for `cfg` (the config and the arguments after --) here, or None;
+    fp8_blocks_skip: fp8_blocks_skipped(cfg)."""
+    import importlib.util
+    if cfg.activation != "gelu":
+        return f"activation={cfg.activation!r} has no GELU"
+    if not torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
+        return "its passes are Triton kernels on a CUDA GPU"
+    if cfg.fp8 and not fp8_blocks_skip and not (cfg.fp8_gelu_cast and cfg.fp8_recipe == "tensorwise_delayed"):
+        return "the config's FP8 blocks take GELU into no cast (fp8_gelu_cast, with fp8_recipe='tensorwise_delayed')"
+    return None
+
+
+def config_skips(cfg):
+    """{rung name: why it is skipped} of the rungs that `cfg` (the config and the arguments after --) skips here."""
+    fp8 = fp8_blocks_skipped(cfg)
+    return {"+ FP8 blocks": fp8, "+ GELU's fast erf": fast_erf_skipped(cfg, fp8)}
+
+
 def placeholders(cuda):
     """LADDER's placeholders on this machine: the document mask's fastest backend (varlen where FA3 runs, else flex;
     sdpa on the CPU, where FlexAttention has no backward) and whether the fused head's Triton kernels run."""
@@ -233,23 +255,26 @@ def first_rung_refusal(args, extra):
     return None
 
 
-def plan(args, fp8_blocks_skip=None):
+def plan(args, skips=None):
     """What bench() runs: [(rung name, train.py's overrides, why it is skipped or None)] of the ladder from --start,
-    and [(row name, overrides)] of the leave-one-out rows (--loo) from all on."""
-    cuda, config, ladder = torch.cuda.is_available(), {}, []
+    and [(row name, overrides)] of the leave-one-out rows (--loo) from all on; skips: {rung name: why this config
+    skips it here} (config_skips)."""
+    cuda, config, ladder, skips = torch.cuda.is_available(), {}, [], skips or {}
     marks = placeholders(cuda)
     for i, (name, change) in enumerate(LADDER, start=1):
         config = {**config, **{k: marks.get(v, v) if isinstance(v, str) else v for k, v in change.items()}}
-        skip = fp8_blocks_skip if name == "+ FP8 blocks" else \
-            "FP8 needs a GPU of compute capability 8.9+" if "FP8" in name and not fp8_supported() else None
+        skip = skips.get(name) or ("FP8 needs a GPU of compute capability 8.9+" if "FP8" in name and
+                                   not fp8_supported() else None)
         if i >= args.start:
             ladder.append((name, dict(config), skip))
-    all_on = {**config, "fp8": config["fp8"] and not fp8_blocks_skip,
-              "fp8_head": config["fp8_head"] and fp8_supported()}
+    all_on = {**config, "fp8": config["fp8"] and not skips.get("+ FP8 blocks"),
+              "fp8_head": config["fp8_head"] and fp8_supported(),
+              "gelu_erf": "exact" if skips.get("+ GELU's fast erf") else "fast"}
     loo = []
     for change, undo in UNDO.items():
         if change not in (args.loo or ()) or \
-                change == "FP8 head" and not all_on["fp8_head"] or change == "FP8 blocks" and not all_on["fp8"]:
+                change == "FP8 head" and not all_on["fp8_head"] or change == "FP8 blocks" and not all_on["fp8"] or \
+                change == "GELU's fast erf" and all_on["gelu_erf"] == "exact":
             continue
         loo_config = {**all_on, **undo}
         if loo_config["dtype"] == "float32" and loo_config["attention"] == "varlen":
@@ -258,7 +283,7 @@ def plan(args, fp8_blocks_skip=None):
     return ladder, loo
 
 
-def rung_refusal(args, extra, fp8_blocks_skip=None):
+def rung_refusal(args, extra, skips=None):
     """None, or the line refusing the bench before any rung runs because train.py would refuse one of the rungs
     plan() runs, with the flags it gets (rung_flags): its every check for this device but the data's, the output
     folder's (make_out's) and the memory estimate's (first_rung_refusal's, with bench.py's advice). A config
@@ -268,11 +293,11 @@ def rung_refusal(args, extra, fp8_blocks_skip=None):
     if torch.cuda.is_available():
         import multiprocessing
         with multiprocessing.get_context("spawn").Pool(1) as pool:
-            return pool.apply(_rung_refusal, (args, extra, fp8_blocks_skip))
-    return _rung_refusal(args, extra, fp8_blocks_skip)
+            return pool.apply(_rung_refusal, (args, extra, skips))
+    return _rung_refusal(args, extra, skips)
 
 
-def _rung_refusal(args, extra, fp8_blocks_skip):
+def _rung_refusal(args, extra, skips):
     import contextlib
     import io
     import re
@@ -282,7 +307,7 @@ def _rung_refusal(args, extra, fp8_blocks_skip):
     import train
     from speedgpt import checkpoint
     from speedgpt.distributed import Proc
-    ladder, loo = plan(args, fp8_blocks_skip)
+    ladder, loo = plan(args, skips)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     owned = set(RUN_KEYS) | {k for _, c in LADDER for k in c} | {k for c in UNDO.values() for k in c}
     for name, config, skip in [*ladder, *((n, c, None) for n, c in loo)]:
@@ -310,13 +335,13 @@ def _rung_refusal(args, extra, fp8_blocks_skip):
     return None
 
 
-def bench(args, extra, fp8_blocks_skip=None):
-    """The ladder, then the leave-one-out pass; fp8_blocks_skip: why the FP8 blocks rung is skipped, or None."""
+def bench(args, extra, skips=None):
+    """The ladder, then the leave-one-out pass; skips: {rung name: why it is skipped} (config_skips)."""
     cuda = torch.cuda.is_available()
     done = finished_rungs(args, extra)
     if not args.resume and os.path.exists(os.path.join(args.out, "rows.jsonl")):
         os.remove(os.path.join(args.out, "rows.jsonl"))             # a new bench starts its rows afresh
-    ladder, leave_one_out = plan(args, fp8_blocks_skip)
+    ladder, leave_one_out = plan(args, skips)
     rungs = []
     for name, config, skip in ladder:
         if skip:
@@ -521,15 +546,15 @@ def main(argv=None):
     extra = ["--total_batch_size=0", f"--batch_size={args.batch_size}", *args.extra]
     stdlib = not torch.cuda.is_available() and not any(a.split("=")[0] == "--data_dir" for a in args.extra)
     extra += ["--data_dir=data/stdlib_byte"] if stdlib else []
-    fp8_skip = fp8_blocks_skipped(cfg)
-    refused = first_rung_refusal(args, extra) or rung_refusal(args, extra, fp8_skip)
+    skips = config_skips(cfg)
+    refused = first_rung_refusal(args, extra) or rung_refusal(args, extra, skips)
     if refused:
         parser.error(refused)
     make_out(args.out, parser)
     if stdlib:
         print("no GPU: the rungs train on the byte-level stdlib corpus (data/stdlib_byte, no download); "
               "give -- --data_dir=... for other data")
-    bench(args, extra, fp8_skip)
+    bench(args, extra, skips)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ fp8_gelu_cast = True                # ... GELU in c_proj's input cast, its deriv
                                     # Triton pass each: +3.0% tokens/s on one H100 at one step per micro-batch, the
                                     # loss within the seed spread, +3.2% more since its copy is written as words
                                     # (BENCHMARKS.md, "The roofline of a step")
+gelu_erf = "fast"                   # ... whose erf is one exp2 and a reciprocal (1.5e-7 off, below a bf16 step):
+                                    # +2.4% tokens/s on one H100 at one step per micro-batch; at 124M the loss over
+                                    # 20M tokens within the seed spread (BENCHMARKS.md, "The roofline of a step")
 fused_ce_chunk = 65536              # one chunk per micro-batch (faster, more memory); with --compile=False give 16384:
                                     # uncompiled, a chunk holds ~4 float32 (chunk, vocab) temporaries
 packing = True

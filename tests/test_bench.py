@@ -40,21 +40,25 @@ def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
     names = [r["rung"] for r in rows]
     fp8 = bench.fp8_supported()
     loo = ["all on - packing"]
-    assert names[:9] == ["baseline", "+ bf16 autocast", "+ torch.compile", "+ FlashAttention (sdpa)",
-                         "+ fused AdamW", "+ packing, document mask", "+ fused head + cross-entropy", "+ FP8 head",
-                         "+ FP8 blocks"]
-    assert names[9:] == loo
-    ran = [r for r in rows if (r["rung"] != "+ FP8 head" or fp8) and r["rung"] != "+ FP8 blocks"]
+    assert names[:10] == ["baseline", "+ bf16 autocast", "+ torch.compile", "+ FlashAttention (sdpa)",
+                          "+ fused AdamW", "+ packing, document mask", "+ fused head + cross-entropy", "+ FP8 head",
+                          "+ FP8 blocks", "+ GELU's fast erf"]
+    assert names[10:] == loo
+    from configurator import load_config
+    erf = bench.fast_erf_skipped(load_config(["--config", "config/fast.py", "--n_embd=32"]), "narrow") is None
+    ran = [r for r in rows if (r["rung"] != "+ FP8 head" or fp8) and r["rung"] != "+ FP8 blocks"
+           and (r["rung"] != "+ GELU's fast erf" or erf)]
     assert rows[8]["error"] == "skipped: no block Linear is eligible (n_embd=32, fp8_min_dim=768)"
+    assert rows[9]["ok"] if erf else rows[9]["error"] == "skipped: its passes are Triton kernels on a CUDA GPU"
     assert all(r["ok"] and r["tokens_per_sec"] > 0 and r["timed_steps"] == 2 for r in ran), rows
     assert rows[7]["ok"] if fp8 else "skipped" in rows[7]["error"]        # no FP8 on a CPU
     assert rows[0]["pad_frac"] > 0.3 and rows[5]["pad_frac"] < 0.1         # the padded baseline pads
     for r in ran[1:7]:
         assert abs(r["x_base"] - r["tokens_per_sec"] / rows[0]["tokens_per_sec"]) < 1e-9
     md = open(out / "bench.md").read()
-    assert md.count("\n| ") == 2 + 9 + len(loo) and "Largest single gain on the ladder" in md and "Total speedup" in md
+    assert md.count("\n| ") == 2 + 10 + len(loo) and "Largest single gain on the ladder" in md and "Total speedup" in md
     assert "Largest single gain by leave-one-out" in md
-    assert open(out / "bench.csv").read().count("\n") == 1 + 9 + len(loo)
+    assert open(out / "bench.csv").read().count("\n") == 1 + 10 + len(loo)
     if matplotlib_importable():
         assert os.path.getsize(out / "bench.png") > 1000
     else:                                   # the chart alone needs it: test_bench_chart skips, saying so

@@ -236,7 +236,8 @@ def test_a_preset_this_machine_cannot_run_is_refused_before_the_corpus(tmp_path,
     monkeypatch.setattr(ttt, "CPU_RUN_FLOP", float("inf"))
     with pytest.raises(SystemExit,
                        match=r"the adamw runs: .*every change it needs, at once: \[1\] fp8=True and fp8_head=True need a "
-                             r"GPU.*\[2\] head_kernel=True runs Triton kernels on a CUDA GPU.*; "
+                             r"GPU.*\[2\] gelu_erf='fast' runs Triton kernels on a CUDA GPU.*\[3\] head_kernel=True "
+                             r"runs Triton kernels on a CUDA GPU.*; "
                              r"a small run on a CPU: "):
         ttt.main(["--target", "3", "--out", str(tmp_path / "out" / "ttt")])
     assert not (tmp_path / "out").exists()
@@ -246,7 +247,7 @@ def test_a_preset_this_machine_cannot_run_is_refused_before_the_corpus(tmp_path,
     monkeypatch.setattr(memory, "available", lambda device: 24e9)
     with pytest.raises(SystemExit, match=r"the adamw runs: this run needs about \d+\.\d GB per process .* 24\.0 GB"):
         ttt.main(["--target", "3", "--out", str(tmp_path / "out"),
-                  "--train_args=--fp8=False --fp8_head=False --head_kernel=False"])
+                  "--train_args=--fp8=False --fp8_head=False --head_kernel=False --gelu_erf=exact"])
     assert not (tmp_path / "out" / "data").exists()
 
 

@@ -69,7 +69,8 @@ def test_few_cpu_steps_per_dtype(byte_data, tmp_path, dtype):
      r"\[1\] fp8=True and fp8_head=True need a GPU .* this run is on the CPU: add --fp8=False --fp8_head=False "
      r"and leave out fp8_recipe, fp8_min_dim, fp8_gelu_cast where the command line gives them \(config/fast.py and "
      r"config/gpt2-\*.py set fp8=True and fp8_head=True; --fp8=False drops their other FP8 settings\); "
-     r"\[2\] head_kernel=True runs Triton kernels on a CUDA GPU; this run is on cpu: add --head_kernel=False;"
+     r"\[2\] gelu_erf='fast' runs Triton kernels on a CUDA GPU; this run is on cpu: add --gelu_erf=exact; "
+     r"\[3\] head_kernel=True runs Triton kernels on a CUDA GPU; this run is on cpu: add --head_kernel=False;"
      r".* or train on a CPU at the quickstart's size \(python train.py\)$"),     # that way out once, at the end
     (["--config", "config/fast.py", "--fp8=False", "--device=cpu"], ValueError,
      r"this run is on the CPU: add --fp8_head=False \(config/fast.py and config/gpt2-\*.py set fp8_head=True; "
@@ -175,14 +176,15 @@ def test_a_gpu_preset_on_the_cpu_is_refused_once_naming_every_change(tmp_path, m
     line = str(e.value)
     assert "\n" not in line and line.startswith("a GPU-sized run (steps of 524,288 tokens) on the CPU: every change it "
                                                 "needs, at once: [1] fp8=True and fp8_head=True need a GPU"), line
-    assert re.search(r"\[2\] head_kernel=True runs Triton kernels on a CUDA GPU.*; \[3\] this run needs about "
-                     r"[\d.]+ GB per process .*; \[4\] could not load tiktoken's GPT-2 files .*; \[5\] on a CPU, steps "
+    assert re.search(r"\[2\] gelu_erf='fast' runs Triton kernels on a CUDA GPU.*; \[3\] head_kernel=True runs Triton "
+                     r"kernels on a CUDA GPU.*; \[4\] this run needs about "
+                     r"[\d.]+ GB per process .*; \[5\] could not load tiktoken's GPT-2 files .*; \[6\] on a CPU, steps "
                      r"of 524,288 tokens and evaluations of 524,288 are slow \(a GPU preset's micro-batch alone "
                      r"takes minutes\): add "
                      r"--total_batch_size=0 .*; or train on a CPU at the quickstart's size \(python train.py\)$",
                      line), line
     assert not unprepared.exists() and not (tmp_path / "out" / "config.json").exists()
-    with pytest.raises(ValueError) as e:                  # [3] sized as the run will be without FP8, as [1] says
+    with pytest.raises(ValueError) as e:                  # [4] sized as the run will be without FP8, as [1] says
         train.main(argv + ["--fp8=False", "--fp8_head=False"])
     assert re.search(r"needs about [\d.]+ GB", str(e.value))[0] == re.search(r"needs about [\d.]+ GB", line)[0], line
     cfg = train.load_config(tiny_args(tmp_path / "data" / "stdlib_byte", tmp_path / "o", "--total_batch_size=131072"))

@@ -226,7 +226,7 @@ def test_one_run_builds_llmc_runs_all_three_sides_and_prints_one_table(fake_llmc
     (llmc / "fail_cudnn").write_text("")
     out = tmp_path / "out"
     tiny = ("--n_layer=1 --n_head=2 --n_embd=32 --compile=False --fp8=False --fp8_head=False --head_kernel=False "
-            "--dtype=float32 --device=cpu")
+            "--gelu_erf=exact --dtype=float32 --device=cpu")
     rows = vs_llmc.main(["--llmc", str(llmc), "--cudnn_frontend", str(frontend), "--nanogpt", str(fake_nanogpt),
                          "--batch", "1", "--llmc_batches", "1,2", "--iters", "7", "--data_dir", str(byte_data),
                          "--ours_args", tiny, "--out", str(out), "--timeout", "300"])
@@ -263,7 +263,7 @@ def test_build_only_builds_and_a_no_build_run_times_that_binary(fake_llmc, fake_
     assert not (tmp_path / "out" / "nanogpt.log").exists() and not (tmp_path / "out" / "prep.log").exists()
     (llmc / "Makefile").write_text("train_gpt2cu:\n\texit 1\n")       # a build now would fail: it must not happen
     tiny = ("--n_layer=1 --n_head=2 --n_embd=32 --compile=False --fp8=False --fp8_head=False --head_kernel=False "
-            "--dtype=float32 --device=cpu")
+            "--gelu_erf=exact --dtype=float32 --device=cpu")
     rows = vs_llmc.main(run_args + ["--no_build", "--batch", "1", "--llmc_batches", "1", "--iters", "7",
                                     "--ours_args", tiny])
     assert rows[1] == ("llm.c train_gpt2cu, cuDNN", 1, round(1024 / 4.5e-3), "llmc_b1.log")
