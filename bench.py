@@ -283,6 +283,14 @@ def plan(args, skips=None):
     return ladder, loo
 
 
+def dropped_rows(asked, ladder, leave_one_out):
+    """A note for each leave-one-out row asked for (--loo) that plan() drops, with its rung's reason: said, not
+    silently gone (on a CPU: the FP8 rows and the fast erf's)."""
+    why, kept = {name: skip for name, _, skip in ladder}, {name for name, _ in leave_one_out}
+    return [f"note: --loo {change!r} skipped: {why.get('+ ' + change) or 'the change is off in the all-on runs'}"
+            for change in asked or () if f"all on - {change}" not in kept]
+
+
 def rung_refusal(args, extra, skips=None):
     """None, or the line refusing the bench before any rung runs because train.py would refuse one of the rungs
     plan() runs, with the flags it gets (rung_flags): its every check for this device but the data's, the output
@@ -342,6 +350,8 @@ def bench(args, extra, skips=None):
     if not args.resume and os.path.exists(os.path.join(args.out, "rows.jsonl")):
         os.remove(os.path.join(args.out, "rows.jsonl"))             # a new bench starts its rows afresh
     ladder, leave_one_out = plan(args, skips)
+    for line in dropped_rows(args.loo, ladder, leave_one_out):
+        print(line)
     rungs = []
     for name, config, skip in ladder:
         if skip:

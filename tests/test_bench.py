@@ -337,3 +337,17 @@ def test_resume_with_nothing_to_take_says_so(tmp_path, capsys):
     assert "no finished rung in" in capsys.readouterr().out
     assert list(bench.finished_rungs(args, ["--n_layer=2"])) == ["baseline"]
     assert capsys.readouterr().out == ""
+
+
+def test_a_leave_one_out_row_that_cannot_run_here_is_named_with_the_reason():
+    """--loo "GELU's fast erf" (or an FP8 row) on a machine that skips its rung printed nothing: the pass the user
+    asked for was silently empty. plan() still drops it; the note says which and why."""
+    args = types.SimpleNamespace(start=1, loo=["fused AdamW", "GELU's fast erf", "FP8 blocks"])
+    skips = {"+ FP8 blocks": "the config keeps its blocks in bf16 (fp8=False)",
+             "+ GELU's fast erf": "its passes are Triton kernels on a CUDA GPU"}
+    ladder, loo = bench.plan(args, skips)
+    assert [name for name, _ in loo] == ["all on - fused AdamW"]
+    assert bench.dropped_rows(args.loo, ladder, loo) == [
+        "note: --loo \"GELU's fast erf\" skipped: its passes are Triton kernels on a CUDA GPU",
+        "note: --loo 'FP8 blocks' skipped: the config keeps its blocks in bf16 (fp8=False)"]
+    assert bench.dropped_rows(["fused AdamW"], ladder, loo) == []
