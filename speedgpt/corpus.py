@@ -721,6 +721,12 @@ class TokenizerPool:
             self.close()
             raise
 
+    def _put(self, w, chunk):
+        """Queue `chunk` for worker w, not cut by a signal (signals_held): a queue's first put starts its feeder
+        thread and makes its multiprocessing Finalize objects, and one cut in its __init__ raises at exit."""
+        with signals_held():
+            self.workers[w][1].put(chunk)
+
     def _result(self, w):
         proc, _, results = self.workers[w]
         while True:
@@ -748,13 +754,13 @@ class TokenizerPool:
             chunk.append(doc)
             size += len(doc.text)
             if size >= chunk_chars:
-                self.workers[n % len(self.workers)][1].put(chunk)
+                self._put(n % len(self.workers), chunk)
                 pending.append(n % len(self.workers))
                 chunk, size, n = [], 0, n + 1
                 if len(pending) >= 2 * len(self.workers):
                     yield self._result(pending.popleft())
         if chunk:
-            self.workers[n % len(self.workers)][1].put(chunk)
+            self._put(n % len(self.workers), chunk)
             pending.append(n % len(self.workers))
         while pending:
             yield self._result(pending.popleft())

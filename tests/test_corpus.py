@@ -599,3 +599,26 @@ def test_a_linked_folder_is_read_once(tmp_path):
     (tmp_path / "in" / "sub" / "up").symlink_to(tmp_path / "in")            # a cycle
     (tmp_path / "in" / "twice").symlink_to(tmp_path / "in" / "sub")          # a folder already read
     assert [d.text for d in corpus.iter_texts(str(tmp_path / "in"))] == ["a", "c", "b"]
+
+
+def test_a_signal_inside_a_queues_first_put_waits_for_the_put(monkeypatch):
+    """A queue's first put starts its feeder thread and makes multiprocessing's Finalize objects: Ctrl-C landing in
+    a Finalize's __init__ left a half-built one whose weakref callback raised at exit (AttributeError '_key', a
+    traceback after data.py's stop line, 1 in 24 under load). The put is made with signals held: the interrupt
+    comes after it, the feeder started whole."""
+    from multiprocessing import queues
+    start = queues.Queue._start_thread
+
+    def interrupted(self):
+        os.kill(os.getpid(), signal.SIGINT)        # lands inside the feeder's start
+        start(self)
+
+    monkeypatch.setattr(queues.Queue, "_start_thread", interrupted)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with corpus.TokenizerPool("byte", np.uint16, 1) as pool:
+            with pytest.raises(KeyboardInterrupt):
+                list(pool.tokenize(iter([corpus.Document("a", "hello")])))
+            assert all(tasks._jointhread is not None for _, tasks, _ in pool.workers)
+    finally:
+        signal.signal(signal.SIGINT, before)
