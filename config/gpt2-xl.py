@@ -38,5 +38,9 @@ fp8_recipe = "tensorwise_delayed"   # ... delayed scales from the last steps' am
 fp8_gelu_cast = True                # ... GELU in c_proj's input cast, its derivative in c_fc's gradient cast, one
                                     # Triton pass each: +3.3% tokens/s on one H100 at one step per micro-batch
                                     # (BENCHMARKS.md, "The roofline of a step")
+gelu_erf = "fast"                   # ... whose erf is one exp2 and a reciprocal (1.5e-7 off, below a bf16 step):
+                                    # +1.0% tokens/s on one H100 at one step per micro-batch of 16 (one
+                                    # pair); at 124M the loss over 20M tokens within the seed spread
+                                    # (BENCHMARKS.md, "The roofline of a step")
 packing = True
 document_mask = True
