@@ -25,8 +25,9 @@ the runs, over several seeds. One command, one table.
    final val loss.
 5. That setting at the other seeds (the sweep's run is the first seed's). The table: per recipe, how many seeds
    reached the target, and the seconds and tokens to it and the final val loss, each as mean +- standard deviation.
-6. With --blocks, the blocks the field trains besides GPT-2's (BLOCKS: one model flag each, or all of them), each at
-   every seed at each recipe's best setting for GPT-2's block (not swept again): a row per recipe and block.
+6. With --blocks, the blocks the field trains besides GPT-2's (BLOCKS: one model flag each, all of them, or all
+   but one: modern-relu2), each at every seed at each recipe's best setting for GPT-2's block (not swept again): a
+   row per recipe and block.
 
 Seconds are train.py's training clock (speedgpt/budget.py): evaluations and checkpoints apart, and the first step's
 compile too (counted at the second step's time), so a cold compile cache robs no run; the compile is a column of
@@ -233,6 +234,10 @@ BLOCKS = {"rmsnorm": ["--norm=rmsnorm"], "rope": ["--rope=True"], "qk_norm": ["-
           "relu2": ["--activation=relu2"],
           "untied": ["--tie_embeddings=False"]}
 BLOCKS["modern"] = [flag for flags in BLOCKS.values() for flag in flags]
+# "modern-NAME": the five without NAME, which says what NAME adds among the others (alone it may differ: relu2 and
+# untied ended higher than GPT-2's block alone, BENCHMARKS.md)
+BLOCKS.update({f"modern-{name}": [flag for other, flags in BLOCKS.items() if other not in (name, "modern")
+                                  for flag in flags] for name in list(BLOCKS)[:-1]})
 BLOCK_KEYS = ("norm", "rope", "qk_norm", "activation", "tie_embeddings")
 OWN_KEYS = ("config", "data_dir", "out_dir", "max_iters", "lr_decay_iters", "warmup_iters", "seed", "eval_interval",
             "eval_tokens", "save_checkpoints", "hellaswag", "total_batch_size", "time_budget", "target_val_loss")
@@ -612,8 +617,9 @@ def main(argv=None):
                    "--batch_tokens); 0: a tenth of --tokens")
     p.add_argument("--warmup_frac", type=float, default=0.2, help="each run's warm-up, a share of its steps "
                    "at --tokens (a fifth: the first comparison's 20 of 100)")
-    p.add_argument("--blocks", default="", help="comma-separated, of " + ", ".join(BLOCKS) + ": each block at each "
-                   "recipe's best setting, at every seed, a row of the table; '': GPT-2's block alone")
+    p.add_argument("--blocks", default="", help="comma-separated, of " + ", ".join(b for b in BLOCKS if "-" not in b)
+                   + " (all five) and modern-NAME (the five without NAME): each block at each recipe's best setting, "
+                   "at every seed, a row of the table; '': GPT-2's block alone")
     p.add_argument("--config", default="config/fast.py", help="our preset; '' for train.py's defaults")
     p.add_argument("--data_dir", default="", help="a prepared folder instead of the .py files of this Python")
     p.add_argument("--train_args", action="append", default=[], help="more train.py flags for our runs, "
@@ -636,7 +642,8 @@ def main(argv=None):
         sys.exit(f"error: no nanoGPT train.py in {args.nanogpt!r}: give --nanogpt PATH (a clone of karpathy/nanoGPT)")
     args.blocks = list(dict.fromkeys(b.strip() for b in args.blocks.split(",") if b.strip()))
     if any(b not in BLOCKS for b in args.blocks):
-        sys.exit(f"error: --blocks {','.join(args.blocks)!r}: the blocks are {', '.join(BLOCKS)}")
+        sys.exit(f"error: --blocks {','.join(args.blocks)!r}: the blocks are "
+                 f"{', '.join(b for b in BLOCKS if '-' not in b)} (all five) and modern-NAME (the five without NAME)")
     args.batch_tokens = sorted(ints(args.batch_tokens, "--batch_tokens"))
     args.seeds = ints(args.seeds, "--seeds")
     raw_scales = args.lr_scales

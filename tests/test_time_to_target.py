@@ -420,9 +420,18 @@ def test_blocks_run_at_each_recipes_best_setting_at_every_seed(byte_data, tmp_pa
                                                                                       "adamw, modern"]
 
 
+def test_modern_without_one_block_sets_the_other_four():
+    """modern-NAME is the five blocks but NAME: what NAME adds among the others, where alone it may not help."""
+    singles = ("rmsnorm", "rope", "qk_norm", "relu2", "untied")
+    assert sorted(b for b in ttt.BLOCKS if b.startswith("modern-")) == sorted(f"modern-{b}" for b in singles)
+    for name in singles:
+        assert ttt.BLOCKS[f"modern-{name}"] == [f for b in singles if b != name for f in ttt.BLOCKS[b]]
+    assert ttt.BLOCKS["modern-relu2"] == ["--norm=rmsnorm", "--rope=True", "--qk_norm=True", "--tie_embeddings=False"]
+
+
 def test_blocks_are_refused_in_one_line_where_unknown_or_set_twice(tmp_path):
-    with pytest.raises(SystemExit, match="--blocks 'rope,swiglu': the blocks are rmsnorm, rope, qk_norm, relu2, "
-                                         "untied, modern$"):
+    with pytest.raises(SystemExit, match=r"--blocks 'rope,swiglu': the blocks are rmsnorm, rope, qk_norm, relu2, "
+                                         r"untied, modern \(all five\) and modern-NAME \(the five without NAME\)$"):
         ttt.main(["--target", "3", "--blocks", "rope,swiglu", "--out", str(tmp_path / "a")])
     with pytest.raises(SystemExit, match="--train_args sets --rope, which --blocks sets for its rows: leave it out of "
                                          "--train_args, or --blocks out$"):
