@@ -44,8 +44,9 @@ from speedgpt.measure import (MetricsLogger, Timer, ideal_seconds_per_token, pea
 
 # The features, in the order they transform the model (torchtitan's: FP8 conversion, the fused head's loss,
 # activation checkpointing, compile), then DDP/FSDP wraps it (parallel). Each answers check(cfg, proc) -> cfg and
-# apply(model, cfg, proc), and FP8 prepare() and step_hooks() too (speedgpt/features/__init__.py). A feature added
-# is a module there and an entry here; a feature removed, the reverse (and its keys in configurator.py).
+# apply(model, cfg, proc), and the optional calls (prepare, step_hooks, grad_hooks) speedgpt/features/__init__.py
+# lists. A feature added is a module there and an entry here; a feature removed, the reverse (and its keys in
+# configurator.py).
 FEATURES = (fp8, gelu_pass, fused_ce, activation_checkpointing, compilation)
 # every check before any work, in this order: the attention backend first (it resolves 'auto'), HellaSwag last
 # (hellaswag='on' may download its file)
@@ -250,6 +251,7 @@ class Run:
     token_bytes: torch.Tensor = None    # (vocab_size,) UTF-8 bytes of each token id: val bits per byte
     hellaswag: object = None            # speedgpt.hellaswag.HellaSwag, scored at each evaluation; None when off
     after_step: list = field(default_factory=list)  # hook(applied: bool) after each step, applied or skipped
+    before_update: list = field(default_factory=list)   # hook() on the final gradients, before each applied update
     val_bpb: float = None
     hellaswag_acc_norm: float = None
     evaluated: int = None               # the step of the last evaluation
@@ -367,6 +369,8 @@ def train(run, stop):
                        f"skipped ({skipped} of at most {cfg.max_skipped_steps})")
             run.scaler.update()
         else:
+            for hook in run.before_update:      # gradients summed, averaged over ranks, unscaled, clipped, finite
+                hook()
             run.scaler.step(run.optimizer)
             run.scaler.update()
         for hook in run.after_step:             # fp8's amax history: a new entry, or none for a skipped step
@@ -441,6 +445,7 @@ def run_command(argv):
               logger, grad_accum_steps, start_step, best_val, step=start_step, token_bytes=token_bytes,
               hellaswag=hellaswag_eval, after_step=[h for f in FEATURES if hasattr(f, "step_hooks")
                                                      for h in f.step_hooks(raw_model, cfg)],
+              before_update=[h for f in FEATURES if hasattr(f, "grad_hooks") for h in f.grad_hooks(raw_model, cfg)],
               branch=start_branch(cfg.out_dir, ckpt, proc.master),
               **{k: ckpt[k] for k in ("train_seconds", "tokens", "run_id") if ckpt and k in ckpt})   # a resume keeps
     del ckpt                           # its memory is not needed for training

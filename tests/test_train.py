@@ -380,6 +380,41 @@ def test_divergence_never_reaches_the_weights_or_the_checkpoint(byte_data, tmp_p
     assert "Traceback" not in proc.stderr
 
 
+def test_a_features_grad_hooks_see_each_applied_updates_final_gradients(byte_data, tmp_path, monkeypatch):
+    """A feature's grad_hooks run once per applied update, on the gradients the optimizer takes: summed over the
+    micro-steps and clipped (the norm at most grad_clip); what a hook does to them is what the update applies
+    (zeroed here: AdamW without weight decay leaves every weight as it was); a skipped step calls none."""
+    import types
+    seen = []
+
+    def grad_hooks(model, cfg):
+        start = {n: p.detach().clone() for n, p in model.named_parameters()}
+        seen.append(start)
+
+        def hook():
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            seen.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
+            for g in grads:
+                g.zero_()
+        return [hook]
+    monkeypatch.setattr(train, "FEATURES", (*train.FEATURES, types.SimpleNamespace(
+        grad_hooks=grad_hooks, apply=lambda model, cfg, proc: None)))
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=3", "--grad_clip=1e-3", "--weight_decay=0",
+                         "--total_batch_size=512", "--eval_interval=3"))           # 2 micro-steps of 4 x 64
+    start, norms = seen[0], seen[1:]
+    assert len(norms) == 3 and all(0 < n <= 1e-3 * (1 + 1e-4) for n in norms), norms
+    kept = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"]
+    for name, p in start.items():
+        assert torch.equal(kept[name].to(p.dtype), p), name
+
+    seen.clear()                                    # a step whose gradient is not finite is skipped: no hook
+    with pytest.raises(train.RunStopped, match="diverged"):
+        train.main(tiny_args(byte_data, tmp_path / "b", "--max_iters=3", "--learning_rate=1e30", "--min_lr=1e30",
+                             "--warmup_iters=0", "--grad_clip=0", "--max_skipped_steps=0"))
+    rows = [r for r in read_metrics(tmp_path / "b") if "loss" in r]
+    assert len(seen) - 1 == len(rows) - 1, rows    # each step but the last, skipped, applied its update
+
+
 def test_skipped_steps_are_bounded(byte_data, tmp_path):
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
     bad = ["--init_from=resume", "--learning_rate=1e30", "--min_lr=1e30", "--grad_clip=0", "--max_iters=20",

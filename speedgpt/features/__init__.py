@@ -10,8 +10,10 @@ its stages loop over that list:
   prepare(model, batch, cfg)       optional: once, before the first step, after a checkpoint's state is loaded,
                                    eagerly even where the model is compiled (FP8's first amax history)
   step_hooks(model, cfg) -> [hook] optional: hook(applied) after every optimizer step, applied or skipped
-                                   (nothing is called between the gradients and the step yet: a feature that
-                                   changes them, as gradient noise would, adds such a call to train.py's loop)
+  grad_hooks(model, cfg) -> [hook] optional: hook() before every update the optimizer applies, on its final
+                                   gradients (.grad of model's parameters: accumulated, averaged over ranks,
+                                   unscaled, clipped, finite; a skipped step calls none); what changes them, as
+                                   gradient noise would, does it here
   fp8_flops_per_token(model, cfg)  optional: the FLOPs per token that run in FP8 (measure.py's mfu_fp8)
   DETAILS                          optional: {flag, or "key=value": keys that mean nothing without it} (configurator
                                    drops a preset's when a later setting turns it off, and refuses the rest)
