@@ -222,11 +222,12 @@ def describe_os_error(e):
     return causes.get(e.errno, e.strerror or str(e))
 
 
-def folder_creation_error(folder, e, flag):
+def folder_creation_error(folder, e, flag, near=None):
     """The one-line ValueError for an output `folder` that os.makedirs could not create (OSError `e`): it
     names the folder the user chose by `flag` (never a temp folder beside it), where and why it failed in
-    words, and the way out."""
-    near = os.path.dirname(os.path.abspath(folder))
+    words (`near`: by default the deepest part of its path that exists), and the way out. A folder that exists
+    is said to be not writable: data.py's preparation writes beside it (its temp folder) and replaces it."""
+    near = near or os.path.dirname(os.path.abspath(folder))
     while not os.path.exists(near):          # the deepest part of the path that exists: where mkdir failed
         near = os.path.dirname(near)
     if not os.path.isdir(near):
@@ -236,7 +237,9 @@ def folder_creation_error(folder, e, flag):
     else:
         why = f"{describe_os_error(e)} in {near}"
     fix = f", or fix the permissions of {near}" if e.errno in (errno.EACCES, errno.EPERM) else ""
-    return ValueError(f"cannot create the output folder {folder}: {why}; choose another {flag}{fix}")
+    what = f"output folder {folder} is not writable" if os.path.isdir(folder) else \
+        f"cannot create the output folder {folder}"
+    return ValueError(f"{what}: {why}; choose another {flag}{fix}")
 
 
 @contextmanager
@@ -246,7 +249,8 @@ def prepared_folder(out_dir):
     between them; a failure or an interrupt removes it and leaves out_dir exactly as it was. A folder left
     by a process killed mid-way is cleaned up (or, between the two renames, put back) first. Raises
     ValueError for an out_dir that is a file or holds anything data.py does not write, or that cannot be
-    created (naming out_dir and --out, not the temp folder), and OSError for a later write that fails.
+    created or, existing, written (naming out_dir and --out, not the temp folder), and OSError for a
+    later write that fails.
     An out_dir that is a symbolic link is prepared where it points (the link stays: a folder linked to a larger
     disk gets the shards there). One preparation at a time per folder (preparation_lock): another one would take
     this one's temp folder for a killed run's and remove it."""
@@ -272,6 +276,12 @@ def prepared_folder(out_dir):
         if foreign:
             raise ValueError(f"output {shown} holds files data.py did not write ({', '.join(foreign[:3])}"
                              f"{', ...' if len(foreign) > 3 else ''}): prepare into a new folder, or empty this one")
+        # the old out_dir is removed once replaced: a read-only one (its files not removable) was replaced all the
+        # same and stayed, hidden, as .NAME.old; its parent's writes (lock, temp folder) say the same when they fail
+        if not os.access(out_dir, os.W_OK):
+            read_only = hasattr(os, "statvfs") and os.statvfs(out_dir).f_flag & os.ST_RDONLY
+            raise folder_creation_error(shown, OSError(errno.EROFS if read_only else errno.EACCES, ""), "--out",
+                                        near=out_dir)
     with preparation_lock(parent, name, shown):
         if os.path.isdir(out_dir) and os.listdir(out_dir):
             print(f"note: {shown} holds prepared data: it is replaced once this preparation is whole (a run "
