@@ -7,7 +7,8 @@ that a loader starts without reading shards; meta.json, written last, lists the 
 them: data.read_shard etc.).
 
 nanoGPT's data folders read as they are (its data/*/prepare.py): train.bin and val.bin, the split's uint16 tokens
-with no header, and for a character vocabulary meta.pkl ({'vocab_size', 'itos', 'stoi'}); without meta.pkl the
+with no header, and for a character vocabulary meta.pkl ({'vocab_size', 'itos', 'stoi'}; a vocab_size alone: ids
+whose text is unknown, which train but neither decode nor give bits per byte); without meta.pkl the
 tokens are GPT-2's. No document boundaries are stored there: GPT-2's end-of-text (50256, which nanoGPT's
 openwebtext puts after each document) splits documents for the document mask; a character vocabulary has none.
 """
@@ -524,9 +525,10 @@ class _PlainUnpickler(pickle.Unpickler):
 
 def nanogpt_meta(data_dir, verbose=True):
     """The tokenizer metadata of nanoGPT's folder `data_dir` (train.bin, val.bin): from meta.pkl, a character
-    vocabulary ({"tokenizer": "char", "chars": [each id's character], "eot_id": -1: none}), else GPT-2's (as
-    nanoGPT's openwebtext and shakespeare). Says in one line which, and what it means for document boundaries.
-    Raises ValueError for a meta.pkl that is not nanoGPT's."""
+    vocabulary ({"tokenizer": "char", "chars": [each id's character], "eot_id": -1: none}), or for a vocab_size
+    alone ids whose text is unknown ({"tokenizer": "ids"}: they train, but give no bits per byte and no samples);
+    else GPT-2's (as nanoGPT's openwebtext and shakespeare). Says in one line which, and what it means for document
+    boundaries. Raises ValueError for a meta.pkl that is not nanoGPT's."""
     path = os.path.join(data_dir, NANOGPT_VOCAB)
     if not os.path.isfile(path):
         if verbose:
@@ -536,18 +538,20 @@ def nanogpt_meta(data_dir, verbose=True):
     try:
         with open(path, "rb") as f:
             vocab = _PlainUnpickler(f).load()
-        size, itos = operator.index(vocab["vocab_size"]), vocab["itos"]
-        chars = [itos[i] for i in range(size)]
-        if not all(type(c) is str for c in chars):
+        size = operator.index(vocab["vocab_size"])
+        # nanoGPT's train.py reads vocab_size alone, so a meta.pkl of nothing else (another tokenizer's ids) trains
+        chars = [vocab["itos"][i] for i in range(size)] if "itos" in vocab else None
+        if chars is not None and not all(type(c) is str for c in chars):
             raise TypeError("itos maps ids to something else than strings")
     except Exception as e:       # unreadable, another pickle, a vocabulary with gaps
-        if isinstance(e, KeyError) and e.args == ("itos",):      # a vocab_size alone: ids without their text
-            raise ValueError(f"{path} holds a vocab_size and no itos (the characters of nanoGPT's vocabulary): "
-                             "speedgpt reads tokens with their text (bits per byte, samples). GPT-2 tokens: move "
-                             "meta.pkl away (a folder without one is GPT-2's); other text: prepare it with data.py") \
-                from None
         raise ValueError(f"{path} is not nanoGPT's character vocabulary ({{'vocab_size', 'itos', 'stoi'}}: "
                          f"{type(e).__name__}: {e}): prepare the folder again with its prepare.py") from None
+    if chars is None:
+        if verbose:
+            print(f"note: {data_dir} is nanoGPT's (train.bin, val.bin, meta.pkl: a vocab_size of {size} and no itos): "
+                  "ids whose text is unknown, so no bits per byte, HellaSwag or samples; no document boundaries are "
+                  "known (no end-of-text token), so each row is one stretch of tokens")
+        return {"tokenizer": "ids", "vocab_size": size, "eot_id": -1, "foreign": True}
     if verbose:
         print(f"note: {data_dir} is nanoGPT's (train.bin, val.bin, meta.pkl: {size} characters): no document "
               "boundaries are known (no end-of-text token), so each row is one stretch of text")
