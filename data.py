@@ -291,7 +291,7 @@ class Loader:
         index = [read_index(p, n, self.eot, meta["foreign"], with_starts=not packing)
                  for p, n in zip(self.paths, sizes)]
         # the file that set the vocabulary, named in the refusal: nanoGPT's folders have meta.pkl or none (GPT-2's)
-        said = "meta.pkl" if meta["tokenizer"] == "char" else "meta.json" \
+        said = "meta.pkl" if meta["tokenizer"] in ("char", "ids") else "meta.json" \
             if os.path.isfile(os.path.join(data_dir, "meta.json")) else None
         for p, (max_id, _) in zip(self.paths, index):
             if vocab_size is not None and max_id >= vocab_size:

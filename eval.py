@@ -124,10 +124,12 @@ def checkpoint_tokenizer(path):
 
 
 def refuse_characters(path):
-    """Raise ValueError in one line where checkpoint `path` is a model of nanoGPT's characters (its meta.pkl),
-    which HellaSwag cannot score, naming the evaluation that can: its validation loss on its data."""
-    if checkpoint_tokenizer(path) == "char":
-        hellaswag.refuse_characters("char", path, f"its validation loss: {validation_loss_command(path)}")
+    """Raise ValueError in one line where checkpoint `path` is a model of nanoGPT's characters (its meta.pkl) or of
+    ids whose text is unknown, which HellaSwag cannot score, naming the evaluation that can: its validation loss on
+    its data."""
+    tokenizer = checkpoint_tokenizer(path)
+    if tokenizer in hellaswag.NO_HELLASWAG:
+        hellaswag.refuse_characters(tokenizer, path, f"its validation loss: {validation_loss_command(path)}")
 
 
 def validation_loss_command(path):
@@ -151,8 +153,8 @@ def check_harness_model(args):
         tokenizer = checkpoint_tokenizer(where)
         has, what = tokenizer in ("gpt2", None), f"{tokenizer} tokens"
     if not has:         # HellaSwag, eval.py's other score, refuses nanoGPT's characters too: their validation loss
-        other = "without --lm_eval, eval.py scores this one on HellaSwag" if what != "char tokens" else \
-            f"its validation loss measures this one: {validation_loss_command(where)}"
+        other = f"its validation loss measures this one: {validation_loss_command(where)}" \
+            if what in ("char tokens", "ids tokens") else "without --lm_eval, eval.py scores this one on HellaSwag"
         raise ValueError(f"{where} has no Hugging Face tokenizer ({what}), and lm-evaluation-harness reads text "
                          f"through one: --lm_eval scores GPT-2 BPE models (data.py --tokenizer gpt2); {other}")
 

@@ -114,7 +114,8 @@ def build_data(cfg, proc, grad_accum_steps, ckpt):
                 vocab_size=meta["vocab_size"], max_docs=data.VARLEN_MAX_SEQS if cfg.attention == "varlen" else None)
     train_loader = Loader(cfg.data_dir, "train", seed=cfg.seed, prefetch=grad_accum_steps, **args)
     val_loader = Loader(cfg.data_dir, "val", seed=cfg.seed + 1, **args) if cfg.eval_tokens > 0 else None
-    counts = None if val_loader is None else torch.as_tensor(token_bytes(cfg.data_dir, meta), device=proc.device)
+    counts = None if val_loader is None else token_bytes(cfg.data_dir, meta)    # None: ids whose text is unknown
+    counts = None if counts is None else torch.as_tensor(counts, device=proc.device)
     if val_loader is not None and eval_rows(cfg, val_loader) * cfg.block_size < cfg.eval_tokens:
         print0(evaluation.small_split_note(cfg, val_loader))
     return meta, train_loader, val_loader, counts
@@ -248,7 +249,7 @@ class Run:
     best_val: float = None
     val_loss: float = None
     step: int = 0                       # optimizer steps done so far
-    token_bytes: torch.Tensor = None    # (vocab_size,) UTF-8 bytes of each token id: val bits per byte
+    token_bytes: torch.Tensor = None    # (vocab_size,) UTF-8 bytes of each token id: val bits per byte (None: no text)
     hellaswag: object = None            # speedgpt.hellaswag.HellaSwag, scored at each evaluation; None when off
     after_step: list = field(default_factory=list)  # hook(applied: bool) after each step, applied or skipped
     before_update: list = field(default_factory=list)   # hook() on the final gradients, before each applied update
@@ -297,7 +298,8 @@ class Run:
                              f"{self.last_good()}", 1)
         self.best_val = self.val_loss if self.best_val is None else min(self.best_val, self.val_loss)
         self.evaluated = step
-        print0(f"step {step}: val loss {self.val_loss:.4f} ({self.val_bpb:.4f} bits/byte)")
+        bpb = "" if self.val_bpb is None else f" ({self.val_bpb:.4f} bits/byte)"     # None: no text to count
+        print0(f"step {step}: val loss {self.val_loss:.4f}{bpb}")
         record = {"step": step, "val_loss": self.val_loss, "val_bpb": self.val_bpb,
                   "train_seconds": round(train_seconds, 3), "tokens": int(self.tokens)}
         if self.hellaswag is not None:

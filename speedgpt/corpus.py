@@ -605,7 +605,13 @@ class CharTokenizer:
 
 def tokenizer_for(meta):
     """The tokenizer of a data folder's (or a checkpoint's) metadata: get_tokenizer's, or the character vocabulary
-    that a nanoGPT folder's meta carries."""
+    that a nanoGPT folder's meta carries. Raises ValueError, with the way out, for ids whose text is unknown (a
+    meta.pkl of a vocab_size alone): nothing encodes a prompt into them or decodes them."""
+    if meta["tokenizer"] == "ids":
+        raise ValueError("the model's tokens are ids whose text is unknown (its data's meta.pkl held a vocab_size "
+                         "and no itos): no tokenizer encodes a prompt or decodes a sample; train on data that has one "
+                         "(a meta.pkl with itos and stoi, as nanoGPT's shakespeare_char/prepare.py writes; GPT-2 "
+                         "tokens: no meta.pkl; other text: data.py)")
     return CharTokenizer(meta["chars"]) if meta["tokenizer"] == "char" else get_tokenizer(meta["tokenizer"])
 
 
@@ -862,7 +868,10 @@ def _ignore(signals):
 def token_bytes(data_dir, meta):
     """(vocab_size,) int64: the UTF-8 bytes each token id stands for (bits per byte's denominator), from the
     folder's token_bytes.npy, which data.py writes at preparation so that training on GPT-2 tokens needs no
-    tokenizer files; from the tokenizer for a folder prepared before that, or foreign shards."""
+    tokenizer files; from the tokenizer for a folder prepared before that, or foreign shards. None for ids whose
+    text is unknown (nanoGPT's meta.pkl of a vocab_size alone): no bits per byte."""
+    if meta["tokenizer"] == "ids":
+        return None
     path = os.path.join(str(data_dir), TOKEN_BYTES)
     if os.path.isfile(path):
         counts = np.load(path)

@@ -31,8 +31,9 @@ def estimate_loss(model, loader, rows, ctx, token_bytes):
     """(mean loss per real token, bits per byte) over the first `rows` rows of the val loader's fixed order,
     all ranks together: the same tokens every time, whatever the world size and micro-batch. Bits per
     byte is the same loss sum, in bits, over the UTF-8 bytes of the same targets (`token_bytes`: (vocab,)
-    bytes per id; end-of-text is 0 bytes, its loss counted). Every rank runs the same number of forwards
-    (FSDP gathers weights in each); rows past `rows` get no targets."""
+    bytes per id; end-of-text is 0 bytes, its loss counted; None for ids whose text is unknown, whose bits per
+    byte are None). Every rank runs the same number of forwards (FSDP gathers weights in each); rows past `rows`
+    get no targets."""
     model.eval()
     loader.reset()
     wide = torch.float32 if loader.device.type == "mps" else torch.float64  # MPS has no float64
@@ -46,12 +47,14 @@ def estimate_loss(model, loader, rows, ctx, token_bytes):
             b.y[max(inside, 0):] = -1
         with ctx:
             _, loss = model(b.x, b.y, b.doc_ids, b.cu_seqlens, b.position_ids)
-        n, n_bytes = (b.y != -1).sum(), torch.where(b.y != -1, token_bytes[b.y.clamp(min=0)], 0).sum()
+        n = (b.y != -1).sum()
+        n_bytes = n if token_bytes is None else torch.where(b.y != -1, token_bytes[b.y.clamp(min=0)], 0).sum()
         totals += torch.stack([loss.to(wide) * n, n.to(wide), n_bytes.to(wide)])
     if dist.is_initialized():
         dist.all_reduce(totals)
     model.train()
-    return (totals[0] / totals[1].clamp(min=1)).item(), (totals[0] / math.log(2) / totals[2].clamp(min=1)).item()
+    bpb = None if token_bytes is None else (totals[0] / math.log(2) / totals[2].clamp(min=1)).item()
+    return (totals[0] / totals[1].clamp(min=1)).item(), bpb
 
 
 def check(cfg, proc):

@@ -122,12 +122,18 @@ def fetch(path, proc):
     return CACHE
 
 
+# nanoGPT's tokens that HellaSwag's text cannot be put in (shards.nanogpt_meta's), by tokenizer: what they are
+NO_HELLASWAG = {"char": "nanoGPT's characters (meta.pkl)", "ids": "ids whose text is unknown (meta.pkl: a vocab_size "
+                "alone)"}
+
+
 def refuse_characters(tokenizer, what, way_out):
     """Raise ValueError in one line where `tokenizer` (of `what`: a data folder or a checkpoint) is nanoGPT's
-    character vocabulary (its meta.pkl): HellaSwag's text holds characters such a vocabulary lacks, and
-    get_tokenizer, which knows no "char", would say only "unknown tokenizer". `way_out`: what to do instead."""
-    if tokenizer == "char":
-        raise ValueError(f"HellaSwag cannot score {what}: its tokens are nanoGPT's characters (meta.pkl), and "
+    character vocabulary (its meta.pkl), or ids whose text is unknown: HellaSwag's text holds characters such a
+    vocabulary lacks (ids stand for no text we know), and get_tokenizer, which knows neither, would say only
+    "unknown tokenizer". `way_out`: what to do instead."""
+    if tokenizer in NO_HELLASWAG:
+        raise ValueError(f"HellaSwag cannot score {what}: its tokens are {NO_HELLASWAG[tokenizer]}, and "
                          f"HellaSwag's text needs GPT-2 BPE or byte-level tokens: {way_out}")
 
 
@@ -160,12 +166,13 @@ def check(cfg, proc):
                              "eval_tokens > 0, or hellaswag='off'")
         print0("hellaswag: auto -> off (eval_tokens=0: no evaluation)")
         return replace(cfg, hellaswag="off")
-    if data_tokenizer(cfg.data_dir) == "char":      # before the file is fetched for nothing
+    tokenizer = data_tokenizer(cfg.data_dir)
+    if tokenizer in NO_HELLASWAG:                   # before the file is fetched for nothing
         if cfg.hellaswag == "auto":
-            print0(f"hellaswag: auto -> off ({cfg.data_dir} holds nanoGPT's characters; HellaSwag needs GPT-2 BPE or "
-                   "byte-level tokens)")
+            print0(f"hellaswag: auto -> off ({cfg.data_dir} holds {NO_HELLASWAG[tokenizer]}; "
+                   "HellaSwag needs GPT-2 BPE or byte-level tokens)")
             return replace(cfg, hellaswag="off")
-        refuse_characters("char", cfg.data_dir, "leave hellaswag off (the validation loss measures such a model)")
+        refuse_characters(tokenizer, cfg.data_dir, "leave hellaswag off (the validation loss measures such a model)")
     if cfg.hellaswag == "auto" and not os.path.isfile(path):
         print0(f"hellaswag: auto -> off (no file at hellaswag_path={path!r})" if cfg.hellaswag_path else
                f"hellaswag: auto -> off (no {path}; --hellaswag=on downloads it, --hellaswag_path=FILE reads one)")

@@ -7,7 +7,8 @@ that a loader starts without reading shards; meta.json, written last, lists the 
 them: data.read_shard etc.).
 
 nanoGPT's data folders read as they are (its data/*/prepare.py): train.bin and val.bin, the split's uint16 tokens
-with no header, and for a character vocabulary meta.pkl ({'vocab_size', 'itos', 'stoi'}); without meta.pkl the
+with no header, and for a character vocabulary meta.pkl ({'vocab_size', 'itos', 'stoi'}; a vocab_size alone: ids
+whose text is unknown, which train but neither decode nor give bits per byte); without meta.pkl the
 tokens are GPT-2's. No document boundaries are stored there: GPT-2's end-of-text (50256, which nanoGPT's
 openwebtext puts after each document) splits documents for the document mask; a character vocabulary has none.
 """
@@ -222,11 +223,12 @@ def describe_os_error(e):
     return causes.get(e.errno, e.strerror or str(e))
 
 
-def folder_creation_error(folder, e, flag):
+def folder_creation_error(folder, e, flag, near=None):
     """The one-line ValueError for an output `folder` that os.makedirs could not create (OSError `e`): it
     names the folder the user chose by `flag` (never a temp folder beside it), where and why it failed in
-    words, and the way out."""
-    near = os.path.dirname(os.path.abspath(folder))
+    words (`near`: by default the deepest part of its path that exists), and the way out. A folder that exists
+    is said to be not writable: data.py's preparation writes beside it (its temp folder) and replaces it."""
+    near = near or os.path.dirname(os.path.abspath(folder))
     while not os.path.exists(near):          # the deepest part of the path that exists: where mkdir failed
         near = os.path.dirname(near)
     if not os.path.isdir(near):
@@ -236,7 +238,9 @@ def folder_creation_error(folder, e, flag):
     else:
         why = f"{describe_os_error(e)} in {near}"
     fix = f", or fix the permissions of {near}" if e.errno in (errno.EACCES, errno.EPERM) else ""
-    return ValueError(f"cannot create the output folder {folder}: {why}; choose another {flag}{fix}")
+    what = f"output folder {folder} is not writable" if os.path.isdir(folder) else \
+        f"cannot create the output folder {folder}"
+    return ValueError(f"{what}: {why}; choose another {flag}{fix}")
 
 
 @contextmanager
@@ -246,7 +250,8 @@ def prepared_folder(out_dir):
     between them; a failure or an interrupt removes it and leaves out_dir exactly as it was. A folder left
     by a process killed mid-way is cleaned up (or, between the two renames, put back) first. Raises
     ValueError for an out_dir that is a file or holds anything data.py does not write, or that cannot be
-    created (naming out_dir and --out, not the temp folder), and OSError for a later write that fails.
+    created or, existing, written (naming out_dir and --out, not the temp folder), and OSError for a
+    later write that fails.
     An out_dir that is a symbolic link is prepared where it points (the link stays: a folder linked to a larger
     disk gets the shards there). One preparation at a time per folder (preparation_lock): another one would take
     this one's temp folder for a killed run's and remove it."""
@@ -272,6 +277,12 @@ def prepared_folder(out_dir):
         if foreign:
             raise ValueError(f"output {shown} holds files data.py did not write ({', '.join(foreign[:3])}"
                              f"{', ...' if len(foreign) > 3 else ''}): prepare into a new folder, or empty this one")
+        # the old out_dir is removed once replaced: a read-only one (its files not removable) was replaced all the
+        # same and stayed, hidden, as .NAME.old; its parent's writes (lock, temp folder) say the same when they fail
+        if not os.access(out_dir, os.W_OK):
+            read_only = hasattr(os, "statvfs") and os.statvfs(out_dir).f_flag & os.ST_RDONLY
+            raise folder_creation_error(shown, OSError(errno.EROFS if read_only else errno.EACCES, ""), "--out",
+                                        near=out_dir)
     with preparation_lock(parent, name, shown):
         if os.path.isdir(out_dir) and os.listdir(out_dir):
             print(f"note: {shown} holds prepared data: it is replaced once this preparation is whole (a run "
@@ -514,9 +525,10 @@ class _PlainUnpickler(pickle.Unpickler):
 
 def nanogpt_meta(data_dir, verbose=True):
     """The tokenizer metadata of nanoGPT's folder `data_dir` (train.bin, val.bin): from meta.pkl, a character
-    vocabulary ({"tokenizer": "char", "chars": [each id's character], "eot_id": -1: none}), else GPT-2's (as
-    nanoGPT's openwebtext and shakespeare). Says in one line which, and what it means for document boundaries.
-    Raises ValueError for a meta.pkl that is not nanoGPT's."""
+    vocabulary ({"tokenizer": "char", "chars": [each id's character], "eot_id": -1: none}), or for a vocab_size
+    alone ids whose text is unknown ({"tokenizer": "ids"}: they train, but give no bits per byte and no samples);
+    else GPT-2's (as nanoGPT's openwebtext and shakespeare). Says in one line which, and what it means for document
+    boundaries. Raises ValueError for a meta.pkl that is not nanoGPT's."""
     path = os.path.join(data_dir, NANOGPT_VOCAB)
     if not os.path.isfile(path):
         if verbose:
@@ -526,18 +538,20 @@ def nanogpt_meta(data_dir, verbose=True):
     try:
         with open(path, "rb") as f:
             vocab = _PlainUnpickler(f).load()
-        size, itos = operator.index(vocab["vocab_size"]), vocab["itos"]
-        chars = [itos[i] for i in range(size)]
-        if not all(type(c) is str for c in chars):
+        size = operator.index(vocab["vocab_size"])
+        # nanoGPT's train.py reads vocab_size alone, so a meta.pkl of nothing else (another tokenizer's ids) trains
+        chars = [vocab["itos"][i] for i in range(size)] if "itos" in vocab else None
+        if chars is not None and not all(type(c) is str for c in chars):
             raise TypeError("itos maps ids to something else than strings")
     except Exception as e:       # unreadable, another pickle, a vocabulary with gaps
-        if isinstance(e, KeyError) and e.args == ("itos",):      # a vocab_size alone: ids without their text
-            raise ValueError(f"{path} holds a vocab_size and no itos (the characters of nanoGPT's vocabulary): "
-                             "speedgpt reads tokens with their text (bits per byte, samples). GPT-2 tokens: move "
-                             "meta.pkl away (a folder without one is GPT-2's); other text: prepare it with data.py") \
-                from None
         raise ValueError(f"{path} is not nanoGPT's character vocabulary ({{'vocab_size', 'itos', 'stoi'}}: "
                          f"{type(e).__name__}: {e}): prepare the folder again with its prepare.py") from None
+    if chars is None:
+        if verbose:
+            print(f"note: {data_dir} is nanoGPT's (train.bin, val.bin, meta.pkl: a vocab_size of {size} and no itos): "
+                  "ids whose text is unknown, so no bits per byte, HellaSwag or samples; no document boundaries are "
+                  "known (no end-of-text token), so each row is one stretch of tokens")
+        return {"tokenizer": "ids", "vocab_size": size, "eot_id": -1, "foreign": True}
     if verbose:
         print(f"note: {data_dir} is nanoGPT's (train.bin, val.bin, meta.pkl: {size} characters): no document "
               "boundaries are known (no end-of-text token), so each row is one stretch of text")

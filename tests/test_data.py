@@ -437,6 +437,37 @@ def test_a_disk_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
     assert ".preparing" not in str(e.value) and not out.exists()
 
 
+def test_an_existing_out_that_cannot_be_written_says_so(tmp_path, monkeypatch, capsys):
+    """--out that exists on a read-only filesystem (or in a folder the user cannot write into) said "cannot create
+    the output folder"; a read-only --out itself was replaced, its files left hidden beside it (.out.old). Both are
+    one line saying it is not writable, before any tokenizing. Simulated: tests may run as root, who ignores
+    permission bits (by hand: a read-only bind mount, or mode 0555 as another user)."""
+    import errno
+    from speedgpt import shards
+    _write_docs(tmp_path / "in", DOCS)
+    out = tmp_path / "out"
+    data.prepare(str(tmp_path / "in"), str(out), "byte", val_frac=0.3, workers=1)
+    capsys.readouterr()
+    before, argv = _folder_state(out), ["--input", str(tmp_path / "in"), "--out", str(out), "--workers=1"]
+    real_open, real_access = os.open, os.access
+
+    def read_only(path, *args, **kwargs):          # the first write beside --out: its lock file
+        if str(path).startswith(f"{tmp_path}/.out"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(shards.os, "open", read_only)
+    with pytest.raises(SystemExit, match=re.escape(f"error: output folder {out} is not writable: read-only filesystem "
+                                                   f"in {tmp_path}; choose another --out") + "$"):
+        data.main(argv)
+    monkeypatch.undo()
+    monkeypatch.setattr(shards.os, "access", lambda path, mode: str(path) != str(out) and real_access(path, mode))
+    with pytest.raises(SystemExit, match=re.escape(f"error: output folder {out} is not writable: permission denied "
+                                                   f"in {out}; choose another --out, or fix the permissions of {out}")):
+        data.main(argv)
+    assert _folder_state(out) == before and sorted(os.listdir(tmp_path)) == ["in", "out"]
+    assert "tokenizing" not in capsys.readouterr().err
+
+
 def test_an_out_that_cannot_be_created_is_one_line(tmp_path):
     """--out under a regular file (or on /proc): one line naming --out's folder, why, and the way out."""
     _write_docs(tmp_path / "in", DOCS)

@@ -195,18 +195,42 @@ def test_a_meta_pkl_of_numpy_numbers_loads_and_one_naming_code_is_refused(tmp_pa
     assert "ran" not in capsys.readouterr().out
 
 
-def test_a_meta_pkl_of_a_vocab_size_alone_names_the_ways_that_work(tmp_path):
-    """nanoGPT's train.py reads only vocab_size; a meta.pkl of nothing else (another tokenizer's ids) gives ids
-    without their text, which bits per byte and sampling need: one line with what works, where it said to prepare the
-    folder again with its prepare.py, which writes the same file."""
-    from speedgpt.shards import nanogpt_meta
+def test_a_meta_pkl_of_a_vocab_size_alone_trains_and_sampling_says_it_has_no_tokenizer(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """nanoGPT's train.py reads only vocab_size; a meta.pkl of nothing else (another tokenizer's ids) was refused
+    before any training. It trains, without bits per byte (its ids' text is unknown); HellaSwag, which needs that
+    text, turns off under auto and is refused under on, before any download; sample.py, which needs a tokenizer,
+    says so in one line with the way out."""
+    import eval as eval_script
+    from speedgpt import hellaswag
     write_char_folder(tmp_path / "ids")
     with open(tmp_path / "ids" / "meta.pkl", "wb") as f:
-        pickle.dump({"vocab_size": 50304}, f)
-    with pytest.raises(ValueError, match=r"meta.pkl holds a vocab_size and no itos .*: speedgpt reads tokens with "
-                                         r"their text .* GPT-2 tokens: move meta.pkl away .*; other text: prepare "
-                                         r"it with data.py$"):
-        nanogpt_meta(str(tmp_path / "ids"), verbose=False)
+        pickle.dump({"vocab_size": 128}, f)                  # more ids than the data uses, as a padded vocabulary
+    monkeypatch.chdir(tmp_path)                               # no HellaSwag file in the cache here
+    monkeypatch.setattr(hellaswag, "download", lambda *a: pytest.fail("HellaSwag fetched for ids without text"))
+    shutil.copy(HELLASWAG_FIXTURE, tmp_path / "hs.jsonl")
+    args = [f"--data_dir={tmp_path / 'ids'}", *TINY, "--max_iters=10", "--eval_interval=5"]
+    train.main([*args, "--out_dir=out", "--hellaswag=auto", "--hellaswag_path=hs.jsonl"])
+    out = capsys.readouterr().out
+    assert "meta.pkl: a vocab_size of 128 and no itos" in out and "hellaswag: auto -> off (" in out, out
+    assert "bits/byte" not in out
+    evals = [r for r in read_metrics("out") if "val_loss" in r]
+    assert len(evals) == 3 and all(r["val_bpb"] is None for r in evals), evals
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5, evals          # it learns the ids
+    meta = torch.load("out/ckpt.pt", weights_only=True)["meta"]
+    assert (meta["tokenizer"], meta["vocab_size"]) == ("ids", 128)
+    with pytest.raises(ValueError, match=r"^HellaSwag cannot score .*ids: its tokens are ids whose text is unknown "
+                                         r"\(meta.pkl: a vocab_size alone\), .*: leave hellaswag off"):
+        train.main([*args, "--out_dir=out-on", "--hellaswag=on"])
+    with pytest.raises(SystemExit) as e:
+        eval_script.main(["--out_dir=out", "--device=cpu"])
+    assert capsys.readouterr().err.startswith(f"error: HellaSwag cannot score {os.path.join('out', 'ckpt.pt')}: its "
+                                              "tokens are ids whose text is unknown") and e.value.code == 1
+    with pytest.raises(SystemExit, match=r"^error: the model's tokens are ids whose text is unknown \(its data's "
+                                         r"meta.pkl held a vocab_size and no itos\): no tokenizer encodes a prompt or "
+                                         r"decodes a sample; train on data that has one \(.*\)$") as e:
+        sample.main(["--out_dir=out", "--device=cpu", "--start=The "])
+    assert "\n" not in str(e.value.code)
 
 
 def test_a_meta_pkl_smaller_than_its_tokens_is_named(tmp_path):
@@ -216,6 +240,11 @@ def test_a_meta_pkl_smaller_than_its_tokens_is_named(tmp_path):
     small = len(chars) - 5
     with open(tmp_path / "chars" / "meta.pkl", "wb") as f:
         pickle.dump({"vocab_size": small, "itos": dict(enumerate(chars[:small])), "stoi": {}}, f)
+    with pytest.raises(ValueError, match=rf"train.bin holds token id \d+, outside the vocabulary \({small} ids in "
+                                         r"meta.pkl\): shards and meta.pkl disagree$"):
+        train.main([f"--data_dir={tmp_path / 'chars'}", f"--out_dir={tmp_path / 'out'}", *TINY])
+    with open(tmp_path / "chars" / "meta.pkl", "wb") as f:              # a vocab_size alone, as small
+        pickle.dump({"vocab_size": small}, f)
     with pytest.raises(ValueError, match=rf"train.bin holds token id \d+, outside the vocabulary \({small} ids in "
                                          r"meta.pkl\): shards and meta.pkl disagree$"):
         train.main([f"--data_dir={tmp_path / 'chars'}", f"--out_dir={tmp_path / 'out'}", *TINY])
