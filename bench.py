@@ -490,8 +490,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps per rung (compile)")
     parser.add_argument("--start", type=int, default=1, help="first ladder rung to run (1 = baseline)")
     parser.add_bool("--no_loo", help="skip the leave-one-out pass (as --loo none)")
-    parser.add_argument("--loo", default="all", help="the changes the leave-one-out pass removes, comma-separated "
-                        f"({', '.join(UNDO)}), or all, or none")
+    parser.add_argument("--loo", help="the changes the leave-one-out pass removes, comma-separated "
+                        f"({', '.join(UNDO)}), or all (the default), or none")
     parser.add_bool("--resume", help="reuse the rungs already in OUT/rows.jsonl that ran with the same "
                     "config, steps, warm-up and arguments (a bench cut short continues)")
     parser.add_argument("--batch_size", type=int, default=16, help="micro-batch of every rung (the float32 "
@@ -503,10 +503,13 @@ def main(argv=None):
     parser.add_argument("extra", nargs="*", help="after --: train.py overrides for every rung, e.g. -- --n_layer=6 "
                         "--data_dir=data/stories_gpt2")
     args = parser.parse_args(argv)
+    if args.no_loo and args.loo is not None:     # one of them would be silently dropped
+        parser.error(f"--no_loo and --loo {args.loo!r} both given: keep --loo to choose the leave-one-out rows, or "
+                     "--no_loo (as --loo none) to skip the pass")
     if not os.path.isfile(args.config):       # a folder exists: say so, as train.py does (configurator.py)
         parser.error(f"config file {args.config} "
                      + ("is a folder, not a file" if os.path.isdir(args.config) else "not found"))
-    args.loo = [] if args.no_loo or args.loo == "none" else list(UNDO) if args.loo == "all" else \
+    args.loo = [] if args.no_loo or args.loo == "none" else list(UNDO) if args.loo in (None, "all") else \
         [c.strip() for c in args.loo.split(",")]
     unknown = [c for c in args.loo if c not in UNDO]
     if unknown:

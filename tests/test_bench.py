@@ -74,7 +74,8 @@ def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
         [r.get("tokens_per_sec") for r in rows]
     kept = [l for l in open(out / "rows.jsonl") if '"+ fused AdamW"' not in l]
     open(out / "rows.jsonl", "w").writelines(kept + ['{"rung": "+ fused Ad'])     # and a last line cut by a stop
-    part = subprocess.run(cmd[:2] + ["--resume", "--no_loo"] + cmd[2:], cwd=ROOT, capture_output=True, text=True,
+    ladder_only = [a for a in cmd[2:] if a not in ("--loo", "packing")]           # --no_loo with --loo is refused
+    part = subprocess.run(cmd[:2] + ["--resume", "--no_loo"] + ladder_only, cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert part.returncode == 0 and part.stdout.count("reused from") == 6 + fp8, part.stdout[-2000:]
     assert "=== + fused AdamW\n" in part.stdout                            # the one missing rung ran
@@ -252,6 +253,21 @@ def test_bench_option_after_the_separator_is_named_as_bench_pys(tmp_path, capsys
         assert e.value.code == 2 and f"error: {extra.split('=')[0]} after -- goes to train.py: it is bench.py's own " \
             "option, give it before --" in err, err
         assert not (tmp_path / "b").exists()
+
+
+def test_no_loo_with_loo_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """--no_loo silently won over --loo packing: the leave-one-out row asked for was dropped without a word. Both
+    given: one line naming both and the way out, before any check or --out; --no_loo=False with --loo is no clash."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)       # a CPU's bench, on a GPU machine too
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--no_loo", "--loo", "packing", "--out", str(tmp_path / "b")])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: --no_loo and --loo 'packing' both given: keep --loo to choose the leave-one-out rows, or --no_loo "
+        "(as --loo none) to skip the pass\n")
+    assert not (tmp_path / "b").exists()
+    with pytest.raises(SystemExit):             # refused later, for config/fast.py's size on a CPU
+        bench.main(["--no_loo=False", "--loo", "packing", "--out", str(tmp_path / "b")])
+    assert "both given" not in capsys.readouterr().err
 
 
 def test_bench_chart(tmp_path):
