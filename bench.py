@@ -20,6 +20,7 @@ import dataclasses
 import gc
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -567,13 +568,20 @@ def main(argv=None):
     if stdlib:
         print("no GPU: the rungs train on the byte-level stdlib corpus (data/stdlib_byte, no download); "
               "give -- --data_dir=... for other data")
-    bench(args, extra, skips)
+    try:
+        with sigterm_as_interrupt():     # SIGTERM as Ctrl-C: subprocess.run kills the rung's train.py, no orphan
+            bench(args, extra, skips)
+    except KeyboardInterrupt as e:       # 128 + the signal's number, as train.py and data.py exit
+        signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
+        print(f"stopped ({signal.Signals(signum).name}): the rung under way was stopped; the rungs that finished are "
+              f"in {os.path.join(args.out, 'rows.jsonl')}, and the same command with --resume (before its --) takes "
+              "them", file=sys.stderr)
+        sys.exit(128 + signum)
 
 
 if __name__ == "__main__":
     try:
-        with sigterm_as_interrupt():     # SIGTERM as Ctrl-C: subprocess.run kills the rung's train.py, no orphan
-            main()
-    except KeyboardInterrupt:
-        sys.exit("stopped: the rung under way was stopped; the rungs that finished are in OUT/rows.jsonl, and the "
-                 "same command with --resume (before its --) takes them")
+        main()
+    except KeyboardInterrupt:            # during the checks (no rung ran) or --find_max_batch's search
+        print("stopped (SIGINT)", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)

@@ -270,6 +270,33 @@ def test_no_loo_with_loo_is_refused_before_any_work(tmp_path, monkeypatch, capsy
     assert "both given" not in capsys.readouterr().err
 
 
+def test_an_interrupted_bench_exits_128_plus_the_signal_and_names_its_out(tmp_path, monkeypatch, capsys):
+    """Ctrl-C (or SIGTERM, taken as one) while the rungs run: bench.py exited 1, and its line named the folder as
+    `OUT/rows.jsonl`. It exits 128 + the signal's number (130, 143), as train.py and data.py, naming --out's."""
+    import signal
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signal.SIGINT, signal.default_int_handler)      # Ctrl-C as in a terminal (a stop leaves it
+            signal.signal(signal.SIGTERM, before[signal.SIGTERM])         # ignored: a second one never cuts it)
+            monkeypatch.setattr(bench, "bench", lambda *a, signum=signum: os.kill(os.getpid(), signum))
+            with pytest.raises(SystemExit) as e:
+                try:
+                    bench.main(["--steps", "2", "--no_loo", "--batch_size", "4", "--out", str(tmp_path / "b"), "--",
+                                "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64"])
+                except KeyboardInterrupt:       # escaping, it would stop pytest's session too
+                    pytest.fail("the interrupt left bench.main with no exit status or line")
+            err = capsys.readouterr().err.strip().splitlines()
+            assert e.value.code == 128 + signum and err == [
+                f"stopped ({signal.Signals(signum).name}): the rung under way was stopped; the rungs that finished "
+                f"are in {tmp_path / 'b' / 'rows.jsonl'}, and the same command with --resume (before its --) takes "
+                "them"], err
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
 def test_bench_chart(tmp_path):
     """bench.png: a bar per row that ran (a failed rung is left out), 9 inches wide, half an inch a bar."""
     pytest.importorskip("matplotlib", reason=NO_MATPLOTLIB)
@@ -326,8 +353,9 @@ def test_sigterm_stops_the_rung_under_way_too(tmp_path):
         assert rung, "no rung started"
         bench_proc.send_signal(signal.SIGTERM)
         _, err = bench_proc.communicate(timeout=60)
-        assert bench_proc.returncode == 1 and err.strip().splitlines()[-1].startswith(
-            "stopped: the rung under way was stopped"), err[-2000:]
+        assert bench_proc.returncode == 128 + signal.SIGTERM and err.strip().splitlines()[-1].startswith(
+            f"stopped (SIGTERM): the rung under way was stopped; the rungs that finished are in "
+            f"{tmp_path / 'b' / 'rows.jsonl'}"), err[-2000:]
         time.sleep(0.5)
         alive = [pid for pid in rung if (proc_stat(pid) or ("Z",))[0] != "Z"]         # a zombie is dead
         assert not alive, "the rung's train.py outlived bench.py"
