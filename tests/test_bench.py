@@ -121,15 +121,36 @@ def test_failed_rung_that_does_not_fit_names_bench_ways_out():
             "tokens), or --block_size, or use --grad_checkpointing=full, or --attention=sdpa (no T x T scores); "
             "--memory_check=False skips this check")
     row = {"rung": "baseline", "error": need, "log": "b/runs/baseline/stdout.log"}
-    cpu, gpu = bench.failed_line(row, 16, cuda=False), bench.failed_line(row, 16, cuda=True)
+    args = types.SimpleNamespace(batch_size=16, config="config/fast.py", extra=[])
+    cpu, gpu = bench.failed_line(row, args, cuda=False), bench.failed_line(row, args, cuda=True)
     assert cpu == (f"error: rung 'baseline' failed: {need[len('error: '):]} (log: b/runs/baseline/stdout.log); "
                    f"in bench.py: --batch_size below 16, or on a CPU: {bench.CPU_EXAMPLE}")
     assert cpu.count("error: ") == 1 and gpu.endswith("(log: b/runs/baseline/stdout.log); in bench.py: "
                                                       "--batch_size below 16")
     assert " ".join(bench.__doc__.replace("\\\n", " ").split()).count(bench.CPU_EXAMPLE) == 1   # the --help's line
     other = {"rung": "all on - packing", "error": "error: data folder 'x' does not exist", "log": "l"}
-    assert bench.failed_line(other, 16, cuda=False) == "error: rung 'all on - packing' failed: data folder 'x' " \
+    assert bench.failed_line(other, args, cuda=False) == "error: rung 'all on - packing' failed: data folder 'x' " \
         "does not exist (log: l)"                  # no memory advice where the error is another
+    mine = types.SimpleNamespace(batch_size=16, config="my config.py", extra=["--n_layer", "24", "--data_dir=d"])
+    assert bench.failed_line(row, mine, cuda=False).endswith(
+        "or on a CPU: python bench.py --config 'my config.py' --steps 2 --no_loo --batch_size 4 --out bench_cpu -- "
+        "--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --data_dir=d")     # the user's bench, made small
+
+
+def test_the_cpu_example_keeps_the_users_config_and_flags(tmp_path, monkeypatch, capsys):
+    """On a CPU, config/large.py's ladder is refused with the small example, which dropped the --config and the
+    train.py flags given: it suggested config/fast.py's bench on other data. It keeps them, less the model size it
+    sets itself (--n_layer 24, either form)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        bench.main(["--config", "config/large.py", "--out", str(tmp_path / "b"), "--", "--n_layer", "24",
+                    "--data_dir=data/stdlib_byte"])
+    err = capsys.readouterr().err.strip().splitlines()
+    example = ("python bench.py --config config/large.py --steps 2 --no_loo --batch_size 4 --out bench_cpu -- "
+               "--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --data_dir=data/stdlib_byte")
+    assert len(err) == 1 and err[0].startswith("error: on a CPU, every rung of config/large.py's model") and \
+        err[0].endswith(f"On a CPU: {example}"), err
+    assert not (tmp_path / "b").exists()
 
 
 def test_a_first_rung_that_does_not_fit_is_refused_before_any_rung_runs(tmp_path, monkeypatch, capsys):
