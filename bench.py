@@ -20,6 +20,8 @@ import dataclasses
 import gc
 import json
 import os
+import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -59,19 +61,34 @@ UNDO = {"bf16 autocast": dict(dtype="float32", tf32=False), "torch.compile": dic
         "FP8 head": dict(fp8_head=False), "FP8 blocks": dict(fp8=False), "GELU's fast erf": dict(gelu_erf="exact")}
 
 
-# the docstring's CPU line, a bench that fits in a CPU's memory: named whole when a rung does not fit
-CPU_EXAMPLE = ("python bench.py --steps 2 --no_loo --batch_size 4 --out bench_cpu -- --n_layer=2 --n_head=2 "
-               "--n_embd=64 --block_size=64")
+DEFAULT_CONFIG = "config/fast.py"
+# the docstring's CPU line, a bench that fits in a CPU's memory: named (cpu_example) when a rung does not fit
+CPU_BENCH = ("--steps", "2", "--no_loo", "--batch_size", "4", "--out", "bench_cpu")
+CPU_SIZE = ("--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64")
+CPU_EXAMPLE = shlex.join(["python", "bench.py", *CPU_BENCH, "--", *CPU_SIZE])
 
 
-def failed_line(row, batch_size, cuda):
+def cpu_example(args):
+    """CPU_EXAMPLE for this bench: with the user's own --config and train.py flags after -- (args.extra), all but
+    the model size the example sets, so the run it suggests is theirs made small."""
+    import configurator
+    typed = {f.name: f.type for f in dataclasses.fields(configurator.Config)}
+    flags = configurator.split_flags(args.extra, lambda k: k in typed and typed[k] is not bool)   # --key value too
+    sized = {f.split("=")[0] for f in CPU_SIZE}
+    kept = [f"--{k}" if v is None else f"--{k}={v}" for k, v in flags if f"--{k}" not in sized]
+    config = [] if args.config == DEFAULT_CONFIG else ["--config", args.config]
+    return shlex.join(["python", "bench.py", *config, *CPU_BENCH, "--", *CPU_SIZE, *kept])
+
+
+def failed_line(row, args, cuda):
     """The one line for a rung that failed: train.py's error without its own "error: ", its log, and for a
     run that does not fit in memory bench.py's way out (a smaller --batch_size of bench.py's, or on a CPU
     the small example): train.py's advice names its --batch_size and --attention, which bench.py sets
     itself on every rung and refuses after --."""
     line = f"error: rung {row['rung']!r} failed: {row['error'].removeprefix('error: ')} (log: {row['log']})"
     if "lower --batch_size" in row["error"]:       # speedgpt/memory.py's estimate and its out-of-memory line
-        line += f"; in bench.py: --batch_size below {batch_size}" + ("" if cuda else f", or on a CPU: {CPU_EXAMPLE}")
+        line += f"; in bench.py: --batch_size below {args.batch_size}" + \
+            ("" if cuda else f", or on a CPU: {cpu_example(args)}")
     return line
 
 
@@ -244,14 +261,15 @@ def first_rung_refusal(args, extra):
     if not cuda and flop > CPU_RUNG_FLOP:
         return (f"on a CPU, every rung of {args.config}'s model ({cfg.n_layer} layers, n_embd {cfg.n_embd}) would "
                 f"train {flop / 1e12:,.0f} TFLOP ({args.steps + args.warmup} steps of {args.batch_size} x "
-                f"{cfg.block_size} tokens): hours for the ladder; the ladder measures a GPU. On a CPU: {CPU_EXAMPLE}")
+                f"{cfg.block_size} tokens): hours for the ladder; the ladder measures a GPU. On a CPU: "
+                f"{cpu_example(args)}")
     try:
         memory.report(cfg, types.SimpleNamespace(device=torch.device("cuda" if cuda else "cpu"), world=1))
     except ValueError as e:
         name = LADDER[args.start - 1][0].strip("+ ")
         said = str(e).split(" available: ")[0] + " available"    # train.py's advice names flags bench.py sets itself
         return (f"the {name} rung at --batch_size {args.batch_size} does not fit: {said}; in bench.py: --batch_size "
-                f"below {args.batch_size}" + ("" if cuda else f", or on a CPU: {CPU_EXAMPLE}"))
+                f"below {args.batch_size}" + ("" if cuda else f", or on a CPU: {cpu_example(args)}"))
     return None
 
 
@@ -359,7 +377,7 @@ def bench(args, extra, skips=None):
             continue
         rungs.append(run_rung(name, config, args, extra, done))
         if not rungs[-1]["ok"]:                     # every later rung builds on this one: stop here
-            raise SystemExit(failed_line(rungs[-1], args.batch_size, cuda))
+            raise SystemExit(failed_line(rungs[-1], args, cuda))
     ok = [r for r in rungs if r["ok"]]
     for prev, r in zip([None] + ok, ok):
         r["x_prev"] = prev and r["tokens_per_sec"] / prev["tokens_per_sec"]
@@ -370,7 +388,7 @@ def bench(args, extra, skips=None):
         for name, loo_config in leave_one_out:
             r = run_rung(name, loo_config, args, extra, done)
             if not r["ok"]:
-                raise SystemExit(failed_line(r, args.batch_size, cuda))
+                raise SystemExit(failed_line(r, args, cuda))
             r["x_prev"] = full["tokens_per_sec"] / r["tokens_per_sec"]    # what this change is worth
             r["x_base"] = r["tokens_per_sec"] / ok[0]["tokens_per_sec"]
             loo.append(r)
@@ -485,13 +503,13 @@ def main(argv=None):
     from configurator import FlagParser
     parser = FlagParser(prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                         passes_on=[f.name for f in dataclasses.fields(configurator.Config)])
-    parser.add_argument("--config", default="config/fast.py", help="the preset whose flags the ladder turns on")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="the preset whose flags the ladder turns on")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per rung")
     parser.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps per rung (compile)")
     parser.add_argument("--start", type=int, default=1, help="first ladder rung to run (1 = baseline)")
     parser.add_bool("--no_loo", help="skip the leave-one-out pass (as --loo none)")
-    parser.add_argument("--loo", default="all", help="the changes the leave-one-out pass removes, comma-separated "
-                        f"({', '.join(UNDO)}), or all, or none")
+    parser.add_argument("--loo", help="the changes the leave-one-out pass removes, comma-separated "
+                        f"({', '.join(UNDO)}), or all (the default), or none")
     parser.add_bool("--resume", help="reuse the rungs already in OUT/rows.jsonl that ran with the same "
                     "config, steps, warm-up and arguments (a bench cut short continues)")
     parser.add_argument("--batch_size", type=int, default=16, help="micro-batch of every rung (the float32 "
@@ -503,10 +521,13 @@ def main(argv=None):
     parser.add_argument("extra", nargs="*", help="after --: train.py overrides for every rung, e.g. -- --n_layer=6 "
                         "--data_dir=data/stories_gpt2")
     args = parser.parse_args(argv)
+    if args.no_loo and args.loo is not None:     # one of them would be silently dropped
+        parser.error(f"--no_loo and --loo {args.loo!r} both given: keep --loo to choose the leave-one-out rows, or "
+                     "--no_loo (as --loo none) to skip the pass")
     if not os.path.isfile(args.config):       # a folder exists: say so, as train.py does (configurator.py)
         parser.error(f"config file {args.config} "
                      + ("is a folder, not a file" if os.path.isdir(args.config) else "not found"))
-    args.loo = [] if args.no_loo or args.loo == "none" else list(UNDO) if args.loo == "all" else \
+    args.loo = [] if args.no_loo or args.loo == "none" else list(UNDO) if args.loo in (None, "all") else \
         [c.strip() for c in args.loo.split(",")]
     unknown = [c for c in args.loo if c not in UNDO]
     if unknown:
@@ -564,13 +585,20 @@ def main(argv=None):
     if stdlib:
         print("no GPU: the rungs train on the byte-level stdlib corpus (data/stdlib_byte, no download); "
               "give -- --data_dir=... for other data")
-    bench(args, extra, skips)
+    try:
+        with sigterm_as_interrupt():     # SIGTERM as Ctrl-C: subprocess.run kills the rung's train.py, no orphan
+            bench(args, extra, skips)
+    except KeyboardInterrupt as e:       # 128 + the signal's number, as train.py and data.py exit
+        signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
+        print(f"stopped ({signal.Signals(signum).name}): the rung under way was stopped; the rungs that finished are "
+              f"in {os.path.join(args.out, 'rows.jsonl')}, and the same command with --resume (before its --) takes "
+              "them", file=sys.stderr)
+        sys.exit(128 + signum)
 
 
 if __name__ == "__main__":
     try:
-        with sigterm_as_interrupt():     # SIGTERM as Ctrl-C: subprocess.run kills the rung's train.py, no orphan
-            main()
-    except KeyboardInterrupt:
-        sys.exit("stopped: the rung under way was stopped; the rungs that finished are in OUT/rows.jsonl, and the "
-                 "same command with --resume (before its --) takes them")
+        main()
+    except KeyboardInterrupt:            # during the checks (no rung ran) or --find_max_batch's search
+        print("stopped (SIGINT)", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)

@@ -21,11 +21,11 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)         # train.py's modules
 
 
 def leg(bad_step, stop_step, argv):
     """train.py's main with `argv`, NaN gradients at step bad_step and a SIGTERM to itself during stop_step."""
-    sys.path.insert(0, ROOT)
     import train
     from data import DataError
     from speedgpt import memory
@@ -52,16 +52,36 @@ def records(out_dir):
         return [json.loads(line) for line in f]
 
 
+def parse(p, argv):
+    """soak.py's options (parsed by `p`) and train.py's flags of `argv`: those after `--`, and before it the flags
+    that are train.py's keys. A misspelt soak.py option (--stop_stp) is refused here in one line naming soak.py's
+    flags: passed on, it met train.py's error, which names train.py's."""
+    import dataclasses
+
+    from configurator import Config, did_you_mean
+    from speedgpt import nanogpt
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, extra = p.parse_known_args(argv[:cut])
+    keys = {f.name for f in dataclasses.fields(Config)} | set(nanogpt.KEYS)
+    unknown = [a.split("=")[0] for a in extra if a.startswith("--") and a[2:].split("=")[0] not in keys]
+    if unknown:
+        own = [o for a in p._actions for o in a.option_strings if o not in ("-h", "--help", "--leg")]
+        raise SystemExit(f"error: unknown flag {unknown[0]!r} (neither soak.py's nor train.py's): "
+                         + did_you_mean(unknown[0], own, f"soak.py's flags: {', '.join(own)}; train.py's go after --"))
+    return args, extra + argv[cut + 1:]
+
+
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # no abbreviations (--step is not --steps), as configurator.FlagParser: an unknown flag is named, not guessed
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--config", default="config/fast.py", help="a config file; empty: train.py's defaults")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--bad_step", type=int, default=60)
     p.add_argument("--stop_step", type=int, default=120)
     p.add_argument("--out", default="soak_out", help="a folder for the runs' out_dirs")
     p.add_argument("--leg", action="store_true", help=argparse.SUPPRESS)
-    args, extra = p.parse_known_args()
-    extra = [a for a in extra if a != "--"]
+    args, extra = parse(p, sys.argv[1:])
     if args.leg:
         leg(args.bad_step, args.stop_step, extra)
     if not 0 <= args.bad_step < args.stop_step < args.steps - 1:

@@ -74,7 +74,8 @@ def test_bench_ladder_and_leave_one_out(short_data, tmp_path):
         [r.get("tokens_per_sec") for r in rows]
     kept = [l for l in open(out / "rows.jsonl") if '"+ fused AdamW"' not in l]
     open(out / "rows.jsonl", "w").writelines(kept + ['{"rung": "+ fused Ad'])     # and a last line cut by a stop
-    part = subprocess.run(cmd[:2] + ["--resume", "--no_loo"] + cmd[2:], cwd=ROOT, capture_output=True, text=True,
+    ladder_only = [a for a in cmd[2:] if a not in ("--loo", "packing")]           # --no_loo with --loo is refused
+    part = subprocess.run(cmd[:2] + ["--resume", "--no_loo"] + ladder_only, cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert part.returncode == 0 and part.stdout.count("reused from") == 6 + fp8, part.stdout[-2000:]
     assert "=== + fused AdamW\n" in part.stdout                            # the one missing rung ran
@@ -120,15 +121,36 @@ def test_failed_rung_that_does_not_fit_names_bench_ways_out():
             "tokens), or --block_size, or use --grad_checkpointing=full, or --attention=sdpa (no T x T scores); "
             "--memory_check=False skips this check")
     row = {"rung": "baseline", "error": need, "log": "b/runs/baseline/stdout.log"}
-    cpu, gpu = bench.failed_line(row, 16, cuda=False), bench.failed_line(row, 16, cuda=True)
+    args = types.SimpleNamespace(batch_size=16, config="config/fast.py", extra=[])
+    cpu, gpu = bench.failed_line(row, args, cuda=False), bench.failed_line(row, args, cuda=True)
     assert cpu == (f"error: rung 'baseline' failed: {need[len('error: '):]} (log: b/runs/baseline/stdout.log); "
                    f"in bench.py: --batch_size below 16, or on a CPU: {bench.CPU_EXAMPLE}")
     assert cpu.count("error: ") == 1 and gpu.endswith("(log: b/runs/baseline/stdout.log); in bench.py: "
                                                       "--batch_size below 16")
     assert " ".join(bench.__doc__.replace("\\\n", " ").split()).count(bench.CPU_EXAMPLE) == 1   # the --help's line
     other = {"rung": "all on - packing", "error": "error: data folder 'x' does not exist", "log": "l"}
-    assert bench.failed_line(other, 16, cuda=False) == "error: rung 'all on - packing' failed: data folder 'x' " \
+    assert bench.failed_line(other, args, cuda=False) == "error: rung 'all on - packing' failed: data folder 'x' " \
         "does not exist (log: l)"                  # no memory advice where the error is another
+    mine = types.SimpleNamespace(batch_size=16, config="my config.py", extra=["--n_layer", "24", "--data_dir=d"])
+    assert bench.failed_line(row, mine, cuda=False).endswith(
+        "or on a CPU: python bench.py --config 'my config.py' --steps 2 --no_loo --batch_size 4 --out bench_cpu -- "
+        "--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --data_dir=d")     # the user's bench, made small
+
+
+def test_the_cpu_example_keeps_the_users_config_and_flags(tmp_path, monkeypatch, capsys):
+    """On a CPU, config/large.py's ladder is refused with the small example, which dropped the --config and the
+    train.py flags given: it suggested config/fast.py's bench on other data. It keeps them, less the model size it
+    sets itself (--n_layer 24, either form)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        bench.main(["--config", "config/large.py", "--out", str(tmp_path / "b"), "--", "--n_layer", "24",
+                    "--data_dir=data/stdlib_byte"])
+    err = capsys.readouterr().err.strip().splitlines()
+    example = ("python bench.py --config config/large.py --steps 2 --no_loo --batch_size 4 --out bench_cpu -- "
+               "--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --data_dir=data/stdlib_byte")
+    assert len(err) == 1 and err[0].startswith("error: on a CPU, every rung of config/large.py's model") and \
+        err[0].endswith(f"On a CPU: {example}"), err
+    assert not (tmp_path / "b").exists()
 
 
 def test_a_first_rung_that_does_not_fit_is_refused_before_any_rung_runs(tmp_path, monkeypatch, capsys):
@@ -254,6 +276,48 @@ def test_bench_option_after_the_separator_is_named_as_bench_pys(tmp_path, capsys
         assert not (tmp_path / "b").exists()
 
 
+def test_no_loo_with_loo_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """--no_loo silently won over --loo packing: the leave-one-out row asked for was dropped without a word. Both
+    given: one line naming both and the way out, before any check or --out; --no_loo=False with --loo is no clash."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)       # a CPU's bench, on a GPU machine too
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--no_loo", "--loo", "packing", "--out", str(tmp_path / "b")])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: --no_loo and --loo 'packing' both given: keep --loo to choose the leave-one-out rows, or --no_loo "
+        "(as --loo none) to skip the pass\n")
+    assert not (tmp_path / "b").exists()
+    with pytest.raises(SystemExit):             # refused later, for config/fast.py's size on a CPU
+        bench.main(["--no_loo=False", "--loo", "packing", "--out", str(tmp_path / "b")])
+    assert "both given" not in capsys.readouterr().err
+
+
+def test_an_interrupted_bench_exits_128_plus_the_signal_and_names_its_out(tmp_path, monkeypatch, capsys):
+    """Ctrl-C (or SIGTERM, taken as one) while the rungs run: bench.py exited 1, and its line named the folder as
+    `OUT/rows.jsonl`. It exits 128 + the signal's number (130, 143), as train.py and data.py, naming --out's."""
+    import signal
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signal.SIGINT, signal.default_int_handler)      # Ctrl-C as in a terminal (a stop leaves it
+            signal.signal(signal.SIGTERM, before[signal.SIGTERM])         # ignored: a second one never cuts it)
+            monkeypatch.setattr(bench, "bench", lambda *a, signum=signum: os.kill(os.getpid(), signum))
+            with pytest.raises(SystemExit) as e:
+                try:
+                    bench.main(["--steps", "2", "--no_loo", "--batch_size", "4", "--out", str(tmp_path / "b"), "--",
+                                "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64"])
+                except KeyboardInterrupt:       # escaping, it would stop pytest's session too
+                    pytest.fail("the interrupt left bench.main with no exit status or line")
+            err = capsys.readouterr().err.strip().splitlines()
+            assert e.value.code == 128 + signum and err == [
+                f"stopped ({signal.Signals(signum).name}): the rung under way was stopped; the rungs that finished "
+                f"are in {tmp_path / 'b' / 'rows.jsonl'}, and the same command with --resume (before its --) takes "
+                "them"], err
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
 def test_bench_chart(tmp_path):
     """bench.png: a bar per row that ran (a failed rung is left out), 9 inches wide, half an inch a bar."""
     pytest.importorskip("matplotlib", reason=NO_MATPLOTLIB)
@@ -310,8 +374,9 @@ def test_sigterm_stops_the_rung_under_way_too(tmp_path):
         assert rung, "no rung started"
         bench_proc.send_signal(signal.SIGTERM)
         _, err = bench_proc.communicate(timeout=60)
-        assert bench_proc.returncode == 1 and err.strip().splitlines()[-1].startswith(
-            "stopped: the rung under way was stopped"), err[-2000:]
+        assert bench_proc.returncode == 128 + signal.SIGTERM and err.strip().splitlines()[-1].startswith(
+            f"stopped (SIGTERM): the rung under way was stopped; the rungs that finished are in "
+            f"{tmp_path / 'b' / 'rows.jsonl'}"), err[-2000:]
         time.sleep(0.5)
         alive = [pid for pid in rung if (proc_stat(pid) or ("Z",))[0] != "Z"]         # a zombie is dead
         assert not alive, "the rung's train.py outlived bench.py"

@@ -1,4 +1,5 @@
-"""benchmarks/soak.py on the CPU: a run that train.py refuses stops the soak in one line."""
+"""benchmarks/soak.py on the CPU: a run that train.py refuses stops the soak in one line; a misspelt soak.py option
+is soak.py's to refuse."""
 import os
 import subprocess
 import sys
@@ -9,9 +10,28 @@ from conftest import ROOT
 def test_a_refused_run_stops_the_soak_in_one_line(tmp_path):
     """A flag train.py refuses (or config/fast.py on a CPU): the soak ran all four runs, then ended in a traceback
     on the first run's missing metrics.jsonl. It stops after the first, in one line, and claims nothing."""
-    proc = subprocess.run([sys.executable, "benchmarks/soak.py", "--config=", f"--out={tmp_path / 's'}",
+    proc = subprocess.run([sys.executable, "benchmarks/soak.py", "--config=", f"--out={tmp_path / 's'}", "--",
                            "--no_such_flag=1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: the uninterrupted run (seed 1337) failed, "
                                                            "train.py exit ")
     assert "spread" not in proc.stdout and not os.path.exists(tmp_path / "s" / "straight_1338")
+
+
+def test_a_misspelt_soak_option_is_refused_by_soak_py(tmp_path):
+    """--stop_stp (--stop_step misspelt) went on to train.py, whose error named train.py's keys; --step was taken as
+    --steps. Either is refused by soak.py, naming its own flags, before any run; a train.py key given before --
+    still goes to train.py (here one it refuses, in either form)."""
+    for typo, meant in ((["--stop_stp=100"], "--stop_step"), (["--step", "20"], "--steps")):
+        proc = subprocess.run([sys.executable, "benchmarks/soak.py", "--config=", f"--out={tmp_path / 's'}", *typo,
+                               "--", "--n_layer=1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+            f"error: unknown flag {typo[0].split('=')[0]!r} (neither soak.py's nor train.py's): did you mean {meant}? "
+            "(soak.py's flags: --config, --steps, --bad_step, --stop_step, --out; train.py's go after --)"], proc.stderr
+        assert not os.path.exists(tmp_path / "s")
+    for given in (["--n_layer=0"], ["--n_layer", "0"]):
+        proc = subprocess.run([sys.executable, "benchmarks/soak.py", "--config=", f"--out={tmp_path / 's'}", *given],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        err = proc.stderr.strip().splitlines()
+        assert "error: config key 'n_layer' must be positive, got 0" in err and err[-1].startswith(
+            "error: the uninterrupted run (seed 1337) failed"), proc.stderr[-2000:]
