@@ -86,6 +86,15 @@ def main():
         leg(args.bad_step, args.stop_step, extra)
     if not 0 <= args.bad_step < args.stop_step < args.steps - 1:
         raise SystemExit("error: need 0 <= --bad_step < --stop_step < --steps - 1")
+    # the runs go from ROOT (cwd=ROOT) and are read back from here: a relative --out from another folder was written
+    # under ROOT and read here, every row nan; made here first, so a folder that cannot be made names --out, not the
+    # --out_dir of train.py's error
+    args.out = os.path.abspath(args.out)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        from speedgpt.shards import folder_creation_error
+        raise SystemExit(f"error: {folder_creation_error(args.out, e, '--out')}") from None
     common = (["--config", args.config] if args.config else []) + [
         f"--max_iters={args.steps}", f"--lr_decay_iters={args.steps}", f"--warmup_iters={max(1, args.steps // 10)}",
         f"--eval_interval={max(1, args.steps // 4)}", "--log_interval=1", "--init_from=scratch", *extra]

@@ -35,3 +35,27 @@ def test_a_misspelt_soak_option_is_refused_by_soak_py(tmp_path):
         err = proc.stderr.strip().splitlines()
         assert "error: config key 'n_layer' must be positive, got 0" in err and err[-1].startswith(
             "error: the uninterrupted run (seed 1337) failed"), proc.stderr[-2000:]
+
+
+def test_a_relative_out_from_another_folder(tmp_path, byte_data):
+    """The runs go from the repository's root and were read back from the caller's folder: a relative --out given
+    elsewhere was trained under the root and read as missing, every row nan and the soak refused though each run
+    exited 0. --out is the caller's folder's, as any path given on its command line."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "soak.py"), "--config=", "--out=s",
+                           "--steps=6", "--bad_step=1", "--stop_step=3", "--", "--n_layer=1", "--n_head=2",
+                           "--n_embd=32", "--block_size=32", "--batch_size=2", "--eval_tokens=256",
+                           f"--data_dir={byte_data}"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "the seeds' spread" in proc.stdout and not os.path.exists(os.path.join(ROOT, "s"))
+    assert os.path.isfile(tmp_path / "s" / "soak" / "metrics.jsonl")
+
+
+def test_an_out_that_cannot_be_made_names_out(tmp_path):
+    """--out under a file: train.py's error named its own --out_dir and the soak blamed "the train.py flags"; soak.py
+    makes the folder first and names its --out, before any run."""
+    (tmp_path / "f").write_text("")
+    proc = subprocess.run([sys.executable, "benchmarks/soak.py", "--config=", f"--out={tmp_path / 'f' / 's'}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"error: cannot create the output folder {tmp_path / 'f' / 's'}: {tmp_path / 'f'} is a file, not a folder; "
+        "choose another --out"], proc.stderr
