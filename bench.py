@@ -556,6 +556,8 @@ def main(argv=None):
         parser.error(f"{details[0]} after -- would reach the rungs that turn its feature off (the baseline turns "
                      "them all off), which refuse it as doing nothing: set it in a config file of your own, "
                      "given to --config")
+    if not args.out:             # else makedirs('') failed as "/work does not take new folders", the cwd's parent
+        parser.error("--out is empty: give the folder for the table and the runs, e.g. --out bench_out")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         parser.error(f"--out {args.out} is a file, not a folder")
     try:                         # the config and the extra arguments, checked before any rung runs

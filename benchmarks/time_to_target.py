@@ -691,14 +691,20 @@ def main(argv=None):
     if args.data_dir and not os.path.isfile(os.path.join(args.data_dir, "meta.json")):
         sys.exit(f"error: --data_dir {args.data_dir!r} is not a prepared folder (no meta.json): prepare one with "
                  "data.py (docs/data.md), or leave --data_dir out for the .py files of this Python")
+    if not args.out:                          # else makedirs('') said "No such file or directory"
+        sys.exit("error: --out is empty: give the folder for the corpus, the runs and the logs, e.g. "
+                 "--out bench_out/time_to_target")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):      # else makedirs said "File exists"
+        sys.exit(f"error: --out {args.out} is a file, not a folder: choose another --out")
     made = os.path.abspath(args.out)          # the highest folder of --out this run creates (None: it exists)
     while not os.path.exists(os.path.dirname(made)):
         made = os.path.dirname(made)
     made = None if os.path.exists(made) else made
     try:
         os.makedirs(args.out, exist_ok=True)
-    except OSError as e:
-        sys.exit(f"error: cannot create --out {args.out}: {e.strerror}; choose another --out")
+    except OSError as e:                      # where and why in words, as bench.py and data.py say it
+        from speedgpt.shards import folder_creation_error
+        sys.exit(f"error: {folder_creation_error(args.out, e, '--out')}")
     if os.path.isdir(os.path.join(args.out, "runs.jsonl")):
         sys.exit(f"error: {os.path.join(args.out, 'runs.jsonl')} is a folder, where the runs are kept: move it or "
                  "choose another --out")

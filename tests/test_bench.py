@@ -237,6 +237,18 @@ def test_an_out_that_cannot_be_made_is_one_line(tmp_path, capsys):
         f"{tmp_path / 'afile'} is a file, not a folder; choose another --out\n"
 
 
+def test_an_empty_out_is_named_as_empty(tmp_path, capsys, monkeypatch):
+    """--out '': makedirs('') failed and the line blamed the current folder's parent ("/work does not take new
+    folders"); it says --out is empty, before any rung."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--steps", "2", "--no_loo", "--batch_size", "4", "--config", os.path.join(ROOT, "config",
+                    "fast.py"), "--out", "", "--", "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64"])
+    assert e.value.code == 2 and capsys.readouterr().err == \
+        "error: --out is empty: give the folder for the table and the runs, e.g. --out bench_out\n"
+    assert os.listdir(tmp_path) == []
+
+
 def test_bench_config_that_is_a_folder_is_one_line(tmp_path, capsys):
     for config, why in ((tmp_path, "is a folder, not a file"), (tmp_path / "missing.py", "not found")):
         with pytest.raises(SystemExit) as e:

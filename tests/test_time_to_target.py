@@ -211,6 +211,19 @@ def test_bad_input_is_refused_in_one_line(argv, message, tmp_path):
     assert not (tmp_path / "out" / "data").exists()
 
 
+def test_an_out_that_cannot_be_made_is_named_in_words(tmp_path):
+    """An --out that is empty, a file, or under a file: the line gave the OS's bare words ("No such file or
+    directory", "File exists") for the folder; it says what is wrong with it, as bench.py and data.py do."""
+    (tmp_path / "afile").write_text("")
+    for out, message in (("", "--out is empty: give the folder for the corpus"),
+                         (str(tmp_path / "afile"), f"--out {tmp_path / 'afile'} is a file, not a folder: choose "),
+                         (str(tmp_path / "afile" / "t"), f"cannot create the output folder {tmp_path / 'afile' / 't'}: "
+                          f"{tmp_path / 'afile'} is a file, not a folder; choose another --out")):
+        with pytest.raises(SystemExit) as e:
+            ttt.main(["--target", "3", "--out", out])
+        assert str(e.value).startswith("error: " + message), e.value
+
+
 def test_nanogpt_needs_its_step_and_no_time_budget(tmp_path):
     nanogpt = tmp_path / "nanogpt"
     nanogpt.mkdir()
