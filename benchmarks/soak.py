@@ -22,6 +22,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)         # train.py's modules
+from speedgpt.corpus import sigterm_as_interrupt  # noqa: E402
 
 
 def leg(bad_step, stop_step, argv):
@@ -95,6 +96,18 @@ def main():
     except OSError as e:
         from speedgpt.shards import folder_creation_error
         raise SystemExit(f"error: {folder_creation_error(args.out, e, '--out')}") from None
+    try:
+        with sigterm_as_interrupt():     # SIGTERM as Ctrl-C: subprocess.run kills the run's train.py, no orphan
+            soak(args, extra)
+    except KeyboardInterrupt as e:       # one line, 128 + the signal's number, as bench.py and train.py exit
+        signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
+        print(f"stopped ({signal.Signals(signum).name}): the run under way was stopped; the same command runs the "
+              f"soak afresh (its runs' folders in {args.out} start again from scratch)", file=sys.stderr)
+        sys.exit(128 + signum)
+
+
+def soak(args, extra):
+    """The two uninterrupted runs, the interrupted one and its resume, then the table."""
     common = (["--config", args.config] if args.config else []) + [
         f"--max_iters={args.steps}", f"--lr_decay_iters={args.steps}", f"--warmup_iters={max(1, args.steps // 10)}",
         f"--eval_interval={max(1, args.steps // 4)}", "--log_interval=1", "--init_from=scratch", *extra]

@@ -59,3 +59,22 @@ def test_an_out_that_cannot_be_made_names_out(tmp_path):
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         f"error: cannot create the output folder {tmp_path / 'f' / 's'}: {tmp_path / 'f'} is a file, not a folder; "
         "choose another --out"], proc.stderr
+
+
+def test_an_interrupted_soak_is_one_line_and_128_plus_the_signal(tmp_path, byte_data):
+    """SIGTERM (or Ctrl-C) while a run trains: soak.py ended in a traceback from subprocess.run's wait. It ends
+    in one line and 128 + the signal's number, as bench.py and train.py, its run's train.py stopped with it."""
+    import signal
+    import time
+    proc = subprocess.Popen([sys.executable, "benchmarks/soak.py", "--config=", f"--out={tmp_path / 's'}", "--",
+                             "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=2",
+                             "--eval_tokens=256", f"--data_dir={byte_data}"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240          # the first run has logged a step: it is training
+    while not os.path.isfile(tmp_path / "s" / "straight_1337" / "metrics.jsonl") and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("stopped (SIGTERM): the run under way was stopped; "), err[-2000:]
+    assert not os.path.exists(tmp_path / "s" / "straight_1338")
