@@ -80,7 +80,7 @@ def main():
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--bad_step", type=int, default=60)
     p.add_argument("--stop_step", type=int, default=120)
-    p.add_argument("--out", default="soak_out", help="a folder for the runs' out_dirs")
+    p.add_argument("--out", default="bench_out/soak", help="a folder for the runs' out_dirs")
     p.add_argument("--leg", action="store_true", help=argparse.SUPPRESS)
     args, extra = parse(p, sys.argv[1:])
     if args.leg:
