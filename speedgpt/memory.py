@@ -266,8 +266,10 @@ def fits(cfg, vocab_size, device, world=1):
         ways.append("or --fused_ce=True (no logits kept)")
     if world > 1 and cfg.parallelism == "ddp" and est.weights > est.activations:
         ways.append("or --parallelism=fsdp (shards the weights)")
-    if cpu_way_out(cfg, device):                # a GPU preset: lowering the batch will not do
-        ways = [cpu_way_out(cfg, device), "or " + ways[0]] + ways[1:]
+    if cpu_way_out(cfg, device):     # a GPU preset: lowering the batch will not do, and alone it splits the step
+        ways = [cpu_way_out(cfg, device),          # into micro-steps that cpu_slow_work refuses: the two together
+                f"or lower --batch_size{f' ({fit} fits)' if fit else ''} or --block_size, and add --total_batch_size=0 "
+                "(one micro-batch a step: on a CPU, a step this size of several is refused)"] + ways[2:]
     if est.weights * sharing > MARGIN * have:   # no micro-batch helps (init_from=gpt2-xl on a small machine)
         ways = [f"the weights, gradients and optimizer state alone ({size(est.weights)}) do not fit: a smaller "
                 "model (a smaller init_from, or --n_layer, --n_embd)"] + [w for w in ways if "fsdp" in w]

@@ -217,6 +217,29 @@ def test_a_gpu_sized_step_of_micro_steps_on_the_cpu_is_refused_on_its_own(byte_d
         train.memory.cpu_slow_work(train.load_config(argv), torch.device("cpu"), 2, False)
 
 
+def test_a_gpu_preset_on_the_cpu_runs_at_the_second_try(byte_data, tmp_path, monkeypatch):
+    """config/fast.py with config/speedrun.py (one micro-batch of 64 x 1024 a step) on a CPU where that micro-batch
+    does not fit: the first refusal's changes, every one taken (a smaller micro-batch with one micro-batch a step,
+    not the step's 65,536 tokens in micro-steps, which are refused on a CPU), pass every check."""
+    monkeypatch.setattr(train.memory, "available", lambda device: 8e9)
+    argv = ["--config", "config/fast.py", "--config", "config/speedrun.py", f"--data_dir={byte_data}",
+            f"--out_dir={tmp_path / 'out'}", "--device=cpu"]
+    with pytest.raises(ValueError) as e:
+        train.main(argv)
+    line = str(e.value)
+    fit = re.search(r"lower --batch_size \((\d+) fits\) or --block_size, and add --total_batch_size=0 ", line)
+    assert fit and "\n" not in line, line
+    taken = ["--fp8=False", "--fp8_head=False", "--head_kernel=False", f"--batch_size={fit[1]}",
+             "--total_batch_size=0", "--eval_tokens=16384"]
+    for said in ("add --fp8=False --fp8_head=False", "add --head_kernel=False", "add --eval_tokens=16384"):
+        assert said in line, (said, line)
+    cpu = train.Proc(0, 0, 1, torch.device("cpu"))
+    assert train.plan_batch(train.check_flags(train.load_config(argv + taken), cpu), 1) == 1
+    with pytest.raises(ValueError, match=rf"^on a CPU, a step of {64 // int(fit[1])} micro-steps .*: add "
+                                         r"--total_batch_size=0 "):        # the step kept: its micro-steps refused
+        train.check_flags(train.load_config(argv + [f for f in taken if f != "--total_batch_size=0"]), cpu)
+
+
 def test_gpu_flags_on_a_small_cpu_run_are_refused_together(byte_data, tmp_path):
     """A quickstart-sized run on the CPU given several GPU-only flags hears every one in one line, before any work
     (the attention backend's and a missing data folder's too), not one per try, and no out_dir is made; a single
