@@ -79,12 +79,9 @@ def check_flags(cfg, proc, skip=()):
         if module in skip or (module is checkpoint and refuse.found):   # it makes out_dir: not for a refused run
             continue
         if module is hellaswag:                    # it may download its file: what is refused comes first
-            if gpu_sized and refuse.found and cfg.eval_tokens > 65536:   # beside what is refused, what is slow here
-                refuse.found.append(ValueError(f"on a CPU, steps of {cfg.total_batch_size:,} tokens and evaluations of "
-                                               f"{cfg.eval_tokens:,} are slow (a GPU preset's micro-batch alone takes "
-                                               "minutes): add " + ("--total_batch_size=0 (one micro-batch a step) and "
-                                               if cfg.total_batch_size > cfg.batch_size * cfg.block_size else "") +
-                                               "--eval_tokens=16384"))
+            slow = memory.cpu_slow_work(cfg, proc.device, proc.world, bool(refuse.found))   # its steps: on their own
+            if slow:
+                refuse.found.append(ValueError(slow))
             if gpu_sized:
                 refuse.raise_all(f"a GPU-sized run (steps of {cfg.total_batch_size:,} tokens) on the CPU",
                                  "train on a CPU at the quickstart's size (python train.py)", said=cpu_way)

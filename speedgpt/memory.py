@@ -266,8 +266,10 @@ def fits(cfg, vocab_size, device, world=1):
         ways.append("or --fused_ce=True (no logits kept)")
     if world > 1 and cfg.parallelism == "ddp" and est.weights > est.activations:
         ways.append("or --parallelism=fsdp (shards the weights)")
-    if cpu_way_out(cfg, device):                # a GPU preset: lowering the batch will not do
-        ways = [cpu_way_out(cfg, device), "or " + ways[0]] + ways[1:]
+    if cpu_way_out(cfg, device):     # a GPU preset: lowering the batch will not do, and alone it splits the step
+        ways = [cpu_way_out(cfg, device),          # into micro-steps that cpu_slow_work refuses: the two together
+                f"or lower --batch_size{f' ({fit} fits)' if fit else ''} or --block_size, and add --total_batch_size=0 "
+                "(one micro-batch a step: on a CPU, a step this size of several is refused)"] + ways[2:]
     if est.weights * sharing > MARGIN * have:   # no micro-batch helps (init_from=gpt2-xl on a small machine)
         ways = [f"the weights, gradients and optimizer state alone ({size(est.weights)}) do not fit: a smaller "
                 "model (a smaller init_from, or --n_layer, --n_embd)"] + [w for w in ways if "fsdp" in w]
@@ -282,6 +284,29 @@ def cpu_way_out(cfg, device):
     if device.type != "cpu" or cfg.total_batch_size < 65536:
         return ""
     return f"on a CPU, the quickstart's size (python train.py; these steps are {cfg.total_batch_size:,} tokens)"
+
+
+def cpu_slow_work(cfg, device, world, refused):
+    """The refusal line for what a GPU-sized run (cpu_way_out) would do slowly on the CPU, '' for nothing: a step of
+    several micro-steps per process (plan_batch's), refused on its own, since SIGINT/SIGTERM wait for a step's end
+    (a GPU preset's micro-batch takes minutes there, a shrunk one's thousands of micro-steps hours); evaluations of
+    more than 65,536 tokens, named beside it or any other refusal (`refused`: train.py's check_flags found one)."""
+    if not cpu_way_out(cfg, device):
+        return ""
+    # rounded up: a step of partial micro-batches is plan_batch's refusal
+    steps = -(-cfg.total_batch_size // (cfg.batch_size * cfg.block_size * world))
+    slow_eval = cfg.eval_tokens > 65536 and (refused or steps > 1)
+    evals = f"evaluations of {cfg.eval_tokens:,}"
+    if steps > 1:
+        return (f"on a CPU, a step of {steps:,} micro-steps ({cfg.total_batch_size:,} tokens in micro-batches of "
+                f"{cfg.batch_size} x {cfg.block_size}{f' x {world} processes' if world > 1 else ''}) is slow, and a "
+                f"Ctrl-C or SIGTERM waits for its end{f' ({evals} tokens are slow too)' if slow_eval else ''}: add "
+                "--total_batch_size=0 (one optimizer step per micro-batch) or a --total_batch_size below 65,536" +
+                (", and --eval_tokens=16384" if slow_eval else ""))
+    if slow_eval:
+        return (f"on a CPU, steps of {cfg.total_batch_size:,} tokens and {evals} are slow (a GPU preset's "
+                "micro-batch alone takes minutes): add --eval_tokens=16384")
+    return ""
 
 
 def out_of_memory_line(e):

@@ -187,33 +187,40 @@ def test_the_reported_run_is_refused_on_a_24_gb_cpu_in_one_line(monkeypatch):
     assert re.fullmatch(
         rf"this run needs about {n} GB per process \(weights \+ optimizer {n} GB, activations {n} GB, head {n} GB\), "
         r"more than 90% of the 24\.0 GB cpu has available: on a CPU, the quickstart's size \(python train\.py; these "
-        r"steps are 524,288 tokens\), or lower --batch_size \((\d+) fits; total_batch_size keeps the "
-        r"step's tokens\), or --block_size, or use --grad_checkpointing=full, or a smaller --fused_ce_chunk; "
+        r"steps are 524,288 tokens\), or lower --batch_size \((\d+) fits\) or --block_size, and add "
+        r"--total_batch_size=0 \(one micro-batch a step: on a CPU, a step this size of several is refused\), or use "
+        r"--grad_checkpointing=full, or a smaller --fused_ce_chunk; "
         r"--memory_check=False skips "
         r"this check", str(e.value)), str(e.value)
     fit = int(re.search(r"--batch_size \((\d+) fits", str(e.value))[1])      # the largest half that fits, named
     assert memory.fits(replace(reported_run(), batch_size=fit), GPT2_VOCAB, torch.device("cpu"), 1)
+    # with the step given as total_batch_size=0, as the line says: the micro-steps of 524,288 tokens that lowering
+    # batch_size alone would make are a refusal of their own on a CPU (memory.cpu_slow_work), the next try's
+    asked = replace(reported_run(), batch_size=fit)
+    assert memory.cpu_slow_work(asked, torch.device("cpu"), 1, False).startswith(f"on a CPU, a step of {512 // fit} ")
+    assert not memory.cpu_slow_work(replace(asked, total_batch_size=0), torch.device("cpu"), 1, False)
     with pytest.raises(ValueError):
         memory.fits(replace(reported_run(), batch_size=2 * fit), GPT2_VOCAB, torch.device("cpu"), 1)
 
 
 def test_the_batch_size_named_divides_the_step(monkeypatch):
     """The micro-batch named as fitting is one the step's rows divide (train.py's batch plan takes it): at 64 rows a
-    step and a micro-batch of 48, not 24 (48 halved)."""
+    step and a micro-batch of 48, not 24 (48 halved). On a 24 GB GPU (stood in for): on a CPU such a step of several
+    micro-steps is refused (test_the_reported_run_is_refused_on_a_24_gb_cpu_in_one_line)."""
     from speedgpt.distributed import plan_batch
     monkeypatch.setattr(memory, "available", lambda device: 24e9)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    gpu = torch.device("cuda", 0)
     cfg = replace(reported_run(), batch_size=48, total_batch_size=64 * 1024)
     with pytest.raises(ValueError) as e:
-        memory.fits(cfg, GPT2_VOCAB, torch.device("cpu"), 1)
+        memory.fits(cfg, GPT2_VOCAB, gpu, 1)
     fit = int(re.search(r"--batch_size \((\d+) fits", str(e.value))[1])
     assert 64 % fit == 0 and plan_batch(replace(cfg, batch_size=fit), 1) == 64 // fit
-    assert memory.fits(replace(cfg, batch_size=fit), GPT2_VOCAB, torch.device("cpu"), 1)
+    assert memory.fits(replace(cfg, batch_size=fit), GPT2_VOCAB, gpu, 1)
     with pytest.raises(ValueError) as e:                # a step of partial rows: no micro-batch divides it
-        memory.fits(replace(cfg, total_batch_size=64 * 1024 - 8), GPT2_VOCAB, torch.device("cpu"), 1)
+        memory.fits(replace(cfg, total_batch_size=64 * 1024 - 8), GPT2_VOCAB, gpu, 1)
     assert "lower --batch_size (total_batch_size keeps the step's tokens)" in str(e.value)
     with pytest.raises(ValueError) as e:                # one micro-batch a step: lowering it lowers the step
-        memory.fits(replace(cfg, total_batch_size=0), GPT2_VOCAB, torch.device("cpu"), 1)
+        memory.fits(replace(cfg, total_batch_size=0), GPT2_VOCAB, gpu, 1)
     assert re.search(r"lower --batch_size \(24 fits; with total_batch_size=0 the step shrinks with it: give "
                      r"--total_batch_size to keep it\)", str(e.value)), str(e.value)
 

@@ -254,13 +254,17 @@ def test_a_preset_this_machine_cannot_run_is_refused_before_the_corpus(tmp_path,
                              r"a small run on a CPU: "):
         ttt.main(["--target", "3", "--out", str(tmp_path / "out" / "ttt")])
     assert not (tmp_path / "out").exists()
-    # that line's way out, followed: GPT-2 124M at 64 x 1024 does not fit a 24 GB CPU, said before the corpus too
-    # (the corpus is GPT-2's tokens, so the estimate needs no prepared folder)
+    # that line's way out, followed: the largest step's 8 micro-steps are refused on a CPU (train.py's line), and
+    # at one micro-batch a step GPT-2 124M at 64 x 1024 does not fit a 24 GB CPU, said before the corpus too (the
+    # corpus is GPT-2's tokens, so the estimate needs no prepared folder)
     from speedgpt import memory
     monkeypatch.setattr(memory, "available", lambda device: 24e9)
+    followed = ["--target", "3", "--out", str(tmp_path / "out"),
+                "--train_args=--fp8=False --fp8_head=False --head_kernel=False --gelu_erf=exact"]
+    with pytest.raises(SystemExit, match=r"the adamw runs: on a CPU, a step of 8 micro-steps \(524,288 tokens"):
+        ttt.main(followed)
     with pytest.raises(SystemExit, match=r"the adamw runs: this run needs about \d+\.\d GB per process .* 24\.0 GB"):
-        ttt.main(["--target", "3", "--out", str(tmp_path / "out"),
-                  "--train_args=--fp8=False --fp8_head=False --head_kernel=False --gelu_erf=exact"])
+        ttt.main(followed + ["--batch_tokens", "65536"])
     assert not (tmp_path / "out" / "data").exists()
 
 

@@ -164,8 +164,8 @@ def test_setup_errors_come_before_any_work(byte_data, tmp_path):
 
 def test_a_gpu_preset_on_the_cpu_is_refused_once_naming_every_change(tmp_path, monkeypatch):
     """config/fast.py on a CPU, offline: FP8, the head's Triton kernels, memory, the GPT-2 tokenizer files and the time
-    of a step, in one line, before any work, instead of one refusal per try; a GPU-sized run with nothing to refuse
-    goes on."""
+    of a step, in one line, before any work, instead of one refusal per try; a GPU-sized run of one micro-batch a step
+    with nothing to refuse goes on."""
     monkeypatch.setattr(train.memory, "available", lambda device: 16e9)          # any laptop's
     monkeypatch.setattr(data, "get_tokenizer", lambda name: (_ for _ in ()).throw(
         FileNotFoundError("could not load tiktoken's GPT-2 files (offline). Offline, point TIKTOKEN_CACHE_DIR ...")))
@@ -178,17 +178,66 @@ def test_a_gpu_preset_on_the_cpu_is_refused_once_naming_every_change(tmp_path, m
                                                 "needs, at once: [1] fp8=True and fp8_head=True need a GPU"), line
     assert re.search(r"\[2\] gelu_erf='fast' runs Triton kernels on a CUDA GPU.*; \[3\] head_kernel=True runs Triton "
                      r"kernels on a CUDA GPU.*; \[4\] this run needs about "
-                     r"[\d.]+ GB per process .*; \[5\] could not load tiktoken's GPT-2 files .*; \[6\] on a CPU, steps "
-                     r"of 524,288 tokens and evaluations of 524,288 are slow \(a GPU preset's micro-batch alone "
-                     r"takes minutes\): add "
-                     r"--total_batch_size=0 .*; or train on a CPU at the quickstart's size \(python train.py\)$",
+                     r"[\d.]+ GB per process .*; \[5\] could not load tiktoken's GPT-2 files .*; \[6\] on a CPU, a "
+                     r"step of 8 micro-steps \(524,288 tokens in micro-batches of 64 x 1024\) is slow, .*\(evaluations "
+                     r"of 524,288 tokens are slow too\): add --total_batch_size=0 .*, and --eval_tokens=16384; or "
+                     r"train on a CPU at the quickstart's size \(python train.py\)$",
                      line), line
     assert not unprepared.exists() and not (tmp_path / "out" / "config.json").exists()
     with pytest.raises(ValueError) as e:                  # [4] sized as the run will be without FP8, as [1] says
         train.main(argv + ["--fp8=False", "--fp8_head=False"])
     assert re.search(r"needs about [\d.]+ GB", str(e.value))[0] == re.search(r"needs about [\d.]+ GB", line)[0], line
-    cfg = train.load_config(tiny_args(tmp_path / "data" / "stdlib_byte", tmp_path / "o", "--total_batch_size=131072"))
+    cfg = train.load_config(tiny_args(tmp_path / "data" / "stdlib_byte", tmp_path / "o", "--total_batch_size=131072",
+                                      "--batch_size=2048"))                          # one micro-batch a step
     assert train.check_flags(cfg, train.Proc(0, 0, 1, torch.device("cpu"))).total_batch_size == 131072
+
+
+def test_a_gpu_sized_step_of_micro_steps_on_the_cpu_is_refused_on_its_own(byte_data, tmp_path, monkeypatch):
+    """config/baseline.py shrunk for a CPU (4 x 64-token micro-batches): nothing else is refused, yet its step of
+    524,288 tokens is 2,048 micro-steps, and a SIGTERM or Ctrl-C waits for a step's end: refused in one line naming
+    them and the way out, before any work. Each way out named passes every check: one micro-batch a step, or a step
+    below a GPU's size; under torchrun the micro-steps counted are a process's."""
+    monkeypatch.setattr(train.memory, "available", lambda device: 16e9)
+    argv = ["--config", "config/baseline.py", f"--data_dir={byte_data}", f"--out_dir={tmp_path / 'out'}",
+            "--device=cpu", "--batch_size=4", "--block_size=64"]
+    cpu = train.Proc(0, 0, 1, torch.device("cpu"))
+    with pytest.raises(ValueError) as e:
+        train.check_flags(train.load_config(argv), cpu)              # (were it let through, train.main would train)
+    with pytest.raises(ValueError, match=re.escape(str(e.value))):
+        train.main(argv)
+    assert str(e.value) == ("on a CPU, a step of 2,048 micro-steps (524,288 tokens in micro-batches of 4 x 64) is "
+                            "slow, and a Ctrl-C or SIGTERM waits for its end (evaluations of 524,288 tokens are slow "
+                            "too): add --total_batch_size=0 (one optimizer step per micro-batch) or a --total_batch_size "
+                            "below 65,536, and --eval_tokens=16384"), str(e.value)
+    assert not (tmp_path / "out").exists()
+    for way, steps in (("--total_batch_size=0", 1), ("--total_batch_size=32768", 128)):
+        cfg = train.check_flags(train.load_config(argv + [way, "--eval_tokens=16384"]), cpu)
+        assert train.plan_batch(cfg, 1) == steps
+    assert "a step of 1,024 micro-steps (524,288 tokens in micro-batches of 4 x 64 x 2 processes)" in \
+        train.memory.cpu_slow_work(train.load_config(argv), torch.device("cpu"), 2, False)
+
+
+def test_a_gpu_preset_on_the_cpu_runs_at_the_second_try(byte_data, tmp_path, monkeypatch):
+    """config/fast.py with config/speedrun.py (one micro-batch of 64 x 1024 a step) on a CPU where that micro-batch
+    does not fit: the first refusal's changes, every one taken (a smaller micro-batch with one micro-batch a step,
+    not the step's 65,536 tokens in micro-steps, which are refused on a CPU), pass every check."""
+    monkeypatch.setattr(train.memory, "available", lambda device: 8e9)
+    argv = ["--config", "config/fast.py", "--config", "config/speedrun.py", f"--data_dir={byte_data}",
+            f"--out_dir={tmp_path / 'out'}", "--device=cpu"]
+    with pytest.raises(ValueError) as e:
+        train.main(argv)
+    line = str(e.value)
+    fit = re.search(r"lower --batch_size \((\d+) fits\) or --block_size, and add --total_batch_size=0 ", line)
+    assert fit and "\n" not in line, line
+    taken = ["--fp8=False", "--fp8_head=False", "--head_kernel=False", f"--batch_size={fit[1]}",
+             "--total_batch_size=0", "--eval_tokens=16384"]
+    for said in ("add --fp8=False --fp8_head=False", "add --head_kernel=False", "add --eval_tokens=16384"):
+        assert said in line, (said, line)
+    cpu = train.Proc(0, 0, 1, torch.device("cpu"))
+    assert train.plan_batch(train.check_flags(train.load_config(argv + taken), cpu), 1) == 1
+    with pytest.raises(ValueError, match=rf"^on a CPU, a step of {64 // int(fit[1])} micro-steps .*: add "
+                                         r"--total_batch_size=0 "):        # the step kept: its micro-steps refused
+        train.check_flags(train.load_config(argv + [f for f in taken if f != "--total_batch_size=0"]), cpu)
 
 
 def test_gpu_flags_on_a_small_cpu_run_are_refused_together(byte_data, tmp_path):
