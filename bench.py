@@ -30,7 +30,7 @@ import warnings
 import torch
 
 from speedgpt import nanogpt
-from speedgpt.corpus import sigterm_as_interrupt
+from speedgpt.corpus import interrupt_signal, sigterm_as_interrupt
 from speedgpt.measure import append_record, error_line, read_records
 
 # each rung: (name, overrides added to the rung before); the baseline sets every speed flag off
@@ -591,7 +591,7 @@ def main(argv=None):
         with sigterm_as_interrupt():     # SIGTERM as Ctrl-C: subprocess.run kills the rung's train.py, no orphan
             bench(args, extra, skips)
     except KeyboardInterrupt as e:       # 128 + the signal's number, as train.py and data.py exit
-        signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
+        signum = interrupt_signal(e)
         print(f"stopped ({signal.Signals(signum).name}): the rung under way was stopped; the rungs that finished are "
               f"in {os.path.join(args.out, 'rows.jsonl')}, and the same command with --resume (before its --) takes "
               "them", file=sys.stderr)

@@ -42,7 +42,7 @@ import numpy as np
 from configurator import FlagParser
 from speedgpt import corpus
 from speedgpt.corpus import ByteTokenizer, GPT2Tokenizer, get_tokenizer   # noqa: F401 (data.get_tokenizer is public)
-from speedgpt.corpus import sigterm_as_interrupt, token_bytes
+from speedgpt.corpus import interrupt_signal, sigterm_as_interrupt, token_bytes
 from speedgpt.shards import (FORMAT, HEADER_BYTES, HEADER_INTS, MAGIC, SHARD_TOKENS,  # noqa: F401 (data.X is public)
                              TOKEN_BYTES, DataError, ShardWriter, describe_os_error, find_shards, index_path,
                              index_tmp_path, load_meta, prepared_folder, read_header, read_index, read_shard,
@@ -469,7 +469,7 @@ def main(argv=None):
         raise SystemExit(f"error: cannot write the output folder {args.out}: {describe_os_error(e)}; "
                          f"{args.out} is as it was before; free space there, or choose another --out")
     except KeyboardInterrupt as e:                 # Ctrl-C, or SIGTERM through sigterm_as_interrupt
-        signum = e.args[0] if e.args else signal.SIGINT
+        signum = interrupt_signal(e)
         print(f"{'interrupted' if signum == signal.SIGINT else 'stopped (SIGTERM)'}: {args.out} is as it was before "
               "(a preparation replaces it only when whole); run the command again", file=sys.stderr)
         sys.exit(128 + signum)

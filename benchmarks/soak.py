@@ -22,7 +22,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)         # train.py's modules
-from speedgpt.corpus import sigterm_as_interrupt  # noqa: E402
+from speedgpt.corpus import interrupt_signal, sigterm_as_interrupt  # noqa: E402
 
 
 def leg(bad_step, stop_step, argv):
@@ -100,7 +100,7 @@ def main():
         with sigterm_as_interrupt():     # SIGTERM as Ctrl-C: subprocess.run kills the run's train.py, no orphan
             soak(args, extra)
     except KeyboardInterrupt as e:       # one line, 128 + the signal's number, as bench.py and train.py exit
-        signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
+        signum = interrupt_signal(e)
         print(f"stopped ({signal.Signals(signum).name}): the run under way was stopped; the same command runs the "
               f"soak afresh (its runs' folders in {args.out} start again from scratch)", file=sys.stderr)
         sys.exit(128 + signum)

@@ -833,6 +833,13 @@ def sigterm_as_interrupt():
                 signal.signal(s, previous[s])
 
 
+def interrupt_signal(e):
+    """The signal number a KeyboardInterrupt `e` stands for: sigterm_as_interrupt's carries it as its argument;
+    Python's own Ctrl-C carries none, SIGINT's. An entry script exits with 128 + it, as a shell reports a process a
+    signal stopped."""
+    return e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
+
+
 def _interrupt(signum, frame):
     """sigterm_as_interrupt's handler: ignore SIGINT and SIGTERM from now on, then raise what Ctrl-C raises
     (KeyboardInterrupt(signum)), at once or, inside shards.signals_held, when its block ends."""

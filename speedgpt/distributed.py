@@ -218,7 +218,8 @@ def exit_status(main, setup_done, data_error, out_of_memory_line):
             raise
         return line
     except KeyboardInterrupt as e:             # setup or data preparation (SIGTERM there arrives as one)
-        signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
+        from speedgpt.corpus import interrupt_signal
+        signum = interrupt_signal(e)
         print(f"{signal.Signals(signum).name}: " + ("aborted at once (a second Ctrl-C)" if setup_done() else
                                                     "stopped before training, without saving"), file=sys.stderr)
         return 128 + signum
