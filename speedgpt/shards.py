@@ -550,7 +550,8 @@ def nanogpt_meta(data_dir, verbose=True):
         if verbose:
             print(f"note: {data_dir} is nanoGPT's (train.bin, val.bin, meta.pkl: a vocab_size of {size} and no itos): "
                   "ids whose text is unknown, so no bits per byte, HellaSwag or samples; no document boundaries are "
-                  "known (no end-of-text token), so each row is one stretch of tokens")
+                  "known (no end-of-text token), so each row is one stretch of tokens. GPT-2's tokens? Move meta.pkl "
+                  "away: a folder without one is GPT-2's, with its text")
         return {"tokenizer": "ids", "vocab_size": size, "eot_id": -1, "foreign": True}
     if verbose:
         print(f"note: {data_dir} is nanoGPT's (train.bin, val.bin, meta.pkl: {size} characters): no document "
