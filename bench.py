@@ -30,7 +30,7 @@ import warnings
 import torch
 
 from speedgpt import nanogpt
-from speedgpt.corpus import interrupt_signal, sigterm_as_interrupt
+from speedgpt.corpus import interrupt_signal, run_child, sigterm_as_interrupt
 from speedgpt.measure import append_record, error_line, read_records
 
 # each rung: (name, overrides added to the rung before); the baseline sets every speed flag off
@@ -151,9 +151,9 @@ def run_rung(name, overrides, args, extra, done=None):
     print(f"\n=== {name}\n{' '.join(cmd)}", flush=True)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "stdout.log"), "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
-    row = {"rung": name, "ok": proc.returncode == 0, "command": " ".join(cmd), "settings": settings(args, extra)}
-    if proc.returncode != 0:
+        returncode = run_child(cmd, stdout=log, stderr=subprocess.STDOUT)     # a signal kills it with bench.py
+    row = {"rung": name, "ok": returncode == 0, "command": " ".join(cmd), "settings": settings(args, extra)}
+    if returncode != 0:
         log = os.path.join(out_dir, "stdout.log")
         return {**row, "error": error_line(log), "log": log}
     summary = json.load(open(os.path.join(out_dir, "summary.json")))
@@ -588,7 +588,7 @@ def main(argv=None):
         print("no GPU: the rungs train on the byte-level stdlib corpus (data/stdlib_byte, no download); "
               "give -- --data_dir=... for other data")
     try:
-        with sigterm_as_interrupt():     # SIGTERM as Ctrl-C: subprocess.run kills the rung's train.py, no orphan
+        with sigterm_as_interrupt():     # SIGTERM as Ctrl-C: run_child kills the rung's train.py, no orphan
             bench(args, extra, skips)
     except KeyboardInterrupt as e:       # 128 + the signal's number, as train.py and data.py exit
         signum = interrupt_signal(e)

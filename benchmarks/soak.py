@@ -17,12 +17,11 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)         # train.py's modules
-from speedgpt.corpus import interrupt_signal, sigterm_as_interrupt  # noqa: E402
+from speedgpt.corpus import interrupt_signal, run_child, sigterm_as_interrupt  # noqa: E402
 
 
 def leg(bad_step, stop_step, argv):
@@ -97,7 +96,7 @@ def main():
         from speedgpt.shards import folder_creation_error
         raise SystemExit(f"error: {folder_creation_error(args.out, e, '--out')}") from None
     try:
-        with sigterm_as_interrupt():     # SIGTERM as Ctrl-C: subprocess.run kills the run's train.py, no orphan
+        with sigterm_as_interrupt():     # SIGTERM as Ctrl-C: run_child kills the run's train.py, no orphan
             soak(args, extra)
     except KeyboardInterrupt as e:       # one line, 128 + the signal's number, as bench.py and train.py exit
         signum = interrupt_signal(e)
@@ -114,18 +113,17 @@ def soak(args, extra):
     rows = []
     for seed in (1337, 1338):
         out = os.path.join(args.out, f"straight_{seed}")
-        rc = subprocess.run([sys.executable, "train.py", *common, f"--out_dir={out}", f"--seed={seed}"],
-                            cwd=ROOT).returncode
+        rc = run_child([sys.executable, "train.py", *common, f"--out_dir={out}", f"--seed={seed}"], cwd=ROOT)
         if rc != 0:          # a flag or config train.py refuses (fast.py on a CPU): the other three runs would too
             raise SystemExit(f"error: the uninterrupted run (seed {seed}) failed, train.py exit {rc} (its error is "
                              "above): no soak without runs that train; fix the config or the train.py flags")
         rows.append((f"uninterrupted, seed {seed}", out, [rc]))
     out = os.path.join(args.out, "soak")
     cmd = [*common, f"--out_dir={out}", "--seed=1337", "--max_skipped_steps=1"]
-    first = subprocess.run([sys.executable, __file__, "--leg", f"--bad_step={args.bad_step}",
-                            f"--stop_step={args.stop_step}", "--", *cmd], cwd=ROOT).returncode
-    resumed = subprocess.run([sys.executable, "train.py", *[a for a in cmd if a != "--init_from=scratch"],
-                              "--init_from=resume"], cwd=ROOT).returncode
+    first = run_child([sys.executable, __file__, "--leg", f"--bad_step={args.bad_step}",
+                       f"--stop_step={args.stop_step}", "--", *cmd], cwd=ROOT)
+    resumed = run_child([sys.executable, "train.py", *[a for a in cmd if a != "--init_from=scratch"],
+                         "--init_from=resume"], cwd=ROOT)
     rows.append((f"NaN at step {args.bad_step}, SIGTERM at {args.stop_step}, resumed", out, [first, resumed]))
     print(f"\n{'run':<44} {'exit':>9} {'final val loss':>15} {'skipped':>8} {'steps once':>11} {'finite':>7}")
     finals = []

@@ -833,6 +833,31 @@ def sigterm_as_interrupt():
                 signal.signal(s, previous[s])
 
 
+def run_child(cmd, **kwargs):
+    """subprocess.run(cmd, **kwargs)'s exit status, for an entry script inside sigterm_as_interrupt: a signal that
+    comes while the child starts (forked, its Popen not yet returned: the interrupt would leave no handle to stop
+    it) is deferred until Popen returns; then any exception while it runs (that signal's KeyboardInterrupt) kills
+    the child and waits for it, so none outlives the script. Deferred, not blocked as in signals_held: a blocked
+    mask would pass to the child, deaf to SIGINT and SIGTERM."""
+    import subprocess
+    import threading
+    main = threading.current_thread() is threading.main_thread()
+    HOLD["depth"] += main
+    try:
+        proc = subprocess.Popen(cmd, **kwargs)
+    finally:
+        HOLD["depth"] -= main
+    try:
+        if main and HOLD["depth"] == 0 and HOLD["signum"] is not None:
+            signum, HOLD["signum"] = HOLD["signum"], None
+            raise KeyboardInterrupt(signum)
+        return proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+
+
 def interrupt_signal(e):
     """The signal number a KeyboardInterrupt `e` stands for: sigterm_as_interrupt's carries it as its argument;
     Python's own Ctrl-C carries none, SIGINT's. An entry script exits with 128 + it, as a shell reports a process a

@@ -624,3 +624,33 @@ def test_a_signal_inside_a_queues_first_put_waits_for_the_put(monkeypatch):
     finally:
         for s, handler in before.items():                        # the interrupt left both ignored, as data.py's
             signal.signal(s, handler)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM") or os.name != "posix", reason="POSIX signals")
+def test_a_signal_while_a_child_starts_still_stops_the_child(monkeypatch):
+    """corpus.run_child: a SIGTERM that comes while the child starts (Popen not yet returned) is taken once it
+    returns, and the child is killed: raised inside Popen, it left the child training with no parent
+    (bench.py's rung under a scheduler's SIGTERM, a CI flake)."""
+    import subprocess
+    started = []
+    real = subprocess.Popen
+
+    def popen(*a, **k):
+        proc = real(*a, **k)
+        started.append(proc)
+        os.kill(os.getpid(), signal.SIGTERM)        # the signal inside Popen, its child already running
+        return proc
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    before, alive = {s: signal.getsignal(s) for s in corpus.INTERRUPTS}, []
+    try:
+        with pytest.raises(KeyboardInterrupt) as e:
+            with corpus.sigterm_as_interrupt():
+                corpus.run_child([sys.executable, "-c", "import time; time.sleep(60)"])
+    finally:
+        for s, handler in before.items():          # the interrupt left both ignored: the test process goes on
+            signal.signal(s, handler)
+        alive = [proc for proc in started if proc.poll() is None]
+        for proc in alive:
+            proc.kill()
+    assert e.value.args == (signal.SIGTERM,) and len(started) == 1
+    assert not alive, "the child outlived the interrupt"
