@@ -25,6 +25,8 @@ MARGIN = 0.9             # refuse above this share of the device's memory: the a
 MEMINFO = "/proc/meminfo"
 CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max",                      # cgroup v2
                  "/sys/fs/cgroup/memory/memory.limit_in_bytes")    # cgroup v1
+CPU_FLOP_PER_SEC = 1e11  # what a CPU of a few cores trains at, about: the scale of "slow" on one (cpu_slow_work)
+CPU_STEP_FLOP = 10 * CPU_FLOP_PER_SEC   # a step's training FLOPs above which its micro-steps on a CPU are slow
 GPT2_VOCAB = 50257       # shards.load_meta's assumption for a folder of foreign shards, and the larger tokenizer
 # torchao's tensorwise Float8Linear, compiled, keeps the block Linears' inputs in float8: the measured peaks
 # at 350M and 774M (benchmarks/results/family_side_by_side_h200.md, "block FP8") shrink as if the block
@@ -288,13 +290,16 @@ def cpu_way_out(cfg, device):
 
 def cpu_slow_work(cfg, device, world, refused):
     """The refusal line for what a GPU-sized run (cpu_way_out) would do slowly on the CPU, '' for nothing: a step of
-    several micro-steps per process (plan_batch's), refused on its own, since SIGINT/SIGTERM wait for a step's end
-    (a GPU preset's micro-batch takes minutes there, a shrunk one's thousands of micro-steps hours); evaluations of
+    several micro-steps per process (plan_batch's) and over CPU_STEP_FLOP, refused on its own, since SIGINT/SIGTERM
+    wait for a step's end (a GPU preset's micro-batch takes minutes there, a shrunk one's thousands of micro-steps
+    hours; a small model's step of as many tokens, seconds); evaluations of
     more than 65,536 tokens, named beside it or any other refusal (`refused`: train.py's check_flags found one)."""
     if not cpu_way_out(cfg, device):
         return ""
     # rounded up: a step of partial micro-batches is plan_batch's refusal
     steps = -(-cfg.total_batch_size // (cfg.batch_size * cfg.block_size * world))
+    if steps > 1 and step_flop(cfg, world) <= CPU_STEP_FLOP:   # a small model's step of many tokens takes seconds
+        steps = 1
     slow_eval = cfg.eval_tokens > 65536 and (refused or steps > 1)
     evals = f"evaluations of {cfg.eval_tokens:,}"
     if steps > 1:
@@ -307,6 +312,15 @@ def cpu_slow_work(cfg, device, world, refused):
         return (f"on a CPU, steps of {cfg.total_batch_size:,} tokens and {evals} are slow (a GPU preset's "
                 "micro-batch alone takes minutes): add --eval_tokens=16384")
     return ""
+
+
+def step_flop(cfg, world=1):
+    """One process's training FLOPs in a step of `cfg` (model.GPT.flops_per_token on the vocabulary of its data_dir
+    times its tokens); infinite where its shape or data cannot say yet (another check refuses them)."""
+    try:
+        return meta_model(weights_shape(cfg), vocab_size(cfg.data_dir)).flops_per_token() * cfg.total_batch_size / world
+    except Exception:        # a shape the model refuses, a broken meta.pkl: their own checks say so
+        return float("inf")
 
 
 def out_of_memory_line(e):

@@ -217,6 +217,20 @@ def test_a_gpu_sized_step_of_micro_steps_on_the_cpu_is_refused_on_its_own(byte_d
         train.memory.cpu_slow_work(train.load_config(argv), torch.device("cpu"), 2, False)
 
 
+def test_a_small_models_step_of_many_tokens_in_micro_steps_passes_on_the_cpu(byte_data, tmp_path):
+    """The same refusal counts a step's FLOPs, not its tokens: a 2-layer model on bytes with steps of 65,536 tokens in
+    8 micro-steps trains a step in seconds on a CPU (under memory.CPU_STEP_FLOP) and passes every check; the same
+    step of GPT-2 124M's shape is refused."""
+    argv = [f"--data_dir={byte_data}", f"--out_dir={tmp_path / 'out'}", "--device=cpu", "--n_layer=2", "--n_head=2",
+            "--n_embd=64", "--batch_size=32", "--block_size=256", "--total_batch_size=65536", "--eval_tokens=16384"]
+    cpu = train.Proc(0, 0, 1, torch.device("cpu"))
+    cfg = train.check_flags(train.load_config(argv), cpu)
+    assert train.plan_batch(cfg, 1) == 8
+    assert train.memory.step_flop(cfg) < train.memory.CPU_STEP_FLOP
+    with pytest.raises(ValueError, match=r"^on a CPU, a step of 8 micro-steps \(65,536 tokens"):
+        train.check_flags(train.load_config(argv + ["--n_layer=12", "--n_head=12", "--n_embd=768"]), cpu)
+
+
 def test_a_gpu_preset_on_the_cpu_runs_at_the_second_try(byte_data, tmp_path, monkeypatch):
     """config/fast.py with config/speedrun.py (one micro-batch of 64 x 1024 a step) on a CPU where that micro-batch
     does not fit: the first refusal's changes, every one taken (a smaller micro-batch with one micro-batch a step,
