@@ -68,6 +68,11 @@ CPU_SIZE = ("--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64")
 CPU_EXAMPLE = shlex.join(["python", "bench.py", *CPU_BENCH, "--", *CPU_SIZE])
 
 
+def loo_key(name):
+    """A --loo name as matched: case, spaces, '-' and '_' aside."""
+    return "".join(c for c in name.lower() if c not in " -_")
+
+
 def cpu_example(args):
     """CPU_EXAMPLE for this bench: with the user's own --config and train.py flags after -- (args.extra), all but
     the model size the example sets, so the run it suggests is theirs made small."""
@@ -527,8 +532,13 @@ def main(argv=None):
     if not os.path.isfile(args.config):       # a folder exists: say so, as train.py does (configurator.py)
         parser.error(f"config file {args.config} "
                      + ("is a folder, not a file" if os.path.isdir(args.config) else "not found"))
-    args.loo = [] if args.no_loo or args.loo == "none" else list(UNDO) if args.loo in (None, "all") else \
-        [c.strip() for c in args.loo.split(",")]
+    named = [c.strip() for c in (args.loo or "").split(",") if c.strip()]    # a trailing comma names nothing
+    if args.loo is not None and not named:
+        parser.error(f"--loo {args.loo!r} names no change: give some of {', '.join(UNDO)}, or all, or none")
+    by_key = {loo_key(c): c for c in UNDO}                                   # "fp8_blocks" is "FP8 blocks"
+    word = [c.lower() for c in named]
+    args.loo = [] if args.no_loo or word == ["none"] else list(UNDO) if args.loo is None or word == ["all"] else \
+        [by_key.get(loo_key(c), c) for c in named]
     unknown = [c for c in args.loo if c not in UNDO]
     if unknown:
         parser.error(f"--loo: unknown change {unknown[0]!r}; the changes are: {', '.join(UNDO)}")

@@ -303,6 +303,27 @@ def test_no_loo_with_loo_is_refused_before_any_work(tmp_path, monkeypatch, capsy
     assert "both given" not in capsys.readouterr().err
 
 
+def test_loo_names_match_whatever_their_case_spaces_or_underscores(tmp_path, monkeypatch, capsys):
+    """--loo "fp8_blocks" was refused as an unknown change (the row is "FP8 blocks"), and a trailing comma as the
+    unknown change ''. Case, spaces, '-' and '_' aside, a name is its change; empty entries name nothing; a --loo
+    of commas alone is one line naming the changes."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    seen = []
+    monkeypatch.setattr(bench, "first_rung_refusal", lambda args, extra: seen.append(args.loo) or "stopped here")
+    for loo, rows in (("fp8_blocks,Packing,", ["FP8 blocks", "packing"]), ("TORCH.COMPILE, fused-adamw", [
+            "torch.compile", "fused AdamW"]), ("None", []), ("all,", list(bench.UNDO))):
+        with pytest.raises(SystemExit):
+            bench.main(["--loo", loo, "--out", str(tmp_path / "b")])
+        assert seen.pop() == rows and "stopped here" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--loo", " , ", "--out", str(tmp_path / "b")])
+    assert e.value.code == 2 and "error: --loo ' , ' names no change: give some of bf16 autocast" in \
+        capsys.readouterr().err and not seen
+    with pytest.raises(SystemExit):
+        bench.main(["--loo", "packng", "--out", str(tmp_path / "b")])
+    assert "error: --loo: unknown change 'packng'" in capsys.readouterr().err
+
+
 def test_an_interrupted_bench_exits_128_plus_the_signal_and_names_its_out(tmp_path, monkeypatch, capsys):
     """Ctrl-C (or SIGTERM, taken as one) while the rungs run: bench.py exited 1, and its line named the folder as
     `OUT/rows.jsonl`. It exits 128 + the signal's number (130, 143), as train.py and data.py, naming --out's."""
