@@ -73,8 +73,12 @@ def parse(p, argv):
 
 def main():
     # no abbreviations (--step is not --steps), as configurator.FlagParser: an unknown flag is named, not guessed
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+    from configurator import FlagParser
+
+    class Parser(argparse.ArgumentParser):   # train.py's flags pass through (parse), errors one line as theirs
+        error = FlagParser.error
+
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--config", default="config/fast.py", help="a config file; empty: train.py's defaults")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--bad_step", type=int, default=60)
@@ -85,7 +89,8 @@ def main():
     if args.leg:
         leg(args.bad_step, args.stop_step, extra)
     if not 0 <= args.bad_step < args.stop_step < args.steps - 1:
-        raise SystemExit("error: need 0 <= --bad_step < --stop_step < --steps - 1")
+        raise SystemExit(f"error: need 0 <= --bad_step < --stop_step < --steps - 1, got --bad_step {args.bad_step}, "
+                         f"--stop_step {args.stop_step}, --steps {args.steps}")
     # the runs go from ROOT (cwd=ROOT) and are read back from here: a relative --out from another folder was written
     # under ROOT and read here, every row nan; made here first, so a folder that cannot be made names --out, not the
     # --out_dir of train.py's error

@@ -37,6 +37,18 @@ def test_a_misspelt_soak_option_is_refused_by_soak_py(tmp_path):
             "error: the uninterrupted run (seed 1337) failed"), proc.stderr[-2000:]
 
 
+def test_a_bad_value_of_its_own_is_one_line_with_the_values(tmp_path):
+    """--steps abc printed argparse's usage block above its error; --steps 0 named the rule but not the values given.
+    Each is one line before any run, the second with --bad_step, --stop_step and --steps as given."""
+    for given, line in ((["--steps", "abc"], "error: argument --steps: invalid int value: 'abc'"),
+                        (["--steps=0"], "error: need 0 <= --bad_step < --stop_step < --steps - 1, got --bad_step 60, "
+                                        "--stop_step 120, --steps 0")):
+        proc = subprocess.run([sys.executable, "benchmarks/soak.py", "--config=", f"--out={tmp_path / 's'}", *given],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode in (1, 2) and proc.stderr.strip().splitlines() == [line], proc.stderr
+        assert not os.path.exists(tmp_path / "s")
+
+
 def test_a_relative_out_from_another_folder(tmp_path, byte_data):
     """The runs go from the repository's root and were read back from the caller's folder: a relative --out given
     elsewhere was trained under the root and read as missing, every row nan and the soak refused though each run
