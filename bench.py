@@ -261,7 +261,11 @@ def first_rung_refusal(args, extra):
     with warnings.catch_warnings():              # main() printed them
         warnings.simplefilter("ignore")
         cfg = configurator.load_config(["--config", args.config, *extra, *flags])
-    flop = memory.meta_model(cfg, memory.vocab_size(cfg.data_dir)).flops_per_token() * cfg.batch_size * \
+    try:
+        vocab = memory.vocab_size(cfg.data_dir)
+    except ValueError as e:                      # a broken nanoGPT meta.pkl: train.py's own line
+        return str(e)
+    flop = memory.meta_model(cfg, vocab).flops_per_token() * cfg.batch_size * \
         cfg.block_size * (args.steps + args.warmup)
     if not cuda and flop > CPU_RUNG_FLOP:
         return (f"on a CPU, every rung of {args.config}'s model ({cfg.n_layer} layers, n_embd {cfg.n_embd}) would "

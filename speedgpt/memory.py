@@ -211,13 +211,12 @@ def vocab_size(data_dir):
     """The vocabulary a run on `data_dir` will train on, before its data is prepared: meta.json's vocab_size;
     without one, the tokenizer of the stdlib corpus it names (stdlib_byte, stdlib_gpt2: prepared on first
     use), else GPT-2's, as shards.load_meta assumes for foreign shards (and the larger of the tokenizers); nanoGPT's
-    meta.pkl's size for its character vocabulary."""
+    meta.pkl's size for its character vocabulary (a broken one: shards.nanogpt_meta's ValueError, which train.py's
+    check then says before the memory line)."""
+    if not os.path.isfile(os.path.join(data_dir, "meta.json")) and os.path.isfile(os.path.join(data_dir, "meta.pkl")):
+        from speedgpt.shards import nanogpt_meta
+        return nanogpt_meta(data_dir, verbose=False)["vocab_size"]
     try:
-        nanogpt_chars = not os.path.isfile(os.path.join(data_dir, "meta.json")) and \
-            os.path.isfile(os.path.join(data_dir, "meta.pkl"))
-        if nanogpt_chars:
-            from speedgpt.shards import nanogpt_meta
-            return nanogpt_meta(data_dir, verbose=False)["vocab_size"]
         with open(os.path.join(data_dir, "meta.json")) as f:
             size = json.load(f)["vocab_size"]
         if type(size) is int and size > 0:

@@ -195,6 +195,25 @@ def test_a_meta_pkl_of_numpy_numbers_loads_and_one_naming_code_is_refused(tmp_pa
     assert "ran" not in capsys.readouterr().out
 
 
+def test_a_broken_meta_pkl_is_refused_before_the_memory_line(tmp_path, capsys):
+    """A meta.pkl whose vocab_size is 'abc': train.py printed its memory line for GPT-2's vocabulary (the fallback)
+    and only then refused the folder. The refusal comes first and alone, in train.py and in bench.py (which
+    took a traceback from the same lookup)."""
+    import bench
+    write_char_folder(tmp_path / "bad")
+    with open(tmp_path / "bad" / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": "abc", "itos": {0: "a"}, "stoi": {"a": 0}}, f)
+    said = r"meta.pkl is not nanoGPT's character vocabulary .*TypeError"
+    with pytest.raises(ValueError, match=said):
+        train.main([f"--data_dir={tmp_path / 'bad'}", *TINY, "--max_iters=1", f"--out_dir={tmp_path / 'out'}"])
+    assert "memory:" not in capsys.readouterr().out and not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        bench.main(["--no_loo", "--steps=1", "--out", str(tmp_path / "b"), "--", f"--data_dir={tmp_path / 'bad'}",
+                    "--n_layer=1", "--n_head=1", "--n_embd=16", "--block_size=16"])
+    err = capsys.readouterr().err
+    assert re.search(f"^error: .*{said}", err) and "Traceback" not in err, err
+
+
 def test_a_meta_pkl_of_a_vocab_size_alone_trains_and_sampling_says_it_has_no_tokenizer(tmp_path, monkeypatch,
                                                                                        capsys):
     """nanoGPT's train.py reads only vocab_size; a meta.pkl of nothing else (another tokenizer's ids) was refused
