@@ -326,7 +326,9 @@ def export_hf(ckpt_path, to):
         print0(f"note: {meta['tokenizer']!r} tokens have no Hugging Face tokenizer; "
                 + ("ids 0-255 are UTF-8 bytes, 256 is end-of-text" if meta["tokenizer"] == "byte" else
                    "id i is the character meta['chars'][i] in speedgpt.json (nanoGPT's meta.pkl)"
-                   if meta["tokenizer"] == "char" else "encode them as data.py does"))
+                   if meta["tokenizer"] == "char" else
+                   "its ids came without their text (a meta.pkl of a vocab_size alone): encode input with the "
+                   "tokenizer that made the data" if meta["tokenizer"] == "ids" else "encode them as data.py does"))
     with open(os.path.join(to, "speedgpt.json"), "w") as f:       # where it came from
         json.dump({"checkpoint": os.path.abspath(ckpt_path), "step": ckpt["step"], "config": cfg, "meta": meta}, f,
                   indent=1)

@@ -250,6 +250,11 @@ def test_a_meta_pkl_of_a_vocab_size_alone_trains_and_sampling_says_it_has_no_tok
                                          r"decodes a sample; train on data that has one \(.*\)$") as e:
         sample.main(["--out_dir=out", "--device=cpu", "--start=The "])
     assert "\n" not in str(e.value.code)
+    if importlib.util.find_spec("transformers"):          # its Hugging Face export says what its ids are
+        import hf
+        hf.main(["export", "--out_dir=out"])
+        assert "note: 'ids' tokens have no Hugging Face tokenizer; its ids came without their text (a meta.pkl of a " \
+            "vocab_size alone): encode input with the tokenizer that made the data" in capsys.readouterr().out
 
 
 def test_a_meta_pkl_smaller_than_its_tokens_is_named(tmp_path):
