@@ -305,9 +305,10 @@ class Run:
             print0(f"step {step}: {hellaswag.describe(record)}")
         self.logger.log(record)
 
-    def save(self, step, background=False):
-        """Write the checkpoint of `step` (speedgpt/checkpoint.py's save_run: every rank calls it)."""
-        save_run(self, step, background)
+    def save(self, step, background=False, stopped=False):
+        """Write the checkpoint of `step` (speedgpt/checkpoint.py's save_run: every rank calls it); `stopped`: after a
+        signal, between steps (no evaluation)."""
+        save_run(self, step, background, stopped)
         self.saved = True
 
 
@@ -393,7 +394,7 @@ def train(run, stop):
             done = f"{name}: stopped after step {step} ({step + 1:,} steps done)"
             if not cfg.save_checkpoints:
                 raise RunStopped(f"{done}; no checkpoint (save_checkpoints=False)", 128 + signum)
-            run.save(step + 1)
+            run.save(step + 1, stopped=True)
             raise RunStopped(f"{done} with a checkpoint in {run.ckpt_path}; continue with the same command and "
                              "--init_from=resume", 128 + signum)
     finish_write(run)                           # target_val_loss's stop may leave one in flight

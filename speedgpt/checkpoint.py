@@ -608,7 +608,7 @@ def finish_write(run):
                          f"{last_good(run.ckpt_path, 'once the disk has room')}", 1)
 
 
-def save_run(run, step, background=False):
+def save_run(run, step, background=False, stopped=False):
     """Write the checkpoint of train.py's Run `run` after `step` optimizer steps (every rank calls it: a
     collective under FSDP), ckpt_best.pt too when this step's evaluation is the best so far; with
     `background`, in a thread from a CPU copy (BackgroundWrite), else before returning. Non-finite
@@ -635,6 +635,7 @@ def save_run(run, step, background=False):
                 "tokens_per_step": cfg.batch_size * cfg.block_size * run.grad_accum_steps * proc.world,
                 "train_seconds": run.train_seconds, "tokens": int(run.tokens),      # the clock a resume continues
                 "run_id": run.run_id,                        # which run wrote it, wherever its out_dir moved
+                "stopped": stopped,          # after a signal: at max_iters or the budget's end, the end still to make
                 "rng": {"cpu": rng[0][0], "cuda": rng[0][1], "ranks": rng}}
         if background:
             run.writer.start(path, own_copy(ckpt, run.raw_model, run.optimizer, run.writer.buffers),

@@ -90,9 +90,12 @@ def settle(cfg, explicit, proc, check_flags):
     if cfg.profile and ckpt["step"] + cfg.timing_warmup > cfg.max_iters:
         raise ValueError(f"profile=True profiles step {ckpt['step'] + cfg.timing_warmup - 1} of this resumed run: "
                          f"max_iters={cfg.max_iters} ends before it")
-    ckpt["finished"] = evaluation.reached_before(cfg, ckpt) or ckpt["step"] == cfg.max_iters and \
+    # a checkpoint a signal wrote after the last step is not the run's end: its final evaluation (and the checkpoint
+    # with it) is still to make, which the resumed loop does at once, as the same command says to resume it
+    ended = not ckpt.get("stopped")
+    ckpt["finished"] = evaluation.reached_before(cfg, ckpt) or ended and ckpt["step"] == cfg.max_iters and \
         f"is at step {cfg.max_iters:,} = max_iters; to train on, give a larger --max_iters" or \
-        budget.spent(cfg, ckpt.get("train_seconds", 0)) and \
+        ended and budget.spent(cfg, ckpt.get("train_seconds", 0)) and \
         f"has spent its {budget.describe(cfg, ckpt['train_seconds'])}; to train on, give a larger --time_budget"
     if ckpt["finished"]:
         return cfg, ckpt

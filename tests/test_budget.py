@@ -175,6 +175,31 @@ def test_a_resume_continues_the_clock_and_honours_the_budgets_total(byte_data, t
     assert torch.load(cut / "ckpt.pt", weights_only=True)["step"] > 6
 
 
+def test_a_signal_in_the_step_that_spends_the_budget_resumes_to_its_final_evaluation(byte_data, tmp_path, fake_clock,
+                                                                                    monkeypatch):
+    """A SIGTERM during step 5, whose end spends the 6 s budget, saves step 6 before the final evaluation; the resume
+    the stop's line asks for makes it (at 6 s, as the uninterrupted run's), where it used to say the budget was spent
+    and end without the run's last val loss."""
+    import signal
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    done = train.main(budget_args(byte_data, whole))
+    real = optim.set_lr
+
+    def signal_at_5(opt, step, *args):
+        if step == 5:
+            os.kill(os.getpid(), signal.SIGTERM)     # the handler only sets the flag: step 5 ends, then the save
+        return real(opt, step, *args)
+    monkeypatch.setattr(optim, "set_lr", signal_at_5)
+    fake_clock["calls"] = 0
+    with pytest.raises(train.RunStopped, match="SIGTERM: stopped after step 5"):
+        train.main(budget_args(byte_data, cut))
+    monkeypatch.setattr(optim, "set_lr", real)
+    resumed = train.main(budget_args(byte_data, cut, "--init_from=resume"))
+    assert "finished" not in resumed and resumed["val_loss"] == done["val_loss"]
+    vals = [(r["step"], r["train_seconds"]) for r in read_metrics(cut) if "val_loss" in r]
+    assert vals == [(0, 0.0), (4, 4.0), (6, 6.0)]
+
+
 def test_a_tiny_budget_on_the_real_clock_ends_the_run_with_its_evaluation_and_checkpoint(byte_data, tmp_path):
     summary = train.main(tiny_args(byte_data, tmp_path, "--time_budget=0.02", "--max_iters=100000",
                                    "--eval_interval=100000", "--warmup_iters=0"))

@@ -130,3 +130,30 @@ def test_a_resume_validates_on_the_runs_rows_and_refuses_another_seed(byte_data,
     def loss(out):
         return [(r["step"], r["loss"]) for r in read_metrics(out) if "loss" in r]
     assert val(tmp_path / "b") == val(tmp_path / "a") and loss(tmp_path / "b") == loss(tmp_path / "a")
+
+
+def test_a_run_stopped_by_a_signal_in_its_last_step_resumes_to_its_final_evaluation(byte_data, tmp_path, monkeypatch):
+    """A SIGTERM during the last step (preemption) saves the checkpoint of step max_iters before the final
+    evaluation; the resume its line asks for makes that evaluation and checkpoint, as the uninterrupted run did,
+    where it used to say the run was finished: its final val loss, ckpt_best.pt and summary.json never came."""
+    import json
+    import os
+    import signal
+    import pytest
+    from speedgpt import checkpoint, optim
+    done = train.main(tiny_args(byte_data, tmp_path / "a"))                  # max_iters=8, evaluated every 4
+    real = optim.set_lr
+
+    def signal_at_7(opt, step, *args):
+        if step == 7:
+            os.kill(os.getpid(), signal.SIGTERM)     # the handler only sets the flag: step 7 ends, then the save
+        return real(opt, step, *args)
+    monkeypatch.setattr(optim, "set_lr", signal_at_7)
+    with pytest.raises(train.RunStopped, match="SIGTERM: stopped after step 7"):
+        train.main(tiny_args(byte_data, tmp_path / "b"))
+    monkeypatch.setattr(optim, "set_lr", real)
+    resumed = train.main(tiny_args(byte_data, tmp_path / "b", "--init_from=resume"))
+    assert "finished" not in resumed and resumed["val_loss"] == done["val_loss"]
+    assert json.load(open(tmp_path / "b" / "summary.json"))["val_loss"] == done["val_loss"]
+    assert checkpoint.checkpoint_step(str(tmp_path / "b" / "ckpt_best.pt")) == 8
+    assert train.main(tiny_args(byte_data, tmp_path / "b", "--init_from=resume"))["finished"]    # now it is
