@@ -74,6 +74,12 @@ def settle(cfg, explicit, proc, check_flags):
                              + (", or from a kept step with --resume_from=STEP" if inside else "")
                              + ", or give the new run another --out_dir"
                              + ("" if inside else f" (rm -rf {cfg.out_dir} to start it there)"))
+        if not replaces and not cfg.save_checkpoints and (os.path.isfile(latest) or kept_without_latest(cfg.out_dir)):
+            # the old run's files go at the new run's first checkpoint, which never comes: they would stay beside this
+            # run's metrics and config.json, and a resume would take both for one history
+            raise ValueError(f"{cfg.out_dir} holds a run, which --init_from=scratch replaces at its first checkpoint, "
+                             "but save_checkpoints=False writes none: its checkpoints would stay beside this run's "
+                             f"metrics; give the new run another --out_dir (or rm -rf {cfg.out_dir} first)")
         return resolve_decay(cfg), None
     left = kept_without_latest(cfg.out_dir) if path == latest else None
     ckpt = load_checkpoint(path, missing=f": resume a kept one with --resume_from={left[1]} ({left[0]})" if left else

@@ -336,6 +336,19 @@ def test_scratch_run_starts_a_fresh_metrics_file(byte_data, tmp_path):
     assert steps == [0, 1, 2, 3]
 
 
+def test_a_scratch_run_that_writes_no_checkpoint_is_refused_over_a_run(byte_data, tmp_path):
+    """--init_from=scratch replaces out_dir's run at its first checkpoint; with save_checkpoints=False there is none,
+    and the old run's checkpoints stayed beside the new run's metrics and config.json (a resume then took the new
+    run's records as its own history): refused in one line before anything there changes."""
+    train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
+    before = {f: os.path.getmtime(tmp_path / f) for f in os.listdir(tmp_path)}
+    with pytest.raises(ValueError, match=r"holds a run, which --init_from=scratch replaces at its first checkpoint, but "
+                                         r"save_checkpoints=False writes none: .* another --out_dir"):
+        train.main(tiny_args(byte_data, tmp_path, "--max_iters=4", "--init_from=scratch", "--save_checkpoints=False"))
+    assert {f: os.path.getmtime(tmp_path / f) for f in os.listdir(tmp_path)} == before
+    train.main(tiny_args(byte_data, tmp_path / "new", "--init_from=scratch", "--save_checkpoints=False"))
+
+
 def test_a_run_from_weights_never_replaces_the_run_in_its_out_dir(byte_data, tmp_path):
     """init_from a checkpoint file (a kept step of the same folder, or another run's) into an out_dir that holds a
     run is refused before any step, as a forgotten --init_from=resume is: it used to train and then delete the
