@@ -256,6 +256,14 @@ def resume_changes(cfg, explicit, saved, at=None):
                        f"{optim.lr_at(at[0], cfg, seconds=at[1]):.2e} at {budget.describe(cfg, at[1])} (the steps' "
                        f"decay had it at {optim.lr_at(at[0], steps):.2e}), down to min_lr={cfg.min_lr:g} when it is "
                        "spent (to keep the decay over steps, leave out --time_budget)")
+    if at and not cfg.time_budget and saved.get("time_budget") and cfg.lr_schedule != "constant":
+        # the other way: a budget's run decayed on its clock (to min_lr once spent), and --lr_decay_iters=N puts the
+        # rate back on its step curve, up again for a horizon past this step
+        clock = Config(**{k: saved[k] for k in asdict(cfg) if k in saved})      # the schedule it ran on
+        changes.append(f"the learning rate runs on steps from here, not on time_budget: {optim.lr_at(at[0], cfg):.2e} "
+                       f"at step {at[0]:,} (the budget's decay had it at {optim.lr_at(at[0], clock, seconds=at[1]):.2e}"
+                       f"), down to min_lr={cfg.min_lr:g} at lr_decay_iters={cfg.lr_decay_iters:,} (a smaller "
+                       "--lr_decay_iters starts lower on the curve)")
     if not cfg.time_budget and cfg.lr_schedule != "constant" and cfg.max_iters < cfg.lr_decay_iters:
         changes.append(f"the run ends at max_iters={cfg.max_iters} before its decay does (lr_decay_iters="
                        f"{cfg.lr_decay_iters}): the learning rate of its last step is "

@@ -248,9 +248,11 @@ def test_a_resume_given_a_budget_leaves_its_step_horizon(byte_data, tmp_path, ca
 
 
 def test_a_resume_that_turns_the_budget_off_is_refused_unless_it_names_a_step_horizon(byte_data, tmp_path,
-                                                                                      fake_clock):
+                                                                                      fake_clock, capsys):
     """A budgeted run's rate ran on its clock: turned off at a resume, the decay would restart over the run's large
-    max_iters, back near the peak. Refused in one line before any step, unless --lr_decay_iters names the horizon."""
+    max_iters, back near the peak. Refused in one line before any step, unless --lr_decay_iters names the horizon;
+    then the resume says where the rate goes on that horizon (up from the budget's min_lr, which it used to leave
+    unsaid), as a resume onto a budget does."""
     train.main(budget_args(byte_data, tmp_path))
     with pytest.raises(ValueError, match=r"^time_budget=0: this run's learning rate ran on its time_budget=0.1 "
                                          r"minutes of training, .*--lr_decay_iters=N$"):
@@ -259,9 +261,14 @@ def test_a_resume_that_turns_the_budget_off_is_refused_unless_it_names_a_step_ho
         train.main(budget_args(byte_data, tmp_path, "--init_from=resume", "--time_budget=0", "--lr_decay_iters=0"))
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 6
     fake_clock["calls"] = 0
+    capsys.readouterr()
     train.main(budget_args(byte_data, tmp_path, "--init_from=resume", "--time_budget=0", "--max_iters=8",
                            "--lr_decay_iters=8"))
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 8
+    steps = load_config(budget_args(byte_data, tmp_path, "--time_budget=0", "--max_iters=8", "--lr_decay_iters=8"))
+    assert f"resume: the learning rate runs on steps from here, not on time_budget: {optim.lr_at(6, steps):.2e} at " \
+           f"step 6 (the budget's decay had it at {steps.min_lr:.2e}), down to min_lr={steps.min_lr:g} at " \
+           "lr_decay_iters=8 (a smaller --lr_decay_iters starts lower on the curve)" in capsys.readouterr().out
 
 
 def test_a_resume_that_ends_before_the_decay_says_where_the_rate_stops(byte_data, tmp_path, capsys):
