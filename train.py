@@ -179,8 +179,9 @@ def settle_out_dir(cfg, raw_model):
         remove_profile(cfg.out_dir)         # never leave an old profile looking current
     write_json(os.path.join(cfg.out_dir, "config.json"), asdict(cfg))
     if cfg.save_checkpoints:            # refused here, before any step, when the disk cannot hold them
+        writes = cfg.max_iters // cfg.eval_interval + 2     # the most it writes: its evaluations', the last, a signal's
         print0(check_disk(cfg.out_dir, checkpoint_bytes(raw_model.num_params(non_embedding=False)),
-                          cfg.keep_checkpoints))
+                          cfg.keep_checkpoints, writes))
 
 
 def start_logging(cfg, proc, raw_model, grad_accum_steps, ckpt):

@@ -487,13 +487,15 @@ def checkpoint_bytes(n_params):
     return 12 * n_params + (1 << 20)
 
 
-def check_disk(out_dir, ckpt_bytes, keep):
+def check_disk(out_dir, ckpt_bytes, keep, writes=None):
     """(line to print, or raise ValueError): the disk use of keep_checkpoints=keep checkpoints of ckpt_bytes
     each, + ckpt_best.pt (which may be one more), + the next one while it is written (the oldest is deleted
     after it), against the free space of out_dir, counting the step files already there as space the run
-    will reuse."""
-    need = ckpt_bytes * (keep + 2)
-    have = sum(os.path.getsize(p) for p in saved_steps(out_dir).values())
+    will reuse. `writes`: the most checkpoints the run can write (None: no bound), so a keep_checkpoints larger
+    ("keep them all") counts the files there will be, not the count asked for."""
+    there = saved_steps(out_dir)
+    need = ckpt_bytes * (min(keep, len(there) + (writes or keep)) + 2)
+    have = sum(os.path.getsize(p) for p in there.values())
     free = shutil.disk_usage(out_dir).free
     line = (f"checkpoints: ~{size(ckpt_bytes)} each, keeping {keep} (keep_checkpoints) and the best "
             f"(ckpt_best.pt), one more while written: up to ~{size(need)} in {out_dir} ({size(free)} free)")

@@ -139,6 +139,16 @@ def test_a_disk_too_small_for_the_checkpoints_is_refused_before_any_step(byte_da
     assert not (tmp_path / "metrics.jsonl").exists() or not read_metrics(tmp_path)
 
 
+def test_keeping_every_checkpoint_counts_the_ones_the_run_writes(byte_data, tmp_path, monkeypatch):
+    """keep_checkpoints=1000000 ("keep them all") of a run that writes two (steps 4 and 8): the disk check
+    counts the files there can be, not a million of them, which it refused on a disk of a GB as needing a TB."""
+    import shutil
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage._replace(free=10**9))
+    train.main(tiny_args(byte_data, tmp_path, "--keep_checkpoints=1000000"))
+    assert sorted(checkpoint.saved_steps(str(tmp_path))) == [4, 8]
+
+
 def test_the_disk_use_of_the_checkpoints_is_printed_at_start(byte_data, tmp_path, capsys):
     """keep_checkpoints step files, the best one apart, and one more while the next is written."""
     import re
