@@ -519,6 +519,14 @@ def load_config(argv, with_explicit=False):
                          f"GPT-2 folder (with config.json) or a checkpoint file (nanoGPT's ckpt.pt, or ours), got "
                          f"{cfg.init_from!r}"
                          + (" (a folder without config.json)" if os.path.isdir(cfg.init_from) else ""))
+    gpt2_weights = cfg.init_from in HF_GPT2 or os.path.isfile(os.path.join(cfg.init_from, "config.json"))
+    other = [f"{k}={getattr(cfg, k)!r}" for k, gpt2 in (("norm", "layernorm"), ("rope", False), ("qk_norm", False),
+                                                          ("tie_embeddings", True)) if getattr(cfg, k) != gpt2]
+    other += [f"activation={cfg.activation!r}"] if gpt2_weights and not cfg.activation.startswith("gelu") else []
+    if gpt2_weights and other:     # else GPT-2's blocks replaced them, the flags doing nothing but a note
+        raise ValueError(f"init_from={cfg.init_from!r} loads GPT-2's blocks, which {', '.join(other)} would change: "
+                         "its weights hold no such block; leave them out (a preset that sets them, such as "
+                         "config/speedrun.py, too), or train them with init_from=scratch")
     if cfg.profile and cfg.timing_warmup < 2:
         raise ValueError("profile=True profiles the last warm-up step: it needs timing_warmup >= 2 "
                          "(the first step pays for compilation and allocator warm-up)")

@@ -525,3 +525,24 @@ def test_a_resumed_constant_schedule_refuses_a_decay_setting_given_with_it(byte_
         with pytest.raises(ValueError, match=rf"^{flag[2:].split('=')[0]}=.* would do nothing: it is a setting of a "
                                              r"decaying schedule"):
             train.main(tiny_args(byte_data, tmp_path, "--max_iters=6", "--init_from=resume", flag))
+
+
+def test_a_block_flag_with_gpt2_weights_is_refused(tmp_path):
+    """--init_from=gpt2 (or a Hugging Face folder) with --rope=True trained GPT-2's blocks, the flag replaced with a
+    note, where a checkpoint file with the same flag is refused. Refused in one line naming every such flag, before
+    any download; GPT-2's own blocks, and the GELU variants its weights take, pass."""
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    for init in ("gpt2", str(folder)):
+        with pytest.raises(ValueError, match=rf"^init_from='{re.escape(init)}' loads GPT-2's blocks, which "
+                                             r"rope=True, qk_norm=True, activation='relu2' would change: .* leave "
+                                             r"them out .*init_from=scratch$"):
+            configurator.load_config([f"--init_from={init}", "--rope=True", "--qk_norm=True", "--activation=relu2"])
+        with pytest.raises(ValueError, match=r"which norm='rmsnorm', tie_embeddings=False would change"):
+            configurator.load_config([f"--init_from={init}", "--norm=rmsnorm", "--tie_embeddings=False"])
+        for fine in ([], ["--activation=gelu_tanh"]):
+            assert configurator.load_config([f"--init_from={init}", *fine]).init_from == init
+    with pytest.raises(ValueError, match="loads GPT-2's blocks"):
+        configurator.load_config(["--config", "config/fast.py", "--config", "config/speedrun.py", "--init_from=gpt2"])
+    assert configurator.load_config(["--rope=True"]).rope                      # from scratch: any block
