@@ -146,6 +146,10 @@ ALIASES = {"lr": "learning_rate", "wd": "weight_decay", "bs": "batch_size", "mic
            "untied_head": "tie_embeddings=False", "untie_embeddings": "tie_embeddings=False",
            "time_limit": "time_budget", "minutes": "time_budget"}
 HF_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")   # init_from names: OpenAI's GPT-2 on the Hugging Face hub
+# the model settings GPT-2 has and its weights and format can hold no other value of: {key: (GPT-2's value, what GPT-2
+# has)}; its activation is any GELU (hf.py's tables)
+GPT2_BLOCKS = {"norm": ("layernorm", "LayerNorm"), "rope": (False, "learned absolute positions (wpe)"),
+               "qk_norm": (False, "no QK-norm"), "tie_embeddings": (True, "the output head tied to the embedding")}
 MODEL_CHOICES = {"activation": "ACTIVATIONS", "norm": "NORMS"}   # keys whose choices are model.py's tables, by name
 # the largest seed: torch.manual_seed takes seeds below 2**64, and a run on several processes seeds rank r from
 # seed x 1,000,003 + r (speedgpt/distributed.py's seed_rank_stream; a resume on more processes from (seed + step) x
@@ -520,8 +524,7 @@ def load_config(argv, with_explicit=False):
                          f"{cfg.init_from!r}"
                          + (" (a folder without config.json)" if os.path.isdir(cfg.init_from) else ""))
     gpt2_weights = cfg.init_from in HF_GPT2 or os.path.isfile(os.path.join(cfg.init_from, "config.json"))
-    other = [f"{k}={getattr(cfg, k)!r}" for k, gpt2 in (("norm", "layernorm"), ("rope", False), ("qk_norm", False),
-                                                          ("tie_embeddings", True)) if getattr(cfg, k) != gpt2]
+    other = [f"{k}={getattr(cfg, k)!r}" for k, (gpt2, _) in GPT2_BLOCKS.items() if getattr(cfg, k) != gpt2]
     other += [f"activation={cfg.activation!r}"] if gpt2_weights and not cfg.activation.startswith("gelu") else []
     if gpt2_weights and other:     # else GPT-2's blocks replaced them, the flags doing nothing but a note
         raise ValueError(f"init_from={cfg.init_from!r} loads GPT-2's blocks, which {', '.join(other)} would change: "

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import torch
 
-from configurator import HF_GPT2, FlagParser
+from configurator import GPT2_BLOCKS, HF_GPT2, FlagParser
 from model import GPT, GPTConfig
 from speedgpt.checkpoint import checkpoint_file, load_checkpoint, load_weights
 from speedgpt.distributed import print0
@@ -35,9 +35,6 @@ from speedgpt.shards import describe_os_error, folder_creation_error
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 ACTIVATION_FROM_HF = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
-# the model settings GPT-2 has and its format can hold no other value of: {key: (GPT-2's value, what GPT-2 has)}
-GPT2_BLOCKS = {"norm": ("layernorm", "LayerNorm"), "rope": (False, "learned absolute positions (wpe)"),
-               "qk_norm": (False, "no QK-norm"), "tie_embeddings": (True, "the output head tied to the embedding")}
 # the GPT-2 BPE files tiktoken reads (tiktoken_ext/openai_public.py: URL and sha256); HF's merges.txt and
 # vocab.json are these same two files
 GPT2_BPE_FILES = {

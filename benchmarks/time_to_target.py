@@ -56,6 +56,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from configurator import GPT2_BLOCKS  # noqa: E402
 from speedgpt.corpus import sigterm_as_interrupt  # noqa: E402
 from speedgpt.measure import append_record, error_line, read_records  # noqa: E402
 # each recipe: the config laid over --config, and the peak learning rate its sweep scales
@@ -238,7 +239,7 @@ BLOCKS["modern"] = [flag for flags in BLOCKS.values() for flag in flags]
 # untied ended higher than GPT-2's block alone, BENCHMARKS.md)
 BLOCKS.update({f"modern-{name}": [flag for other, flags in BLOCKS.items() if other not in (name, "modern")
                                   for flag in flags] for name in list(BLOCKS)[:-1]})
-BLOCK_KEYS = ("norm", "rope", "qk_norm", "activation", "tie_embeddings")
+BLOCK_KEYS = (*GPT2_BLOCKS, "activation")      # the model flags of BLOCKS: GPT-2's value is its block's
 OWN_KEYS = ("config", "data_dir", "out_dir", "max_iters", "lr_decay_iters", "warmup_iters", "seed", "eval_interval",
             "eval_tokens", "save_checkpoints", "hellaswag", "total_batch_size", "time_budget", "target_val_loss")
 
