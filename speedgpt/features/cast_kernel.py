@@ -16,8 +16,8 @@ So each pass is laid out to need none: the passes that write their copy byte by 
 layout needs no permutes under Triton 3.6 or 3.9 (BYTE_TILE); a CPU test compiles each for
 sm_90 and finds no prmt in its PTX, and verify() checks the bytes on the GPU at hand. GELU's pass (the costliest: its
 byte-by-byte layout recomputes the erf) writes the copy as 32-bit words instead (WORDS, below).
-Measured alone (benchmarks/fp8_cast.py; BENCHMARKS.md, "The roofline of a step"). Off by default until it measures
-faster end to end.
+Measured alone (benchmarks/fp8_cast.py; benchmarks/results/roofline_notes.md), end to end in BENCHMARKS.md ("The
+roofline of a step"). Off by default until it measures faster end to end.
 
 fp8_gelu_cast=True runs the same kernel with the MLP's exact GELU on both sides of it. Forward, in c_proj's input
 cast: fp8.convert hands c_proj the pre-activation h (the MLP's act becomes an identity) and the pass casts GELU(h).
@@ -44,7 +44,7 @@ the check at start might not have caught it): it was not kept.
 
 gelu_erf='fast' computes GELU's erf in both GELU passes by Abramowitz and Stegun's 7.1.26 (|error| <= 1.5e-7)
 (the bf16 MLP's GELU takes the same formula in speedgpt/features/gelu_pass.py)
-instead of libdevice's erff, which holds most of their instructions (BENCHMARKS.md, "The roofline of a step"); the
+instead of libdevice's erff, which holds most of their instructions (benchmarks/results/roofline_notes.md); the
 exact path's code is unchanged. +2.7% end to end at 124M on one H100 (BENCHMARKS.md); off until its loss over 20M
 tokens is checked against the exact erf's (benchmarks/loss_check.py).
 

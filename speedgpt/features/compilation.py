@@ -13,8 +13,8 @@ this GPU instead of by heuristics (modded-nanogpt does the same). The first comp
 compile_persistent_rows=N lets Inductor keep a whole row of up to N values in registers in its row reductions
 (persistent reductions), where it does so up to 1,024 (0: its own rule). A LayerNorm 1,280 wide (774M) or 1,600 (1.5B)
 is otherwise a looped reduction that reads its float32 input twice, once for the statistics and once to normalize
-and cast (the generated kernels, BENCHMARKS.md "The roofline of a step"); at 768 (124M) it is one pass already. Off
-until it measures faster end to end.
+and cast (the generated kernels, benchmarks/results/roofline_notes.md, "774M's LayerNorm kernels loop over the row");
+at 768 (124M) it is one pass already. Off until it measures faster end to end.
 """
 import torch
 

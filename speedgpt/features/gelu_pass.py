@@ -2,7 +2,8 @@
 GELU's erf made cheaper (gelu_erf='fast'): Abramowitz and Stegun's 7.1.26, erf(z) = 1 - t P(t) exp(-z^2) with
 t = 1 / (1 + 0.3275911 z) for z >= 0 (|error| <= 1.5e-7, below bf16's rounding of GELU's output): one exp2 and one
 reciprocal, where libdevice's erff, which the exact GELU of Inductor's kernels and of ours calls, evaluates two
-polynomials and selects one, and makes those kernels instruction-bound (BENCHMARKS.md, "What holds our GELU pass").
+polynomials and selects one, and makes those kernels instruction-bound (benchmarks/results/roofline_notes.md, "What
+holds our GELU pass").
 
 Where fp8_gelu_cast carries GELU into its FP8 casts, those passes take the formula (speedgpt/features/cast_kernel.py).
 Every other MLP whose exact GELU feeds a plain (bf16) Linear, the whole bf16 path (--fp8=False), gets two Triton

@@ -42,7 +42,8 @@ from speedgpt import refuse_unready_kernel
 # tried, the same with the float32 tile transposed before the cast; ptxas 13.0 compiles the same kernel right,
 # and compute-sanitizer's racecheck finds no hazard (triton-lang/triton#11111; benchmarks/fp8_transpose_store.py
 # reproduces it). Unspecialized, the transposed copy is stored byte by byte, right with every ptxas, at a cost
-# measured in BENCHMARKS.md ("The FP8 head's softmax pass"). verify() and tests/test_gpu.py watch for a return.
+# measured in benchmarks/results/roofline_notes.md ("The softmax pass: grad_fp8's transposed copy"). verify() and
+# tests/test_gpu.py watch for a return.
 # Neither kernel specializes on vocab (it only masks), so verify() at one vocabulary runs the binaries of all.
 STATS_CONFIGS = ((8, 256, 8, 0), (1, 4096, 8, 0), (4, 256, 4, 1), (2, 1024, 8, 1))
 # grad_fp8's second shape is 32 x 64 at 8 warps: Triton 3.9 lays 64 x 64 at 4 warps out with byte permutes (3.6
