@@ -34,7 +34,7 @@ from speedgpt import refuse_unready_kernel
 # tile shapes tried on the first call (triton.autotune): (BLOCK_M, BLOCK_V, num_warps, variant).
 # row_stats' variant: 0 keeps one running max and sum per row (a reduction across the tile at every step),
 # 1 one per element of the tile (two exponentials per logit, one reduction at the end). grad_fp8's: 1 walks
-# the vocabulary first, 0 the rows first. How each shape measured: BENCHMARKS.md, "The roofline of a step".
+# the vocabulary first, 0 the rows first. How each shape measured: benchmarks/results/softmax_pass_h200.md.
 # grad_fp8 is compiled without Triton's assumption that n is a multiple of 16 (do_not_specialize). With it,
 # Triton vectorizes the transposed store: the 8-bit tile goes through shared memory and byte permutes into
 # 16-byte stores, and ptxas 12.8 and 12.9 (the ones Triton 3.6 bundles, ptxas and ptxas-blackwell) mis-lower
