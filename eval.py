@@ -171,6 +171,7 @@ def run_harness(args):
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
         raise ValueError("--lm_eval runs in one process: for several GPUs, export (python hf.py export) and run "
                          "the harness's own `accelerate launch -m lm_eval --model hf ...`")
+    setup_processes(args)     # a --device this machine lacks: one line, not the harness's traceback after the export
     if args.hellaswag_path:
         raise ValueError("--hellaswag_path is read by our HellaSwag, not by --lm_eval: the harness's hellaswag_local "
                          f"reads {hellaswag.CACHE}, relative to the working directory")
