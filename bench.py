@@ -18,6 +18,7 @@ import argparse
 import csv
 import dataclasses
 import gc
+import itertools
 import json
 import os
 import shlex
@@ -551,8 +552,21 @@ def main(argv=None):
     bad += [f"--start {args.start} (the ladder has {len(LADDER)} rungs)"] if args.start > len(LADDER) else []
     if bad:
         parser.error("; ".join(bad))
-    if not 1 <= args.batch_size <= args.max_batch:
-        parser.error(f"need 1 <= --batch_size <= --max_batch, got {args.batch_size} and {args.max_batch}")
+    # the options of the mode not run would do nothing: --max_batch bounds only the search (and it refused a ladder's
+    # --batch_size above it); the search reads none of the ladder's
+    own = {a.split("=", 1)[0] for a in itertools.takewhile(lambda a: a != "--", sys.argv[1:] if argv is None else argv)}
+    if args.find_max_batch:
+        idle = sorted(own & {"--steps", "--warmup", "--start", "--loo"}
+                      | {f"--{k}" for k in ("no_loo", "resume") if getattr(args, k)})
+    else:
+        idle = sorted(own & {"--max_batch"})
+    if idle:
+        parser.error(f"{', '.join(idle)} would do nothing " + ("with --find_max_batch, which runs no ladder: leave "
+                     "them out" if args.find_max_batch else "without --find_max_batch, the search it bounds: add "
+                     "--find_max_batch or leave it out"))
+    if args.batch_size < 1 or args.find_max_batch and args.batch_size > args.max_batch:
+        parser.error("need 1 <= --batch_size" + (f" <= --max_batch, got {args.batch_size} and {args.max_batch}"
+                                                  if args.find_max_batch else f", got {args.batch_size}"))
     # keys bench.py sets itself on every run: an override after -- would silently undo the measurement
     runs = set(RUN_KEYS)
     owned = runs if args.find_max_batch else runs | {"log_interval"} | {k for _, c in LADDER for k in c} | \

@@ -171,6 +171,13 @@ def run_harness(args):
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
         raise ValueError("--lm_eval runs in one process: for several GPUs, export (python hf.py export) and run "
                          "the harness's own `accelerate launch -m lm_eval --model hf ...`")
+    setup_processes(args)     # a --device this machine lacks: one line, not the harness's traceback after the export
+    # a list of commas names no task: the export ran, then the harness said "No tasks specified"; spaces after the
+    # commas (hellaswag, arc_easy) are no part of a name
+    tasks = [t.strip() for t in args.lm_eval.split(",") if t.strip()]
+    if not tasks:
+        raise ValueError(f"--lm_eval {args.lm_eval!r} names no task: give the harness's task names or YAML files, "
+                         "comma-separated (hellaswag_local: its HellaSwag on our file)")
     if args.hellaswag_path:
         raise ValueError("--hellaswag_path is read by our HellaSwag, not by --lm_eval: the harness's hellaswag_local "
                          f"reads {hellaswag.CACHE}, relative to the working directory")
@@ -190,7 +197,6 @@ def run_harness(args):
         from lm_eval.utils import make_table
     except ImportError as e:
         raise ValueError(f"--lm_eval needs lm-evaluation-harness ({e}): pip install 'lm-eval[hf]'") from None
-    tasks = [t for t in args.lm_eval.split(",") if t]
     manager = TaskManager(include_path=TASKS_DIR)
     for t in tasks:
         if t.endswith(".yaml") and not os.path.isfile(t):

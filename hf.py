@@ -28,7 +28,7 @@ import torch
 
 from configurator import GPT2_BLOCKS, HF_GPT2, FlagParser
 from model import GPT, GPTConfig
-from speedgpt.checkpoint import checkpoint_file, load_checkpoint, load_weights
+from speedgpt.checkpoint import checkpoint_file, load_checkpoint, load_weights, newest_kept
 from speedgpt.distributed import print0
 from speedgpt.shards import describe_os_error, folder_creation_error
 
@@ -251,13 +251,19 @@ def export_hf(ckpt_path, to):
     changes nothing); byte-level data gives a model of vocabulary 257 (ids 0-255 the UTF-8 bytes,
     256 end-of-text) and no tokenizer files. Before writing, the HF model's logits are checked against
     ours on a few tokens. Returns `to`. Raises FileNotFoundError (no checkpoint) or ValueError
-    (transformers missing, `to` a file, the checkpoint's folder or a folder that cannot be created,
+    (transformers missing, `to` a file, the checkpoint's folder or another run's, a folder that cannot be created,
     a block GPT-2 does not have (GPT2_BLOCKS, the activation: checked before transformers is imported), a
     parameter GPT-2 cannot express), each in one line; OSError for a write that fails."""
     if os.path.isfile(to):
         raise ValueError(f"--to {to} is a file, not a folder")
     if os.path.realpath(to) == os.path.realpath(os.path.dirname(ckpt_path) or "."):     # a link to it too
         raise ValueError(f"--to {to} is the checkpoint's folder: its config.json would overwrite the training config; "
+                         f"export to a subfolder, e.g. {os.path.join(to, 'hf')}")
+    # another run's folder (train.py's out_dir) is clobbered the same way: its config.json, the run's whole resolved
+    # config, was replaced by the Hugging Face one, unsaid
+    if os.path.isdir(to) and (any(os.path.isfile(os.path.join(to, f)) for f in ("ckpt.pt", "metrics.jsonl"))
+                              or newest_kept(to)):
+        raise ValueError(f"--to {to} is a training run's folder: its config.json would overwrite the run's; "
                          f"export to a subfolder, e.g. {os.path.join(to, 'hf')}")
     ckpt = load_checkpoint(ckpt_path)
     ckpt.pop("optimizer")                                  # twice the weights, and not exported

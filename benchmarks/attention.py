@@ -1,4 +1,4 @@
-"""
+r"""
 Attention forward + backward at GPT-2 124M's shape, per backend, on the document ids of real packed
 batches: what each attention choice costs per layer, and what the FlexAttention BlockMask costs to build.
 
@@ -34,7 +34,7 @@ from speedgpt.attention import causal_varlen_attn, dense_attention_mask, flex_bl
 
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data_dir", required=True)
     p.add_argument("--batch_size", type=int, default=16)
@@ -42,12 +42,26 @@ def main():
     p.add_argument("--n_head", type=int, default=12)
     p.add_argument("--head_dim", type=int, default=64)
     p.add_argument("--match", default="", help="regular expression: run only the variants whose name it finds")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    # one line, as head_ce.py's, for a machine without the GPU (pin_memory's traceback) and for bad input
+    if not torch.cuda.is_available():
+        raise SystemExit("error: attention.py times CUDA kernels: it needs a GPU")
+    bad = [f"--{k} {getattr(args, k)}" for k in ("batch_size", "block_size", "n_head", "head_dim")
+           if getattr(args, k) < 1]
+    if bad:
+        raise SystemExit(f"error: {', '.join(bad)}: must be at least 1")
+    try:
+        re.compile(args.match)
+    except re.error as e:
+        raise SystemExit(f"error: --match {args.match!r} is not a regular expression ({e})")
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     B, H, T, D = args.batch_size, args.n_head, args.block_size, args.head_dim
-    doc_ids = next(Loader(args.data_dir, "train", B, T, device="cuda", seed=0)).doc_ids
+    try:
+        doc_ids = next(Loader(args.data_dir, "train", B, T, device="cuda", seed=0)).doc_ids
+    except (FileNotFoundError, ValueError) as e:         # no such folder, data too short for a row, ...
+        raise SystemExit(f"error: {e}")
     docs_per_row = (doc_ids[:, -1] - doc_ids[:, 0] + 1).float().mean().item()
     print(f"B={B} H={H} T={T} D={D}, {docs_per_row:.1f} documents per row ({args.data_dir})")
     q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))

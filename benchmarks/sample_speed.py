@@ -16,7 +16,9 @@ past it every token is a forward of block_size positions either way (GPT.generat
 chose the same ids (a random model's near-ties may flip in float32; tests/test_model.py compares in float64).
 """
 import argparse
+import itertools
 import os
+import re
 import statistics
 import sys
 import time
@@ -26,6 +28,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import FlagParser              # noqa: E402
 from model import GPT, GPTConfig                 # noqa: E402
+from sample import whole                         # noqa: E402
+
+SHAPE = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")       # a new model's; a checkpoint has its own
 
 
 def build_model(args):
@@ -56,17 +61,33 @@ def main(argv=None):
     p = FlagParser(prog="benchmarks/sample_speed.py", description=__doc__,
                    formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out_dir", default="", help="folder holding ckpt.pt; empty: a new model of the shape below")
-    p.add_argument("--n_layer", type=int, default=12)
-    p.add_argument("--n_head", type=int, default=12)
-    p.add_argument("--n_embd", type=int, default=768)
-    p.add_argument("--block_size", type=int, default=1024)
-    p.add_argument("--vocab_size", type=int, default=50257)
-    p.add_argument("--max_new_tokens", type=int, default=500)
-    p.add_argument("--prompt_tokens", type=int, default=1)
-    p.add_argument("--batch_size", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=1, help="timed runs per mode; the median counts")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    # whole numbers >= 1: n_layer -3 built a model of no blocks and timed it, repeats or prompt_tokens 0 ended in a
+    # traceback
+    p.add_argument("--n_layer", type=whole(1), default=12)
+    p.add_argument("--n_head", type=whole(1), default=12)
+    p.add_argument("--n_embd", type=whole(1), default=768)
+    p.add_argument("--block_size", type=whole(1), default=1024)
+    p.add_argument("--vocab_size", type=whole(1), default=50257)
+    p.add_argument("--max_new_tokens", type=whole(1), default=500)
+    p.add_argument("--prompt_tokens", type=whole(1), default=1)
+    p.add_argument("--batch_size", type=whole(1), default=1)
+    p.add_argument("--repeats", type=whole(1), default=1, help="timed runs per mode; the median counts")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu | cuda | cuda:N | mps")
     args = p.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    given = {a.split("=", 1)[0] for a in itertools.takewhile(lambda a: a != "--", argv)}
+    shape = [f"--{k}" for k in SHAPE if f"--{k}" in given]
+    if args.out_dir and shape:            # the checkpoint's shape is timed: they were dropped, unsaid
+        p.error(f"{', '.join(shape)} would do nothing with --out_dir, whose checkpoint has its own shape: leave "
+                f"{'them' if len(shape) > 1 else 'it'} out, or leave out --out_dir to time a new model of that shape")
+    if not args.out_dir and args.n_embd % args.n_head:
+        p.error(f"--n_embd {args.n_embd} must be a multiple of --n_head {args.n_head} (the head size)")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):
+        p.error(f"--device must be cpu, cuda, cuda:N or mps, got {args.device!r}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: no CUDA GPU is available (time the CPU: --device cpu)")
+    if args.device == "mps" and not torch.backends.mps.is_available():
+        p.error("--device mps: Apple's MPS backend is not available here (time the CPU: --device cpu)")
     model = build_model(args)
     c = model.config
     g = torch.Generator().manual_seed(1)

@@ -449,3 +449,22 @@ def test_a_leave_one_out_row_that_cannot_run_here_is_named_with_the_reason():
         "note: --loo \"GELU's fast erf\" skipped: its passes are Triton kernels on a CUDA GPU",
         "note: --loo 'FP8 blocks' skipped: the config keeps its blocks in bf16 (fp8=False)"]
     assert bench.dropped_rows(["fused AdamW"], ladder, loo) == []
+
+
+def test_each_modes_options_given_to_the_other_are_refused(tmp_path, monkeypatch, capsys):
+    """--max_batch without --find_max_batch did nothing, unsaid, and refused a ladder's --batch_size above its
+    default (512) though no search ran; --find_max_batch read none of the ladder's options (--steps, --loo, ...).
+    Each is one line naming the options, before any work; a ladder's --batch_size has no bound but 1."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)       # a CPU's bench, on a GPU machine too
+    monkeypatch.setattr(bench, "first_rung_refusal", lambda args, extra: "stopped here")
+    for args, error in ((["--max_batch", "64"], "error: --max_batch would do nothing without --find_max_batch, the "
+                         "search it bounds: add --find_max_batch or leave it out\n"),
+                        (["--find_max_batch", "--steps=3", "--no_loo"], "error: --no_loo, --steps would do nothing "
+                         "with --find_max_batch, which runs no ladder: leave them out\n"),
+                        (["--find_max_batch", "--max_batch", "4", "--batch_size", "8"],
+                         "error: need 1 <= --batch_size <= --max_batch, got 8 and 4\n"),
+                        (["--batch_size", "1024"], "error: stopped here\n")):       # past the checks of the flags
+        with pytest.raises(SystemExit) as e:
+            bench.main([*args, "--out", str(tmp_path / "b")])
+        assert e.value.code == 2 and capsys.readouterr().err == error
+    assert not (tmp_path / "b").exists()

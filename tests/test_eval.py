@@ -210,6 +210,7 @@ def test_lm_eval_unknown_task_and_missing_package_are_one_line(gpt2_run, capsys,
     pytest.importorskip("lm_eval", reason="lm-evaluation-harness not installed: pip install 'lm-eval[hf]'")
     assert error("--lm_eval=hellaswag_local,no_such_task") == "error: --lm_eval no_such_task: lm-evaluation-harness " \
         "has no such task (`lm_eval ls tasks` lists them)\n"
+    assert error("--lm_eval=hellaswag_local, no_such_task").startswith("error: --lm_eval no_such_task: ")   # no space
     assert error("--lm_eval=nowhere/task.yaml") == "error: --lm_eval nowhere/task.yaml: no such task file\n"
 
 
@@ -258,3 +259,30 @@ def test_lm_eval_hellaswag_against_ours(gpt2_run, tmp_path, monkeypatch):
     labels = torch.tensor([it["label"] for it in theirs])
     assert [it["acc"] for it in theirs] == (lls.argmax(1) == labels).double().tolist()
     assert [it["acc_norm"] for it in theirs] == ((lls.double() / chars).argmax(1) == labels).double().tolist()
+
+
+@pytest.mark.parametrize("device, error", [
+    ("cuda", "error: device='cuda' but "),
+    ("mps", "error: device='mps' but Apple's MPS backend is not available here")])
+def test_lm_eval_on_a_device_this_machine_lacks_is_one_line_before_the_export(tmp_path, capsys, monkeypatch, device,
+                                                                             error):
+    """--lm_eval --device=cuda on a machine without CUDA (or mps without MPS) exported the checkpoint and then ended
+    in the harness's traceback (AssertionError: Torch not compiled with CUDA enabled); our HellaSwag refused it in
+    one line: now --lm_eval does too, before anything is read."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "lm_eval", None)      # never imported: `import lm_eval` would fail
+    with pytest.raises(SystemExit) as e:
+        eval_script.main([f"--out_dir={tmp_path}", "--lm_eval=hellaswag_local", f"--device={device}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.startswith(error) and err.count("\n") == 1, err
+
+
+def test_lm_eval_of_commas_alone_names_no_task_before_any_work(tmp_path, capsys, monkeypatch):
+    """--lm_eval=, exported the checkpoint, then ended in the harness's "No tasks specified": one line of ours now,
+    before the checkpoint is read (it is not even one here) or the harness imported."""
+    monkeypatch.setitem(sys.modules, "lm_eval", None)      # never imported: `import lm_eval` would fail
+    with pytest.raises(SystemExit) as e:
+        eval_script.main([f"--out_dir={tmp_path}", "--lm_eval=, ,", "--device=cpu"])
+    assert e.value.code == 1 and capsys.readouterr().err == "error: --lm_eval ', ,' names no task: give the " \
+        "harness's task names or YAML files, comma-separated (hellaswag_local: its HellaSwag on our file)\n"

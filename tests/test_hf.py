@@ -410,3 +410,21 @@ def test_export_refuses_the_checkpoints_folder_through_a_link(tmp_path):
         with pytest.raises(ValueError, match=f"^--to {tmp_path / to} is the checkpoint's folder"):
             hf.export_hf(str(tmp_path / ckpt / "ckpt.pt"), str(tmp_path / to))
     assert (tmp_path / "run" / "config.json").read_text() == "{}"
+
+
+def test_export_refuses_another_runs_folder(byte_data, tmp_path):
+    """--to another training run's folder (train.py's out_dir) passed the checkpoint's-folder check, and the export's
+    config.json replaced that run's resolved config, unsaid: refused in one line, the run's files untouched."""
+    train.main(tiny_args(byte_data, tmp_path / "run", "--max_iters=2"))
+    other = tmp_path / "other"
+    for kept in ("ckpt.pt", "metrics.jsonl", "ckpt_step000010.pt"):     # each alone marks a run's folder
+        other.mkdir()
+        (other / "config.json").write_text('{"out_dir": "other"}')
+        (other / kept).write_bytes(b"")
+        with pytest.raises(SystemExit, match=f"^error: --to {other} is a training run's folder: its config.json "
+                                             f"would overwrite the run's; export to a subfolder, e.g. {other}/hf$"):
+            hf.main(["export", f"--out_dir={tmp_path / 'run'}", f"--to={other}"])
+        assert (other / "config.json").read_text() == '{"out_dir": "other"}'
+        shutil.rmtree(other)
+    hf.main(["export", f"--out_dir={tmp_path / 'run'}", f"--to={tmp_path / 'hf'}"])     # a folder of its own: written
+    hf.main(["export", f"--out_dir={tmp_path / 'run'}", f"--to={tmp_path / 'hf'}"])     # and written again
