@@ -223,23 +223,32 @@ def load_hf_gpt2(name_or_path, config=None):
 # -----------------------------------------------------------------------------
 # export
 
-def write_gpt2_tokenizer(to, transformers):
+def write_gpt2_tokenizer(to, transformers, blobs=None):
     """Write the GPT-2 tokenizer to folder `to`: vocab.json and merges.txt (tiktoken's cached GPT-2 BPE
     files, byte for byte the ones Hugging Face ships), then tokenizer.json and tokenizer_config.json as
-    transformers writes them. Offline this needs tiktoken's cache ($TIKTOKEN_CACHE_DIR), as data.py
+    transformers writes them (`blobs`: gpt2_bpe_blobs(), read already). Offline this needs tiktoken's cache ($TIKTOKEN_CACHE_DIR), as data.py
     does; raises FileNotFoundError in one line without it. Note: HF's tokenizer encodes a literal
     "<|endoftext|>" in text as the special id 50256, where data.py encodes it as plain text."""
+    for filename, blob in (blobs or gpt2_bpe_blobs()).items():
+        with open(os.path.join(to, filename), "wb") as f:
+            f.write(blob)
+    transformers.GPT2TokenizerFast.from_pretrained(to).save_pretrained(to)
+
+
+def gpt2_bpe_blobs():
+    """{filename: bytes} of GPT2_BPE_FILES from tiktoken's cache (or its download); FileNotFoundError in one line
+    without either. Read before an export writes anything, so that one offline leaves no model without its
+    tokenizer (or beside an earlier export's)."""
     import tiktoken.load
+    blobs = {}
     for filename, (url, sha256) in GPT2_BPE_FILES.items():
         try:
-            blob = tiktoken.load.read_file_cached(url, sha256)
+            blobs[filename] = tiktoken.load.read_file_cached(url, sha256)
         except Exception as e:                             # no network and no cache
             raise FileNotFoundError(f"could not read tiktoken's GPT-2 file {url.rsplit('/', 1)[1]} "
                                     f"({str(e).splitlines()[0]}): "
                                     "offline, point TIKTOKEN_CACHE_DIR at a folder holding it") from e
-        with open(os.path.join(to, filename), "wb") as f:
-            f.write(blob)
-    transformers.GPT2TokenizerFast.from_pretrained(to).save_pretrained(to)
+    return blobs
 
 
 @torch.no_grad()
@@ -312,6 +321,7 @@ def export_hf(ckpt_path, to):
     if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
         raise ValueError(f"exported logits differ from the checkpoint's by {(got - want).abs().max().item():.2e}: "
                          "the model has a setting this exporter does not map")
+    blobs = gpt2_bpe_blobs() if meta["tokenizer"] == "gpt2" else None      # offline without them: nothing written
     try:
         os.makedirs(to, exist_ok=True)
     except OSError as e:
@@ -321,7 +331,7 @@ def export_hf(ckpt_path, to):
     os.umask(umask)
     os.chmod(os.path.join(to, "model.safetensors"), 0o666 & ~umask)     # safetensors writes it 0600
     if meta["tokenizer"] == "gpt2":
-        write_gpt2_tokenizer(to, transformers)
+        write_gpt2_tokenizer(to, transformers, blobs)
     else:
         for name in TOKENIZER_FILES:                       # never leave an earlier export's tokenizer beside this model
             if os.path.exists(os.path.join(to, name)):

@@ -273,6 +273,23 @@ def test_hf_without_a_command_names_export(capsys):
         "GPT-2, train.py takes --init_from=gpt2 (or gpt2-medium, gpt2-large, gpt2-xl, a Hugging Face folder)\n")
 
 
+def test_an_export_without_the_tokenizers_files_writes_nothing(tmp_path, monkeypatch):
+    """Offline without tiktoken's cache, exporting a GPT-2-token run wrote config.json and model.safetensors, then
+    failed on the tokenizer: a model without its tokenizer (or beside an earlier export's). The files are read
+    first: one line, and the folder is not made."""
+    import tiktoken.load
+    model = GPT(GPTConfig(vocab_size=50257, block_size=32, n_layer=1, n_head=2, n_embd=32)).eval()
+    fake_checkpoint(tmp_path / "ckpt.pt", model, {"tokenizer": "gpt2", "vocab_size": 50257, "eot_id": 50256})
+
+    def offline(url, sha256):
+        raise OSError("no network")
+    monkeypatch.setattr(tiktoken.load, "read_file_cached", offline)
+    with pytest.raises(FileNotFoundError, match=r"^could not read tiktoken's GPT-2 file vocab.bpe \(no network\): "
+                                                r"offline, point TIKTOKEN_CACHE_DIR at a folder holding it$"):
+        hf.export_hf(str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"))
+    assert not (tmp_path / "hf").exists()
+
+
 def test_export_writes_the_gpt2_tokenizer(tmp_path):
     """GPT-2 BPE data: the export holds the GPT-2 tokenizer (from tiktoken's files), which encodes as
     data.py does; greedy generation in transformers matches model.generate. The checkpoint predates the
