@@ -58,6 +58,22 @@ def tiny_args(data_dir, out_dir, *extra):
             "--log_interval=1", "--timing_warmup=1", "--warmup_iters=2", *extra]
 
 
+def sigterm_in_step(monkeypatch, at):
+    """Make the run send itself SIGTERM as optimizer step `at` begins (optim.set_lr's call): train.py's handler only
+    sets a flag, so step `at` ends, then the stop's checkpoint is written. Returns the real set_lr, to put back."""
+    import signal
+
+    from speedgpt import optim
+    real = optim.set_lr
+
+    def signal_at(opt, step, *args):
+        if step == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(opt, step, *args)
+    monkeypatch.setattr(optim, "set_lr", signal_at)
+    return real
+
+
 def read_metrics(out_dir, running=False):
     """The records of out_dir/metrics.jsonl. running=True for a file another process may be writing now: its
     last line, half written, is left out (as a resume leaves out a line a crash cut short) instead of failing."""

@@ -11,7 +11,7 @@ import torch
 
 import train
 from configurator import help_text, load_config
-from conftest import ROOT, read_metrics, tiny_args
+from conftest import ROOT, read_metrics, sigterm_in_step, tiny_args
 from speedgpt import budget, optim
 from speedgpt.distributed import Proc
 
@@ -180,16 +180,9 @@ def test_a_signal_in_the_step_that_spends_the_budget_resumes_to_its_final_evalua
     """A SIGTERM during step 5, whose end spends the 6 s budget, saves step 6 before the final evaluation; the resume
     the stop's line asks for makes it (at 6 s, as the uninterrupted run's), where it used to say the budget was spent
     and end without the run's last val loss."""
-    import signal
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     done = train.main(budget_args(byte_data, whole))
-    real = optim.set_lr
-
-    def signal_at_5(opt, step, *args):
-        if step == 5:
-            os.kill(os.getpid(), signal.SIGTERM)     # the handler only sets the flag: step 5 ends, then the save
-        return real(opt, step, *args)
-    monkeypatch.setattr(optim, "set_lr", signal_at_5)
+    real = sigterm_in_step(monkeypatch, 5)
     fake_clock["calls"] = 0
     with pytest.raises(train.RunStopped, match="SIGTERM: stopped after step 5"):
         train.main(budget_args(byte_data, cut))

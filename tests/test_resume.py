@@ -2,7 +2,7 @@
 tests/test_configurator.py, the checkpoint files in tests/test_checkpoint.py, exact continuation in
 tests/test_train.py and tests/test_distributed.py.)"""
 import train
-from conftest import tiny_args
+from conftest import sigterm_in_step, tiny_args
 from speedgpt import resume
 
 
@@ -137,18 +137,10 @@ def test_a_run_stopped_by_a_signal_in_its_last_step_resumes_to_its_final_evaluat
     evaluation; the resume its line asks for makes that evaluation and checkpoint, as the uninterrupted run did,
     where it used to say the run was finished: its final val loss, ckpt_best.pt and summary.json never came."""
     import json
-    import os
-    import signal
     import pytest
     from speedgpt import checkpoint, optim
     done = train.main(tiny_args(byte_data, tmp_path / "a"))                  # max_iters=8, evaluated every 4
-    real = optim.set_lr
-
-    def signal_at_7(opt, step, *args):
-        if step == 7:
-            os.kill(os.getpid(), signal.SIGTERM)     # the handler only sets the flag: step 7 ends, then the save
-        return real(opt, step, *args)
-    monkeypatch.setattr(optim, "set_lr", signal_at_7)
+    real = sigterm_in_step(monkeypatch, 7)
     with pytest.raises(train.RunStopped, match="SIGTERM: stopped after step 7"):
         train.main(tiny_args(byte_data, tmp_path / "b"))
     monkeypatch.setattr(optim, "set_lr", real)

@@ -342,8 +342,8 @@ def test_a_scratch_run_that_writes_no_checkpoint_is_refused_over_a_run(byte_data
     run's records as its own history): refused in one line before anything there changes."""
     train.main(tiny_args(byte_data, tmp_path, "--max_iters=4"))
     before = {f: os.path.getmtime(tmp_path / f) for f in os.listdir(tmp_path)}
-    with pytest.raises(ValueError, match=r"holds a run, which --init_from=scratch replaces at its first checkpoint, but "
-                                         r"save_checkpoints=False writes none: .* another --out_dir"):
+    with pytest.raises(ValueError, match=r"holds a run, which --init_from=scratch replaces at its first checkpoint, "
+                                         r"but save_checkpoints=False writes none: .* another --out_dir"):
         train.main(tiny_args(byte_data, tmp_path, "--max_iters=4", "--init_from=scratch", "--save_checkpoints=False"))
     assert {f: os.path.getmtime(tmp_path / f) for f in os.listdir(tmp_path)} == before
     train.main(tiny_args(byte_data, tmp_path / "new", "--init_from=scratch", "--save_checkpoints=False"))
