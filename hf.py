@@ -227,8 +227,8 @@ def write_gpt2_tokenizer(to, transformers, blobs=None):
     """Write the GPT-2 tokenizer to folder `to`: vocab.json and merges.txt (tiktoken's cached GPT-2 BPE
     files, byte for byte the ones Hugging Face ships), then tokenizer.json and tokenizer_config.json as
     transformers writes them (`blobs`: gpt2_bpe_blobs(), read already). Offline this needs tiktoken's cache
-    ($TIKTOKEN_CACHE_DIR), as data.py does; raises FileNotFoundError in one line without it. Note: HF's tokenizer encodes a literal
-    "<|endoftext|>" in text as the special id 50256, where data.py encodes it as plain text."""
+    ($TIKTOKEN_CACHE_DIR), as data.py does; raises FileNotFoundError in one line without it. Note: HF's tokenizer
+    encodes a literal "<|endoftext|>" in text as the special id 50256, where data.py encodes it as plain text."""
     for filename, blob in (blobs or gpt2_bpe_blobs()).items():
         with open(os.path.join(to, filename), "wb") as f:
             f.write(blob)

@@ -523,7 +523,7 @@ def ints(text, flag):
     return values
 
 
-CPU_RUN_FLOP = 1e14     # a run's training FLOPs above which a CPU (memory.CPU_FLOP_PER_SEC) takes a quarter hour or more
+CPU_RUN_FLOP = 1e14     # a run's training FLOPs above which a CPU (memory.CPU_FLOP_PER_SEC) takes a quarter hour
 CPU_EXAMPLE = ("python benchmarks/time_to_target.py --target 4 --config '' --data_dir data/stdlib_byte --recipes adamw "
                "--batch_tokens 256 --lr_scales 1 --seeds 1 --tokens 20480 --eval_every 4096 "
                "--train_args=\"--n_layer=2 --n_head=2 --n_embd=64 --block_size=64 --batch_size=4\"")
