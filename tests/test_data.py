@@ -87,6 +87,13 @@ def test_text_field_and_max_tokens(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"d.jsonl:1: expected a JSON object with a 'text' field, got fields body: "
                                          r"name the documents' field with --text_field \(--text_field=body\?\)$"):
         data.prepare(str(tmp_path / "d.jsonl"), str(tmp_path / "x"), "byte", workers=1)
+    # a field named for plain text (one file, or the stdlib) did nothing, unsaid: refused before any tokenizing
+    (tmp_path / "plain.txt").write_text("a plain document")
+    for source in (str(tmp_path / "plain.txt"), None):
+        with pytest.raises(ValueError, match=r"^--text_field=body names the field of JSON lines, Parquet or a Hugging "
+                                             r"Face dataset: .* is plain text, one document per file; leave "):
+            data.prepare(source, str(tmp_path / "y"), "byte", workers=1, text_field="body")
+        assert not (tmp_path / "y").exists()
 
 
 def _signal_data_py(source, out, delay, signum):
