@@ -74,6 +74,21 @@ def sigterm_in_step(monkeypatch, at):
     return real
 
 
+def proc_stat(pid):
+    """(state, parent pid) of a process from Linux's /proc, or None where there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def children(pid):
+    """The pids whose parent is `pid`."""
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and (proc_stat(e) or (None, None))[1] == pid]
+
+
 def read_metrics(out_dir, running=False):
     """The records of out_dir/metrics.jsonl. running=True for a file another process may be writing now: its
     last line, half written, is left out (as a resume leaves out a line a crash cut short) instead of failing."""

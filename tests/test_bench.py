@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import bench
-from conftest import ROOT
+from conftest import ROOT, children, proc_stat
 
 
 NO_MATPLOTLIB = ("matplotlib is not installed (requirements-extra.txt): bench.py draws no bench.png, and "
@@ -374,23 +374,6 @@ def test_bench_chart_without_matplotlib_says_so(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "bench.png").exists()
 
 
-def proc_stat(pid):
-    """(state, parent pid) of a process from Linux's /proc, or None where there is none."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, ValueError, IndexError):
-        return None
-    return fields[0], int(fields[1])
-
-
-def children(pid):
-    """The pids whose parent is `pid`."""
-    return [int(e) for e in os.listdir("/proc") if e.isdigit() and (proc_stat(e) or (None, None))[1] == pid]
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_sigterm_stops_the_rung_under_way_too(tmp_path):
     """SIGTERM to bench.py alone (a scheduler, `timeout`) stops the train.py of the rung under way with it, instead
     of leaving it training with no parent, and bench.py ends in one line saying what it kept."""

@@ -1,0 +1,82 @@
+"""benchmarks/ab.py on the CPU: variants alternated round by round in fresh processes, one table; bad variants
+refused in one line before any run."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, children, proc_stat
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import ab  # noqa: E402
+
+TINY = ["--", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=64", "--batch_size=4", "--device=cpu"]
+
+
+def test_two_variants_alternate_and_print_one_table(byte_data, tmp_path):
+    out = tmp_path / "ab"
+    proc = subprocess.run([sys.executable, "benchmarks/ab.py", "--config=", "--steps=2", "--warmup=1", "--rounds=2",
+                           f"--out={out}", "a=", "b=--n_embd=48", *TINY, f"--data_dir={byte_data}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in open(out / "rows.jsonl")]
+    assert [(r["variant"], r["round"]) for r in rows] == [("a", 1), ("b", 1), ("b", 2), ("a", 2)]   # B A: reversed
+    assert all("--total_batch_size=0" in r["command"] and "--max_iters=3" in r["command"] for r in rows)
+    assert "--n_embd=48" in rows[1]["command"] and "--n_embd=48" not in rows[0]["command"]
+    table = proc.stdout.split("\n\n")[-1].strip().splitlines()
+    assert table[0].startswith("| variant | tok/s, each round | mean | spread | against a |") and len(table) == 4
+    tps = {r["variant"]: [x["tokens_per_sec"] for x in rows if x["variant"] == r["variant"]] for r in rows}
+    assert table[2].startswith(f"| a | {tps['a'][0]:,.0f} / {tps['a'][1]:,.0f} | ") and "| 1.000x |" in table[2]
+    ratio = (tps["b"][0] + tps["b"][1]) / (tps["a"][0] + tps["a"][1])
+    assert f"| {ratio:.3f}x |" in table[3]
+    assert (out / "ab.md").read_text().strip().splitlines() == table
+
+
+@pytest.mark.parametrize("given, said", [
+    (["a="], "1 variant given: compare two or more"),
+    (["a=", "a=--n_layer=3"], "variant name 'a' given twice"),
+    (["a", "b="], "variant 'a': give NAME=FLAGS"),
+    (["a=", "b=--max_iters=9"], "b: ab.py sets max_iters itself on every run"),
+    (["a=", "b=", "--", "--out_dir=x"], "after --: ab.py sets out_dir itself"),
+    (["a=", "b=--n_layr=3"], "variant b: unknown config key 'n_layr'"),
+    (["--steps=0", "a=", "b="], "--steps 0 (at least 1)"),
+    (["a=", "b=--fp8=True", *TINY], "variant b: fp8=True needs a GPU"),       # train.py's refusal, before a's run
+])
+def test_a_bad_comparison_is_one_line_before_any_run(given, said, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        ab.main(["--config=", f"--out={tmp_path / 'ab'}", *given])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and said in err and err.count("\n") == 1, err
+    assert not (tmp_path / "ab").exists()
+
+
+def test_sigterm_stops_the_run_under_way_in_one_line(byte_data, tmp_path):
+    """SIGTERM to ab.py (a scheduler, `timeout`) stops the train.py under way with it, and ab.py exits 143 in one
+    line naming what it kept."""
+    import signal
+    import time
+    out = tmp_path / "ab"
+    ab_proc = subprocess.Popen([sys.executable, "benchmarks/ab.py", "--config=", "--steps=5000", "--warmup=1",
+                                f"--out={out}", "a=", "b=", *TINY, f"--data_dir={byte_data}"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, run = time.time() + 120, []
+    while not run and time.time() < deadline and ab_proc.poll() is None:
+        time.sleep(0.2)
+        run = children(ab_proc.pid)
+    try:
+        assert run, "no run started"
+        ab_proc.send_signal(signal.SIGTERM)
+        _, err = ab_proc.communicate(timeout=60)
+        assert ab_proc.returncode == 128 + signal.SIGTERM and err.strip().splitlines()[-1] == \
+            f"ab.py: stopped; the finished runs are in {out / 'rows.jsonl'}", err[-2000:]
+        time.sleep(0.5)
+        assert not [pid for pid in run if (proc_stat(pid) or ("Z",))[0] != "Z"], "the run outlived ab.py"
+    finally:
+        ab_proc.kill()
+        for pid in children(ab_proc.pid) + run:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
