@@ -466,6 +466,12 @@ def load_config(argv, with_explicit=False):
                 values.pop(key, None)
                 explicit.discard(key)
     cfg = Config(**nanogpt.resolve(values, defaults))
+    idle = [k for k in ("wandb_project", "wandb_run_name")          # a name given, other than the default
+            if setter.get(k) == len(files) and getattr(cfg, k) != defaults[k]] if not cfg.wandb_log else []
+    if idle:                         # a config file's may stand unused (nanoGPT's set them beside wandb_log=False)
+        raise ValueError(f"{' and '.join(f'--{k}' for k in idle)} name{'s' if len(idle) == 1 else ''} the W&B run, "
+                         "but wandb_log=False logs none: add --wandb_log=True, or leave "
+                         f"{'it' if len(idle) == 1 else 'them'} out")
     nanogpt.check_eval_only(cfg, {k: v[0] for k, v in theirs_set.items()})
     positive = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_interval", "log_interval",
                 "keep_checkpoints")                    # a feature's own keys: its check (speedgpt/features/)

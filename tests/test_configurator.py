@@ -49,7 +49,7 @@ def test_a_value_that_starts_with_dashes_is_never_swallowed():
         configurator.load_config(["--out_dir", "--n_layer=2"])
     with pytest.raises(ValueError, match="^--config needs a file path"):
         configurator.load_config(["--config", "--n_layer=2"])
-    assert configurator.load_config(["--wandb_run_name=--x"]).wandb_run_name == "--x"   # the = form says it is one
+    assert configurator.load_config(["--out_dir=--x"]).out_dir == "--x"   # the = form says it is one
     with pytest.raises(ValueError, match=r"^cannot parse argument 'n_layer=2': use --key=value or --key value "
                                          r"\(a config file: --config FILE or FILE.py\)$"):
         configurator.load_config(["n_layer=2"])
@@ -546,3 +546,14 @@ def test_a_block_flag_with_gpt2_weights_is_refused(tmp_path):
     with pytest.raises(ValueError, match="loads GPT-2's blocks"):
         configurator.load_config(["--config", "config/fast.py", "--config", "config/speedrun.py", "--init_from=gpt2"])
     assert configurator.load_config(["--rope=True"]).rope                      # from scratch: any block
+
+
+def test_a_wandb_name_without_wandb_log_is_refused_on_the_command_line():
+    """--wandb_project=y --wandb_run_name=x without wandb_log trained with both doing nothing, unsaid. Given on the
+    command line they are refused in one line; a config file's (nanoGPT's set them beside wandb_log=False) stay."""
+    with pytest.raises(ValueError, match=r"^--wandb_project and --wandb_run_name name the W&B run, but "
+                                         r"wandb_log=False logs none: add --wandb_log=True, or leave them out$"):
+        configurator.load_config(["--wandb_project=y", "--wandb_run_name=x"])
+    with pytest.raises(ValueError, match=r"^--wandb_run_name names the W&B run"):
+        configurator.load_config(["--wandb_log=False", "--wandb_run_name=x"])
+    assert configurator.load_config(["--wandb_log=True", "--wandb_run_name=x"]).wandb_run_name == "x"
