@@ -365,6 +365,8 @@ def main(argv=None):
         parser.error("hf.py needs a command: export (python hf.py export --out_dir=out writes out/hf); to fine-tune "
                      f"from GPT-2, train.py takes --init_from=gpt2 (or {', '.join(HF_GPT2[1:])}, a Hugging Face "
                      "folder)")
+    if args.to == "":                         # else the default folder, unsaid, where the user named one
+        parser.error("--to is empty: give the folder to write, or leave --to out for OUT_DIR/hf")
     path = checkpoint_file(args.out_dir)
     # each checkpoint file its own default folder: a kept step's export never replaces ckpt.pt's (out/hf)
     stem = os.path.splitext(os.path.basename(path))[0]

@@ -172,6 +172,10 @@ def no_checkpoint(out_dir):
         kept = newest_kept(out_dir)
         if kept:
             return f"no checkpoint at {path}, but the folder keeps {kept[0]}: name one, --out_dir={kept[1]}"
+        if os.path.isfile(os.path.join(out_dir, "config.json")) and not os.path.isfile(os.path.join(out_dir,
+                                                                                            "metrics.jsonl")):
+            return (f"no checkpoint at {path}: {out_dir} holds a Hugging Face model (config.json, as hf.py export "
+                    f"writes): read it with --init_from={out_dir}")
         return f"no checkpoint at {path}: train first (python train.py --out_dir={out_dir})"
     kept = ", ".join(str(s) for s in sorted(saved_steps(os.path.dirname(path) or ".")))
     return f"no checkpoint at {path}: " + (f"its folder keeps the steps {kept}" if kept else "its folder keeps no step")

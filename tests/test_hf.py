@@ -273,6 +273,27 @@ def test_hf_without_a_command_names_export(capsys):
         "GPT-2, train.py takes --init_from=gpt2 (or gpt2-medium, gpt2-large, gpt2-xl, a Hugging Face folder)\n")
 
 
+def test_sampling_or_scoring_a_hugging_face_folder_by_out_dir_names_init_from(hf_dir, capsys):
+    """eval.py / sample.py --out_dir=<an exported Hugging Face folder> said "train first"; the folder is a model to
+    read with --init_from, and the line says so."""
+    import eval as eval_script
+    from speedgpt.checkpoint import no_checkpoint
+    said = (f"no checkpoint at {os.path.join(hf_dir, 'ckpt.pt')}: {hf_dir} holds a Hugging Face model (config.json, "
+            f"as hf.py export writes): read it with --init_from={hf_dir}")
+    assert no_checkpoint(str(hf_dir)) == said
+    with pytest.raises(SystemExit) as e:
+        eval_script.main([f"--out_dir={hf_dir}", "--device=cpu"])
+    assert said in capsys.readouterr().err and e.value.code == 1
+
+
+def test_an_empty_to_is_one_line(tmp_path, capsys):
+    """--to= (empty) exported to the default folder, unsaid, where data.py refuses an empty --out."""
+    with pytest.raises(SystemExit) as e:
+        hf.main(["export", f"--out_dir={tmp_path}", "--to="])
+    assert e.value.code == 2 and capsys.readouterr().err == \
+        "error: --to is empty: give the folder to write, or leave --to out for OUT_DIR/hf\n"
+
+
 def test_an_export_without_the_tokenizers_files_writes_nothing(tmp_path, monkeypatch):
     """Offline without tiktoken's cache, exporting a GPT-2-token run wrote config.json and model.safetensors, then
     failed on the tokenizer: a model without its tokenizer (or beside an earlier export's). The files are read
