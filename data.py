@@ -91,10 +91,9 @@ def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, wor
                          "inside an input folder is skipped, never read as documents)")
     if input_path is None and encoding != "utf-8":
         raise ValueError(f"--encoding={encoding} is for --input: the stdlib sources are read as utf-8:replace")
-    if text_field != "text" and (input_path is None or os.path.isfile(input_path) and
-                                 corpus.file_kind(input_path)[0] not in corpus.READERS):
+    if text_field != "text" and not corpus.holds_records(input_path):
         raise ValueError(f"--text_field={text_field} names the field of JSON lines, Parquet or a Hugging Face "
-                         f"dataset: {source} is plain text, one document per file; leave --text_field out")
+                         f"dataset: {source} holds plain text alone, one document per file; leave --text_field out")
     report = corpus.Report(encoding=encoding)
     docs = corpus.iter_texts(input_path, text_field, report)
     first = next(docs, None)         # a bad input fails here, before out_dir is touched

@@ -243,6 +243,29 @@ def _folder(path, text_field, report):
             yield from _hf_dataset(os.path.join(root, d), text_field, report)
 
 
+def holds_records(path):
+    """Whether `path` (iter_texts') holds a document with fields, which text_field names: a file READERS takes, a
+    Hugging Face dataset (hf:NAME, or a saved one), or a folder with either inside, found as _folder walks it.
+    False for the stdlib (None) and plain text; True where it cannot tell (iter_texts then says what is wrong)."""
+    if path is None:
+        return False
+    try:
+        if path.startswith("hf:") or os.path.isdir(path) and _is_saved_dataset(path):
+            return True
+        if not os.path.isdir(path):
+            return file_kind(path)[0] in READERS
+        seen = {os.path.realpath(path)}
+        for root, dirs, files in os.walk(path, followlinks=True):
+            dirs[:] = [d for d in sorted(dirs) if not d.startswith(".") and not _prepared(os.path.join(root, d))
+                       and _first_visit(os.path.join(root, d), seen)]
+            if any(_is_saved_dataset(os.path.join(root, d)) for d in dirs) or \
+                    any(not f.startswith(".") and file_kind(os.path.join(root, f))[0] in READERS for f in files):
+                return True
+    except (OSError, ValueError):
+        return True
+    return False
+
+
 def compression(path):
     """'gzip', 'zstd' or None for the file at `path`, from its first bytes."""
     with open(path, "rb") as f:

@@ -88,12 +88,16 @@ def test_text_field_and_max_tokens(tmp_path, capsys):
                                          r"name the documents' field with --text_field \(--text_field=body\?\)$"):
         data.prepare(str(tmp_path / "d.jsonl"), str(tmp_path / "x"), "byte", workers=1)
     # a field named for plain text (one file, or the stdlib) did nothing, unsaid: refused before any tokenizing
-    (tmp_path / "plain.txt").write_text("a plain document")
-    for source in (str(tmp_path / "plain.txt"), None):
+    (tmp_path / "txt" / "sub").mkdir(parents=True)
+    (tmp_path / "txt" / "sub" / "plain.txt").write_text("a plain document")
+    for source in (str(tmp_path / "txt" / "sub" / "plain.txt"), str(tmp_path / "txt"), None):
         with pytest.raises(ValueError, match=r"^--text_field=body names the field of JSON lines, Parquet or a Hugging "
-                                             r"Face dataset: .* is plain text, one document per file; leave "):
+                                             r"Face dataset: .* holds plain text alone, one document per file; leave"):
             data.prepare(source, str(tmp_path / "y"), "byte", workers=1, text_field="body")
         assert not (tmp_path / "y").exists()
+    os.replace(tmp_path / "d.jsonl", tmp_path / "txt" / "sub" / "d.jsonl")     # a record file inside: taken
+    assert data.prepare(str(tmp_path / "txt"), str(tmp_path / "y"), "byte", val_frac=0.0, workers=1,
+                        text_field="body")["train_docs"] == 101
 
 
 def _signal_data_py(source, out, delay, signum):
