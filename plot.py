@@ -112,12 +112,15 @@ def main(argv=None):
     if os.path.splitext(args.out)[1].lstrip(".").lower() not in kinds:     # savefig would guess or raise
         parser.error(f"--out {args.out}: give a file ending in .png (or .{', .'.join(k for k in kinds if k != 'png')})")
     fig = figure(runs, args.log_step)
+    from speedgpt.shards import describe_os_error, folder_creation_error
     try:
         if os.path.dirname(args.out):
             os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    except OSError as e:                 # a file in the way says so ("File exists" did not say which)
+        parser.error(f"--out {args.out}: {folder_creation_error(os.path.dirname(args.out), e, '--out')}")
+    try:
         fig.savefig(args.out, dpi=100)
     except OSError as e:
-        from speedgpt.shards import describe_os_error
         parser.error(f"--out {args.out}: cannot write it ({describe_os_error(e)}): choose another --out")
     print(f"wrote {args.out}: {', '.join(runs)}")
     return args.out

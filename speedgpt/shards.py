@@ -228,7 +228,7 @@ def folder_creation_error(folder, e, flag, near=None):
     names the folder the user chose by `flag` (never a temp folder beside it), where and why it failed in
     words (`near`: by default the deepest part of its path that exists), and the way out. A folder that exists
     is said to be not writable: data.py's preparation writes beside it (its temp folder) and replaces it."""
-    near = near or os.path.dirname(os.path.abspath(folder))
+    near = near or (folder if os.path.isfile(folder) else os.path.dirname(os.path.abspath(folder)))  # a file there
     while not os.path.exists(near):          # the deepest part of the path that exists: where mkdir failed
         near = os.path.dirname(near)
     if not os.path.isdir(near):

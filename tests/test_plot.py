@@ -127,6 +127,11 @@ def test_plot_refuses_an_out_it_cannot_write(tmp_path, capsys):
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith(f"error: --out {tmp_path / out}: give a file ending in .png")
     assert list(tmp_path.iterdir()) == [good]
+    (tmp_path / "notes.md").write_text("a file")       # --out notes.md/x.png said "File exists", naming no file
+    with pytest.raises(SystemExit) as e:
+        plot.main([str(good), "--out", str(tmp_path / "notes.md" / "x.png")])
+    assert e.value.code == 2 and f"{tmp_path / 'notes.md'} is a file, not a folder; choose another --out" in \
+        capsys.readouterr().err
 
 
 def test_plot_without_matplotlib_says_how_to_install(tmp_path):
