@@ -89,6 +89,32 @@ def children(pid):
     return [int(e) for e in os.listdir("/proc") if e.isdigit() and (proc_stat(e) or (None, None))[1] == pid]
 
 
+def sigterm_once_a_child_runs(cmd):
+    """Start `cmd` (a script that runs train.py processes) from ROOT, send it SIGTERM once its first child runs,
+    and return (its exit status, its stderr, the children that outlived it). Nothing of it is left running."""
+    import signal
+    import subprocess
+    import time
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, child = time.time() + 120, []
+    while not child and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        child = children(proc.pid)
+    try:
+        assert child, "no child started"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        time.sleep(0.5)
+        return proc.returncode, err, [pid for pid in child if (proc_stat(pid) or ("Z",))[0] != "Z"]  # zombies: dead
+    finally:                                # nothing of the test left training
+        proc.kill()
+        for pid in children(proc.pid) + child:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def read_metrics(out_dir, running=False):
     """The records of out_dir/metrics.jsonl. running=True for a file another process may be writing now: its
     last line, half written, is left out (as a resume leaves out a line a crash cut short) instead of failing."""

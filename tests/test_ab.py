@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, children, proc_stat
+from conftest import ROOT, sigterm_once_a_child_runs
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import ab  # noqa: E402
@@ -55,28 +55,10 @@ def test_a_bad_comparison_is_one_line_before_any_run(given, said, tmp_path, caps
 def test_sigterm_stops_the_run_under_way_in_one_line(byte_data, tmp_path):
     """SIGTERM to ab.py (a scheduler, `timeout`) stops the train.py under way with it, and ab.py exits 143 in one
     line naming what it kept."""
-    import signal
-    import time
     out = tmp_path / "ab"
-    ab_proc = subprocess.Popen([sys.executable, "benchmarks/ab.py", "--config=", "--steps=5000", "--warmup=1",
-                                f"--out={out}", "a=", "b=", *TINY, f"--data_dir={byte_data}"],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline, run = time.time() + 120, []
-    while not run and time.time() < deadline and ab_proc.poll() is None:
-        time.sleep(0.2)
-        run = children(ab_proc.pid)
-    try:
-        assert run, "no run started"
-        ab_proc.send_signal(signal.SIGTERM)
-        _, err = ab_proc.communicate(timeout=60)
-        assert ab_proc.returncode == 128 + signal.SIGTERM and err.strip().splitlines()[-1] == \
-            f"ab.py: stopped; the finished runs are in {out / 'rows.jsonl'}", err[-2000:]
-        time.sleep(0.5)
-        assert not [pid for pid in run if (proc_stat(pid) or ("Z",))[0] != "Z"], "the run outlived ab.py"
-    finally:
-        ab_proc.kill()
-        for pid in children(ab_proc.pid) + run:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+    code, err, alive = sigterm_once_a_child_runs([sys.executable, "benchmarks/ab.py", "--config=", "--steps=5000",
+                                                  "--warmup=1", f"--out={out}", "a=", "b=", *TINY,
+                                                  f"--data_dir={byte_data}"])
+    assert code == 143 and err.strip().splitlines()[-1] == \
+        f"ab.py: stopped; the finished runs are in {out / 'rows.jsonl'}", err[-2000:]
+    assert not alive, "the run outlived ab.py"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import bench
-from conftest import ROOT, children, proc_stat
+from conftest import ROOT, sigterm_once_a_child_runs
 
 
 NO_MATPLOTLIB = ("matplotlib is not installed (requirements-extra.txt): bench.py draws no bench.png, and "
@@ -377,32 +377,13 @@ def test_bench_chart_without_matplotlib_says_so(tmp_path, monkeypatch, capsys):
 def test_sigterm_stops_the_rung_under_way_too(tmp_path):
     """SIGTERM to bench.py alone (a scheduler, `timeout`) stops the train.py of the rung under way with it, instead
     of leaving it training with no parent, and bench.py ends in one line saying what it kept."""
-    import signal
-    import time
     cmd = [sys.executable, "bench.py", "--steps", "500", "--no_loo", "--batch_size", "4", "--out", str(tmp_path / "b"),
            "--", "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64"]
-    bench_proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline, rung = time.time() + 120, []
-    while not rung and time.time() < deadline and bench_proc.poll() is None:
-        time.sleep(0.2)
-        rung = children(bench_proc.pid)
-    try:
-        assert rung, "no rung started"
-        bench_proc.send_signal(signal.SIGTERM)
-        _, err = bench_proc.communicate(timeout=60)
-        assert bench_proc.returncode == 128 + signal.SIGTERM and err.strip().splitlines()[-1].startswith(
-            f"stopped (SIGTERM): the rung under way was stopped; the rungs that finished are in "
-            f"{tmp_path / 'b' / 'rows.jsonl'}"), err[-2000:]
-        time.sleep(0.5)
-        alive = [pid for pid in rung if (proc_stat(pid) or ("Z",))[0] != "Z"]         # a zombie is dead
-        assert not alive, "the rung's train.py outlived bench.py"
-    finally:                                # nothing of the test left training
-        bench_proc.kill()
-        for pid in children(bench_proc.pid) + rung:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+    code, err, alive = sigterm_once_a_child_runs(cmd)
+    assert code == 143 and err.strip().splitlines()[-1].startswith(
+        f"stopped (SIGTERM): the rung under way was stopped; the rungs that finished are in "
+        f"{tmp_path / 'b' / 'rows.jsonl'}"), err[-2000:]
+    assert not alive, "the rung's train.py outlived bench.py"
 
 
 def test_resume_with_nothing_to_take_says_so(tmp_path, capsys):
