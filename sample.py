@@ -26,6 +26,7 @@ from configurator import HF_GPT2, FlagParser, seed
 from model import GPT, GPTConfig
 from speedgpt.checkpoint import checkpoint_file, load_checkpoint, load_weights, no_checkpoint
 from speedgpt.corpus import get_tokenizer, tokenizer_for
+from speedgpt.distributed import device_problem
 
 TOKENIZER_OF_VOCAB = {50257: "gpt2", 257: "byte"}        # a Hugging Face model's vocabulary -> our tokenizer
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -148,10 +149,8 @@ def main(argv=None):
         args.device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):
         parser.error(f"--device must be auto, cpu, cuda, cuda:N or mps, got {args.device!r}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: no CUDA GPU is available (sample on the CPU: --device cpu)")
-    if args.device == "mps" and not torch.backends.mps.is_available():
-        parser.error("--device mps: Apple's MPS backend is not available here (sample on the CPU: --device cpu)")
+    if device_problem(args.device):
+        parser.error(f"--device {args.device}: {device_problem(args.device)} (sample on the CPU: --device cpu)")
     if args.start == "FILE:":
         parser.error("--start=FILE: names no file: give the prompt file after it (--start=FILE:prompt.txt)")
     if args.start.startswith("FILE:") and not os.path.isfile(args.start[5:]):

@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import FlagParser              # noqa: E402
 from model import GPT, GPTConfig                 # noqa: E402
 from sample import whole                         # noqa: E402
+from speedgpt.distributed import device_problem  # noqa: E402
 
 SHAPE = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")       # a new model's; a checkpoint has its own
 
@@ -84,10 +85,8 @@ def main(argv=None):
         p.error(f"--n_embd {args.n_embd} must be a multiple of --n_head {args.n_head} (the head size)")
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):
         p.error(f"--device must be cpu, cuda, cuda:N or mps, got {args.device!r}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error(f"--device {args.device}: no CUDA GPU is available (time the CPU: --device cpu)")
-    if args.device == "mps" and not torch.backends.mps.is_available():
-        p.error("--device mps: Apple's MPS backend is not available here (time the CPU: --device cpu)")
+    if device_problem(args.device):
+        p.error(f"--device {args.device}: {device_problem(args.device)} (time the CPU: --device cpu)")
     model = build_model(args)
     c = model.config
     g = torch.Generator().manual_seed(1)

@@ -41,6 +41,16 @@ class Proc:
         return self.rank == 0
 
 
+def device_problem(device):
+    """Why `device` (cpu, cuda, cuda:N or mps: a script's --device, its form checked by the caller) cannot run on
+    this machine, in words, or None."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return "no CUDA GPU is available"
+    if device == "mps" and not torch.backends.mps.is_available():
+        return "Apple's MPS backend is not available here"
+    return None
+
+
 def setup_processes(cfg):
     """Rank, world size and device; the process group when several processes run (torchrun sets
     WORLD_SIZE, RANK, LOCAL_RANK): NCCL with GPU LOCAL_RANK each, or gloo on the CPU. One process
