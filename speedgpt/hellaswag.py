@@ -111,6 +111,9 @@ def fetch(path, proc):
     if path:
         if os.path.isdir(path):
             raise FileNotFoundError(f"hellaswag_path={path!r} is a folder: name HellaSwag's jsonl file in it")
+        if os.path.exists(path) and not os.path.isfile(path):      # /dev/null, a pipe: nothing to read examples from
+            raise FileNotFoundError(f"hellaswag_path={path!r} is not a regular file: name HellaSwag's jsonl file, or "
+                                    f"leave hellaswag_path empty to download it to {CACHE}")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"hellaswag_path={path!r}: no such file; leave hellaswag_path empty to download "
                                     f"HellaSwag's validation set to {CACHE} (train.py: or --hellaswag=off)")

@@ -20,6 +20,8 @@ from speedgpt.corpus import get_tokenizer
 @pytest.mark.parametrize("args, error", [
     (["--out_dir={tmp}/nothing"], "error: no checkpoint at {tmp}/nothing/ckpt.pt: train first"),
     (["--init_from={hf}", "--hellaswag_path={tmp}/no.jsonl"], "error: hellaswag_path='{tmp}/no.jsonl': no such file"),
+    (["--init_from={hf}", "--hellaswag_path=/dev/null"], "error: hellaswag_path='/dev/null' is not a regular file: "
+     "name HellaSwag's jsonl file, or leave hellaswag_path empty to download it to data/hellaswag/hellaswag_val.jsonl"),
     (["--init_from={hf}", "--examples=-1"], "error: --examples must be >= 0 (0: all), got -1\n"),
     (["--init_from={hf}", "--batch_size=0"], "error: --batch_size must be >= 1 (examples per forward), got 0\n"),
     (["--init_from={tmp}/none", f"--hellaswag_path={FIXTURE}"], "error: --init_from '{tmp}/none': no such folder "
