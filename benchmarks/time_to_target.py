@@ -513,6 +513,20 @@ def edges(args, chosen):
     return out
 
 
+def inside_warmup(args, runs):
+    """Lines for each --minutes run whose budget ended inside its warm-up (train.py says it in the run's log alone):
+    its learning rate never reached its peak, so its loss says little of its recipe."""
+    out = []
+    for r in runs if args.minutes else []:
+        warmup, last = round(args.warmup_frac * (args.tokens // r["batch_tokens"])), r["evals"][-1][0]
+        if last < warmup:
+            out.append(f"note: {r['recipe']}{', ' + r['block'] if r.get('block') else ''}, {r['batch_tokens']:,} "
+                       f"tokens per step, lr x{r['lr_scale']:g}, seed {r['seed']}: its {args.minutes:g} minutes ended "
+                       f"at step {last:,}, inside its warm-up ({warmup:,} steps): the learning rate never reached its "
+                       "peak; give a smaller --warmup_frac (or --tokens, its scale) or more --minutes")
+    return out
+
+
 def ints(text, flag):
     try:
         values = list(dict.fromkeys(int(v) for v in text.split(",") if v.strip()))
@@ -747,12 +761,16 @@ def main(argv=None):
             sys.exit(f"error: nanoGPT's train.py made no evaluation: {error_line(log)} (log: {log})")
         nanogpt = result("nanoGPT train.py", {}, None, curve, args.target, None)
     rows = final_rows(seeded, nanogpt)
+    # each run once: a recipe's first seed ran in the sweep; a block's did not
+    ours = [*swept, *(r for rs in seeded.values() for r in (rs if rs[0].get("block") else rs[1:]))]
+    runs = [*ours, *([nanogpt] if nanogpt else [])]
     length = f"{args.minutes:g} minutes of training" if args.minutes else f"{args.tokens:,} tokens"
     pick = "the lowest final val loss" if args.minutes else "the fewest seconds to the target"
     reused = [f"{store.reused} of the runs taken from {store.path} (--resume: the same flags, data, code and device)", ""] \
         if store.reused else []
     lines = [f"The sweep at seed {args.seeds[0]}: every run {length}, evaluated every {args.eval_every:,} tokens on "
-             f"the whole val split of {data_dir}", "", *sweep_table(swept), "", *edges(args, chosen), *reused,
+             f"the whole val split of {data_dir}", "", *sweep_table(swept), "", *edges(args, chosen),
+             *inside_warmup(args, ours), *reused,
              f"Target val loss {args.target:.4f}, fixed before the runs; each recipe at its best setting of the sweep "
              f"({pick}), seeds {', '.join(map(str, args.seeds))}; every run {length}; seconds of training (compile "
              "apart, its own column); mean ± sd" + ("; 'recipe, block': that setting with the block of --blocks "
@@ -761,8 +779,6 @@ def main(argv=None):
                                                     if args.blocks else ""), "", *table(rows)]
     with open(os.path.join(args.out, "time_to_target.json"), "w") as f:      # the numbers behind both tables
         keys = ("step", "val_loss", "tokens", "train_seconds")
-        runs = [*swept, *(r for rs in seeded.values() for r in (rs if rs[0].get("block") else rs[1:])),
-                *([nanogpt] if nanogpt else [])]     # a recipe's first seed ran in the sweep; a block's did not
         json.dump({"target": args.target, "tokens": args.tokens, "minutes": args.minutes or None,
                    "eval_every": args.eval_every, "seeds": args.seeds, "table": rows,
                    "sweep": [{k: v for k, v in r.items() if k != "evals"} for r in swept],

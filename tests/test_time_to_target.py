@@ -56,6 +56,18 @@ def test_the_best_setting_reaches_the_target_soonest_else_has_the_lowest_final_l
     assert ttt.best(never) is never[1]                                # none reached it: the lowest final loss
 
 
+def test_a_minutes_run_that_ends_inside_its_warmup_is_named_beside_the_tables():
+    """train.py says it in the run's log alone; the tables would show its loss as its recipe's."""
+    args = types.SimpleNamespace(minutes=0.5, tokens=2560, warmup_frac=0.2)       # 512 per step: 5 steps, 1 warm-up
+    short, long = row("adamw", 256, 1, 1, final=4.0), row("muon", 512, 2, 3, final=3.0)   # at 256: 2 warm-up steps
+    short["evals"] = [(0, 5.0, 0, 0.0), (1, 4.0, 256, 30.0)]
+    assert ttt.inside_warmup(args, [short, long]) == [
+        "note: adamw, 256 tokens per step, lr x1, seed 1: its 0.5 minutes ended at step 1, inside its warm-up (2 "
+        "steps): the learning rate never reached its peak; give a smaller --warmup_frac (or --tokens, its scale) or "
+        "more --minutes"]
+    assert ttt.inside_warmup(types.SimpleNamespace(minutes=0.0, tokens=2560, warmup_frac=0.2), [short]) == []
+
+
 def test_the_protocol_sweeps_picks_each_recipes_best_runs_its_seeds_and_prints_one_table_last(byte_data, tmp_path,
                                                                                               monkeypatch, capsys):
     """On made-up runs (train_run replaced): the sweep at the first seed, the best setting of each recipe at every
