@@ -272,6 +272,10 @@ def prepared_folder(out_dir):
     if os.path.commonpath([os.path.realpath(os.getcwd()), out_dir]) == out_dir:
         raise ValueError(f"output {shown} is the current folder or holds it, and a preparation replaces it with a "
                          "new folder: run data.py from its parent with --out NAME")
+    # the replacement is a rename of out_dir, which a mount point refuses (EBUSY) once the whole preparation is done
+    if os.path.ismount(out_dir):
+        raise ValueError(f"output {shown} is a mount point, and a preparation replaces its folder by a rename, which "
+                         f"a mount point refuses: choose a folder inside it (--out {os.path.join(shown, 'NAME')})")
     if os.path.isdir(out_dir):
         foreign = sorted(n for n in os.listdir(out_dir) if not OUR_FILE.fullmatch(n))
         if foreign:

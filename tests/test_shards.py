@@ -295,3 +295,19 @@ def test_a_second_preparation_into_the_same_folder_waits_for_none_and_breaks_non
     with prepared_folder(str(out)):
         pass
     assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_a_mount_point_as_out_is_refused_before_any_work(tmp_path, monkeypatch):
+    """The preparation ends by renaming the new folder over out_dir, which a mount point refuses (EBUSY): found
+    only after the whole corpus was tokenized. Now refused first, naming a folder inside it."""
+    from speedgpt.shards import prepared_folder
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    real = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: os.fspath(p) == str(mount) or real(p))
+    with pytest.raises(ValueError, match=re.escape(f"output {mount} is a mount point, and a preparation replaces its "
+                                                   "folder by a rename, which a mount point refuses: choose a folder "
+                                                   f"inside it (--out {mount}/NAME)")):
+        with prepared_folder(str(mount)):
+            raise AssertionError("prepared into a mount point")
+    assert os.listdir(tmp_path) == ["disk"]
