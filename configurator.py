@@ -389,6 +389,10 @@ def load_config(argv, with_explicit=False):
             raise ValueError(_unknown(key, "command line"))
         else:
             overrides.append((key, "True" if raw is None else raw))     # a bare bool flag: True
+    for key in dict.fromkeys(k for k, _ in overrides):    # a flag twice (an edited command line): the last one wins
+        raws = [r for k, r in overrides if k == key]
+        if len(set(raws)) > 1:
+            warnings.warn(f"--{key} is given {len(raws)} times ({', '.join(raws)}): the last, {raws[-1]}, is used")
     values, setter = {}, {}          # setter: key -> the source that set it last (files in order, then overrides)
     theirs, given = None, set()      # the first config file of nanoGPT's; every key set, nanoGPT's too
     placed, theirs_set = {}, {}      # our key -> [(a key that set it, its value, where)]; nanoGPT's keys read

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -29,6 +30,16 @@ def test_both_forms_give_the_same_config():
                                       "--out_dir", "o", "--min_lr", "-0.0", "--wandb_run_name", ""])
     assert eq == space
     assert (eq.n_layer, eq.compile, eq.out_dir, eq.n_embd) == (2, False, "o", 768)   # n_embd: config/fast.py's
+
+
+def test_a_flag_given_twice_with_two_values_takes_the_last_and_says_so():
+    with pytest.warns(UserWarning, match=r"^--learning_rate is given 3 times \(1e-3, 2e-3, 1e-3\): the last, 1e-3, "
+                                         r"is used$"):
+        cfg = configurator.load_config(["--learning_rate=1e-3", "--learning_rate", "2e-3", "--learning_rate=1e-3"])
+    assert cfg.learning_rate == 1e-3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                   # the same value twice, or once: nothing to say
+        assert configurator.load_config(["--compile", "--compile=True", "--n_layer=2"]).compile
 
 
 def test_a_bare_bool_is_true_and_only_a_bool_may_be_bare():
