@@ -56,7 +56,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from configurator import GPT2_BLOCKS  # noqa: E402
+import configurator  # noqa: E402
 from speedgpt.corpus import sigterm_as_interrupt  # noqa: E402
 from speedgpt.measure import append_record, error_line, read_records  # noqa: E402
 # each recipe: the config laid over --config, and the peak learning rate its sweep scales
@@ -239,7 +239,7 @@ BLOCKS["modern"] = [flag for flags in BLOCKS.values() for flag in flags]
 # untied ended higher than GPT-2's block alone, BENCHMARKS.md)
 BLOCKS.update({f"modern-{name}": [flag for other, flags in BLOCKS.items() if other not in (name, "modern")
                                   for flag in flags] for name in list(BLOCKS)[:-1]})
-BLOCK_KEYS = (*GPT2_BLOCKS, "activation")      # the model flags of BLOCKS: GPT-2's value is its block's
+BLOCK_KEYS = (*configurator.GPT2_BLOCKS, "activation")      # the model flags of BLOCKS: GPT-2's value is its block's
 OWN_KEYS = ("config", "data_dir", "out_dir", "max_iters", "lr_decay_iters", "warmup_iters", "seed", "eval_interval",
             "eval_tokens", "save_checkpoints", "hellaswag", "total_batch_size", "time_budget", "target_val_loss")
 
@@ -284,7 +284,11 @@ def train_argv(args, recipe, setting, seed, data_dir, out_dir):
     steps = args.tokens // batch
     length = ([f"--max_iters={MAX_STEPS}", f"--time_budget={args.minutes}", "--lr_decay_iters=0"] if args.minutes else
               [f"--max_iters={steps}", f"--lr_decay_iters={steps}"])
-    return [*base_argv(args, recipe), f"--data_dir={os.path.abspath(data_dir)}",
+    base = base_argv(args, recipe)
+    if "batch_size" in setting:          # the setting's micro-batch replaces --train_args' (no flag given twice)
+        base = [f"--{k}" if v is None else f"--{k}={v}" for k, v in configurator.split_flags(base, lambda k: False)
+                if k != "batch_size"]
+    return [*base, f"--data_dir={os.path.abspath(data_dir)}",
             f"--out_dir={os.path.abspath(out_dir)}", f"--total_batch_size={batch}", *length,
             *([f"--batch_size={setting['batch_size']}"] if "batch_size" in setting else []),
             f"--warmup_iters={round(args.warmup_frac * steps)}",
