@@ -256,6 +256,7 @@ def first_rung_refusal(args, extra):
     import types
 
     import configurator
+    import train
     from speedgpt import memory
     cuda = torch.cuda.is_available()
     flags = [f"--{k}={v}" for k, v in rung_config(args.start, cuda).items()]
@@ -274,7 +275,8 @@ def first_rung_refusal(args, extra):
                 f"{cfg.block_size} tokens): hours for the ladder; the ladder measures a GPU. On a CPU: "
                 f"{cpu_example(args)}")
     try:
-        memory.report(cfg, types.SimpleNamespace(device=torch.device("cuda" if cuda else "cpu"), world=1))
+        proc = types.SimpleNamespace(device=torch.device("cuda" if cuda else "cpu"), world=1)
+        memory.report(cfg, proc, train.FEATURES)
     except ValueError as e:
         name = LADDER[args.start - 1][0].strip("+ ")
         said = str(e).split(" available: ")[0] + " available"    # train.py's advice names flags bench.py sets itself

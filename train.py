@@ -44,9 +44,9 @@ from speedgpt.measure import (MetricsLogger, Timer, ideal_seconds_per_token, pea
 
 # The features, in the order they transform the model (torchtitan's: FP8 conversion, the fused head's loss,
 # activation checkpointing, compile), then DDP/FSDP wraps it (parallel). Each answers check(cfg, proc) -> cfg and
-# apply(model, cfg, proc), and the optional calls (prepare, step_hooks, grad_hooks) speedgpt/features/__init__.py
-# lists. A feature added is a module there and an entry here; a feature removed, the reverse (and its keys in
-# configurator.py).
+# apply(model, cfg, proc), and the optional calls (prepare, step_hooks, grad_hooks, memory)
+# speedgpt/features/__init__.py lists. A feature added is a module there and an entry here; a feature removed, the
+# reverse (and its keys in configurator.py).
 FEATURES = (fp8, gelu_pass, fused_ce, activation_checkpointing, compilation)
 # every check before any work, in this order: the attention backend first (it resolves 'auto'), HellaSwag last
 # (hellaswag='on' may download its file)
@@ -60,12 +60,12 @@ PT_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": tor
 # the stages of a run, in the order main() calls them
 
 def check_flags(cfg, proc, skip=()):
-    """Every module's check of its flags for this device and launch (CHECKS, each check(cfg, proc) -> cfg), before
-    any work: ValueError naming the keys and the way out. Returns `cfg` with what the flags resolve to
-    (attention='auto' -> a backend, printed; document_mask False without packing), so every later stage reads
-    one answer. A run off a CUDA GPU hears all its refusals in one line (a GPU preset on a CPU, memory.cpu_way_out,
-    with the way to the quickstart's size), not one per try. skip: modules of CHECKS whose check the caller makes
-    later (benchmarks/time_to_target.py checks its runs before it prepares their data)."""
+    """Every module's check of its flags for this device and launch (CHECKS, each check(cfg, proc) -> cfg; memory's
+    is given FEATURES besides), before any work: ValueError naming the keys and the way out. Returns `cfg` with what
+    the flags resolve to (attention='auto' -> a backend, printed; document_mask False without packing), so every
+    later stage reads one answer. A run off a CUDA GPU hears all its refusals in one line (a GPU preset on a CPU,
+    memory.cpu_way_out, with the way to the quickstart's size), not one per try. skip: modules of CHECKS whose check
+    the caller makes later (benchmarks/time_to_target.py checks its runs before it prepares their data)."""
     cpu_way = memory.cpu_way_out(cfg, proc.device)                            # a GPU preset on a CPU: its way out
     gpu_sized = bool(cpu_way)
     refuse = Refusals(gather=gpu_sized or proc.device.type != "cuda")        # GPU flags off a GPU: all at once
@@ -87,7 +87,8 @@ def check_flags(cfg, proc, skip=()):
                                  "train on a CPU at the quickstart's size (python train.py)", said=cpu_way)
             refuse.raise_all(f"this run on {attention.DEVICE_NAMES.get(proc.device.type, proc.device.type)}")
             refuse.gather = False                  # its own refusal, and any after it, as they come
-        cfg = refuse(module.check, cfg, proc) or cfg
+        features = (FEATURES,) if module is memory else ()     # the estimate counts what each feature keeps
+        cfg = refuse(module.check, cfg, proc, *features) or cfg
     return cfg
 
 
@@ -434,7 +435,7 @@ def run_command(argv):
         print0(f"this run is finished: {resume.resume_path(cfg, explicit)[1]} {ckpt['finished']}")
         leave(proc, True)
         return {"finished": True, "step": ckpt["step"], "best_val_loss": ckpt["best_val_loss"]}
-    said = memory.report(cfg, proc)                   # after every check: a refused run prints only its refusal
+    said = memory.report(cfg, proc, FEATURES)         # after every check: a refused run prints only its refusal
     if said:
         print0(said)
     meta, train_loader, val_loader, token_bytes = build_data(cfg, proc, grad_accum_steps, ckpt)

@@ -603,7 +603,8 @@ def preflight(args, recipes, data_dir):
                                                  Proc(0, 0, 1, device), skip=(train.data,))    # the corpus to come
                     plan_batch(resolved, 1)
                     if not os.path.isfile(os.path.join(data_dir, "meta.json")):   # the corpus to come: GPT-2's
-                        memory.fits(resolved, memory.GPT2_VOCAB, device)          # tokens (check_flags skips it)
+                        memory.fits(resolved, memory.GPT2_VOCAB, device,          # tokens (check_flags skips it)
+                                    features=train.FEATURES)
                 largest = max(sweeps[recipe], key=lambda setting: setting["batch_tokens"])
                 for block in args.blocks:            # at any setting of the sweep: the best is not known yet
                     cfg = load_config(train_argv(args, recipe, {**largest, "block": block}, args.seeds[0], data_dir,

@@ -3,14 +3,17 @@ The memory check (memory_check=True): estimate what one training step holds per 
 any work, a run that clearly cannot fit on its device, in one line naming the way out. Without it such a run
 is found out late: on a CPU the machine swaps for minutes before the kernel kills it, with no checkpoint.
 
-    est = estimate(cfg, vocab_size, world)      # bytes by part: Estimate.describe() says them (measure.size)
-    line = fits(cfg, vocab_size, device, world)   # ValueError when est.total > MARGIN x available(device)
+    est = estimate(cfg, vocab_size, world, features)    # bytes by part: Estimate.describe() says them (measure.size)
+    line = fits(cfg, vocab_size, device, world, features)   # ValueError when est.total > MARGIN x available(device)
+
+This module counts the model's own step (its weights, optimizer state, blocks, attention and head); the features
+(train.FEATURES, which the callers pass) report what they change, each through its memory(model, cfg, parts)
+(speedgpt/features/__init__.py), on the Parts below: this module reads none of their keys.
 
 The estimate is a model of the peak, not a measurement: within 0.7x-1.2x of each peak measured on a GPU
 (torch.cuda.max_memory_allocated: the table in tests/test_memory.py, from BENCHMARKS.md "Memory" and
-benchmarks/results/; below 0.8x only 350M's: the rowwise recipe's of 3f9797b, and bf01b54's, whose compiled graph
-kept each FP8 Linear's input twice, BENCHMARKS.md "A long run") and of a CPU step's; with MARGIN it refuses only
-what clearly cannot fit.
+benchmarks/results/; below 0.8x only two at 350M, of a feature whose memory() says why) and of a CPU step's; with
+MARGIN it refuses only what clearly cannot fit.
 """
 import json
 import os
@@ -28,11 +31,6 @@ CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max",                      # cgroup v2
 CPU_FLOP_PER_SEC = 1e11  # what a CPU of a few cores trains at, about: the scale of "slow" on one (cpu_slow_work)
 CPU_STEP_FLOP = 10 * CPU_FLOP_PER_SEC   # a step's training FLOPs above which its micro-steps on a CPU are slow
 GPT2_VOCAB = 50257       # shards.load_meta's assumption for a folder of foreign shards, and the larger tokenizer
-# torchao's tensorwise Float8Linear, compiled, keeps the block Linears' inputs in float8: the measured peaks
-# at 350M and 774M (benchmarks/results/family_side_by_side_h200.md, "block FP8") shrink as if the block
-# activations were about this share of bf16's; fp8.py's tensorwise_fused and tensorwise_delayed keep them in
-# float8 too (the same peaks measured). The rowwise recipes keep bf16 inputs for the backward.
-FP8_TENSORWISE_ACTIVATIONS = 0.63
 # OpenAI's GPT-2 (init_from names, configurator.HF_GPT2): (n_layer, n_head, n_embd), as their config.json on the
 # Hugging Face hub. Their weights replace the config's shape only once read (hf.py), after this check
 GPT2_SHAPES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
@@ -46,7 +44,9 @@ class Estimate:
     grads: int           # their float32 gradients, and DDP's bucket copy of them
     optimizer: int       # AdamW's two moments, Muon's one momentum buffer on the block matrices
     activations: int     # what the blocks keep for the backward, attention's T x T scores and its mask
-    head: int            # the output head: the logits and their gradient, or the fused head's chunk
+    head: int            # the output head: the logits and their gradient (or what a feature's head keeps)
+    activations_way_out: str = ""   # a flag that shrinks the activations, as a feature names it (Parts)
+    head_way_out: str = ""          # one that shrinks the head's
 
     @property
     def weights(self):
@@ -64,10 +64,35 @@ class Estimate:
                 f"activations {size(self.activations)}, head {size(self.head)})")
 
 
+@dataclass
+class Parts:
+    """One micro-batch's activations and head as estimate() counts them for the model alone, for each feature's
+    memory(model, cfg, parts) (speedgpt/features/__init__.py) to change by what the feature changes, in
+    train.FEATURES' order; estimate() then adds them up. Bytes per process."""
+    tokens: int                 # the micro-batch's: batch_size x block_size
+    per_layer: float            # bytes per token per layer the blocks keep for the backward (block_bytes_per_token,
+                                # in the run's dtype), attention's scores aside
+    scores: int                 # bytes per token per layer attention keeps besides: attention='naive''s T x T scores
+    head: int                   # the output head's bytes: the logits and what their gradient needs
+    head_compiled: int          # the head's bytes where its graph is compiled (its elementwise passes fused)
+    device: torch.device = None     # where the step runs (fits()'): a feature refused there is counted off; None:
+                                    # as the config asks
+    blocks: float = None        # the blocks' bytes, where a feature changes how many layers keep what (it sets them
+                                # from kept); None: every layer keeps `kept` for every token
+    blocks_way_out: str = ""    # a flag that shrinks the blocks' bytes, for fits()' refusal ("use --key=value")
+    head_way_out: str = ""      # one that shrinks the head's, named where the head is over a quarter of the step
+
+    @property
+    def kept(self):
+        """Bytes per token per layer the blocks keep for the backward: per_layer and attention's scores."""
+        return self.per_layer + self.scores
+
+
 def meta_model(cfg, vocab_size=GPT2_VOCAB):
     """model.GPT of `cfg`'s shape (a Config: its model keys) on the meta device, before any data or weights: its
     parameters' shapes and its block_linears(), with no memory and no initialisation (the estimate counts them;
-    fp8.py reads the kinds of block Linear). Its attention is sdpa: the parameters do not depend on it."""
+    the features' checks and memory() read the kinds of block Linear). Its attention is sdpa: the parameters do not
+    depend on it."""
     from model import GPT, GPTConfig
     with torch.device("meta"):
         return GPT(GPTConfig.from_dict(vars(cfg), vocab_size, attention="sdpa"))
@@ -101,10 +126,12 @@ def block_bytes_per_token(model):
     return per_layer + 4 * C * (model.config.rope + model.config.qk_norm)
 
 
-def estimate(cfg, vocab_size, world=1):
+def estimate(cfg, vocab_size, world=1, features=(), device=None):
     """Bytes per process of one training step of `cfg` (a resolved Config: attention not 'auto'; 'auto' is
-    counted as 'sdpa', the larger of its answers) on a vocabulary of `vocab_size` ids, with `world` processes.
-    An Estimate of int bytes by part. The parts:
+    counted as 'sdpa', the larger of its answers) on a vocabulary of `vocab_size` ids, with `world` processes, and
+    the `features` (train.FEATURES: each one's memory(), where it has one, changes the Parts in that order; none:
+    the model alone) on `device` (fits()': None, as cfg asks). An Estimate of int bytes by part. The parts, the
+    model's own (what each feature changes: its memory()'s docstring):
 
     weights: float32 parameters, their float32 gradients and the optimizer's float32 state (AdamW: 2 moments;
         optimizer='muon': 1 momentum buffer on the block matrices, AdamW's 2 on the rest); FSDP with
@@ -116,23 +143,14 @@ def estimate(cfg, vocab_size, world=1):
         Transformer Models", section 4: sbh(34 + 5as/h) bytes per layer). float32 doubles the 34 C (the scores stay:
         under autocast the softmax runs in float32 anyway, and the ladder measured about the same peak for float32
         as for bf16, BENCHMARKS.md). sdpa and naive with the document mask add one (B, 1, T, T) bool mask.
-        grad_checkpointing='full' keeps each block's input (ibid.: 2sbh per layer in 16-bit; here 4sbh, the residual
-        stream being float32 under autocast) and recomputes one block at a time; 'selective' keeps the matmul and
-        attention outputs: about half (measured: BENCHMARKS.md, Memory).
-        FP8 tensorwise on every block Linear (fp8_layers all, or every kind block_linears has) keeps float8
-        inputs: FP8_TENSORWISE_ACTIVATIONS of the 34 C. fp8_gelu_cast adds a byte per input of mlp_proj (the
-        transposed copy its weight gradient takes, made in the forward's cast: +2.3 GB measured at 124M, 32.1 GB).
-    head: without fused_ce the (tokens, padded vocab) logits: uncompiled, in float32 with the log-softmax and
-        the gradients of both (16 bytes an element: measured on the CPU, and the ladder's eager rungs);
-        compiled, 6 bytes an element (measured at 124M, fused_ce off); with fused_ce one chunk's
-        (fused_ce_chunk, padded vocab) float32 temporaries (about 4 uncompiled, 1 compiled: the measured
-        peaks grow by about 4 bytes per element of the chunk) plus the gradients it stores, of the hidden
-        states and the weight.
+    head: the (tokens, padded vocab) logits: in float32 with the log-softmax and the gradients of both (16 bytes an
+        element: measured on the CPU, and the ladder's eager rungs); where its graph is compiled, 6 bytes an element
+        (measured at 124M, this head).
     """
-    tokens, C, L, T = cfg.batch_size * cfg.block_size, cfg.n_embd, cfg.n_layer, cfg.block_size
-    V = -(-vocab_size // 64) * 64
+    tokens, L, T = cfg.batch_size * cfg.block_size, cfg.n_layer, cfg.block_size
     half = cfg.dtype in ("bfloat16", "float16")
     model = meta_model(cfg, vocab_size)
+    V = model.config.padded_vocab_size
     n, in_matrices = n_params(cfg, vocab_size, model)
     adam = n - in_matrices if cfg.optimizer == "muon" else n
     params, grads, optimizer = 4 * n, 4 * n, 8 * adam + 4 * (n - adam)
@@ -140,33 +158,17 @@ def estimate(cfg, vocab_size, world=1):
         params, grads, optimizer = params // world, grads // world, optimizer // world
     elif world > 1:
         grads += 4 * n
-    per_layer = block_bytes_per_token(model) * (1 if half else 2)          # bytes per token
-    # the features' keys, read where the config has them: a fork that drops a feature (and its keys) gets the
-    # estimate without it, not an AttributeError
-    on = lambda key, default=False: getattr(cfg, key, default)    # noqa: E731
-    float8_inputs = on("fp8_recipe", "") in ("tensorwise", "tensorwise_fused", "tensorwise_delayed")
-    layers = on("fp8_layers", "all")
-    every_kind = layers.strip() == "all" or \
-        {k.strip() for k in layers.split(",")} >= {kind for _, kind, _ in model.block_linears()}
-    if on("fp8") and float8_inputs and C >= on("fp8_min_dim", 0) and C % 16 == 0 and every_kind:
-        per_layer *= FP8_TENSORWISE_ACTIVATIONS
-    if on("fp8") and on("fp8_gelu_cast"):     # mlp_proj keeps its input's transposed float8 copy too, made in the
-        per_layer += sum(m.in_features for _, kind, m in model.block_linears() if kind == "mlp_proj") / L   # cast
-    if cfg.attention == "naive":
-        per_layer += 5 * cfg.n_head * T
-    if on("grad_checkpointing", "none") == "full":
-        blocks = tokens * (4 * C * L + per_layer)                  # the inputs kept, one block recomputed
-    else:
-        blocks = tokens * per_layer * L * (0.5 if on("grad_checkpointing", "none") == "selective" else 1)
+    parts = Parts(tokens=tokens, per_layer=block_bytes_per_token(model) * (1 if half else 2),
+                  scores=5 * cfg.n_head * T if cfg.attention == "naive" else 0,
+                  head=tokens * V * 16, head_compiled=tokens * V * 6, device=device)
+    for feature in features:                # in train.FEATURES' order: a later one reads what the earlier left
+        if hasattr(feature, "memory"):
+            feature.memory(model, cfg, parts)
+    blocks = tokens * parts.kept * L if parts.blocks is None else parts.blocks
     masked = cfg.attention in ("naive", "sdpa", "auto") and cfg.packing and cfg.document_mask
     activations = blocks + (cfg.batch_size * T * T if masked else 0)
-    compiled = on("compile") or on("compile_regional")
-    if on("fused_ce"):
-        chunk = min(cfg.fused_ce_chunk, tokens)
-        head = chunk * V * 4 * (1 if compiled else 4) + tokens * C * (2 if half else 4) + V * C * 4
-    else:
-        head = tokens * V * (6 if compiled else 16)
-    return Estimate(int(params), int(grads), int(optimizer), int(activations), int(head))
+    return Estimate(int(params), int(grads), int(optimizer), int(activations), int(parts.head),
+                    parts.blocks_way_out, parts.head_way_out)
 
 
 def _read_int(path, field=None):
@@ -227,17 +229,15 @@ def vocab_size(data_dir):
     return ByteTokenizer.vocab_size if os.path.basename(str(data_dir).rstrip("/")) == "stdlib_byte" else GPT2_VOCAB
 
 
-def fits(cfg, vocab_size, device, world=1):
+def fits(cfg, vocab_size, device, world=1, features=()):
     """Refuse, before any work, a run of `cfg` (resolved: check_flags' config) on a vocabulary of `vocab_size`
-    whose estimate() exceeds MARGIN of available(device) (a torch.device), with `world` processes in the job;
-    on the CPU torchrun's LOCAL_WORLD_SIZE processes share the machine's memory. Raises ValueError in one line:
-    the estimate by part, the memory there and the way out (and --memory_check=False). Returns a one-line
-    description of the estimate otherwise ('not checked' with memory_check=False, or memory that cannot be
-    read)."""
+    whose estimate() with `features` (train.FEATURES) exceeds MARGIN of available(device) (a torch.device), with
+    `world` processes in the job; on the CPU torchrun's LOCAL_WORLD_SIZE processes share the machine's memory.
+    Raises ValueError in one line: the estimate by part, the memory there and the way out (and
+    --memory_check=False). Returns a one-line description of the estimate otherwise ('not checked' with
+    memory_check=False, or memory that cannot be read)."""
     device = torch.device(device)
-    if getattr(cfg, "fp8", False) and device.type != "cuda":     # refused beside this line (fp8.check, all at once
-        cfg = replace(cfg, fp8=False)                              # off a GPU): the size of the run then asked for
-    est = estimate(cfg, vocab_size, world)
+    est = estimate(cfg, vocab_size, world, features, device)
     if not cfg.memory_check:
         return f"memory: about {est.describe()}; not checked (memory_check=False)"
     have = available(device)
@@ -252,19 +252,17 @@ def fits(cfg, vocab_size, device, world=1):
     rows, partial = divmod(cfg.total_batch_size, cfg.block_size * world)        # a step's rows, per process
     smaller = ([] if partial else [b for b in range(cfg.batch_size - 1, 0, -1) if rows % b == 0] if rows else
                [cfg.batch_size >> i for i in range(1, cfg.batch_size.bit_length())])   # else halving it
-    fit = next((b for b in smaller
-                if estimate(replace(cfg, batch_size=b), vocab_size, world).total * sharing <= MARGIN * have), None)
+    fit = next((b for b in smaller if estimate(replace(cfg, batch_size=b), vocab_size, world, features,
+                                               device).total * sharing <= MARGIN * have), None)
     keeps = "total_batch_size keeps the step's tokens" if cfg.total_batch_size else \
         "with total_batch_size=0 the step shrinks with it: give --total_batch_size to keep it"
     ways = [f"lower --batch_size ({f'{fit} fits; ' if fit else ''}{keeps})", "or --block_size"]
-    if getattr(cfg, "grad_checkpointing", "full") != "full":
-        ways.append("or use --grad_checkpointing=full")
+    if est.activations_way_out:             # the features' (Parts)
+        ways.append(f"or {est.activations_way_out}")
     if cfg.attention == "naive":
         ways.append("or --attention=sdpa (no T x T scores)")
-    if 4 * est.head > est.total and getattr(cfg, "fused_ce", False):
-        ways.append("or a smaller --fused_ce_chunk")
-    elif 4 * est.head > est.total and hasattr(cfg, "fused_ce") and cfg.dtype != "float16":   # it refuses float16
-        ways.append("or --fused_ce=True (no logits kept)")
+    if 4 * est.head > est.total and est.head_way_out:
+        ways.append(f"or {est.head_way_out}")
     if world > 1 and cfg.parallelism == "ddp" and est.weights > est.activations:
         ways.append("or --parallelism=fsdp (shards the weights)")
     if cpu_way_out(cfg, device):     # a GPU preset: lowering the batch will not do, and alone it splits the step
@@ -349,20 +347,21 @@ def weights_shape(cfg):
     return replace(cfg, n_layer=n_layer, n_head=n_head, n_embd=n_embd, bias=True)
 
 
-def check(cfg, proc):
-    """train.py's check: refuses a run that does not fit (report). Returns cfg."""
-    report(cfg, proc)
+def check(cfg, proc, features):
+    """train.py's check: refuses a run that does not fit (report), with the run's `features` (train.FEATURES: its
+    check_flags passes them). Returns cfg."""
+    report(cfg, proc, features)
     return cfg
 
 
-def report(cfg, proc):
-    """fits() on the vocabulary of cfg.data_dir: its line (train.py prints it once every check has passed, so that a
-    refused run prints only its refusal), or None where data_dir holds no data (missing, or without meta.json and
-    shards) and is not a corpus prepared on first use: train.py then refuses the folder in its own line, the mistake
-    to fix first. Raises fits()' ValueError."""
+def report(cfg, proc, features):
+    """fits() on the vocabulary of cfg.data_dir, with the run's `features` (train.FEATURES): its line (train.py
+    prints it once every check has passed, so that a refused run prints only its refusal), or None where data_dir
+    holds no data (missing, or without meta.json and shards) and is not a corpus prepared on first use: train.py
+    then refuses the folder in its own line, the mistake to fix first. Raises fits()' ValueError."""
     name = os.path.basename(str(cfg.data_dir).rstrip("/"))
     has_data = os.path.isdir(cfg.data_dir) and any(n == "meta.json" or n.endswith(".bin")
                                                    for n in os.listdir(cfg.data_dir))
     if has_data or name in ("stdlib_byte", "stdlib_gpt2"):
-        return fits(weights_shape(cfg), vocab_size(cfg.data_dir), proc.device, proc.world)
+        return fits(weights_shape(cfg), vocab_size(cfg.data_dir), proc.device, proc.world, features)
     return None

@@ -57,6 +57,8 @@ def test_every_feature_answers_the_protocol_and_train_lists_it_once():
         assert defined.get("check", [])[:2] == ["cfg", "proc"], f"features/{name}.py: check(cfg, proc)"
         transform = "wrap" if name == "parallel" else "apply"
         assert defined.get(transform, [])[:3] == ["model", "cfg", "proc"], f"features/{name}.py: {transform}"
+        assert defined.get("memory", ["model", "cfg", "parts"]) == ["model", "cfg", "parts"], \
+            f"features/{name}.py: memory(model, cfg, parts), as memory.estimate calls it"
         assert train.count(f" {name}.") == 0 or name == "parallel", f"train.py calls {name} outside its lists"
 
 

@@ -17,6 +17,7 @@ import torch
 from configurator import Config, load_config
 from conftest import on, tiny_args
 from speedgpt import attention, memory
+from train import FEATURES          # each reports what it changes in the estimate (its memory())
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPT2_VOCAB, BYTE_VOCAB = 50257, 257
@@ -66,24 +67,30 @@ def fake_gpu(monkeypatch, total):
 @pytest.mark.parametrize("argv, attention_as_run, gb, source", MEASURED,
                          ids=[" ".join(m[0][1:]) for m in MEASURED])
 def test_the_estimate_is_near_each_measured_peak(argv, attention_as_run, gb, source):
-    est = memory.estimate(resolved(argv, attention_as_run), GPT2_VOCAB)
+    est = memory.estimate(resolved(argv, attention_as_run), GPT2_VOCAB, features=FEATURES)
     assert 0.6 * gb * 1e9 < est.total < 1.6 * gb * 1e9, f"{est.describe()} against {gb} GB measured ({source})"
 
 
 def test_checkpointing_and_fp8_shrink_the_activations_in_the_measured_order():
-    none, selective, full = (memory.estimate(resolved(["--config", "config/large.py", f"--grad_checkpointing={g}"],
-                                                      "flex"), GPT2_VOCAB) for g in ("none", "selective", "full"))
+    """Each feature's memory() changes the estimate by what it keeps; without the features the estimate is the
+    model's alone, whatever their keys say."""
+    cfgs = [resolved(["--config", "config/large.py", f"--grad_checkpointing={g}"], "flex")
+            for g in ("none", "selective", "full")]
+    none, selective, full = (memory.estimate(cfg, GPT2_VOCAB, features=FEATURES) for cfg in cfgs)
     assert full.activations < selective.activations < none.activations
     assert full.weights == selective.weights == none.weights and full.head == none.head
-    fp8 = memory.estimate(resolved(["--config", "config/gpt2-large.py"], "varlen"), GPT2_VOCAB)
-    bf16 = memory.estimate(resolved(["--config", "config/gpt2-large.py", "--fp8=False"], "varlen"), GPT2_VOCAB)
+    assert len({memory.estimate(cfg, GPT2_VOCAB) for cfg in cfgs}) == 1            # the model alone
+    fp8 = memory.estimate(resolved(["--config", "config/gpt2-large.py"], "varlen"), GPT2_VOCAB, features=FEATURES)
+    bf16 = memory.estimate(resolved(["--config", "config/gpt2-large.py", "--fp8=False"], "varlen"), GPT2_VOCAB,
+                           features=FEATURES)
     rowwise = memory.estimate(resolved(["--config", "config/gpt2-large.py", "--fp8_recipe=rowwise_bf16_wgrad",
-                                        "--fp8_gelu_cast=False"], "varlen"), GPT2_VOCAB)   # the GELU cast is delayed's
+                                        "--fp8_gelu_cast=False"], "varlen"), GPT2_VOCAB,
+                              features=FEATURES)                                   # the GELU cast is delayed's
     assert fp8.activations < bf16.activations == rowwise.activations
     # fp8_gelu_cast keeps mlp_proj's transposed float8 input besides: measured 32.1 against 29.8 GB at 124M (one H100,
     # benchmarks/results/h100.md, sixth part), 2.4 GB here: 12 layers x 65,536 tokens x 3,072 bytes
     gelu, plain = (memory.estimate(resolved(["--config", "config/fast.py", f"--fp8_gelu_cast={g}"], "varlen"),
-                                   GPT2_VOCAB) for g in (True, False))
+                                   GPT2_VOCAB, features=FEATURES) for g in (True, False))
     assert gelu.activations - plain.activations == 12 * 65536 * 3072
 
 
@@ -95,7 +102,7 @@ def test_no_preset_is_refused_on_an_h200(path, monkeypatch):
     cfg = load_config(["--config", path])
     cfg = replace(cfg, attention="varlen" if cfg.attention == "auto" else cfg.attention,
                   document_mask=cfg.packing and cfg.document_mask)
-    line = memory.fits(cfg, GPT2_VOCAB, torch.device("cuda:0"), 1)
+    line = memory.fits(cfg, GPT2_VOCAB, torch.device("cuda:0"), 1, FEATURES)
     assert line.startswith("memory: about ") and line.endswith("; fits in the 141.0 GB of cuda:0")
 
 
@@ -181,7 +188,7 @@ def test_the_reported_run_is_refused_on_a_24_gb_cpu_in_one_line(monkeypatch):
     monkeypatch.setattr(memory, "available", lambda device: 24e9)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     with pytest.raises(ValueError) as e:
-        memory.fits(reported_run(), GPT2_VOCAB, torch.device("cpu"), 1)
+        memory.fits(reported_run(), GPT2_VOCAB, torch.device("cpu"), 1, FEATURES)
     n = r"\d+\.\d"
     assert pytest.approx(float(str(e.value).split()[4]), rel=0.05) == 36.0     # its estimate, in GB
     assert re.fullmatch(
@@ -193,14 +200,14 @@ def test_the_reported_run_is_refused_on_a_24_gb_cpu_in_one_line(monkeypatch):
         r"--memory_check=False skips "
         r"this check", str(e.value)), str(e.value)
     fit = int(re.search(r"--batch_size \((\d+) fits", str(e.value))[1])      # the largest half that fits, named
-    assert memory.fits(replace(reported_run(), batch_size=fit), GPT2_VOCAB, torch.device("cpu"), 1)
+    assert memory.fits(replace(reported_run(), batch_size=fit), GPT2_VOCAB, torch.device("cpu"), 1, FEATURES)
     # with the step given as total_batch_size=0, as the line says: the micro-steps of 524,288 tokens that lowering
     # batch_size alone would make are a refusal of their own on a CPU (memory.cpu_slow_work), the next try's
     asked = replace(reported_run(), batch_size=fit)
     assert memory.cpu_slow_work(asked, torch.device("cpu"), 1, False).startswith(f"on a CPU, a step of {512 // fit} ")
     assert not memory.cpu_slow_work(replace(asked, total_batch_size=0), torch.device("cpu"), 1, False)
     with pytest.raises(ValueError):
-        memory.fits(replace(reported_run(), batch_size=2 * fit), GPT2_VOCAB, torch.device("cpu"), 1)
+        memory.fits(replace(reported_run(), batch_size=2 * fit), GPT2_VOCAB, torch.device("cpu"), 1, FEATURES)
 
 
 def test_the_batch_size_named_divides_the_step(monkeypatch):
@@ -212,15 +219,15 @@ def test_the_batch_size_named_divides_the_step(monkeypatch):
     gpu = torch.device("cuda", 0)
     cfg = replace(reported_run(), batch_size=48, total_batch_size=64 * 1024)
     with pytest.raises(ValueError) as e:
-        memory.fits(cfg, GPT2_VOCAB, gpu, 1)
+        memory.fits(cfg, GPT2_VOCAB, gpu, 1, FEATURES)
     fit = int(re.search(r"--batch_size \((\d+) fits", str(e.value))[1])
     assert 64 % fit == 0 and plan_batch(replace(cfg, batch_size=fit), 1) == 64 // fit
-    assert memory.fits(replace(cfg, batch_size=fit), GPT2_VOCAB, gpu, 1)
+    assert memory.fits(replace(cfg, batch_size=fit), GPT2_VOCAB, gpu, 1, FEATURES)
     with pytest.raises(ValueError) as e:                # a step of partial rows: no micro-batch divides it
-        memory.fits(replace(cfg, total_batch_size=64 * 1024 - 8), GPT2_VOCAB, gpu, 1)
+        memory.fits(replace(cfg, total_batch_size=64 * 1024 - 8), GPT2_VOCAB, gpu, 1, FEATURES)
     assert "lower --batch_size (total_batch_size keeps the step's tokens)" in str(e.value)
     with pytest.raises(ValueError) as e:                # one micro-batch a step: lowering it lowers the step
-        memory.fits(replace(cfg, total_batch_size=0), GPT2_VOCAB, gpu, 1)
+        memory.fits(replace(cfg, total_batch_size=0), GPT2_VOCAB, gpu, 1, FEATURES)
     assert re.search(r"lower --batch_size \(24 fits; with total_batch_size=0 the step shrinks with it: give "
                      r"--total_batch_size to keep it\)", str(e.value)), str(e.value)
 
@@ -229,33 +236,38 @@ def test_memory_check_false_tries_anyway(monkeypatch):
     def unread(device):
         raise AssertionError("memory_check=False reads no memory")
     monkeypatch.setattr(memory, "available", unread)
-    line = memory.fits(replace(reported_run(), memory_check=False), GPT2_VOCAB, torch.device("cpu"), 1)
+    line = memory.fits(replace(reported_run(), memory_check=False), GPT2_VOCAB, torch.device("cpu"), 1, FEATURES)
     assert line.startswith("memory: about 3") and line.endswith("not checked (memory_check=False)")
     assert load_config(["--memory_check=False"]).memory_check is False and Config().memory_check is True
 
 
 def test_the_way_out_names_what_holds_the_memory(monkeypatch):
-    """naive attention's scores and a plain head's logits get their own way out; under DDP the weights do."""
+    """naive attention's scores and a plain head's logits get their own way out (the head's, as the fused head's
+    memory() names it); under DDP the weights do."""
     monkeypatch.setattr(memory, "available", lambda device: 4e9)
+    baseline = resolved(["--config", "config/baseline.py"], "naive")
     with pytest.raises(ValueError, match=r"or --attention=sdpa \(no T x T scores\), or --fused_ce=True"):
-        memory.fits(resolved(["--config", "config/baseline.py"], "naive"), GPT2_VOCAB, torch.device("cpu"))
+        memory.fits(baseline, GPT2_VOCAB, torch.device("cpu"), features=FEATURES)
+    with pytest.raises(ValueError, match=r"or --attention=sdpa \(no T x T scores\); --memory_check"):
+        memory.fits(baseline, GPT2_VOCAB, torch.device("cpu"))                     # no feature: none of theirs
     monkeypatch.setattr(memory, "available", lambda device: 25e9)
     with pytest.raises(ValueError, match=r"or --parallelism=fsdp \(shards the weights\); --memory_check"):
         memory.fits(resolved(["--config", "config/large.py", "--batch_size=1", "--grad_checkpointing=full"], "flex"),
-                     GPT2_VOCAB, torch.device("cuda:1"), world=2)
+                    GPT2_VOCAB, torch.device("cuda:1"), world=2, features=FEATURES)
     assert memory.fits(resolved(["--config", "config/large.py", "--batch_size=1", "--parallelism=fsdp",
-                                  "--grad_checkpointing=full"], "flex"), GPT2_VOCAB, torch.device("cuda:1"), world=2)
+                                 "--grad_checkpointing=full"], "flex"), GPT2_VOCAB, torch.device("cuda:1"), world=2,
+                       features=FEATURES)
 
 
 def test_the_quickstart_fits_a_small_machine(monkeypatch):
     """The defaults (python train.py) on a 2-core CI machine or the 24 GB one: far inside even 4 GB free;
     processes that torchrun starts on one CPU machine share its memory."""
     cfg = attention.check(Config(), on("cpu"))
-    assert memory.estimate(cfg, BYTE_VOCAB).total < 0.5e9
+    assert memory.estimate(cfg, BYTE_VOCAB, features=FEATURES).total < 0.5e9
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     for free in (24e9, 4e9):
         monkeypatch.setattr(memory, "available", lambda device: free)
-        line = memory.fits(cfg, BYTE_VOCAB, torch.device("cpu"), 1)
+        line = memory.fits(cfg, BYTE_VOCAB, torch.device("cpu"), 1, FEATURES)
         # a small model's sizes in MB, each part in its own unit: never '0.0 GB'
         assert re.fullmatch(r"memory: about 1\d\d\.\d MB per process \(weights \+ optimizer \d+\.\d MB, activations "
                             r"\d+\.\d MB, head \d+\.\d MB\); fits in the \d+\.\d GB cpu has available", line), line
@@ -263,7 +275,7 @@ def test_the_quickstart_fits_a_small_machine(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     with pytest.raises(ValueError, match=r"per process .* \(4 processes on this machine: \d{3}\.\d MB\), more than "
                                          r"90% of the 500\.0 MB cpu has available"):
-        memory.fits(cfg, BYTE_VOCAB, torch.device("cpu"), 4)
+        memory.fits(cfg, BYTE_VOCAB, torch.device("cpu"), 4, FEATURES)
 
 
 def test_parallelism_and_the_optimizer_change_the_state_kept():

@@ -15,6 +15,10 @@ its stages loop over that list:
                                    unscaled, clipped, finite; a skipped step calls none); what changes them, as
                                    gradient noise would, does it here
   fp8_flops_per_token(model, cfg)  optional: the FLOPs per token that run in FP8 (measure.py's mfu_fp8)
+  memory(model, cfg, parts)        optional: change memory.Parts (one micro-batch's bytes per token per layer kept
+                                   for the backward, the blocks' bytes, the head's, a way out for the refusal) by
+                                   what the flag changes, for the memory estimate; on a model of cfg's shape on the
+                                   meta device, in FEATURES' order (memory.estimate, given train.FEATURES)
   DETAILS                          optional: {flag, or "key=value": keys that mean nothing without it} (configurator
                                    drops a preset's when a later setting turns it off, and refuses the rest)
 
@@ -32,8 +36,8 @@ its stages loop over that list:
   parallel.py                   DDP / FSDP (parallelism): the last transform, a wrapper (wrap) rather than apply
 
 Bookkeeping (speedgpt/checkpoint.py, measure.py, memory.py, evaluation.py, resume.py, distributed.py) never imports
-a feature: it handles whatever state it is given (a module's extra state, an optimizer's groups, the FLOPs the
-features report). tests/test_layout.py holds the project to that.
+a feature: it handles whatever state it is given (a module's extra state, an optimizer's groups, the FLOPs and the
+bytes the features report). tests/test_layout.py holds the project to that.
 """
 import torch
 

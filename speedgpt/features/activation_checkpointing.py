@@ -22,6 +22,22 @@ def apply(model, cfg, proc):
         checkpoint_blocks(model, cfg.grad_checkpointing)
 
 
+def memory(model, cfg, parts):
+    """What grad_checkpointing changes in the memory estimate (speedgpt/memory.py's Parts, of `model`: a GPT of
+    cfg's shape on the meta device). 'full' keeps each block's input (Korthikanti et al. 2022, "Reducing Activation
+    Recomputation in Large Transformer Models", section 4: 2sbh per layer in 16-bit; here 4sbh, the residual stream
+    being float32 under autocast) and, recomputing one block at a time, one layer's activations besides; 'selective'
+    keeps the matmul and attention outputs: about half (measured: BENCHMARKS.md, Memory). The way out it names,
+    short of 'full': 'full'."""
+    C, L = model.config.n_embd, model.config.n_layer
+    if cfg.grad_checkpointing == "full":
+        parts.blocks = parts.tokens * (4 * C * L + parts.kept)       # the inputs kept, one block recomputed
+    elif cfg.grad_checkpointing == "selective":
+        parts.blocks = parts.tokens * parts.kept * L * 0.5
+    if cfg.grad_checkpointing != "full":
+        parts.blocks_way_out = "use --grad_checkpointing=full"
+
+
 def checkpoint_blocks(model, mode):
     """Recompute each block of `model` (a GPT) in the backward pass. "full" keeps only the block's input;
     "selective" keeps matmul and attention outputs (every backend's: attention.saved_ops) and recomputes the

@@ -55,6 +55,14 @@ def apply(model, cfg, proc):
                       persistent_rows=cfg.compile_persistent_rows)
 
 
+def memory(model, cfg, parts):
+    """What compile changes in the memory estimate (speedgpt/memory.py's Parts), whole or regional: the head keeps
+    what its compiled graph keeps (parts.head_compiled, as the head's owner counts it: Inductor fuses its
+    elementwise passes). The blocks are counted as they are eager."""
+    if cfg.compile or cfg.compile_regional:
+        parts.head = parts.head_compiled
+
+
 def compile_model(model, regional=False, tuning=False, persistent_rows=0):
     """torch.compile `model` (a GPT) in place (nn.Module.compile), so the state dict keeps its names (no
     _orig_mod.). regional: each transformer block, and the head with its loss, compiled on their own;

@@ -678,7 +678,7 @@ def step_hooks(model, cfg):
 # the same history: Transformer Engine, too, computes its scales once, where the history changes. The step's graph
 # is the smaller for it (less to compile), and with several micro-batches per step the cast runs once instead of
 # once each. Off by default until it measures faster on the GPU (BENCHMARKS.md, "A long run"). The copies cost 2 bytes
-# per converted weight, which speedgpt/memory.py's estimate does not count.
+# per converted weight, which memory() below does not count.
 
 
 def cast_weight(w, history, scales, w8, w8_t):
@@ -755,6 +755,35 @@ def fp8_flops_per_token(model, cfg):
         if isinstance(m, RowwiseFloat8Linear) or type(m).__name__ == "Float8Linear":       # ours, or torchao's
             flops += (4 if type(m) is RowwiseFloat8Linear else 6) * m.weight.numel()
     return flops
+
+
+# torchao's tensorwise Float8Linear, compiled, keeps the block Linears' inputs in float8: the measured peaks
+# at 350M and 774M (benchmarks/results/family_side_by_side_h200.md, "block FP8") shrink as if the block
+# activations were about this share of bf16's; this module's tensorwise_fused and tensorwise_delayed keep them in
+# float8 too (the same peaks measured). The rowwise recipes keep bf16 inputs for the backward.
+TENSORWISE_ACTIVATIONS = 0.63
+FLOAT8_INPUTS = ("tensorwise", "tensorwise_fused", "tensorwise_delayed")     # the recipes that keep float8 inputs
+
+
+def memory(model, cfg, parts):
+    """What fp8 changes in the memory estimate (speedgpt/memory.py's Parts, of `model`: a GPT of cfg's shape on the
+    meta device): tensorwise FP8 (FLOAT8_INPUTS) on every block Linear (fp8_layers all, or every kind block_linears
+    has; n_embd a multiple of 16 and at least fp8_min_dim) keeps float8 inputs: TENSORWISE_ACTIVATIONS of the
+    blocks' bytes per token (the 34 C). fp8_gelu_cast adds a byte per input of mlp_proj (the transposed copy its
+    weight gradient takes, made in the forward's cast: +2.3 GB measured at 124M, 32.1 GB). Off a CUDA GPU
+    (parts.device) it counts as off: check() refuses it there in one line with the memory check's refusal (all at
+    once off a GPU), which so sizes the run that line asks for. The estimate's two peaks below 0.8x of those
+    measured are FP8's at 350M: the rowwise recipe's of 3f9797b, and bf01b54's, whose compiled graph kept each FP8
+    Linear's input twice (BENCHMARKS.md "A long run")."""
+    if not cfg.fp8 or (parts.device is not None and parts.device.type != "cuda"):
+        return
+    C, L = model.config.n_embd, model.config.n_layer
+    every_kind = cfg.fp8_layers.strip() == ALL_KINDS or \
+        {k.strip() for k in cfg.fp8_layers.split(",")} >= {kind for _, kind, _ in model.block_linears()}
+    if cfg.fp8_recipe in FLOAT8_INPUTS and C >= cfg.fp8_min_dim and C % 16 == 0 and every_kind:
+        parts.per_layer *= TENSORWISE_ACTIVATIONS
+    if cfg.fp8_gelu_cast:       # mlp_proj keeps its input's transposed float8 copy too, made in the cast
+        parts.per_layer += sum(m.in_features for _, kind, m in model.block_linears() if kind == "mlp_proj") / L
 
 
 # fp8_recipe -> this module's Linear class (the other recipes are torchao's)

@@ -68,6 +68,23 @@ def apply(model, cfg, proc=None):
         (", softmax pass in Triton (speedgpt/features/softmax_pass.py)" if cfg.head_kernel else "")
 
 
+def memory(model, cfg, parts):
+    """What fused_ce changes in the memory estimate (speedgpt/memory.py's Parts, of `model`: a GPT of cfg's shape on
+    the meta device): no (tokens, vocab) logits kept, but one chunk's (fused_ce_chunk, padded vocab) float32
+    temporaries (about 4 uncompiled, 1 compiled: the measured peaks grow by about 4 bytes per element of the chunk)
+    plus the gradients it stores, of the hidden states (in the autocast dtype) and of the weight (float32). The way
+    out it names where the head holds much of the step: a smaller chunk; off, the flag itself (not with float16,
+    which check() refuses)."""
+    if not cfg.fused_ce:
+        parts.head_way_out = "--fused_ce=True (no logits kept)" if cfg.dtype != "float16" else ""
+        return
+    V, C = model.config.padded_vocab_size, model.config.n_embd
+    chunk = min(cfg.fused_ce_chunk, parts.tokens)
+    stored = parts.tokens * C * (2 if cfg.dtype in ("bfloat16", "float16") else 4) + V * C * 4
+    parts.head, parts.head_compiled = chunk * V * 4 * 4 + stored, chunk * V * 4 * 1 + stored
+    parts.head_way_out = "a smaller --fused_ce_chunk"
+
+
 def check_same_loss(model, tokens=8, scale=256):
     """Raise ValueError unless `model`'s own head (GPT.head without a head_loss: lm_head, then cross-entropy) gives
     the loss this module computes, on `tokens` random hidden states, eager, in the weights' dtype. The fused head
