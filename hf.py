@@ -260,7 +260,8 @@ def export_hf(ckpt_path, to):
     changes nothing); byte-level data gives a model of vocabulary 257 (ids 0-255 the UTF-8 bytes,
     256 end-of-text) and no tokenizer files. Before writing, the HF model's logits are checked against
     ours on a few tokens. Returns `to`. Raises FileNotFoundError (no checkpoint) or ValueError
-    (transformers missing, `to` a file, the checkpoint's folder or another run's, a folder that cannot be created,
+    (transformers missing, `to` a file, the checkpoint's folder or another run's, a folder holding files no export
+    wrote, a folder that cannot be created,
     a block GPT-2 does not have (GPT2_BLOCKS, the activation: checked before transformers is imported), a
     parameter GPT-2 cannot express), each in one line; OSError for a write that fails."""
     if os.path.isfile(to):
@@ -274,6 +275,13 @@ def export_hf(ckpt_path, to):
                               or newest_kept(to)):
         raise ValueError(f"--to {to} is a training run's folder: its config.json would overwrite the run's; "
                          f"export to a subfolder, e.g. {os.path.join(to, 'hf')}")
+    # any other folder's files would be replaced (config.json, a tokenizer) or left beside a model they do not
+    # describe: only a new or empty folder, or an earlier export (its speedgpt.json), is written into
+    held = sorted(os.listdir(to)) if os.path.isdir(to) else []
+    if held and "speedgpt.json" not in held:
+        raise ValueError(f"--to {to} holds files hf.py export did not write ({', '.join(held[:3])}"
+                         f"{', ...' if len(held) > 3 else ''}): export into a new or empty folder, or an earlier "
+                         "export's")
     ckpt = load_checkpoint(ckpt_path)
     ckpt.pop("optimizer")                                  # twice the weights, and not exported
     cfg, meta = ckpt["config"], ckpt["meta"]

@@ -466,3 +466,16 @@ def test_export_refuses_another_runs_folder(byte_data, tmp_path):
         shutil.rmtree(other)
     hf.main(["export", f"--out_dir={tmp_path / 'run'}", f"--to={tmp_path / 'hf'}"])     # a folder of its own: written
     hf.main(["export", f"--out_dir={tmp_path / 'run'}", f"--to={tmp_path / 'hf'}"])     # and written again
+    # any other model's folder, or one of a user's files, is left alone: its config and tokenizer were replaced
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text('{"model_type": "llama"}')
+    (llama / "tokenizer.json").write_text("{}")
+    with pytest.raises(SystemExit, match=re.escape(f"error: --to {llama} holds files hf.py export did not write "
+                                                   "(config.json, tokenizer.json): export into a new or empty folder, "
+                                                   "or an earlier export's")):
+        hf.main(["export", f"--out_dir={tmp_path / 'run'}", f"--to={llama}"])
+    assert sorted(os.listdir(llama)) == ["config.json", "tokenizer.json"]
+    assert (llama / "config.json").read_text() == '{"model_type": "llama"}'
+    (tmp_path / "empty").mkdir()
+    hf.main(["export", f"--out_dir={tmp_path / 'run'}", f"--to={tmp_path / 'empty'}"])    # an empty folder: written
