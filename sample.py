@@ -156,7 +156,9 @@ def main(argv=None):
     if args.start.startswith("FILE:") and not os.path.isfile(args.start[5:]):
         # a folder exists, so "not found" would send the user looking for it (configurator.py's wording)
         parser.error(f"prompt file {args.start[5:]} "
-                     + ("is a folder, not a file" if os.path.isdir(args.start[5:]) else "not found"))
+                     + ("is a folder, not a file" if os.path.isdir(args.start[5:]) else
+                        "is not a regular file (a device or a pipe): give a text file" if os.path.exists(args.start[5:])
+                        else "not found"))
     if source_error(args.init_from):
         parser.error(source_error(args.init_from))
     if args.out_dir and args.init_from != "resume":     # one model is sampled: say which instead of ignoring one

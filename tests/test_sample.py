@@ -50,7 +50,8 @@ def test_top_k_at_temperature_zero_is_one_line(tmp_path, capsys):
 
 def test_prompt_file_that_is_a_folder_is_one_line(tmp_path, capsys):
     """A folder exists: "not found" would send the user looking for it (train.py's --config says the same)."""
-    for start, why in ((tmp_path, "is a folder, not a file"), (tmp_path / "missing.txt", "not found")):
+    for start, why in ((tmp_path, "is a folder, not a file"), (tmp_path / "missing.txt", "not found"),
+                       ("/dev/null", "is not a regular file (a device or a pipe): give a text file")):
         with pytest.raises(SystemExit) as e:           # before the (missing) checkpoint is looked for
             sample.main([f"--out_dir={tmp_path}", "--device=cpu", f"--start=FILE:{start}"])
         assert e.value.code == 2 and capsys.readouterr().err == f"error: prompt file {start} {why}\n"
