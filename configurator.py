@@ -298,6 +298,38 @@ def split_flags(argv, takes_value):
     return out
 
 
+class GivenTwice(UserWarning):
+    """load_config's warning for a key the command line gives two values (given_twice)."""
+
+
+def given_twice(flags):
+    """A line for each key that `flags` ([(key, text of its value)], in order) sets to two different values (an
+    edited command line): the last one wins, as in nanoGPT, but said. The same value twice (1e-3 and 0.001) is
+    nothing to say."""
+    def value(text):
+        try:
+            return repr(ast.literal_eval(text))
+        except (ValueError, SyntaxError):
+            return text
+    out = []
+    for key in dict.fromkeys(k for k, _ in flags):
+        texts = [t for k, t in flags if k == key]
+        if len({value(t) for t in texts}) > 1:
+            out.append(f"--{key} is given {len(texts)} times ({', '.join(texts)}): the last, {texts[-1]}, is used")
+    return out
+
+
+def without_keys(argv, keys):
+    """`argv` (train.py's flags) without those that set one of `keys`, in the --key=value form: a script that lays
+    its own flags over a user's drops the user's, instead of giving train.py a key twice."""
+    return [f"--{k}" if v is None else f"--{k}={v}" for k, v in split_flags(argv, lambda k: False) if k not in keys]
+
+
+def flag_keys(argv):
+    """The keys `argv` (train.py's flags) sets."""
+    return {k for k, _ in split_flags(argv, lambda k: False)}
+
+
 class FlagParser(argparse.ArgumentParser):
     """argparse with train.py's flag rules, for the other scripts: `--key=value` and `--key value`, names
     in full (no abbreviations: `--temp` is not --temperature), bools as train.py's (add_bool), an unknown
@@ -329,6 +361,10 @@ class FlagParser(argparse.ArgumentParser):
                 joined += [arg, *args]
                 break
             joined.append(f"{arg}={args.pop(0)}" if arg in takes and args and not args[0].startswith("--") else arg)
+        given = joined[:joined.index("--")] if "--" in joined else joined
+        for line in given_twice([(a[2:].partition("=")[0], a.partition("=")[2] or "True") for a in given
+                                 if a.startswith("--")]):
+            print(f"warning: {line}", file=sys.stderr)
         namespace, extra = super().parse_known_args(joined, namespace)
         if extra:
             word = extra[0]
@@ -389,10 +425,8 @@ def load_config(argv, with_explicit=False):
             raise ValueError(_unknown(key, "command line"))
         else:
             overrides.append((key, "True" if raw is None else raw))     # a bare bool flag: True
-    for key in dict.fromkeys(k for k, _ in overrides):    # a flag twice (an edited command line): the last one wins
-        raws = [r for k, r in overrides if k == key]
-        if len(set(raws)) > 1:
-            warnings.warn(f"--{key} is given {len(raws)} times ({', '.join(raws)}): the last, {raws[-1]}, is used")
+    for line in given_twice(overrides):
+        warnings.warn(line, GivenTwice)
     values, setter = {}, {}          # setter: key -> the source that set it last (files in order, then overrides)
     theirs, given = None, set()      # the first config file of nanoGPT's; every key set, nanoGPT's too
     placed, theirs_set = {}, {}      # our key -> [(a key that set it, its value, where)]; nanoGPT's keys read

@@ -11,7 +11,8 @@ left out), then per variant the mean over its runs, their spread and the ratio t
         --n_head=2 --n_embd=32 --block_size=64 --batch_size=4          # the smoke test, on a CPU
 
 A variant is NAME=FLAGS: train.py flags, space-separated (empty: the preset as it is). Flags after -- go to every
-variant, before its own. Each variant is checked as train.py checks a run on this machine, before the first run.
+variant, before its own (a variant's flag replaces the shared flag of the same key). Each variant is checked as
+train.py checks a run on this machine, before the first run.
 Every run trains --warmup + --steps optimizer steps of one micro-batch each (--total_batch_size=0: the equal work of
 a peer's bench.py; give --total_batch_size after -- for the preset's own step), with no evaluation and no
 checkpoint, into --out/NAME_rROUND. The first run that fails stops the comparison in one line with its error. Rows
@@ -29,6 +30,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from configurator import flag_keys, without_keys  # noqa: E402
 from speedgpt.corpus import interrupt_signal, run_child, sigterm_as_interrupt  # noqa: E402
 from speedgpt.measure import append_record, error_line  # noqa: E402
 
@@ -59,7 +61,8 @@ def owned(flags):
 
 def train_argv(name, r, flags, args):
     """train.py's arguments for variant `name` (its `flags`) in round `r` (from 0)."""
-    return [*(["--config", args.config] if args.config else []), "--total_batch_size=0", *args.extra, *flags,
+    return [*(["--config", args.config] if args.config else []), "--total_batch_size=0",
+            *without_keys(args.extra, flag_keys(flags)), *flags,        # a variant's flag replaces the shared one
             f"--out_dir={os.path.join(args.out, f'{name}_r{r + 1}')}", f"--max_iters={args.warmup + args.steps}",
             f"--timing_warmup={args.warmup}", "--eval_tokens=0", "--save_checkpoints=False"]
 
@@ -71,20 +74,21 @@ def refusal(name, flags, args):
     import io
     import warnings
 
-    import torch
-
     import train
-    from configurator import load_config
-    from speedgpt.distributed import Proc
+    from configurator import GivenTwice, load_config
+    from speedgpt.distributed import resolve_device
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")          # train.py prints them in the run's log
+        with warnings.catch_warnings(record=True) as said, contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("always")
             cfg = load_config(train_argv(name, 0, flags, args))
-            gpu = torch.cuda.is_available() and not cfg.device.startswith(("cpu", "mps"))
-            train.check_flags(cfg, Proc(0, 0, 1, torch.device("cuda", 0) if gpu else torch.device("cpu")),
-                              skip=(train.data,))
+            # one process, as each run is: its device checked as train.py's start checks it
+            train.check_flags(cfg, resolve_device(cfg, env={}), skip=(train.data,))
     except (ValueError, TypeError, FileNotFoundError) as e:
         return str(e)
+    # a flag given twice, before the runs (the table would measure the last value unsaid); the schedule's warnings
+    # of a benchmark's short run, in its log alone
+    for line in dict.fromkeys(str(w.message) for w in said if issubclass(w.category, GivenTwice)):
+        print(f"warning: variant {name}: {line}", flush=True)
     return None
 
 

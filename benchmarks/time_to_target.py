@@ -286,8 +286,7 @@ def train_argv(args, recipe, setting, seed, data_dir, out_dir):
               [f"--max_iters={steps}", f"--lr_decay_iters={steps}"])
     base = base_argv(args, recipe)
     if "batch_size" in setting:          # the setting's micro-batch replaces --train_args' (no flag given twice)
-        base = [f"--{k}" if v is None else f"--{k}={v}" for k, v in configurator.split_flags(base, lambda k: False)
-                if k != "batch_size"]
+        base = configurator.without_keys(base, {"batch_size"})
     return [*base, f"--data_dir={os.path.abspath(data_dir)}",
             f"--out_dir={os.path.abspath(out_dir)}", f"--total_batch_size={batch}", *length,
             *([f"--batch_size={setting['batch_size']}"] if "batch_size" in setting else []),
@@ -369,8 +368,10 @@ def run_key(args, recipe, setting, seed, data, code, device):
     import contextlib
     import dataclasses
     import io
+    import warnings
     from configurator import load_config
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")                 # preflight said them
         cfg = dataclasses.asdict(load_config(train_argv(args, recipe, setting, seed, "", "")))
     settings = {k: v for k, v in sorted(cfg.items()) if k not in ("out_dir", "data_dir")}
     return hashlib.sha256(json.dumps([settings, data, code, device], default=str).encode()).hexdigest()
@@ -561,11 +562,11 @@ def preflight(args, recipes, data_dir):
     from speedgpt.distributed import Proc, plan_batch
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     vocab = memory.vocab_size(data_dir) if os.path.isfile(os.path.join(data_dir, "meta.json")) else memory.GPT2_VOCAB
-    sweeps = {}
+    sweeps, said = {}, {}
     for recipe in recipes:
         try:
-            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-                warnings.simplefilter("ignore")
+            with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("always")
                 plain = load_config(base_argv(args, "adamw"))          # the preset and --train_args alone
                 given = [f"{k}={getattr(plain, k)!r}" for k in RECIPE_KEYS if getattr(plain, k) != getattr(Config, k)]
                 if given:                   # else the table would name one recipe and the runs train another
@@ -614,6 +615,9 @@ def preflight(args, recipes, data_dir):
         except (ValueError, TypeError, FileNotFoundError) as e:
             sys.exit(f"error: the {recipe} runs: {e} (train.py's flags go through --train_args" +
                      ("" if device.type == "cuda" else f"; a small run on a CPU: {CPU_EXAMPLE}") + ")")
+        said.update(dict.fromkeys(str(w.message) for w in caught))
+    for line in said:           # once here, as train.py says them (a flag given twice, a schedule): not in every run's
+        print(f"warning: {line}", flush=True)                                                           # log alone
     return sweeps
 
 
@@ -771,8 +775,8 @@ def main(argv=None):
     runs = [*ours, *([nanogpt] if nanogpt else [])]
     length = f"{args.minutes:g} minutes of training" if args.minutes else f"{args.tokens:,} tokens"
     pick = "the lowest final val loss" if args.minutes else "the fewest seconds to the target"
-    reused = [f"{store.reused} of the runs taken from {store.path} (--resume: the same flags, data, code and device)", ""] \
-        if store.reused else []
+    reused = [f"{store.reused} of the runs taken from {store.path} (--resume: the same flags, data, code and "
+              "device)", ""] if store.reused else []
     lines = [f"The sweep at seed {args.seeds[0]}: every run {length}, evaluated every {args.eval_every:,} tokens on "
              f"the whole val split of {data_dir}", "", *sweep_table(swept), "", *edges(args, chosen),
              *inside_warmup(args, ours), *reused,

@@ -52,11 +52,25 @@ def device_problem(device):
 
 
 def setup_processes(cfg):
-    """Rank, world size and device; the process group when several processes run (torchrun sets
+    """Rank, world size and device (resolve_device); the process group when several processes run (torchrun sets
     WORLD_SIZE, RANK, LOCAL_RANK): NCCL with GPU LOCAL_RANK each, or gloo on the CPU. One process
-    (WORLD_SIZE unset or 1) needs no process group. Raises ValueError for an incomplete launch
-    environment, a GPU device without CUDA, or more processes per node than visible GPUs."""
-    env, world = os.environ, int(os.environ.get("WORLD_SIZE", 1))
+    (WORLD_SIZE unset or 1) needs no process group. Raises resolve_device's ValueError."""
+    proc = resolve_device(cfg)
+    if proc.device.type == "cuda":
+        torch.cuda.set_device(proc.device)
+    if proc.world > 1:
+        cuda = proc.device.type == "cuda"
+        dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=proc.device if cuda else None)
+    return proc
+
+
+def resolve_device(cfg, env=None):
+    """The Proc of this process (launch environment `env`, default os.environ: torchrun's WORLD_SIZE, RANK,
+    LOCAL_RANK) with no side effect: what setup_processes starts, and what a script checks a run's flags against
+    before running it (benchmarks/ab.py). Raises ValueError for an incomplete launch environment, a GPU device
+    without CUDA, or more processes per node than visible GPUs."""
+    env = os.environ if env is None else env
+    world = int(env.get("WORLD_SIZE", 1))
     missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in env]
     if world > 1 and missing:
         raise ValueError(f"WORLD_SIZE={world} but {', '.join(missing)} not set: launch several processes with torchrun")
@@ -88,10 +102,6 @@ def setup_processes(cfg):
             raise ValueError(f"device={cfg.device!r} but only {torch.cuda.device_count()} GPU(s) are visible")
     else:
         device = torch.device("mps" if mps else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if world > 1:
-        dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=device if cuda else None)
     return Proc(rank, local_rank, world, device)
 
 

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -25,6 +26,7 @@ def test_two_variants_alternate_and_print_one_table(byte_data, tmp_path):
     assert [(r["variant"], r["round"]) for r in rows] == [("a", 1), ("b", 1), ("b", 2), ("a", 2)]   # B A: reversed
     assert all("--total_batch_size=0" in r["command"] and "--max_iters=3" in r["command"] for r in rows)
     assert "--n_embd=48" in rows[1]["command"] and "--n_embd=48" not in rows[0]["command"]
+    assert "--n_embd=32" in rows[0]["command"] and "--n_embd=32" not in rows[1]["command"]   # replaced, not given twice
     table = proc.stdout.split("\n\n")[-1].strip().splitlines()
     assert table[0].startswith("| variant | tok/s, each round | mean | spread | against a |") and len(table) == 4
     tps = {r["variant"]: [x["tokens_per_sec"] for x in rows if x["variant"] == r["variant"]] for r in rows}
@@ -43,6 +45,7 @@ def test_two_variants_alternate_and_print_one_table(byte_data, tmp_path):
     (["a=", "b=--n_layr=3"], "variant b: unknown config key 'n_layr'"),
     (["--steps=0", "a=", "b="], "--steps 0 (at least 1)"),
     (["a=", "b=--fp8=True", *TINY], "variant b: fp8=True needs a GPU"),       # train.py's refusal, before a's run
+    (["a=", "b=--device=cuda:99", *TINY], "variant b: device='cuda:99' but "),   # its start's, before a's run too
 ])
 def test_a_bad_comparison_is_one_line_before_any_run(given, said, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
@@ -62,3 +65,10 @@ def test_sigterm_stops_the_run_under_way_in_one_line(byte_data, tmp_path):
     assert code == 143 and err.strip().splitlines()[-1] == \
         f"ab.py: stopped; the finished runs are in {out / 'rows.jsonl'}", err[-2000:]
     assert not alive, "the run outlived ab.py"
+
+
+def test_a_flag_given_twice_in_a_variant_is_said_before_the_runs(tmp_path, capsys):
+    """It was said in the run's log alone, and the table measured the last value unsaid."""
+    args = types.SimpleNamespace(config="", out=str(tmp_path), warmup=1, steps=1, extra=TINY[1:])
+    assert ab.refusal("b", ["--n_layer=3", "--n_layer=4"], args) is None
+    assert capsys.readouterr().out == "warning: variant b: --n_layer is given 2 times (3, 4): the last, 4, is used\n"

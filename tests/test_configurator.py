@@ -40,6 +40,14 @@ def test_a_flag_given_twice_with_two_values_takes_the_last_and_says_so():
     with warnings.catch_warnings():
         warnings.simplefilter("error")                   # the same value twice, or once: nothing to say
         assert configurator.load_config(["--compile", "--compile=True", "--n_layer=2"]).compile
+        assert configurator.load_config(["--learning_rate=1e-3", "--learning_rate=0.001"]).learning_rate == 1e-3
+
+
+def test_the_other_scripts_say_a_flag_given_twice_too(capsys):
+    """sample.py, eval.py, hf.py, bench.py (FlagParser) took the last value silently, where train.py says it."""
+    with pytest.raises(SystemExit):
+        sample.main(["--top_k", "5", "--top_k=7", "--device=cpu", "--out_dir=/nonexistent"])
+    assert capsys.readouterr().err.startswith("warning: --top_k is given 2 times (5, 7): the last, 7, is used\n")
 
 
 def test_a_bare_bool_is_true_and_only_a_bool_may_be_bare():

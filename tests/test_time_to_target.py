@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import types
+import warnings
 from dataclasses import asdict
 
 import pytest
@@ -518,6 +519,20 @@ def test_a_step_below_the_presets_micro_batch_takes_a_smaller_micro_batch():
             for s in ttt.settings(args, "muon", base)}
     assert {batch: cfg.batch_size for batch, cfg in runs.items()} == {32768: 32, 65536: 64, 131072: 64}
     assert [plan_batch(cfg, 1) for cfg in runs.values()] == [1, 1, 2]
+
+
+def test_a_flag_given_twice_is_one_warning_line_before_the_runs(byte_data, tmp_path, monkeypatch, capsys):
+    """It came as Python's raw warning (file, line and source) from a run's key, and again in every run's log."""
+    monkeypatch.setattr(ttt, "train_run", lambda args, recipe, setting, seed, data_dir: ttt.result(
+        recipe, setting, seed, [(0, 5.0, 0, 0.0), (4, 2.0, 1024, 1.0)], args.target, 1.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                     # nothing reaches Python's own printing
+        ttt.main(["--target", "2.5", "--config", "", "--data_dir", str(byte_data), "--recipes", "adamw",
+                  "--batch_tokens", "256", "--lr_scales", "1", "--seeds", "1", "--tokens", "2048", "--eval_every",
+                  "1024", "--train_args", "--n_layer=1 --n_head=2 --n_embd=32 --block_size=64 --batch_size=4",
+                  "--train_args=--n_layer=2", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert out.count("warning: --n_layer is given 2 times (1, 2): the last, 2, is used\n") == 1, out
 
 
 def test_the_best_step_below_the_micro_batch_keeps_its_micro_batch_at_every_seed(byte_data, tmp_path, monkeypatch):
