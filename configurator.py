@@ -362,8 +362,9 @@ class FlagParser(argparse.ArgumentParser):
                 break
             joined.append(f"{arg}={args.pop(0)}" if arg in takes and args and not args[0].startswith("--") else arg)
         given = joined[:joined.index("--")] if "--" in joined else joined
-        for line in given_twice([(a[2:].partition("=")[0], a.partition("=")[2] or "True") for a in given
-                                 if a.startswith("--")]):
+        commands = any(isinstance(a, argparse._SubParsersAction) for a in self._actions)   # its command's says it
+        for line in [] if commands else given_twice([(a[2:].partition("=")[0], a.partition("=")[2] or "True")
+                                                     for a in given if a.startswith("--")]):
             print(f"warning: {line}", file=sys.stderr)
         namespace, extra = super().parse_known_args(joined, namespace)
         if extra:
