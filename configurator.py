@@ -336,9 +336,10 @@ class FlagParser(argparse.ArgumentParser):
     flag answered with the closest known one, and every error one line, `error: ...` on stderr, exit
     status 2 (argparse's, for a usage error), without the usage block."""
 
-    def __init__(self, *args, passes_on=(), **kwargs):
+    def __init__(self, *args, passes_on=(), hints=None, **kwargs):
         super().__init__(*args, allow_abbrev=False, **kwargs)
         self.passes_on = set(passes_on)      # keys given to train.py after `--` (bench.py's): named so when before it
+        self.hints = hints or {}             # {an unknown flag users try: the way out}, where the closest name misleads
 
     def add_bool(self, name, help=None):
         """A bool flag as train.py takes one: --name (True), --name=True/False or --name True/False."""
@@ -373,6 +374,8 @@ class FlagParser(argparse.ArgumentParser):
                 self.error(f"cannot parse argument {word!r}: use --key=value or --key value")
             if word[2:].split("=")[0] in self.passes_on:
                 self.error(f"{word.split('=')[0]} is train.py's: give it after `--` (python {self.prog} ... -- {word})")
+            if word.split("=")[0] in self.hints:
+                self.error(f"unknown flag {word.split('=')[0]!r}: {self.hints[word.split('=')[0]]}")
             known = [o for a in self._actions for o in a.option_strings if o.startswith("--") and o != "--help"]
             self.error(f"unknown flag {word.split('=')[0]!r}: "
                        + did_you_mean(word.split("=")[0], known, f"python {self.prog} --help lists every flag"))

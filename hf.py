@@ -363,7 +363,8 @@ def main(argv=None):
     parser = FlagParser(prog="hf.py", description="Hugging Face interop. Fine-tuning from GPT-2 is train.py's "
                                      f"init_from ({', '.join(HF_GPT2)} or a folder); this exports.")
     sub = parser.add_subparsers(dest="command")
-    ex = sub.add_parser("export", help="write out_dir/ckpt.pt as a Hugging Face GPT-2 folder")
+    ex = sub.add_parser("export", help="write out_dir/ckpt.pt as a Hugging Face GPT-2 folder",
+                        hints={"--out": "the folder to write is --to (--out_dir names the training run to export)"})
     ex.add_argument("--out_dir", default="out", help="the training run's folder, holding ckpt.pt, or a kept step's "
                     "file (out/ckpt_step000500.pt)")
     ex.add_argument("--to", default=None, help="the folder to write (default: OUT_DIR/hf; for a kept step's file, "

@@ -294,6 +294,14 @@ def test_an_empty_to_is_one_line(tmp_path, capsys):
         "error: --to is empty: give the folder to write, or leave --to out for OUT_DIR/hf\n"
 
 
+def test_out_for_the_output_folder_names_to(tmp_path, capsys):
+    """The closest known name, --out_dir, is the run to export: the hint sent users to the wrong flag."""
+    with pytest.raises(SystemExit) as e:
+        hf.main(["export", f"--out_dir={tmp_path}", "--out=x"])
+    assert e.value.code == 2 and capsys.readouterr().err == \
+        "error: unknown flag '--out': the folder to write is --to (--out_dir names the training run to export)\n"
+
+
 def test_an_export_without_the_tokenizers_files_writes_nothing(tmp_path, monkeypatch):
     """Offline without tiktoken's cache, exporting a GPT-2-token run wrote config.json and model.safetensors, then
     failed on the tokenizer: a model without its tokenizer (or beside an earlier export's). The files are read
