@@ -39,7 +39,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from configurator import FlagParser
+from configurator import FlagParser, seed as seed_type
 from speedgpt import corpus
 from speedgpt.corpus import ByteTokenizer, GPT2Tokenizer, get_tokenizer   # noqa: F401 (data.get_tokenizer is public)
 from speedgpt.corpus import interrupt_signal, sigterm_as_interrupt, token_bytes
@@ -445,7 +445,7 @@ def main(argv=None):
     parser.add_argument("--text_field", default="text",
                         help="the document's field (JSON) or column (parquet, datasets)")
     parser.add_argument("--val_frac", type=float, default=0.05, help="share of the documents held out for val")
-    parser.add_argument("--seed", type=int, default=1337, help="which documents go to val")
+    parser.add_argument("--seed", type=seed_type, default=1337, help="which documents go to val (as train.py's seeds)")
     parser.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: one per CPU)")
     parser.add_argument("--shard_tokens", type=int, default=SHARD_TOKENS, help="tokens per .bin shard file")
     parser.add_argument("--max_tokens", type=int, default=None,

@@ -523,6 +523,7 @@ def test_max_tokens_that_ends_inside_the_first_document_says_so(tmp_path):
     (["--in", "x", "--ou", "y"], "unknown flag '--in': did you mean --input?"),
     (["--val_frac=abc"], "argument --val_frac: invalid float value: 'abc'"),
     (["--tokenizer=foo"], "argument --tokenizer: invalid choice: 'foo'"),
+    (["--seed=-1"], "argument --seed: must be a whole number in [0, 4294967295]"),       # as train.py's seeds
     (["--input", "x"], "--out is required with --input: add --out FOLDER"),
     (["--out", ""], "--out is empty: give the folder the shards go to"),
 ])
