@@ -364,8 +364,10 @@ class FlagParser(argparse.ArgumentParser):
             joined.append(f"{arg}={args.pop(0)}" if arg in takes and args and not args[0].startswith("--") else arg)
         given = joined[:joined.index("--")] if "--" in joined else joined
         commands = any(isinstance(a, argparse._SubParsersAction) for a in self._actions)   # its command's says it
-        for line in [] if commands else given_twice([(a[2:].partition("=")[0], a.partition("=")[2] or "True")
-                                                     for a in given if a.startswith("--")]):
+        repeatable = {o[2:] for a in self._actions if isinstance(a, (argparse._AppendAction, argparse._CountAction))
+                      for o in a.option_strings}          # given again on purpose: each use adds
+        pairs = [(a[2:].partition("=")[0], a.partition("=")[2] or "True") for a in given if a.startswith("--")]
+        for line in [] if commands else given_twice([(k, v) for k, v in pairs if k not in repeatable]):
             print(f"warning: {line}", file=sys.stderr)
         namespace, extra = super().parse_known_args(joined, namespace)
         if extra:

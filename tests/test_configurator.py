@@ -48,6 +48,9 @@ def test_the_other_scripts_say_a_flag_given_twice_too(capsys):
     with pytest.raises(SystemExit):
         sample.main(["--top_k", "5", "--top_k=7", "--device=cpu", "--out_dir=/nonexistent"])
     assert capsys.readouterr().err.startswith("warning: --top_k is given 2 times (5, 7): the last, 7, is used\n")
+    parser = configurator.FlagParser(prog="x")
+    parser.add_argument("--more", action="append", default=[])                # each use adds: nothing to say
+    assert parser.parse_args(["--more=a", "--more", "b"]).more == ["a", "b"] and capsys.readouterr().err == ""
     with pytest.raises(SystemExit):                    # a command's flags: said once, by the command's parser
         hf.main(["export", "--out_dir=a", "--out_dir=/nonexistent"])
     assert capsys.readouterr().err == "warning: --out_dir is given 2 times (a, /nonexistent): the last, " \
