@@ -406,7 +406,10 @@ def _typed(key, value, where):
         raise ValueError(f"config key {key!r} ({where}) must be a finite number, got {value!r}")
     if type(value) is not want:
         raise TypeError(f"config key {key!r} ({where}) must be {want.__name__}, got {value!r} ({type(value).__name__})"
-                        + (": give True or False" if want is bool else ""))
+                        + (": give True or False" if want is bool else "")
+                        + (f": Python's numbers take no leading zeros, give {value.lstrip('0') or '0'}"
+                           if want in (int, float) and isinstance(value, str) and re.fullmatch(r"0\d+", value)
+                           else ""))
     allowed = choices(key)
     if allowed is not None and value not in allowed:
         raise ValueError(f"config key {key!r} ({where}) must be one of {allowed}, got {value!r}")

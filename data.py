@@ -56,6 +56,10 @@ ONE_DOCUMENT = ("input {source} has 1 document: a train/val split needs at least
                 "a line of .jsonl): split it into files in a folder, or prepare it without validation, --val_frac=0")
 
 
+# below this many tokens a shard, data.py's command line warns (a corpus of billions would be thousands of files)
+SMALL_SHARD = 1_000_000
+
+
 def prepare(input_path, out_dir, tokenizer="byte", val_frac=0.05, seed=1337, workers=None,
             shard_tokens=SHARD_TOKENS, text_field="text", max_tokens=None, encoding="utf-8"):
     """Tokenise the documents of `input_path` (corpus.iter_texts: a folder, a text, JSON lines, JSON or
@@ -459,6 +463,9 @@ def main(argv=None):
         if args.input is not None:
             parser.error("--out is required with --input: add --out FOLDER, where the shards go")
         args.out = f"data/stdlib_{args.tokenizer}"
+    if 0 < args.shard_tokens < SMALL_SHARD:    # legal (tests use tiny shards) but a corpus becomes thousands of files
+        print(f"warning: --shard_tokens={args.shard_tokens:,} writes a file every {args.shard_tokens:,} tokens, each "
+              f"with a 1 KiB header; leave it out for {SHARD_TOKENS:,} tokens a shard", file=sys.stderr)
     try:
         with sigterm_as_interrupt():
             prepare(args.input, args.out, args.tokenizer, args.val_frac, args.seed, args.workers,

@@ -69,6 +69,18 @@ def test_a_bare_bool_is_true_and_only_a_bool_may_be_bare():
         configurator.load_config(["--n_layer"])
 
 
+def test_a_number_with_leading_zeros_names_them():
+    """Python's literals refuse 02 (an int) and read 0.5 or 00 fine: the refusal says what is wrong with 02."""
+    with pytest.raises(TypeError, match=r"must be int, got '02' \(str\): Python's numbers take no leading zeros, "
+                                        r"give 2$"):
+        configurator.load_config(["--max_iters=02"])
+    with pytest.raises(TypeError, match=r"must be float, got '007' \(str\): .*, give 7$"):
+        configurator.load_config(["--learning_rate=007"])
+    assert configurator.load_config(["--max_iters=00"]).max_iters == 0
+    with pytest.raises(TypeError, match=r"must be int, got 'two' \(str\)$"):
+        configurator.load_config(["--max_iters=two"])
+
+
 def test_a_value_that_starts_with_dashes_is_never_swallowed():
     with pytest.raises(ValueError, match=r"^--out_dir needs a value: --out_dir=VALUE or --out_dir VALUE "
                                          r"\('--n_layer=2' is a flag: a value that starts with -- takes the = form\)$"):

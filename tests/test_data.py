@@ -594,6 +594,20 @@ def test_a_bad_value_is_named_alone_with_the_way_out(tmp_path, capsys, argv, say
     assert json.load(open(tmp_path / "o" / "meta.json"))["val_docs"] == 0
 
 
+def test_tiny_shards_are_warned_before_tokenizing(tmp_path, capsys):
+    """--shard_tokens=10 is legal but writes a file every 10 tokens: said once, first, with the default's way out."""
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        (tmp_path / "in" / f"{i}.txt").write_text(f"document {i} " * 20)
+    data.main(["--input", str(tmp_path / "in"), "--out", str(tmp_path / "o"), "--workers=1", "--shard_tokens=100"])
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == ("warning: --shard_tokens=100 writes a file every 100 tokens, each with a 1 KiB "
+                                   "header; leave it out for 100,000,000 tokens a shard"), err
+    assert len(list((tmp_path / "o").glob("*train_*.bin"))) > 1
+    data.main(["--input", str(tmp_path / "in"), "--out", str(tmp_path / "p"), "--workers=1"])
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_a_split_too_short_for_one_row_names_the_way_out(byte_data):
     n = data.Loader(str(byte_data), "val", 1, 64).n_rows * 64
     with pytest.raises(ValueError, match=rf"^val shards in {byte_data} hold \d+ tokens, too few for one row of "
