@@ -276,7 +276,7 @@ def first_rung_refusal(args, extra):
                 f"{cpu_example(args)}")
     try:
         proc = types.SimpleNamespace(device=torch.device("cuda" if cuda else "cpu"), world=1)
-        memory.report(cfg, proc, train.FEATURES)
+        memory.report(cfg, proc, train.TRANSFORMS)
     except ValueError as e:
         name = LADDER[args.start - 1][0].strip("+ ")
         said = str(e).split(" available: ")[0] + " available"    # train.py's advice names flags bench.py sets itself

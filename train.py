@@ -48,9 +48,10 @@ from speedgpt.measure import (MetricsLogger, Timer, ideal_seconds_per_token, pea
 # speedgpt/features/__init__.py lists. A feature added is a module there and an entry here; a feature removed, the
 # reverse (and its keys in configurator.py).
 FEATURES = (fp8, gelu_pass, fused_ce, activation_checkpointing, compilation)
+TRANSFORMS = (*FEATURES, parallel)     # every transform, in order: the memory estimate asks each what it changes
 # every check before any work, in this order: the attention backend first (it resolves 'auto'), HellaSwag last
 # (hellaswag='on' may download its file)
-CHECKS = (attention, distributed, *FEATURES, parallel, evaluation, measure, optim, budget, memory, data, checkpoint,
+CHECKS = (attention, distributed, *TRANSFORMS, evaluation, measure, optim, budget, memory, data, checkpoint,
           hellaswag)
 _setup_done = False        # errors after setup are bugs, not bad input: they keep their traceback
 PT_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -87,7 +88,7 @@ def check_flags(cfg, proc, skip=()):
                                  "train on a CPU at the quickstart's size (python train.py)", said=cpu_way)
             refuse.raise_all(f"this run on {attention.DEVICE_NAMES.get(proc.device.type, proc.device.type)}")
             refuse.gather = False                  # its own refusal, and any after it, as they come
-        features = (FEATURES,) if module is memory else ()     # the estimate counts what each feature keeps
+        features = (TRANSFORMS,) if module is memory else ()   # the estimate counts what each transform keeps
         cfg = refuse(module.check, cfg, proc, *features) or cfg
     return cfg
 
@@ -435,7 +436,7 @@ def run_command(argv):
         print0(f"this run is finished: {resume.resume_path(cfg, explicit)[1]} {ckpt['finished']}")
         leave(proc, True)
         return {"finished": True, "step": ckpt["step"], "best_val_loss": ckpt["best_val_loss"]}
-    said = memory.report(cfg, proc, FEATURES)         # after every check: a refused run prints only its refusal
+    said = memory.report(cfg, proc, TRANSFORMS)        # after every check: a refused run prints only its refusal
     if said:
         print0(said)
     meta, train_loader, val_loader, token_bytes = build_data(cfg, proc, grad_accum_steps, ckpt)

@@ -605,7 +605,7 @@ def preflight(args, recipes, data_dir):
                     plan_batch(resolved, 1)
                     if not os.path.isfile(os.path.join(data_dir, "meta.json")):   # the corpus to come: GPT-2's
                         memory.fits(resolved, memory.GPT2_VOCAB, device,          # tokens (check_flags skips it)
-                                    features=train.FEATURES)
+                                    features=train.TRANSFORMS)
                 largest = max(sweeps[recipe], key=lambda setting: setting["batch_tokens"])
                 for block in args.blocks:            # at any setting of the sweep: the best is not known yet
                     cfg = load_config(train_argv(args, recipe, {**largest, "block": block}, args.seeds[0], data_dir,

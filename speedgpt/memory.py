@@ -7,7 +7,8 @@ is found out late: on a CPU the machine swaps for minutes before the kernel kill
     line = fits(cfg, vocab_size, device, world, features)   # ValueError when est.total > MARGIN x available(device)
 
 This module counts the model's own step (its weights, optimizer state, blocks, attention and head); the features
-(train.FEATURES, which the callers pass) report what they change, each through its memory(model, cfg, parts)
+(train.TRANSFORMS, which the callers pass: the features, then the
+data-parallel wrapper) report what they change, each through its memory(model, cfg, parts)
 (speedgpt/features/__init__.py), on the Parts below: this module reads none of their keys.
 
 The estimate is a model of the peak, not a measurement: within 0.7x-1.2x of each peak measured on a GPU
@@ -47,6 +48,7 @@ class Estimate:
     head: int            # the output head: the logits and their gradient (or what a feature's head keeps)
     activations_way_out: str = ""   # a flag that shrinks the activations, as a feature names it (Parts)
     head_way_out: str = ""          # one that shrinks the head's
+    weights_way_out: str = ""       # one that shrinks the weights, gradients and optimizer state
 
     @property
     def weights(self):
@@ -66,10 +68,14 @@ class Estimate:
 
 @dataclass
 class Parts:
-    """One micro-batch's activations and head as estimate() counts them for the model alone, for each feature's
-    memory(model, cfg, parts) (speedgpt/features/__init__.py) to change by what the feature changes, in
-    train.FEATURES' order; estimate() then adds them up. Bytes per process."""
+    """The step's state and one micro-batch's activations and head as estimate() counts them for the model alone in
+    one process, for each transform's memory(model, cfg, parts) (speedgpt/features/__init__.py) to change by what
+    it changes, in train.TRANSFORMS' order; estimate() then adds them up. Bytes per process."""
     tokens: int                 # the micro-batch's: batch_size x block_size
+    world: int                  # processes in the job
+    params: int                 # the float32 weights, their float32 gradients and the optimizer's float32 state,
+    grads: int                  # of the whole model in one process (a wrapper that shards them, or adds a copy,
+    optimizer: int              # changes them: speedgpt/features/parallel.py)
     per_layer: float            # bytes per token per layer the blocks keep for the backward (block_bytes_per_token,
                                 # in the run's dtype), attention's scores aside
     scores: int                 # bytes per token per layer attention keeps besides: attention='naive''s T x T scores
@@ -81,6 +87,7 @@ class Parts:
                                 # from kept); None: every layer keeps `kept` for every token
     blocks_way_out: str = ""    # a flag that shrinks the blocks' bytes, for fits()' refusal ("use --key=value")
     head_way_out: str = ""      # one that shrinks the head's, named where the head is over a quarter of the step
+    weights_way_out: str = ""   # one that shrinks params, grads and optimizer, named where they outweigh the blocks
 
     @property
     def kept(self):
@@ -129,14 +136,13 @@ def block_bytes_per_token(model):
 def estimate(cfg, vocab_size, world=1, features=(), device=None):
     """Bytes per process of one training step of `cfg` (a resolved Config: attention not 'auto'; 'auto' is
     counted as 'sdpa', the larger of its answers) on a vocabulary of `vocab_size` ids, with `world` processes, and
-    the `features` (train.FEATURES: each one's memory(), where it has one, changes the Parts in that order; none:
+    the `features` (train.TRANSFORMS: each one's memory(), where it has one, changes the Parts in that order; none:
     the model alone) on `device` (fits()': None, as cfg asks). An Estimate of int bytes by part. The parts, the
     model's own (what each feature changes: its memory()'s docstring):
 
     weights: float32 parameters, their float32 gradients and the optimizer's float32 state (AdamW: 2 moments;
-        optimizer='muon': 1 momentum buffer on the block matrices, AdamW's 2 on the rest); FSDP with
-        world > 1 shards all three by world (the gathered block or two is left out: small next to them); DDP
-        adds its gradient buckets, a copy of the gradients (gradient_as_bucket_view is off).
+        optimizer='muon': 1 momentum buffer on the block matrices, AdamW's 2 on the rest), in one process (with
+        world > 1 the data-parallel wrapper's memory() shards them, or adds its copy: speedgpt/features/parallel.py).
     activations of one micro-batch (batch_size x block_size tokens): per layer per token 34 C bytes in 16-bit
         autocast for GPT-2's block (block_bytes_per_token: from the model's Linears), plus 5 n_head T bytes for
         attention='naive''s T x T scores (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
@@ -153,22 +159,18 @@ def estimate(cfg, vocab_size, world=1, features=(), device=None):
     V = model.config.padded_vocab_size
     n, in_matrices = n_params(cfg, vocab_size, model)
     adam = n - in_matrices if cfg.optimizer == "muon" else n
-    params, grads, optimizer = 4 * n, 4 * n, 8 * adam + 4 * (n - adam)
-    if world > 1 and cfg.parallelism == "fsdp":
-        params, grads, optimizer = params // world, grads // world, optimizer // world
-    elif world > 1:
-        grads += 4 * n
-    parts = Parts(tokens=tokens, per_layer=block_bytes_per_token(model) * (1 if half else 2),
+    parts = Parts(tokens=tokens, world=world, params=4 * n, grads=4 * n, optimizer=8 * adam + 4 * (n - adam),
+                  per_layer=block_bytes_per_token(model) * (1 if half else 2),
                   scores=5 * cfg.n_head * T if cfg.attention == "naive" else 0,
                   head=tokens * V * 16, head_compiled=tokens * V * 6, device=device)
-    for feature in features:                # in train.FEATURES' order: a later one reads what the earlier left
+    for feature in features:                # in train.TRANSFORMS' order: a later one reads what the earlier left
         if hasattr(feature, "memory"):
             feature.memory(model, cfg, parts)
     blocks = tokens * parts.kept * L if parts.blocks is None else parts.blocks
     masked = cfg.attention in ("naive", "sdpa", "auto") and cfg.packing and cfg.document_mask
     activations = blocks + (cfg.batch_size * T * T if masked else 0)
-    return Estimate(int(params), int(grads), int(optimizer), int(activations), int(parts.head),
-                    parts.blocks_way_out, parts.head_way_out)
+    return Estimate(int(parts.params), int(parts.grads), int(parts.optimizer), int(activations), int(parts.head),
+                    parts.blocks_way_out, parts.head_way_out, parts.weights_way_out)
 
 
 def _read_int(path, field=None):
@@ -231,7 +233,7 @@ def vocab_size(data_dir):
 
 def fits(cfg, vocab_size, device, world=1, features=()):
     """Refuse, before any work, a run of `cfg` (resolved: check_flags' config) on a vocabulary of `vocab_size`
-    whose estimate() with `features` (train.FEATURES) exceeds MARGIN of available(device) (a torch.device), with
+    whose estimate() with `features` (train.TRANSFORMS) exceeds MARGIN of available(device) (a torch.device), with
     `world` processes in the job; on the CPU torchrun's LOCAL_WORLD_SIZE processes share the machine's memory.
     Raises ValueError in one line: the estimate by part, the memory there and the way out (and
     --memory_check=False). Returns a one-line description of the estimate otherwise ('not checked' with
@@ -263,15 +265,15 @@ def fits(cfg, vocab_size, device, world=1, features=()):
         ways.append("or --attention=sdpa (no T x T scores)")
     if 4 * est.head > est.total and est.head_way_out:
         ways.append(f"or {est.head_way_out}")
-    if world > 1 and cfg.parallelism == "ddp" and est.weights > est.activations:
-        ways.append("or --parallelism=fsdp (shards the weights)")
+    shard = [f"or {est.weights_way_out}"] if est.weights_way_out and est.weights > est.activations else []
+    ways += shard
     if cpu_way_out(cfg, device):     # a GPU preset: lowering the batch will not do, and alone it splits the step
         ways = [cpu_way_out(cfg, device),          # into micro-steps that cpu_slow_work refuses: the two together
                 f"or lower --batch_size{f' ({fit} fits)' if fit else ''} or --block_size, and add --total_batch_size=0 "
                 "(one micro-batch a step: on a CPU, a step this size of several is refused)"] + ways[2:]
     if est.weights * sharing > MARGIN * have:   # no micro-batch helps (init_from=gpt2-xl on a small machine)
         ways = [f"the weights, gradients and optimizer state alone ({size(est.weights)}) do not fit: a smaller "
-                "model (a smaller init_from, or --n_layer, --n_embd)"] + [w for w in ways if "fsdp" in w]
+                "model (a smaller init_from, or --n_layer, --n_embd)"] + shard
     processes = f" ({sharing} processes on this machine: {size(need)})" if sharing > 1 else ""
     raise ValueError(f"this run needs about {est.describe()}{processes}, more than {MARGIN:.0%} of {where}: "
                      f"{', '.join(ways)}; --memory_check=False skips this check")
@@ -348,14 +350,14 @@ def weights_shape(cfg):
 
 
 def check(cfg, proc, features):
-    """train.py's check: refuses a run that does not fit (report), with the run's `features` (train.FEATURES: its
+    """train.py's check: refuses a run that does not fit (report), with the run's `features` (train.TRANSFORMS: its
     check_flags passes them). Returns cfg."""
     report(cfg, proc, features)
     return cfg
 
 
 def report(cfg, proc, features):
-    """fits() on the vocabulary of cfg.data_dir, with the run's `features` (train.FEATURES): its line (train.py
+    """fits() on the vocabulary of cfg.data_dir, with the run's `features` (train.TRANSFORMS): its line (train.py
     prints it once every check has passed, so that a refused run prints only its refusal), or None where data_dir
     holds no data (missing, or without meta.json and shards) and is not a corpus prepared on first use: train.py
     then refuses the folder in its own line, the mistake to fix first. Raises fits()' ValueError."""

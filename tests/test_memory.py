@@ -17,7 +17,7 @@ import torch
 from configurator import Config, load_config
 from conftest import on, tiny_args
 from speedgpt import attention, memory
-from train import FEATURES          # each reports what it changes in the estimate (its memory())
+from train import FEATURES, TRANSFORMS   # each reports what it changes in the estimate (its memory())
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPT2_VOCAB, BYTE_VOCAB = 50257, 257
@@ -253,10 +253,10 @@ def test_the_way_out_names_what_holds_the_memory(monkeypatch):
     monkeypatch.setattr(memory, "available", lambda device: 25e9)
     with pytest.raises(ValueError, match=r"or --parallelism=fsdp \(shards the weights\); --memory_check"):
         memory.fits(resolved(["--config", "config/large.py", "--batch_size=1", "--grad_checkpointing=full"], "flex"),
-                    GPT2_VOCAB, torch.device("cuda:1"), world=2, features=FEATURES)
+                    GPT2_VOCAB, torch.device("cuda:1"), world=2, features=TRANSFORMS)
     assert memory.fits(resolved(["--config", "config/large.py", "--batch_size=1", "--parallelism=fsdp",
                                  "--grad_checkpointing=full"], "flex"), GPT2_VOCAB, torch.device("cuda:1"), world=2,
-                       features=FEATURES)
+                       features=TRANSFORMS)
 
 
 def test_the_quickstart_fits_a_small_machine(monkeypatch):
@@ -283,9 +283,13 @@ def test_parallelism_and_the_optimizer_change_the_state_kept():
     n, in_matrices = memory.n_params(cfg, GPT2_VOCAB)
     one = memory.estimate(cfg, GPT2_VOCAB)
     assert (one.params, one.grads, one.optimizer) == (4 * n, 4 * n, 8 * n)
-    ddp = memory.estimate(cfg, GPT2_VOCAB, world=2)                        # DDP's buckets: a copy of the grads
-    fsdp = memory.estimate(replace(cfg, parallelism="fsdp"), GPT2_VOCAB, world=2)
+    assert memory.estimate(cfg, GPT2_VOCAB, world=2) == one                # the model alone: one process's state
+    ddp = memory.estimate(cfg, GPT2_VOCAB, world=2, features=TRANSFORMS)   # DDP's buckets: a copy of the grads
+    fsdp = memory.estimate(replace(cfg, parallelism="fsdp"), GPT2_VOCAB, world=2, features=TRANSFORMS)
     assert ddp.grads == 8 * n and fsdp.weights == one.weights // 2 and fsdp.activations == one.activations
+    assert ddp.weights_way_out == "--parallelism=fsdp (shards the weights)" and not fsdp.weights_way_out
+    assert memory.estimate(cfg, GPT2_VOCAB, world=1, features=TRANSFORMS) == memory.estimate(cfg, GPT2_VOCAB,
+                                                                                             features=FEATURES)
     muon = memory.estimate(replace(cfg, optimizer="muon"), GPT2_VOCAB)     # one buffer on the block matrices
     assert muon.optimizer == 8 * (n - in_matrices) + 4 * in_matrices
 

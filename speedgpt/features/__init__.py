@@ -15,10 +15,11 @@ its stages loop over that list:
                                    unscaled, clipped, finite; a skipped step calls none); what changes them, as
                                    gradient noise would, does it here
   fp8_flops_per_token(model, cfg)  optional: the FLOPs per token that run in FP8 (measure.py's mfu_fp8)
-  memory(model, cfg, parts)        optional: change memory.Parts (one micro-batch's bytes per token per layer kept
-                                   for the backward, the blocks' bytes, the head's, a way out for the refusal) by
-                                   what the flag changes, for the memory estimate; on a model of cfg's shape on the
-                                   meta device, in FEATURES' order (memory.estimate, given train.FEATURES)
+  memory(model, cfg, parts)        optional: change memory.Parts (the weights' state, one micro-batch's bytes per
+                                   token per layer kept for the backward, the blocks' bytes, the head's, a way out
+                                   for the refusal) by what the flag changes, for the memory estimate; on a model of
+                                   cfg's shape on the meta device, in train.TRANSFORMS' order (FEATURES, then
+                                   parallel.py's, the one answer of the wrapper besides check and wrap)
   DETAILS                          optional: {flag, or "key=value": keys that mean nothing without it} (configurator
                                    drops a preset's when a later setting turns it off, and refuses the rest)
 

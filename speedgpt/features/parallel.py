@@ -1,6 +1,7 @@
 """
 Data parallelism over the processes torchrun starts (parallelism = ddp | fsdp): the last transform of the model,
-a wrapper around it (speedgpt/features/__init__.py). Processes, devices and signals: speedgpt/distributed.py.
+a wrapper around it (speedgpt/features/__init__.py), and what it changes in the memory estimate (memory).
+Processes, devices and signals: speedgpt/distributed.py.
 """
 import torch
 import torch.distributed as dist
@@ -17,6 +18,21 @@ def check(cfg, proc):
         raise ValueError("parallelism='fsdp' with dtype='float16' is not supported (it needs a sharded GradScaler); "
                          "use bfloat16")
     return cfg
+
+
+def memory(model, cfg, parts):
+    """What the wrapper changes in the memory estimate (speedgpt/memory.py's Parts) with parts.world > 1 processes:
+    FSDP shards the weights, their gradients and the optimizer state by world (the gathered block or two is left
+    out: small next to them); DDP adds its gradient buckets, a copy of the gradients (gradient_as_bucket_view is
+    off), and names FSDP as the way out."""
+    if parts.world == 1:
+        return
+    if cfg.parallelism == "fsdp":
+        parts.params, parts.grads, parts.optimizer = (b // parts.world for b in (parts.params, parts.grads,
+                                                                                 parts.optimizer))
+    else:
+        parts.grads += parts.params
+        parts.weights_way_out = "--parallelism=fsdp (shards the weights)"
 
 
 def wrap(model, cfg, proc):
