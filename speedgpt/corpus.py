@@ -484,6 +484,25 @@ def _is_saved_dataset(path):
         os.path.isfile(os.path.join(path, "state.json")) and os.path.isfile(os.path.join(path, "dataset_info.json")))
 
 
+def _hub_unreachable():
+    """Why the Hugging Face hub cannot be reached, or None: its host's name does not resolve (no network). Asked
+    first, so that an offline machine gets one line at once rather than the hub client's retries, a line each for
+    about 30 s. None where the hub's cache answers offline (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE) or a proxy
+    resolves names instead of this machine."""
+    import socket
+    import urllib.parse
+    env = {k.lower(): v for k, v in os.environ.items()}
+    if any(env.get(k, "0") not in ("", "0") for k in ("hf_hub_offline", "hf_datasets_offline")) or \
+            any(env.get(k) for k in ("https_proxy", "http_proxy", "all_proxy")):
+        return None
+    host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as e:
+        return f"{host} does not resolve ({e.strerror or e}): no network"
+    return None
+
+
 def _hf_dataset(name, text_field, report):
     """A local save_to_disk folder (memory-mapped Arrow, iterated as a stream) or `NAME[:CONFIG]` on the
     hub (streaming=True: nothing is downloaded ahead; its train split). A saved DatasetDict gives its
@@ -514,6 +533,10 @@ def _hf_dataset(name, text_field, report):
             yield from _records(part.select_columns([text_field]).to_iterable_dataset(), text_field, where, split)
         return
     repo, _, config = name.partition(":")
+    unreachable = _hub_unreachable()
+    if unreachable:
+        raise ValueError(f"cannot open the Hugging Face dataset hf:{name}: {unreachable}; on a machine with a "
+                         "network, save it with the datasets library (save_to_disk) and give that folder to --input")
     try:
         ds = datasets.load_dataset(repo, config or None, split="train", streaming=True)
     except Exception as e:       # offline, a typo in the name, a gated dataset...

@@ -240,6 +240,31 @@ def test_hub_dataset_unreachable_is_a_one_line_error(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_an_offline_machine_is_told_at_once_without_the_hubs_retries(tmp_path, monkeypatch):
+    """Without a network the hub client retried for about 30 s, a line each, before the error: the name of the hub's
+    host not resolving is said at once, with the way out; a proxy or the hub's offline cache skips the check."""
+    datasets = pytest.importorskip("datasets")
+    import socket
+
+    def no_network(*a, **k):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def never(*a, **k):
+        raise AssertionError("load_dataset called")
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    monkeypatch.setattr(datasets, "load_dataset", never)
+    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_ENDPOINT", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY",
+              "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(ValueError, match=r"^cannot open the Hugging Face dataset hf:a/b: huggingface\.co does not "
+                                         r"resolve \(Name or service not known\): no network; on a machine with a "
+                                         r"network, save it .* give that folder to --input$"):
+        list(corpus._hf_dataset("a/b", "text", None))
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")          # the proxy resolves: the hub client is asked
+    with pytest.raises(ValueError, match="AssertionError: load_dataset called"):
+        list(corpus._hf_dataset("a/b", "text", None))
+
+
 def test_reading_stays_bounded():
     """The tokenisation reads at most 2 chunks per worker ahead of what it has handed back."""
     read = []
