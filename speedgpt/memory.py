@@ -6,10 +6,10 @@ is found out late: on a CPU the machine swaps for minutes before the kernel kill
     est = estimate(cfg, vocab_size, world, features)    # bytes by part: Estimate.describe() says them (measure.size)
     line = fits(cfg, vocab_size, device, world, features)   # ValueError when est.total > MARGIN x available(device)
 
-This module counts the model's own step (its weights, optimizer state, blocks, attention and head); the features
-(train.TRANSFORMS, which the callers pass: the features, then the
-data-parallel wrapper) report what they change, each through its memory(model, cfg, parts)
-(speedgpt/features/__init__.py), on the Parts below: this module reads none of their keys.
+This module counts the model's own step in one process (its weights, optimizer state, blocks, attention and head);
+the transforms (train.TRANSFORMS, which the callers pass: the features, then the data-parallel wrapper) report what
+they change, each through its memory(model, cfg, parts) (speedgpt/features/__init__.py), on the Parts below: this
+module reads none of their keys.
 
 The estimate is a model of the peak, not a measurement: within 0.7x-1.2x of each peak measured on a GPU
 (torch.cuda.max_memory_allocated: the table in tests/test_memory.py, from BENCHMARKS.md "Memory" and
