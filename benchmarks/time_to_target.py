@@ -534,11 +534,20 @@ def inside_warmup(args, runs):
 
 def ints(text, flag):
     try:
-        values = list(dict.fromkeys(int(v) for v in text.split(",") if v.strip()))
+        values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         values = []
     if not values or any(v <= 0 for v in values):
         sys.exit(f"error: {flag} {text!r}: comma-separated positive integers")
+    return once(values, text, flag)
+
+
+def once(values, text, flag):
+    """`values` (parsed from `text`), or exit in one line naming one given twice: a repeat would run one setting
+    or seed as if it were two (a seed's spread of one run)."""
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        sys.exit(f"error: {flag} {text!r} gives {twice:g} twice: give each once")
     return values
 
 
@@ -662,6 +671,9 @@ def main(argv=None):
     recipes = list(dict.fromkeys(r.strip() for r in args.recipes.split(",") if r.strip()))     # each recipe once
     if not recipes or any(r not in RECIPES for r in recipes):
         sys.exit(f"error: --recipes {args.recipes!r}: the recipes are {', '.join(RECIPES)}")
+    if args.nanogpt_args and not args.nanogpt:
+        sys.exit("error: --nanogpt_args without --nanogpt: they are flags for nanoGPT's train.py; add --nanogpt PATH "
+                 "(a clone of karpathy/nanoGPT), or leave them out")
     if args.nanogpt and not os.path.isfile(os.path.join(args.nanogpt, "train.py")):
         sys.exit(f"error: no nanoGPT train.py in {args.nanogpt!r}: give --nanogpt PATH (a clone of karpathy/nanoGPT)")
     args.blocks = list(dict.fromkeys(b.strip() for b in args.blocks.split(",") if b.strip()))
@@ -672,7 +684,8 @@ def main(argv=None):
     args.seeds = ints(args.seeds, "--seeds")
     raw_scales = args.lr_scales
     try:
-        args.lr_scales = sorted(dict.fromkeys(float(v) for v in args.lr_scales.split(",") if v.strip()))
+        args.lr_scales = sorted(once([float(v) for v in args.lr_scales.split(",") if v.strip()], raw_scales,
+                                     "--lr_scales"))
     except ValueError:
         args.lr_scales = []
     if not args.lr_scales or not all(math.isfinite(v) and 0 < v <= 1e6 for v in args.lr_scales):
@@ -740,6 +753,8 @@ def main(argv=None):
         raise
     data_dir = args.data_dir or prepare_corpus(args.out)
     store = Store(os.path.join(args.out, "runs.jsonl"), args.resume)
+    if args.resume and not os.path.isfile(store.path):
+        print(f"note: --resume: no {store.path} yet (no run of this --out has finished): every run trains", flush=True)
     identity = (data_hash(data_dir), code_hash(), device_name())
 
     def run(recipe, setting, seed):

@@ -39,6 +39,9 @@ def check(cfg, proc=None):
     there, and none other races it making and removing the folder); keep_checkpoints and async_checkpoint are
     refused without checkpoints (they would do nothing). Returns cfg."""
     check_settings(cfg)
+    if os.path.realpath(cfg.out_dir) == os.path.realpath(cfg.data_dir):   # checkpoints and metrics among the shards
+        raise ValueError(f"out_dir={cfg.out_dir!r} is the data_dir: the run would write its checkpoints and metrics "
+                         "among the shards; choose another --out_dir")
     if proc is None or proc.master:
         check_out_dir(cfg.out_dir)
         taken = sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(cfg.out_dir), "ckpt*.pt"))

@@ -378,6 +378,16 @@ def test_a_corrupt_ckpt_pt_points_at_the_kept_checkpoints(byte_data, tmp_path):
         sample.load_model(str(tmp_path / "ckpt_step000009.pt"), "cpu")
 
 
+def test_an_out_dir_that_is_the_data_dir_is_refused(tmp_path):
+    """The run's checkpoints, metrics and config among the prepared shards: refused, by any spelling of the folder."""
+    Config = configurator.Config
+    for out in (str(tmp_path), str(tmp_path) + "/", str(tmp_path / "." / "")):
+        with pytest.raises(ValueError, match=r"is the data_dir: the run would write its checkpoints and metrics among "
+                                             r"the shards; choose another --out_dir$"):
+            checkpoint.check(Config(data_dir=str(tmp_path), out_dir=out))
+    assert checkpoint.check(Config(data_dir=str(tmp_path), out_dir=str(tmp_path / "out"))) is not None
+
+
 def test_resume_from_a_file_name_is_out_dirs_file_before_the_current_folders(tmp_path, monkeypatch):
     """--resume_from=ckpt.pt run from inside another run's folder names out_dir's ckpt.pt, as `ls out_dir` shows it,
     not the current folder's (which the resume then refused as another folder's run); a path that is not in out_dir

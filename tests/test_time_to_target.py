@@ -206,6 +206,10 @@ def test_a_failed_run_stops_it_in_one_line(byte_data, tmp_path):
     (["--target", "3", "--minutes", "-1"], "--minutes -1.0: minutes of training per run"),
     (["--target", "3", "--warmup_frac", "1"], r"--warmup_frac 1.0: a share of each run's steps, in \[0, 1\)"),
     (["--target", "3", "--nanogpt", "/nonexistent"], "no nanoGPT train.py in '/nonexistent'"),
+    (["--target", "3", "--nanogpt_args=--device=cpu"], r"--nanogpt_args without --nanogpt: .* add --nanogpt PATH"),
+    (["--target", "3", "--seeds", "1,2,1"], r"^error: --seeds '1,2,1' gives 1 twice: give each once$"),
+    (["--target", "3", "--batch_tokens", "65536,65536"], r"--batch_tokens '65536,65536' gives 65536 twice"),
+    (["--target", "3", "--lr_scales", "1,1.0"], r"^error: --lr_scales '1,1.0' gives 1 twice: give each once$"),
     (["--target", "3", "--tokens", "x"], "argument --tokens: invalid int value: 'x' .*--help lists every flag"),
     (["--target", "3", "--train_args=--n_layer=2", "--train_args=--total_batch_size=8"],
      "--train_args sets --total_batch_size, which this script sets"),
@@ -320,6 +324,8 @@ def test_resume_takes_the_finished_runs_and_trains_only_the_rest(byte_data, tmp_
     with pytest.raises(SystemExit):
         ttt.main(argv + ["--resume"])
     assert calls == [("adamw", 256, 1), ("adamw", 512, 1), ("adamw", 256, 2)]
+    assert f"note: --resume: no {tmp_path / 'runs.jsonl'} yet (no run of this --out has finished): every run " \
+           "trains" in capsys.readouterr().out                 # said, rather than resuming nothing in silence
     with open(tmp_path / "runs.jsonl", "a") as f:
         f.write('{"key": "cut')                          # a line the stop cut short is passed over
     calls.clear()
